@@ -1,0 +1,32 @@
+# gpuaas: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint venv schema clean
+
+$(STAMP): requirements.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found: install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) manage.py demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m pytest
+
+schema: $(STAMP)
+	$(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
+
+clean:
+	rm -rf var/celery var/*.sqlite3* var/simcluster

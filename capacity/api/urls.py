@@ -1,0 +1,3 @@
+"""REST routes of the capacity app, registered on the shared router (gpuaas/api.py)."""
+
+urlpatterns: list = []

@@ -1,0 +1,260 @@
+"""Projects, their pool requests, the pools they hold and the concrete units allocated to them.
+
+Visibility: guardian object permissions live on Project only (direct foreign-key tables); every
+child object is scoped through `project__in=<projects the user may view>` in one query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
+
+from capacity.choices import SpecKind, Tier
+
+from .choices import Isolation, PoolState, RequestState, WorkloadType
+
+dns_label = RegexValidator(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "Lower-case letters, digits and '-' (a DNS label).")
+
+
+class Project(models.Model):
+    """A team that requests and holds GPU capacity; maps to one Kubernetes namespace per cluster."""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=63, unique=True)
+    namespace = models.CharField(max_length=63, unique=True, validators=[dns_label])
+    cost_centre = models.CharField(max_length=64, blank=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+        permissions = [
+            ("manage_members", "Can manage project members"),
+            ("request_capacity", "Can request GPU capacity"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ProjectUserObjectPermission(UserObjectPermissionBase):
+    content_object = models.ForeignKey(Project, on_delete=models.CASCADE)
+
+    class Meta(UserObjectPermissionBase.Meta):
+        pass
+
+
+class ProjectGroupObjectPermission(GroupObjectPermissionBase):
+    content_object = models.ForeignKey(Project, on_delete=models.CASCADE)
+
+    class Meta(GroupObjectPermissionBase.Meta):
+        pass
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def usable(self):
+        now = timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only a SHA-256 digest is stored; the key is shown once at creation."""
+
+    PREFIX = "gpa_"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    key_prefix = models.CharField(max_length=12, help_text="First characters of the key, to recognise it.")
+    key_digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["user_id", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_prefix}…)"
+
+    @staticmethod
+    def digest(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user, name: str, expires_at=None) -> tuple[ApiToken, str]:
+        """Create a token; returns (token, plain key). The plain key is not kept anywhere."""
+        key = cls.PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(
+            user=user, name=name, key_prefix=key[:10], key_digest=cls.digest(key), expires_at=expires_at
+        )
+        return token, key
+
+    @property
+    def is_usable(self) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+
+class PoolRequest(models.Model):
+    """A project's request for GPU capacity, through draft -> submitted -> approved -> ... -> released."""
+
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="requests")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="pool_requests"
+    )
+    name = models.CharField(max_length=100, blank=True)
+    workload_type = models.CharField(max_length=16, choices=WorkloadType, default=WorkloadType.INFERENCE)
+    isolation = models.CharField(max_length=16, choices=Isolation, default=Isolation.MIG)
+    tier = models.CharField(max_length=8, choices=Tier, blank=True)
+    cluster = models.ForeignKey(
+        "capacity.Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="pool_requests"
+    )
+    product = models.CharField(max_length=32, blank=True, help_text="GPU product if it matters (catalog key).")
+    spec_kind = models.CharField(max_length=16, choices=SpecKind, default=SpecKind.MIG)
+    profile_name = models.CharField(max_length=32, blank=True, help_text="MIG profile, e.g. 3g.40gb")
+    count = models.PositiveIntegerField(validators=[MinValueValidator(1)], default=1)
+    memory_gib = models.PositiveIntegerField(null=True, blank=True, help_text="Declared need, if no spec given.")
+    compute_fraction = models.DecimalField(max_digits=4, decimal_places=3, null=True, blank=True)
+    start_at = models.DateTimeField(default=timezone.now)
+    end_at = models.DateTimeField(null=True, blank=True, help_text="Empty = open-ended.")
+    justification = models.TextField(blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=RequestState, default=RequestState.DRAFT, editable=False)
+    state_reason = models.TextField(blank=True, editable=False)
+    approved_at = models.DateTimeField(null=True, blank=True, editable=False)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(count__gte=1), name="pools_poolrequest_count_positive"),
+            models.CheckConstraint(
+                condition=Q(end_at__isnull=True) | Q(end_at__gt=models.F("start_at")),
+                name="pools_poolrequest_end_after_start",
+            ),
+        ]
+        indexes = [models.Index(fields=["project", "state"], name="pools_request_project_state")]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.project} {self.spec_label} x {self.count} ({self.state})"
+
+    @property
+    def spec_label(self) -> str:
+        if self.spec_kind == SpecKind.MIG:
+            return f"{self.product} {self.profile_name}".strip()
+        if self.spec_kind == SpecKind.TIMESLICE:
+            return f"{self.product} time-slice".strip()
+        return f"{self.product} full GPU".strip()
+
+    def clean(self) -> None:
+        if self.end_at and self.start_at and self.end_at <= self.start_at:
+            raise ValidationError({"end_at": "The end must be after the start."})
+        if self.spec_kind == SpecKind.MIG and not self.profile_name and not self.memory_gib:
+            raise ValidationError({"profile_name": "Give a MIG profile or the memory you need."})
+
+
+class PoolRequestTransition(models.Model):
+    """Audit trail: every state change of a request, with who, when and why."""
+
+    request = models.ForeignKey(PoolRequest, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=16, choices=RequestState)
+    to_state = models.CharField(max_length=16, choices=RequestState)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    reason = models.TextField(blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["request_id", "at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}: {self.from_state} -> {self.to_state}"
+
+
+class GpuPool(models.Model):
+    """The units a project holds, by workload type and tier; dedicated to one project, never shared."""
+
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="pools")
+    request = models.OneToOneField(PoolRequest, on_delete=models.PROTECT, related_name="pool")
+    cluster = models.ForeignKey("capacity.Cluster", on_delete=models.PROTECT, related_name="pools")
+    name = models.CharField(max_length=100)
+    workload_type = models.CharField(max_length=16, choices=WorkloadType)
+    tier = models.CharField(max_length=8, choices=Tier, blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=PoolState, default=PoolState.PROVISIONING, editable=False)
+    state_reason = models.TextField(blank=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["project_id", "-created_at", "-id"]
+        verbose_name = "GPU pool"
+
+    def __str__(self) -> str:
+        return f"{self.project.slug}/{self.name}"
+
+
+class AllocationQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(released_at__isnull=True)
+
+
+class Allocation(models.Model):
+    """One concrete unit held by a pool: a MIG instance, a full GPU, or one time-slice replica of a GPU.
+
+    Partial unique constraints make a double allocation impossible, whatever the application does.
+    "Which project holds this MIG instance now" is one query: Allocation.objects.active().filter(mig_instance=...).
+    """
+
+    pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="allocations")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="allocations")
+    kind = models.CharField(max_length=16, choices=SpecKind)
+    gpu = models.ForeignKey("capacity.GpuCapacity", on_delete=models.PROTECT, related_name="allocations")
+    mig_instance = models.ForeignKey(
+        "capacity.MigInstance", null=True, blank=True, on_delete=models.PROTECT, related_name="allocations"
+    )
+    replica = models.PositiveSmallIntegerField(default=0, help_text="Time-slice replica index; 0 otherwise.")
+    resource_name = models.CharField(max_length=100)
+    product = models.CharField(max_length=32)
+    profile_name = models.CharField(max_length=32, blank=True)
+    compute_slices = models.PositiveSmallIntegerField(default=7, help_text="Billing weight of the unit.")
+    allocated_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    objects = AllocationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["pool_id", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["mig_instance"],
+                condition=Q(released_at__isnull=True, mig_instance__isnull=False),
+                name="pools_allocation_unique_active_mig_instance",
+            ),
+            models.UniqueConstraint(
+                fields=["gpu", "replica"],
+                condition=Q(released_at__isnull=True, mig_instance__isnull=True),
+                name="pools_allocation_unique_active_gpu_replica",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind="mig") | Q(mig_instance__isnull=False), name="pools_allocation_mig_has_instance"
+            ),
+        ]
+        indexes = [models.Index(fields=["project", "released_at"], name="pools_alloc_project_active")]
+
+    def __str__(self) -> str:
+        unit = self.profile_name or (f"replica {self.replica}" if self.kind == SpecKind.TIMESLICE else "full GPU")
+        return f"{self.pool}: {self.product} {unit} on {self.gpu.uuid}"
