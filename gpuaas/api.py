@@ -10,3 +10,24 @@ class Pagination(PageNumberPagination):
 
 
 router = DefaultRouter()
+
+
+class ProjectScopedQuerysetMixin:
+    """Every queryset scoped to the caller's projects in one subquery; operators see everything.
+
+    Set `project_lookup` to the path from the model to its Project ("project", "pool__project", ...).
+    Another project's object is therefore simply not found: a 404, never a 403.
+    """
+
+    project_lookup = "project"
+
+    def get_queryset(self):
+        from pools.roles import is_operator, projects_for
+
+        queryset = super().get_queryset()
+        user = self.request.user
+        if is_operator(user):
+            return queryset
+        if self.project_lookup == "self":
+            return queryset.filter(pk__in=projects_for(user).values("pk"))
+        return queryset.filter(**{f"{self.project_lookup}__in": projects_for(user).values("pk")})

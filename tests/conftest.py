@@ -29,3 +29,49 @@ def pytest_collection_modifyitems(config, items):
 def operator(django_user_model):
     """Staff with model permissions: runs the platform."""
     return django_user_model.objects.create_superuser("operator", "operator@example.com", "pw-operator-1")
+
+
+@pytest.fixture
+def project(db):
+    from pools.models import Project
+
+    return Project.objects.create(name="Team A", slug="team-a", namespace="team-a")
+
+
+@pytest.fixture
+def other_project(db):
+    from pools.models import Project
+
+    return Project.objects.create(name="Team B", slug="team-b", namespace="team-b")
+
+
+def _member(django_user_model, project, username, role):
+    from pools.roles import set_role
+
+    user = django_user_model.objects.create_user(username, f"{username}@example.com", f"pw-{username}-1")
+    set_role(project, user, role)
+    return user
+
+
+@pytest.fixture
+def alice(django_user_model, project):
+    """Project admin of team-a."""
+    return _member(django_user_model, project, "alice", "admin")
+
+
+@pytest.fixture
+def bob(django_user_model, project):
+    """Member of team-a."""
+    return _member(django_user_model, project, "bob", "member")
+
+
+@pytest.fixture
+def victor(django_user_model, project):
+    """Viewer of team-a."""
+    return _member(django_user_model, project, "victor", "viewer")
+
+
+@pytest.fixture
+def charlie(django_user_model, other_project):
+    """Member of team-b only: an outsider to team-a, who must get 404s there."""
+    return _member(django_user_model, other_project, "charlie", "member")
