@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "pools",
     "billing",
     "monitoring",
+    "gpuaas",
 ]
 
 MIDDLEWARE = [
@@ -174,6 +175,8 @@ if CELERY_BROKER_URL.split("://")[0] not in {"filesystem", "redis", "rediss", "m
 CELERY_LONGEST_TASK_S = 30 * 60
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = VAR_DIR / "celery" / "queue"
+    _queue_dir.mkdir(parents=True, exist_ok=True)
+    (VAR_DIR / "celery" / "processed").mkdir(exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
