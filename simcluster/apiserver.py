@@ -1,0 +1,450 @@
+"""A fake kube-apiserver (plus simulator endpoints) over plain HTTP.
+
+The official `kubernetes` client talks to it unchanged through a kubeconfig. One server
+serves every cluster of a SimState, each under its own path prefix:
+
+    http://HOST:PORT/clusters/<cluster>/api/v1/nodes ...   (kubeconfig server: .../clusters/<cluster>)
+    http://HOST:PORT/api/v1/nodes ...                      (the first cluster, for convenience)
+
+Simulator endpoints live beside the API under the same prefix:
+
+    GET  /sim/v1/info                      clusters, nodes, sim time
+    GET  /sim/v1/faults | POST | DELETE    list / inject (`{"fault": ...}`) / reset faults
+    POST /sim/v1/tick                      {"seconds": 1.0, "mig_manager": false}
+    GET  /sim/v1/nodes/<node>              the simulator's view of a node (devices, MIG manager)
+    GET  /sim/v1/nodes/<node>/nvml         NVML snapshot; POST {"op": ..., "args": {...}} for writes
+                                           and {"op": "events", ...} to long-poll NVML events
+
+A background thread runs due MIG-manager jobs (every 50 ms) and, when `tick_interval` is
+set, advances simulated time with the wall clock (metrics move).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from . import driver, kube, nvml
+from .kubeconfig import write_kubeconfig
+from .state import Cluster, SimState
+
+_JSON = "application/json"
+_CLUSTER_PREFIX = re.compile(r"^/clusters/([^/]+)(/.*)?$")
+_NAMESPACED = ("pods", "configmaps", "resourcequotas")
+_REASONS = {
+    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
+    409: "Conflict", 410: "Expired", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
+    503: "ServiceUnavailable", 504: "Timeout",
+}
+
+
+def _fault_error(fault) -> kube.ApiError:
+    status = fault.status
+    if status == 429:
+        return kube.ApiError(429, "TooManyRequests", "Too many requests, please try again later.",
+                             {"retryAfterSeconds": fault.retry_after},
+                             headers={"Retry-After": str(fault.retry_after)})
+    if status == 500:
+        return kube.ApiError(500, "InternalError", "Internal error occurred: simulated fault",
+                             {"causes": [{"message": "simulated fault"}]})
+    if status == 504:
+        return kube.ApiError(504, "Timeout", "Timeout: request did not complete within the allotted timeout")
+    headers = {"Retry-After": str(fault.retry_after)} if status == 503 else None
+    return kube.ApiError(status, _REASONS.get(status, "InternalError"), f"simulated fault ({status})",
+                         headers=headers)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler's signature
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    def do_GET(self):  # noqa: N802
+        self._dispatch("GET")
+
+    def do_POST(self):  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self):  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_PATCH(self):  # noqa: N802
+        self._dispatch("PATCH")
+
+    def do_DELETE(self):  # noqa: N802
+        self._dispatch("DELETE")
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    def _send(self, code: int, body: bytes, headers: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", _JSON)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, code: int, obj) -> None:
+        self._send(code, json.dumps(obj, separators=(",", ":")).encode())
+
+    def _send_error(self, err: kube.ApiError) -> None:
+        body = err.body()
+        token = getattr(err, "continue_token", None)
+        if token:
+            body["metadata"] = {"continue": token}
+        self._send(err.code, json.dumps(body, separators=(",", ":")).encode(), err.headers)
+
+    def _body(self):
+        """The JSON request body (read up front by _dispatch), or None when empty."""
+        if not self._raw_body:
+            return None
+        try:
+            return json.loads(self._raw_body)
+        except ValueError:
+            raise kube.bad_request("the body of the request was in an unknown format - accepted media types "
+                                   "include: application/json, application/yaml") from None
+
+    def _dispatch(self, method: str) -> None:
+        # Read the whole body first: an early error answer must not leave bytes on a keep-alive connection.
+        length = int(self.headers.get("Content-Length") or 0)
+        self._raw_body = self.rfile.read(length) if length else b""
+        try:
+            self._route(method)
+        except kube.ApiError as err:
+            self._send_error(err)
+        except BrokenPipeError:
+            pass
+        except Exception as exc:  # a simulator bug must still answer like a server
+            self._send_error(kube.ApiError(500, "InternalError", f"Internal error occurred: {exc!r}"))
+
+    # --- routing ----------------------------------------------------------------------
+
+    def _route(self, method: str) -> None:
+        srv = self.server
+        if srv.token and self.headers.get("Authorization") != f"Bearer {srv.token}":
+            raise kube.ApiError(401, "Unauthorized", "Unauthorized")
+        parts = urlsplit(self.path)
+        path = parts.path
+        cluster_name = None
+        if m := _CLUSTER_PREFIX.match(path):
+            cluster_name, path = unquote(m.group(1)), m.group(2) or "/"
+            if cluster_name not in srv.state.clusters:
+                raise kube.ApiError(404, "NotFound", f"no cluster {cluster_name!r} in this simulator")
+        cluster = srv.state.cluster(cluster_name)
+        query = parse_qs(parts.query)
+        if path.startswith("/sim/v1/"):
+            self._sim(method, cluster, path[len("/sim/v1"):], query)
+            return
+        if path.startswith("/api") or path.startswith("/apis"):
+            page = None
+            if method == "GET":
+                try:
+                    page = kube.decode_continue((query.get("continue") or [None])[-1])[1]
+                except kube.ApiError:
+                    page = None
+            fault = srv.state.faults.take_api_fault(cluster.name, method, path, page)
+            if fault is not None:
+                if fault.kind == "timeout":
+                    srv.stopping.wait(fault.seconds)
+                if fault.kind == "page" and fault.status == 410:
+                    after, _ = kube.decode_continue((query.get("continue") or [None])[-1])
+                    raise kube.expired_continue(cluster.rv, after or "", page or 1)
+                raise _fault_error(fault)
+        self._kube(method, cluster, path, query)
+
+    def _kube(self, method: str, cluster: Cluster, path: str, query: dict) -> None:
+        segments = [unquote(s) for s in path.strip("/").split("/")]
+        if path in ("/healthz", "/readyz", "/livez"):
+            self._send(200, b"ok")
+            return
+        if path == "/version":
+            version = cluster.settings.kubernetes_version
+            major, minor = version.lstrip("v").split(".")[:2]
+            self._send_json(200, {"major": major, "minor": minor, "gitVersion": version, "platform": "linux/amd64",
+                                  "goVersion": "go1.22.9", "compiler": "gc"})
+            return
+        if segments == ["api"]:
+            self._send_json(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+            return
+        if segments[:2] != ["api", "v1"]:
+            raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        rest = segments[2:]
+        api = kube.ClusterApi(cluster)
+        # /api/v1/namespaces/{ns}/{plural}[/{name}[/eviction]]
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in _NAMESPACED:
+            namespace, plural = rest[1], rest[2]
+            name = rest[3] if len(rest) >= 4 else None
+            sub = rest[4] if len(rest) == 5 else None
+            if len(rest) > 5 or (sub is not None and (plural, sub) != ("pods", "eviction")):
+                raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            if sub == "eviction":
+                if method != "POST":
+                    raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                        "requested resource")
+                body = self._body()
+                with cluster.state.lock:
+                    code, payload = api.evict(namespace, name, body)
+                self._send(code, payload)
+                return
+            self._resource(method, api, plural, namespace, name, query)
+            return
+        if len(rest) == 1 and rest[0] in _NAMESPACED:
+            if method != "GET":
+                raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                    "requested resource")
+            self._resource(method, api, rest[0], None, None, query)
+            return
+        if rest and rest[0] in ("nodes", "namespaces") and len(rest) <= 2:
+            self._resource(method, api, rest[0], None, rest[1] if len(rest) == 2 else None, query)
+            return
+        raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+
+    def _resource(self, method: str, api: kube.ClusterApi, plural: str, namespace: str | None, name: str | None,
+                  query: dict) -> None:
+        lock = api.cluster.state.lock
+        if name is None:
+            if method == "GET":
+                params = kube.ListParams.from_query(query)
+                with lock:
+                    body = api.list(plural, namespace, params)
+                self._send(200, body)
+                return
+            if method == "POST":
+                payload = self._body()
+                with lock:
+                    code, body = api.create(plural, namespace, payload)
+                self._send(code, body)
+                return
+            raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
+                                "resource")
+        if method == "GET":
+            with lock:
+                body = api.get(plural, namespace, name)
+        elif method == "PUT":
+            payload = self._body()
+            with lock:
+                body = api.replace(plural, namespace, name, payload)
+        elif method == "PATCH":
+            payload = self._body()
+            with lock:
+                body = api.patch(plural, namespace, name, payload, self.headers.get("Content-Type", ""))
+        elif method == "DELETE":
+            with lock:
+                body = api.delete(plural, namespace, name)
+        else:
+            raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
+                                "resource")
+        self._send(200, body)
+
+    # --- simulator endpoints ----------------------------------------------------------
+
+    def _sim(self, method: str, cluster: Cluster, path: str, query: dict) -> None:
+        state = self.server.state
+        segments = [unquote(s) for s in path.strip("/").split("/")]
+        if segments == ["info"] and method == "GET":
+            with state.lock:
+                self._send_json(200, self.server.info())
+            return
+        if segments == ["faults"]:
+            if method == "GET":
+                self._send_json(200, {"api": state.faults.api_faults()})
+            elif method == "POST":
+                spec = self._body() or {}
+                try:
+                    result = state.faults.apply(spec, default_cluster=cluster)
+                except (TypeError, ValueError, KeyError) as exc:
+                    raise kube.bad_request(f"bad fault: {exc}") from None
+                self._send_json(200, result)
+            elif method == "DELETE":
+                state.faults.reset()
+                self._send_json(200, {"ok": True})
+            else:
+                raise kube.ApiError(405, "MethodNotAllowed", "use GET, POST or DELETE")
+            return
+        if segments == ["tick"] and method == "POST":
+            spec = self._body() or {}
+            state.tick(float(spec.get("seconds", 1.0)))
+            if spec.get("mig_manager"):
+                state.run_mig_manager()
+            self._send_json(200, {"time": state.sim_time})
+            return
+        if len(segments) in (2, 3) and segments[0] == "nodes":
+            node_name = segments[1]
+            try:
+                if len(segments) == 2 and method == "GET":
+                    with state.lock:
+                        node = cluster.nodes.get(node_name)
+                        if node is None:
+                            raise driver.NodeGone(node_name)
+                        self._send_json(200, _node_info(node))
+                    return
+                if len(segments) == 3 and segments[2] == "nvml":
+                    if method == "GET":
+                        self._send_json(200, driver.snapshot(state, cluster.name, node_name))
+                        return
+                    if method == "POST":
+                        spec = self._body() or {}
+                        op, args = spec.get("op"), spec.get("args") or {}
+                        if op == "events":
+                            masks = {int(k): int(v) for k, v in (args.get("masks") or {}).items()}
+                            events = driver.wait_events(state, cluster.name, node_name, int(args.get("after", 0)),
+                                                        masks, min(float(args.get("timeout_s", 0)), 60.0))
+                            self._send_json(200, {"events": events})
+                        else:
+                            self._send_json(200, driver.nvml_op(state, cluster.name, node_name, str(op), args))
+                        return
+            except driver.NodeGone:
+                raise kube.not_found("nodes", node_name) from None
+        raise kube.ApiError(404, "NotFound", f"no simulator endpoint {method} {path}", {})
+
+
+def _node_info(node) -> dict:
+    return {
+        "name": node.name,
+        "mig_strategy": node.mig_strategy,
+        "mig_job": node.mig_job.config if node.mig_job else None,
+        "mig_message": node.mig_message,
+        "sharing": None if node.sharing is None else {
+            "strategy": node.sharing.strategy, "replicas": node.sharing.replicas,
+            "renameByDefault": node.sharing.rename_by_default},
+        "devices": node.devices,
+        "assigned": {k: "/".join(v) for k, v in node.assigned.items()},
+        "gpus": [{"index": g.index, "uuid": g.uuid, "lost": g.lost, "mig": g.mig_current, "layout": g.layout()}
+                 for g in node.gpus],
+    }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, state: SimState, token: str | None, verbose: bool, owner: SimServer):
+        super().__init__(address, _Handler)
+        self.state = state
+        self.token = token
+        self.verbose = verbose
+        self.stopping = threading.Event()
+        self.info = owner.info
+
+
+class SimServer:
+    """Serve a SimState over HTTP from background threads.
+
+        server = SimServer(state, host="127.0.0.1", port=0).start()
+        server.url                    # http://127.0.0.1:PORT (the first cluster)
+        server.cluster_url("prod")    # http://127.0.0.1:PORT/clusters/prod
+        server.stop()
+
+    `token`: require `Authorization: Bearer <token>` (default: accept anything).
+    `tick_interval`: advance simulated time with the wall clock every so many seconds.
+    """
+
+    def __init__(self, state: SimState, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
+                 tick_interval: float | None = None, verbose: bool = False):
+        self.state = state
+        self.host = host
+        self.port = port
+        self.token = token
+        self.tick_interval = tick_interval
+        self.verbose = verbose
+        self._httpd: _Server | None = None
+        self._threads: list[threading.Thread] = []
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> SimServer:
+        if self._httpd is not None:
+            raise RuntimeError("already started")
+        self._httpd = _Server((self.host, self.port), self.state, self.token, self.verbose, self)
+        self.port = self._httpd.server_address[1]
+        serve = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                 name=f"simcluster-http-{self.port}", daemon=True)
+        background = threading.Thread(target=self._background, name=f"simcluster-bg-{self.port}", daemon=True)
+        self._threads = [serve, background]
+        for thread in self._threads:
+            thread.start()
+        nvml.register_local(self.url, self.state, None)
+        for name in self.state.clusters:
+            nvml.register_local(self.cluster_url(name), self.state, name)
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is None:
+            return
+        nvml.unregister_local(self.url)
+        for name in self.state.clusters:
+            nvml.unregister_local(self.cluster_url(name))
+        self._httpd.stopping.set()
+        with self.state.lock:
+            self.state.events_changed.notify_all()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._httpd = None
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _background(self) -> None:
+        httpd = self._httpd
+        last = time.monotonic()
+        while not httpd.stopping.wait(0.05):
+            self.state.run_mig_manager(due_only=True)
+            if self.tick_interval:
+                now = time.monotonic()
+                if now - last >= self.tick_interval:
+                    self.state.tick(now - last)
+                    last = now
+
+    # --- addresses and kubeconfigs ----------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def cluster_url(self, cluster: str) -> str:
+        self.state.cluster(cluster)
+        return f"{self.url}/clusters/{cluster}"
+
+    def write_kubeconfigs(self, directory: str | Path, token: str = "simcluster") -> dict[str, Path]:
+        """One kubeconfig per cluster, `<dir>/<cluster>.kubeconfig`; returns name -> path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        return {
+            name: write_kubeconfig(directory / f"{name}.kubeconfig", self.cluster_url(name), name=name,
+                                   token=self.token or token)
+            for name in self.state.clusters
+        }
+
+    def info(self) -> dict:
+        state = self.state
+        return {
+            "url": self.url,
+            "seed": state.seed,
+            "sim_time": state.sim_time,
+            "clusters": {
+                name: {
+                    "url": self.cluster_url(name),
+                    "nodes": len(c.nodes),
+                    "gpus": sum(len(n.gpus) for n in c.nodes.values()),
+                    "pods": len(c.pods),
+                    "pending_mig_jobs": sum(1 for n in c.nodes.values() if n.mig_job),
+                }
+                for name, c in state.clusters.items()
+            },
+            "scenario": state.scenario_name,
+        }

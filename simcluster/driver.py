@@ -1,0 +1,181 @@
+"""The node-side half of the fake NVML: what the NVIDIA driver on a node answers.
+
+`node_snapshot()` is a JSON-able picture of one node's GPUs (static facts, MIG layout,
+metrics, processes, event-queue head); `nvml_op()` performs MIG writes; `wait_events()`
+long-polls the node's event queue. The HTTP endpoint `/sim/v1/nodes/<node>/nvml` and the
+in-process backend of simcluster.nvml both call these, so both transports behave alike.
+
+A write changes node state the way the real stack would follow it: once a GPU instance
+with a compute instance exists, the device plugin advertises it and GFD labels it, so each
+write ends with a device-plugin + GFD pass over the node.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import gpuoperator, scheduler
+from .hardware import (
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_IN_USE,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_SUCCESS,
+    Gpu,
+    GpuInstance,
+    HardwareError,
+)
+from .state import Cluster, Node, SimState
+
+# Bytes the driver keeps on a full GPU (shows as used/reserved memory with no processes).
+RESERVED_MIB = 512
+
+
+class NodeGone(LookupError):
+    """The node is not (or no longer) in the cluster."""
+
+
+def _cuda_int(version: str) -> int:
+    major, _, minor = version.partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
+
+
+def node_snapshot(cluster: Cluster, node: Node) -> dict:
+    processes = scheduler.processes(cluster, node)
+    gpus = []
+    for gpu in node.gpus:
+        procs = [p for p in processes if p["gpu"] == gpu.index]
+        instances = []
+        for gi_id in sorted(gpu.instances):
+            gi = gpu.instances[gi_id]
+            instances.append({
+                "id": gi.id,
+                "profile_id": gi.profile.profile_id,
+                "start": gi.start,
+                "serial": gi.serial,
+                "activity": gi.activity,
+                "used_bytes": sum(p["used_bytes"] for p in procs if p["gi"] == gi.id),
+                "cis": [
+                    {"id": ci.id, "slices": ci.slices, "start": ci.start, "uuid": ci.uuid}
+                    for _, ci in sorted(gi.compute_instances.items())
+                ],
+            })
+        gpus.append({
+            "index": gpu.index,
+            "uuid": gpu.uuid,
+            "serial": gpu.serial,
+            "product": gpu.product.key,
+            "pci_bus_id": gpu.pci_bus_id,
+            "lost": gpu.lost,
+            "mig": [gpu.mig_current, gpu.mig_pending],
+            "activity": gpu.activity,
+            "power_mw": int(gpu.power_w * 1000),
+            "energy_mj": int(gpu.energy_mj),
+            "temperature": gpu.temperature_c,
+            "used_bytes": sum(p["used_bytes"] for p in procs),
+            "ecc": [gpu.ecc_corrected_volatile, gpu.ecc_uncorrected_volatile, gpu.ecc_corrected_aggregate,
+                    gpu.ecc_uncorrected_aggregate],
+            "remapped_rows": [gpu.remapped_correctable, gpu.remapped_uncorrectable, int(gpu.remap_pending),
+                              int(gpu.remap_failure)],
+            "clocks_event_reasons": gpu.clocks_event_reasons,
+            "processes": [{"pid": p["pid"], "used_bytes": p["used_bytes"], "gi": p["gi"], "pod_uid": p["pod_uid"]}
+                          for p in procs],
+            "instances": instances,
+        })
+    settings = cluster.settings
+    return {
+        "cluster": cluster.name,
+        "node": node.name,
+        "driver_version": settings.driver_version,
+        "nvml_version": "12." + settings.driver_version,
+        "cuda_driver_version": _cuda_int(settings.cuda_version),
+        "time": cluster.state.sim_time,
+        "event_seq": node.event_seq,
+        "gpus": gpus,
+    }
+
+
+def _node(state: SimState, cluster_name: str | None, node_name: str) -> tuple[Cluster, Node]:
+    cluster = state.cluster(cluster_name)
+    node = cluster.nodes.get(node_name)
+    if node is None:
+        raise NodeGone(f"node {node_name!r} not found in cluster {cluster.name!r}")
+    return cluster, node
+
+
+def snapshot(state: SimState, cluster_name: str | None, node_name: str) -> dict:
+    with state.lock:
+        cluster, node = _node(state, cluster_name, node_name)
+        return node_snapshot(cluster, node)
+
+
+def _gpu_in_use(node: Node, gpu: Gpu, gi: GpuInstance | None = None, ci_id: int | None = None) -> bool:
+    """Does a pod hold a device on this GPU (or on this GI, or this CI)?"""
+    held = {device_id.split("::")[0] for device_id in node.assigned}
+    if gi is None:
+        return gpu.uuid in held or any(ci.uuid in held for _, ci in gpu.mig_devices())
+    return any(ci.uuid in held for ci in gi.compute_instances.values() if ci_id is None or ci.id == ci_id)
+
+
+def _gi(gpu: Gpu, args: dict) -> GpuInstance:
+    gi = gpu.instances.get(int(args["gi"]))
+    if gi is None or ("serial" in args and gi.serial != int(args["serial"])):
+        raise HardwareError(NVML_ERROR_INVALID_ARGUMENT, "stale or unknown GPU instance handle")
+    return gi
+
+
+def nvml_op(state: SimState, cluster_name: str | None, node_name: str, op: str, args: dict) -> dict:
+    """One MIG write; {"ret": NVML code, ...result, "snapshot": node snapshot after it}."""
+    with state.lock:
+        cluster, node = _node(state, cluster_name, node_name)
+        result: dict = {}
+        try:
+            gpu = node.gpu(int(args["gpu"]))
+        except (KeyError, ValueError):
+            return {"ret": NVML_ERROR_INVALID_ARGUMENT, "snapshot": node_snapshot(cluster, node)}
+        try:
+            if gpu.lost:
+                raise HardwareError(NVML_ERROR_GPU_IS_LOST)
+            if op == "set_mig_mode":
+                result["activation"] = gpu.set_mig_mode(int(args["mode"]), in_use=_gpu_in_use(node, gpu))
+            elif op == "create_gi":
+                gi = gpu.create_gpu_instance(gpu.profile_by_id(int(args["profile_id"])), args.get("start"))
+                result.update(gi=gi.id, serial=gi.serial)
+            elif op == "destroy_gi":
+                gi = _gi(gpu, args)
+                if _gpu_in_use(node, gpu, gi):
+                    raise HardwareError(NVML_ERROR_IN_USE, "processes are running on the GPU instance")
+                gpu.destroy_gpu_instance(gi.id)
+            elif op == "create_ci":
+                gi = _gi(gpu, args)
+                ci = gpu.create_compute_instance(gi, int(args["slices"]), args.get("start"))
+                result["ci"] = ci.id
+            elif op == "destroy_ci":
+                gi = _gi(gpu, args)
+                ci_id = int(args["ci"])
+                if _gpu_in_use(node, gpu, gi, ci_id):
+                    raise HardwareError(NVML_ERROR_IN_USE, "processes are running on the compute instance")
+                gpu.destroy_compute_instance(gi, ci_id)
+            else:
+                raise HardwareError(NVML_ERROR_INVALID_ARGUMENT, f"unknown op {op!r}")
+            result["ret"] = NVML_SUCCESS
+            gpuoperator.refresh_node(cluster, node)
+        except HardwareError as exc:
+            result = {"ret": exc.code, "message": str(exc)}
+        result["snapshot"] = node_snapshot(cluster, node)
+        return result
+
+
+def wait_events(state: SimState, cluster_name: str | None, node_name: str, after: int,
+                masks: dict[int, int], timeout_s: float) -> list[dict]:
+    """Events newer than `after` for the registered GPUs/types, waiting up to timeout_s."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    with state.lock:
+        while True:
+            _, node = _node(state, cluster_name, node_name)
+            found = [e for e in node.events if e["seq"] > after and masks.get(e["gpu"], 0) & e["type"]]
+            if found:
+                return found
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            state.events_changed.wait(remaining)

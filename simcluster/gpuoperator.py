@@ -1,0 +1,613 @@
+"""What the NVIDIA GPU Operator's components do to a node, per ../shared/reference/nvidia.md.
+
+- GPU Feature Discovery (§5, device-plugin `internal/lm`): the `nvidia.com/*` labels,
+  including per-profile MIG labels under the mixed strategy, `<model>-MIG-<profile>` /
+  `-MIG-INVALID` under single, and sharing labels (`.replicas`, `.sharing-strategy`,
+  `-SHARED`).
+- The device plugin (§3 strategies, §4 sharing): the extended resources a node advertises,
+  as device-ID lists: GPU UUIDs, MIG UUIDs, or `<uuid>::<n>` time-slice replicas. Capacity
+  counts every device, allocatable only healthy ones (a lost GPU drops out of allocatable;
+  its GFD labels stay until the next relabel, as GFD would only notice on restart).
+- The MIG manager (§3): reacts to a changed `nvidia.com/mig.config` label: state `pending`,
+  deploy labels paused, then after `SimState.mig_manager_delay` seconds (or at once via
+  `SimState.run_mig_manager()`) applies the mig-parted config -> `success`, or `failed` when
+  the config is unknown/invalid for the GPUs, a GPU is lost, or GPU pods run on the node.
+
+MIG-parted config lookup order (first ConfigMap that exists in the operator namespace,
+key `config.yaml`, is the only one read, as the real manager reads exactly one file):
+  1. `gpuaas-mig-parted-config` - gpuaas's own; stands for "gpuaas pointed the ClusterPolicy
+     at its ConfigMap";
+  2. the ClusterPolicy `spec.migManager.config.name` (`ClusterSettings.mig_config_name`);
+  3. `default-mig-parted-config` (seeded from capacity.mig.catalog.named_configs()).
+Device-plugin sharing: ConfigMap `ClusterSettings.device_plugin_config_name` (default
+`time-slicing-config`), key chosen per node by label `nvidia.com/device-plugin.config`,
+else `ClusterSettings.device_plugin_default`; an unknown key leaves the node as it was.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import TYPE_CHECKING
+
+import yaml
+
+from capacity.mig.catalog import PRODUCTS, Product, Profile, named_configs
+
+from .hardware import HardwareError, plan_layout
+from .state import Cluster, MigJob, Node, Sharing
+
+if TYPE_CHECKING:
+    from .hardware import Gpu
+
+try:
+    _YAML_LOADER = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - PyYAML without libyaml
+    _YAML_LOADER = yaml.SafeLoader
+
+GPUAAS_MIG_CONFIGMAP = "gpuaas-mig-parted-config"
+DEFAULT_MIG_CONFIGMAP = "default-mig-parted-config"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+PAUSED = "paused-for-mig-change"
+
+# Deploy labels the MIG manager pauses while it reconfigures (reconfigure-mig.sh step 5).
+DRAINED_DEPLOY_LABELS = (
+    "nvidia.com/gpu.deploy.device-plugin",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery",
+    "nvidia.com/gpu.deploy.dcgm-exporter",
+    "nvidia.com/gpu.deploy.dcgm",
+)
+OTHER_DEPLOY_LABELS = (
+    "nvidia.com/gpu.deploy.container-toolkit",
+    "nvidia.com/gpu.deploy.driver",
+    "nvidia.com/gpu.deploy.node-status-exporter",
+    "nvidia.com/gpu.deploy.operator-validator",
+)
+
+_BASE_CAPACITY = {
+    "cpu": "224",
+    "ephemeral-storage": "1844284980Ki",
+    "hugepages-1Gi": "0",
+    "hugepages-2Mi": "0",
+    "memory": "2113378836Ki",
+    "pods": "110",
+}
+_BASE_ALLOCATABLE = {**_BASE_CAPACITY, "cpu": "223500m", "ephemeral-storage": "1699708367023",
+                     "memory": "2112764436Ki"}
+
+
+# ----------------------------------------------------------------------------------------
+# Cluster bootstrap and the default mig-parted config
+
+
+@functools.cache
+def default_mig_parted_config_yaml() -> str:
+    """The document as the ConfigMap holds it (built once per process)."""
+    return yaml.safe_dump(default_mig_parted_config(), sort_keys=False)
+
+
+def default_mig_parted_config() -> dict:
+    """The `default-mig-parted-config` document for every catalog product.
+
+    Configs that several products share with identical `mig-devices` become one entry with
+    a device-filter listing their PCI ids, as NVIDIA's shipped file does.
+    """
+    configs: dict[str, list[dict]] = {
+        "all-disabled": [{"devices": "all", "mig-enabled": False}],
+        "all-enabled": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}],
+    }
+    grouped: dict[str, dict[tuple, list[str]]] = {}
+    for product in PRODUCTS.values():
+        for name, devices in named_configs(product).items():
+            if name in ("all-disabled", "all-enabled"):
+                continue
+            key = tuple(sorted((devices or {}).items()))
+            grouped.setdefault(name, {}).setdefault(key, []).append(product.pci_id_hex)
+    for name in sorted(grouped):
+        configs[name] = [
+            {"device-filter": filters, "devices": "all", "mig-enabled": True, "mig-devices": dict(devices)}
+            for devices, filters in grouped[name].items()
+        ]
+    return {"version": "v1", "mig-configs": configs}
+
+
+def bootstrap_cluster(cluster: Cluster) -> None:
+    """Namespaces and operator ConfigMaps a freshly installed cluster has."""
+    from .kube import ClusterApi
+
+    api = ClusterApi(cluster)
+    for ns in ("default", "kube-node-lease", "kube-public", "kube-system", cluster.settings.operator_namespace):
+        api.create("namespaces", None, {"metadata": {"name": ns}})
+    ns = cluster.settings.operator_namespace
+    api.create("configmaps", ns, {
+        "metadata": {"name": DEFAULT_MIG_CONFIGMAP, "labels": {"app": "nvidia-mig-manager"}},
+        "data": {"config.yaml": default_mig_parted_config_yaml()},
+    })
+    api.create("configmaps", ns, {
+        "metadata": {"name": "default-gpu-clients"},
+        "data": {"clients.yaml": yaml.safe_dump({"version": "v1", "systemd-services": [
+            "nvsm.service", "nvsm-mqtt.service", "nvsm-core.service", "nvsm-api-gateway.service",
+            "nvsm-notifier.service", "nv_peer_mem.service", "nvidia-dcgm.service", "dcgm.service",
+            "dcgm-exporter.service"]}, sort_keys=False)},
+    })
+
+
+def add_mig_configs(cluster: Cluster, extra: dict[str, list[dict]]) -> None:
+    """Add site configs to `default-mig-parted-config`, as an admin editing it would."""
+    record = cluster.configmaps[(cluster.settings.operator_namespace, DEFAULT_MIG_CONFIGMAP)]
+    document = yaml.load(record.obj["data"]["config.yaml"], Loader=_YAML_LOADER)
+    document["mig-configs"].update(extra)
+    record.obj["data"]["config.yaml"] = yaml.safe_dump(document, sort_keys=False)
+    record.obj["metadata"]["resourceVersion"] = cluster.bump()
+    record.raw = None
+
+
+# ----------------------------------------------------------------------------------------
+# Config parsing (cached by content: 2,000 nodes share one parse; str caches its own hash)
+
+_parsed_cache: dict[tuple[object, str], tuple[object, str | None]] = {}
+
+
+def _configmap_text(cluster: Cluster, name: str | None, key: str) -> str | None:
+    if not name:
+        return None
+    record = cluster.configmaps.get((cluster.settings.operator_namespace, name))
+    if record is None:
+        return None
+    return (record.obj.get("data") or {}).get(key)
+
+
+def _cached_parse(text: str, parser):
+    """(parsed, None) or (None, error message); memoised on the document text."""
+    cache_key = (parser, text)
+    if cache_key not in _parsed_cache:
+        if len(_parsed_cache) > 256:
+            _parsed_cache.clear()
+        try:
+            _parsed_cache[cache_key] = (parser(text), None)
+        except (ValueError, TypeError, AttributeError, yaml.YAMLError) as exc:
+            _parsed_cache[cache_key] = (None, str(exc))
+    return _parsed_cache[cache_key]
+
+
+def parse_mig_parted(text: str) -> dict[str, list[dict]]:
+    """Validate a mig-parted v1 document (api/spec/v1/spec.go rules); return mig-configs."""
+    doc = yaml.load(text, Loader=_YAML_LOADER)
+    if not isinstance(doc, dict):
+        raise ValueError("config is not a YAML mapping")
+    unknown = set(doc) - {"version", "mig-configs"}
+    if unknown:
+        raise ValueError(f"unexpected field: {sorted(unknown)[0]}")
+    if doc.get("version") != "v1":
+        raise ValueError(f"unknown version: {doc.get('version')!r}" if "version" in doc else "missing version field")
+    configs = doc.get("mig-configs")
+    if not isinstance(configs, dict) or not configs:
+        raise ValueError("missing or empty mig-configs field")
+    for name, entries in configs.items():
+        if not isinstance(entries, list) or not entries:
+            raise ValueError(f"mig-config {name!r} must be a non-empty list")
+        for entry in entries:
+            if not isinstance(entry, dict):
+                raise ValueError(f"mig-config {name!r}: entries must be mappings")
+            extra = set(entry) - {"device-filter", "devices", "mig-enabled", "mig-devices"}
+            if extra:
+                raise ValueError(f"unexpected field: {sorted(extra)[0]}")
+            devices = entry.get("devices")
+            if devices != "all" and not (isinstance(devices, list) and all(isinstance(d, int) for d in devices)):
+                raise ValueError(f"mig-config {name!r}: devices must be 'all' or a list of GPU indices")
+            if not isinstance(entry.get("mig-enabled"), bool):
+                raise ValueError(f"mig-config {name!r}: missing mig-enabled")
+            mig_devices = entry.get("mig-devices") or {}
+            if not isinstance(mig_devices, dict) or not all(isinstance(v, int) and v >= 0
+                                                            for v in mig_devices.values()):
+                raise ValueError(f"mig-config {name!r}: mig-devices must map profile names to counts")
+    return configs
+
+
+def mig_config_source(cluster: Cluster) -> tuple[str, str] | None:
+    """(ConfigMap name, config.yaml text) the MIG manager reads; see module docstring."""
+    for name in (GPUAAS_MIG_CONFIGMAP, cluster.settings.mig_config_name, DEFAULT_MIG_CONFIGMAP):
+        text = _configmap_text(cluster, name, "config.yaml")
+        if text is not None:
+            return name, text
+    return None
+
+
+def parse_device_plugin_config(text: str) -> Sharing | None:
+    """device-plugin config v1 -> the sharing it asks for (None = no replicated resource)."""
+    doc = yaml.load(text, Loader=_YAML_LOADER) or {}
+    if not isinstance(doc, dict):
+        raise ValueError("device plugin config is not a mapping")
+    if doc.get("version", "v1") != "v1":
+        raise ValueError(f"unknown version {doc.get('version')!r}")
+    sharing = doc.get("sharing") or {}
+    for strategy, key in (("mps", "mps"), ("time-slicing", "timeSlicing")):
+        section = sharing.get(key) or {}
+        replicas = {}
+        for res in section.get("resources") or []:
+            name = str(res.get("name", ""))
+            if "/" not in name:
+                name = "nvidia.com/" + name
+            count = int(res.get("replicas", 1))
+            if count < 1:
+                raise ValueError(f"replicas for {name} must be >= 1")
+            if count > 1:
+                replicas[name] = count
+        if replicas:
+            return Sharing(
+                strategy=strategy,
+                replicas=replicas,
+                rename_by_default=bool(section.get("renameByDefault", False)),
+                fail_requests_greater_than_one=bool(section.get("failRequestsGreaterThanOne", False)),
+            )
+    return None
+
+
+# ----------------------------------------------------------------------------------------
+# Device plugin: advertised devices and node resources
+
+
+def mig_resource_name(profile: Profile, strategy: str) -> str:
+    return "nvidia.com/gpu" if strategy == "single" else profile.resource_name
+
+
+def _single_strategy_state(gpus: list[Gpu]) -> str:
+    """none (no MIG GPUs) | valid | invalid, as GFD's single-strategy labeler decides."""
+    enabled = [g for g in gpus if g.mig_enabled]
+    if not enabled:
+        return "none"
+    if len(enabled) != len(gpus) or any(not g.mig_devices() for g in enabled):
+        return "invalid"
+    names = {gi.profile.name for g in enabled for gi, ci in g.mig_devices() if ci.slices == gi.profile.compute_slices}
+    partial = any(ci.slices != gi.profile.compute_slices for g in enabled for gi, ci in g.mig_devices())
+    return "valid" if len(names) == 1 and not partial else "invalid"
+
+
+def advertised_devices(node: Node) -> dict[str, list[tuple[str, bool]]]:
+    """resource name -> [(device id, healthy)] the device plugin registers for the node."""
+    strategy = node.mig_strategy
+    raw: dict[str, list[tuple[str, bool]]] = {}
+
+    def add(resource: str, device_id: str, gpu: Gpu) -> None:
+        raw.setdefault(resource, []).append((device_id, not gpu.lost))
+
+    single = _single_strategy_state(node.gpus) if strategy == "single" else None
+    for gpu in node.gpus:
+        if strategy == "none" or single == "none" or (strategy == "mixed" and not gpu.mig_enabled):
+            add("nvidia.com/gpu", gpu.uuid, gpu)
+        elif strategy == "mixed" or single == "valid":
+            for gi, ci in gpu.mig_devices():
+                if ci.slices == gi.profile.compute_slices:
+                    add(mig_resource_name(gi.profile, strategy), ci.uuid, gpu)
+    if node.sharing is None:
+        return raw
+    shared: dict[str, list[tuple[str, bool]]] = {}
+    for resource, devices in raw.items():
+        replicas = node.sharing.replicas_for(resource)
+        if replicas <= 1:
+            shared[resource] = devices
+            continue
+        # Replica-major order spreads consecutive allocations over physical devices.
+        shared[node.sharing.advertised_name(resource)] = [
+            (f"{device_id}::{n}", healthy) for n in range(replicas) for device_id, healthy in devices
+        ]
+    return shared
+
+
+def refresh_devices(cluster: Cluster, node: Node) -> None:
+    devices = advertised_devices(node)
+    node.devices = {res: [d for d, healthy in lst if healthy] for res, lst in devices.items()}
+    node.device_capacity = {res: len(lst) for res, lst in devices.items()}
+    node.known_resources |= set(devices)
+    cluster.touch(node)
+
+
+def node_resources(node: Node) -> tuple[dict[str, str], dict[str, str]]:
+    """(capacity, allocatable); a resource that stopped being advertised stays at "0", as
+    kubelet keeps extended resources of a plugin that went away."""
+    capacity = dict(_BASE_CAPACITY)
+    allocatable = dict(_BASE_ALLOCATABLE)
+    for resource in sorted(node.known_resources):
+        capacity[resource] = str(node.device_capacity.get(resource, 0))
+        allocatable[resource] = str(len(node.devices.get(resource, ())))
+    return capacity, allocatable
+
+
+# ----------------------------------------------------------------------------------------
+# GPU Feature Discovery
+
+
+def _sanitise(text: str) -> str:
+    keep = "".join(c for c in text if c.isalnum() or c in "-_. ")
+    return "-".join(keep.split())
+
+
+def _resource_labels(prefix: str, product: str, count: int, replicas: int, sharing: Sharing | None) -> dict[str, str]:
+    shared = replicas > 1
+    renamed = shared and sharing is not None and sharing.rename_by_default
+    return {
+        f"{prefix}.product": product + ("-SHARED" if shared and not renamed else ""),
+        f"{prefix}.count": str(count),
+        f"{prefix}.replicas": str(replicas),
+        f"{prefix}.sharing-strategy": sharing.strategy if shared and sharing is not None else "none",
+    }
+
+
+def _mig_attribute_labels(prefix: str, profile: Profile) -> dict[str, str]:
+    return {
+        f"{prefix}.memory": str(profile.memory_mib),
+        f"{prefix}.multiprocessors": str(profile.multiprocessors),
+        f"{prefix}.slices.gi": str(profile.compute_slices),
+        f"{prefix}.slices.ci": str(profile.compute_slices),
+        f"{prefix}.engines.copy": str(profile.copy_engines),
+        f"{prefix}.engines.decoder": str(profile.decoders),
+        f"{prefix}.engines.encoder": str(profile.encoders),
+        f"{prefix}.engines.jpeg": str(profile.jpegs),
+        f"{prefix}.engines.ofa": str(profile.ofas),
+    }
+
+
+def gfd_labels(cluster: Cluster, node: Node) -> dict[str, str]:
+    """Every label GPU Feature Discovery would write for the node now."""
+    settings = cluster.settings
+    drv = (settings.driver_version.split(".") + ["", "", ""])[:3]
+    cuda = (settings.cuda_version.split(".") + ["", ""])[:2]
+    labels = {
+        "nvidia.com/gfd.timestamp": str(cluster.state.epoch()),
+        "nvidia.com/cuda.driver.major": drv[0],
+        "nvidia.com/cuda.driver.minor": drv[1],
+        "nvidia.com/cuda.driver.rev": drv[2],
+        "nvidia.com/cuda.driver-version.major": drv[0],
+        "nvidia.com/cuda.driver-version.minor": drv[1],
+        "nvidia.com/cuda.driver-version.revision": drv[2],
+        "nvidia.com/cuda.driver-version.full": settings.driver_version,
+        "nvidia.com/cuda.runtime.major": cuda[0],
+        "nvidia.com/cuda.runtime.minor": cuda[1],
+        "nvidia.com/cuda.runtime-version.major": cuda[0],
+        "nvidia.com/cuda.runtime-version.minor": cuda[1],
+        "nvidia.com/cuda.runtime-version.full": settings.cuda_version,
+        "nvidia.com/gpu.machine": _sanitise(settings.machine),
+        "nvidia.com/gpu.mode": "compute",
+        "nvidia.com/mps.capable": "false",
+    }
+    if not node.gpus:
+        return labels
+    labels["nvidia.com/mig.capable"] = "true" if node.gpus[0].product.profiles else "false"
+    strategy = node.mig_strategy
+    if strategy != "none":
+        labels["nvidia.com/mig.strategy"] = strategy
+    sharing = node.sharing
+    # Full-GPU labels, one set per model name (scenario nodes are homogeneous).
+    by_model: dict[str, list[Gpu]] = {}
+    for gpu in node.gpus:
+        by_model.setdefault(gpu.name, []).append(gpu)
+    for model in sorted(by_model):
+        gpus = by_model[model]
+        product = gpus[0].product
+        has_full = any(not g.mig_enabled for g in gpus)
+        replicas = (sharing.replicas_for("nvidia.com/gpu") if sharing else 1) if has_full else 0
+        labels.update(_resource_labels("nvidia.com/gpu", _sanitise(model), len(gpus), replicas,
+                                       sharing if has_full else None))
+        labels.update({
+            "nvidia.com/gpu.memory": str(product.memory_mib),
+            "nvidia.com/gpu.family": product.family,
+            "nvidia.com/gpu.compute.major": str(product.compute_major),
+            "nvidia.com/gpu.compute.minor": str(product.compute_minor),
+        })
+    model = node.gpus[0].name
+    if strategy == "single":
+        state = _single_strategy_state(node.gpus)
+        if state == "invalid":
+            labels.update({
+                "nvidia.com/gpu.product": f"{_sanitise(model)}-MIG-INVALID",
+                "nvidia.com/gpu.count": "0",
+                "nvidia.com/gpu.replicas": "0",
+                "nvidia.com/gpu.memory": "0",
+            })
+        elif state == "valid":
+            migs = [gi for g in node.gpus for gi, _ in g.mig_devices()]
+            profile = migs[0].profile
+            replicas = sharing.replicas_for("nvidia.com/gpu") if sharing else 1
+            labels.update(_resource_labels("nvidia.com/gpu", f"{_sanitise(model)}-MIG-{profile.resource_suffix}",
+                                           len(migs), replicas, sharing))
+            labels.update(_mig_attribute_labels("nvidia.com/gpu", profile))
+    elif strategy == "mixed":
+        counts: dict[str, tuple[Profile, int]] = {}
+        for gpu in node.gpus:
+            for gi, ci in gpu.mig_devices():
+                if ci.slices == gi.profile.compute_slices:
+                    p, n = counts.get(gi.profile.name, (gi.profile, 0))
+                    counts[gi.profile.name] = (p, n + 1)
+        for profile, count in counts.values():
+            resource = profile.resource_name
+            replicas = sharing.replicas_for(resource) if sharing else 1
+            labels.update(_resource_labels(resource, f"{_sanitise(model)}-MIG-{profile.resource_suffix}", count,
+                                           replicas, sharing))
+            labels.update(_mig_attribute_labels(resource, profile))
+    return labels
+
+
+def relabel(cluster: Cluster, node: Node) -> None:
+    """Replace the labels GFD wrote last time with the current set."""
+    labels = gfd_labels(cluster, node)
+    for key in node.gfd_keys - labels.keys():
+        node.labels.pop(key, None)
+    node.labels.update(labels)
+    node.gfd_keys = set(labels)
+    cluster.touch(node)
+
+
+def refresh_node(cluster: Cluster, node: Node) -> None:
+    """Device plugin + GFD pass: allocatable and labels from the node's GPUs now."""
+    refresh_devices(cluster, node)
+    relabel(cluster, node)
+
+
+# ----------------------------------------------------------------------------------------
+# Node setup (scenarios) and reactions to API writes
+
+
+def operator_labels(node: Node) -> dict[str, str]:
+    """Labels the operator itself (not GFD) puts on a GPU node."""
+    labels = {"nvidia.com/gpu.present": "true", "feature.node.kubernetes.io/pci-10de.present": "true"}
+    for key in DRAINED_DEPLOY_LABELS + OTHER_DEPLOY_LABELS:
+        labels[key] = "true"
+    if node.gpus and node.gpus[0].product.profiles:
+        labels["nvidia.com/gpu.deploy.mig-manager"] = "true"
+    return labels
+
+
+def resolve_sharing(cluster: Cluster, node: Node) -> None:
+    settings = cluster.settings
+    key = node.labels.get(DEVICE_PLUGIN_CONFIG_LABEL) or settings.device_plugin_default
+    if key is None:
+        node.sharing, node.sharing_key = None, None
+        return
+    text = _configmap_text(cluster, settings.device_plugin_config_name, key)
+    if text is None:
+        return  # unknown config key: the plugin skips reconfiguration
+    sharing, error = _cached_parse(text, parse_device_plugin_config)
+    if error is None:
+        node.sharing, node.sharing_key = sharing, key
+
+
+def on_node_labels_changed(cluster: Cluster, node: Node, old: dict[str, str]) -> None:
+    if node.labels.get(DEVICE_PLUGIN_CONFIG_LABEL) != old.get(DEVICE_PLUGIN_CONFIG_LABEL):
+        resolve_sharing(cluster, node)
+        refresh_node(cluster, node)
+    wanted = node.labels.get(MIG_CONFIG_LABEL)
+    if wanted and wanted != old.get(MIG_CONFIG_LABEL) and node.gpus:
+        request_mig_config(cluster, node, wanted)
+
+
+def on_configmap_changed(cluster: Cluster, namespace: str, name: str) -> None:
+    """The device plugin's config-manager sidecar re-reads its ConfigMap on change."""
+    if namespace != cluster.settings.operator_namespace or name != cluster.settings.device_plugin_config_name:
+        return
+    for node in cluster.nodes.values():
+        if node.gpus and (node.labels.get(DEVICE_PLUGIN_CONFIG_LABEL) or cluster.settings.device_plugin_default):
+            before = (node.sharing, node.sharing_key)
+            resolve_sharing(cluster, node)
+            if (node.sharing, node.sharing_key) != before:
+                refresh_node(cluster, node)
+
+
+# ----------------------------------------------------------------------------------------
+# MIG manager
+
+
+def request_mig_config(cluster: Cluster, node: Node, config: str) -> None:
+    node.labels[MIG_STATE_LABEL] = "pending"
+    for key in DRAINED_DEPLOY_LABELS:
+        if node.labels.get(key) == "true":
+            node.labels[key] = PAUSED
+    node.mig_job = MigJob(config=config, due=time.monotonic() + cluster.state.mig_manager_delay)
+    cluster.touch(node)
+
+
+def run_due_jobs(cluster: Cluster, now: float, *, force: bool) -> int:
+    """Apply the pending MIG jobs that are due (all with force); returns how many ran."""
+    ran = 0
+    for node in list(cluster.nodes.values()):
+        job = node.mig_job
+        if job is not None and (force or job.due <= now):
+            node.mig_job = None
+            ok, message = apply_mig_config(cluster, node, job.config)
+            node.mig_message = message
+            node.labels[MIG_STATE_LABEL] = "success" if ok else "failed"
+            for key in DRAINED_DEPLOY_LABELS:
+                if node.labels.get(key) == PAUSED:
+                    node.labels[key] = "true"
+            refresh_node(cluster, node)
+            ran += 1
+    if ran:
+        from . import scheduler
+
+        scheduler.retry_pending(cluster)
+    return ran
+
+
+def _entry_matches(entry: dict, gpu: Gpu) -> bool:
+    devices = entry.get("devices")
+    if devices != "all" and gpu.index not in devices:
+        return False
+    filters = entry.get("device-filter")
+    if filters is None:
+        return True
+    if isinstance(filters, str):
+        filters = [filters]
+    return any(int(str(f), 16) == gpu.pci_device_id for f in filters)
+
+
+def plan_for_gpu(product: Product, mig_devices: dict[str, int]) -> list[tuple[Profile, int]]:
+    """Turn a mig-devices map into placements, or raise ValueError naming the problem."""
+    profiles: list[Profile] = []
+    for name, count in mig_devices.items():
+        if str(name).split(".")[0].endswith("c"):
+            raise ValueError(f"{name}: compute-instance profiles (<C>c.<G>g) are not simulated")
+        try:
+            profile = product.profile(str(name))
+        except KeyError as exc:
+            raise ValueError(str(exc).strip('"')) from None
+        profiles.extend([profile] * count)
+    plan = plan_layout(product, profiles)
+    if plan is None:
+        raise ValueError(f"{product.key}: layout {dict(mig_devices)} does not fit on one GPU")
+    return plan
+
+
+def apply_mig_config(cluster: Cluster, node: Node, config: str) -> tuple[bool, str]:
+    """What `nvidia-mig-parted apply -c <config>` would do to the node; (ok, message).
+
+    All GPUs are validated before any is changed, so a failure leaves the node as it was.
+    GPUs whose current layout already matches are left alone (mig-parted asserts first),
+    which keeps their MIG UUIDs stable.
+    """
+    from . import scheduler
+
+    busy = scheduler.gpu_pods_on_node(cluster, node.name)
+    if busy:
+        return False, f"refusing to reconfigure MIG while GPU pods run: {', '.join(busy[:5])}"
+    source = mig_config_source(cluster)
+    if source is None:
+        return False, "no mig-parted ConfigMap found"
+    cm_name, text = source
+    configs, error = _cached_parse(text, parse_mig_parted)
+    if error is not None:
+        return False, f"{cm_name}: {error}"
+    entries = configs.get(config)
+    if entries is None:
+        return False, f"config {config!r} not found in ConfigMap {cm_name}"
+    wanted: list[tuple[Gpu, bool, list[tuple[Profile, int]]]] = []
+    try:
+        for gpu in node.gpus:
+            entry = next((e for e in entries if _entry_matches(e, gpu)), None)
+            if entry is None:
+                continue
+            if gpu.lost:
+                raise ValueError(f"GPU {gpu.index} is lost")
+            plan = plan_for_gpu(gpu.product, entry.get("mig-devices") or {}) if entry["mig-enabled"] else []
+            wanted.append((gpu, entry["mig-enabled"], plan))
+    except ValueError as exc:
+        return False, f"config {config!r}: {exc}"
+    if not wanted:
+        return False, f"config {config!r} matches no GPU on node {node.name}"
+    try:
+        for gpu, enabled, plan in wanted:
+            if not enabled:
+                for gi in list(gpu.instances.values()):
+                    gi.compute_instances.clear()
+                    gpu.destroy_gpu_instance(gi.id)
+                gpu.mig_current = gpu.mig_pending = 0
+                continue
+            gpu.mig_current = gpu.mig_pending = 1
+            target = sorted(p.name for p, _ in plan)
+            partial = any(ci.slices != gi.profile.compute_slices for gi, ci in gpu.mig_devices())
+            if gpu.layout() == target and not partial and all(gi.full_ci() for gi in gpu.instances.values()):
+                continue
+            gpu.apply_layout(plan)
+    except HardwareError as exc:  # pragma: no cover - plans are validated above
+        return False, f"config {config!r}: {exc}"
+    return True, f"applied {config!r} from {cm_name}"

@@ -1,0 +1,958 @@
+"""Kubernetes API semantics for the simulator, independent of HTTP.
+
+`ClusterApi` answers list/get/create/replace/patch/delete for nodes, namespaces, pods,
+configmaps and resourcequotas the way kube-apiserver does: resourceVersion on every
+write, uid/creationTimestamp on create, label and field selectors, limit/continue paging
+with an opaque token, JSON merge / strategic merge / JSON patch, and real-shaped `Status`
+errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 Forbidden, 400
+BadRequest, 410 Expired).
+
+Nodes are the hot path (a 2,000-node list): each node's JSON is rendered once into bytes,
+cached on the node and invalidated by `Cluster.touch()`; a list page is the cached bytes
+joined. Other objects are stored as their JSON dicts (`Record`), with cached bytes too.
+
+Strategic merge patch is implemented as JSON merge patch except that lists are replaced
+whole (no patchMergeKey merging, no `$patch` directives): enough for labels, annotations,
+spec.unschedulable and taints, which is what GPU tooling patches.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import copy
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from . import gpuoperator, scheduler
+from .state import Cluster, Node, Record
+
+_DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+# ----------------------------------------------------------------------------------------
+# Errors
+
+
+class ApiError(Exception):
+    """A Kubernetes `Status` failure: raised anywhere, rendered by the HTTP layer."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None, headers=None):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        status = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+        }
+        if self.details is not None:
+            status["details"] = self.details
+        status["code"] = self.code
+        return status
+
+
+def not_found(plural: str, name: str, group: str = "") -> ApiError:
+    resource = f"{plural}.{group}" if group else plural
+    details = {"name": name, "kind": plural}
+    if group:
+        details["group"] = group
+    return ApiError(404, "NotFound", f'{resource} "{name}" not found', details)
+
+
+def already_exists(plural: str, name: str) -> ApiError:
+    return ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists', {"name": name, "kind": plural})
+
+
+def conflict(plural: str, name: str) -> ApiError:
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        {"name": name, "kind": plural},
+    )
+
+
+def invalid(kind: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
+    """422 Invalid; causes = [(field, message)]."""
+    text = ", ".join(f"{f}: {m}" for f, m in causes)
+    if len(causes) > 1:
+        text = "[" + text + "]"
+    return ApiError(
+        422,
+        "Invalid",
+        f'{kind} "{name}" is invalid: {text}',
+        {"name": name, "kind": kind, "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f}
+                                                 for f, m in causes]},
+    )
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+def forbidden(plural: str, name: str, why: str) -> ApiError:
+    return ApiError(403, "Forbidden", f'{plural} "{name}" is forbidden: {why}', {"name": name, "kind": plural})
+
+
+def success_status(plural: str, name: str, uid: str, code: int = 200) -> dict:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {"name": name, "kind": plural, "uid": uid},
+        **({"code": code} if code != 200 else {}),
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Validation (messages as kube-apiserver words them)
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+_SUBDOMAIN_MSG = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+    "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+_LABEL_MSG = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and "
+    "end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+_LABEL_VALUE_MSG = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must "
+    "start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used "
+    "for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+)
+_QUALIFIED_NAME_MSG = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is "
+    "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+
+
+def name_problems(name: object, rule: str) -> list[tuple[str, str]]:
+    if not isinstance(name, str) or not name:
+        return [("metadata.name", "Required value: name or generateName is required")]
+    if rule == "label":
+        if len(name) > 63 or not _DNS1123_LABEL.match(name):
+            return [("metadata.name", f'Invalid value: "{name}": {_LABEL_MSG}')]
+    elif len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        return [("metadata.name", f'Invalid value: "{name}": {_SUBDOMAIN_MSG}')]
+    return []
+
+
+def label_problems(labels: object, field: str = "metadata.labels") -> list[tuple[str, str]]:
+    if labels is None:
+        return []
+    if not isinstance(labels, dict):
+        return [(field, "Invalid value: must be a map of strings")]
+    problems = []
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix))) or len(name) > 63 or not (
+            _LABEL_NAME.match(name)
+        ):
+            problems.append((field, f'Invalid value: "{key}": {_QUALIFIED_NAME_MSG}'))
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            problems.append((field, f'Invalid value: "{value}": {_LABEL_VALUE_MSG}'))
+    return problems
+
+
+def annotation_problems(annotations: object) -> list[tuple[str, str]]:
+    if annotations is None:
+        return []
+    if not isinstance(annotations, dict) or not all(isinstance(v, str) for v in annotations.values()):
+        return [("metadata.annotations", "Invalid value: annotations must be a map of strings")]
+    return []
+
+
+# ----------------------------------------------------------------------------------------
+# Selectors
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    op: str  # = != in notin exists !exists gt lt
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        present = self.key in labels
+        value = labels.get(self.key)
+        op = self.op
+        if op == "=":
+            return present and value == self.values[0]
+        if op == "!=":
+            return not present or value != self.values[0]
+        if op == "in":
+            return present and value in self.values
+        if op == "notin":
+            return not present or value not in self.values
+        if op == "exists":
+            return present
+        if op == "!exists":
+            return not present
+        try:
+            number = int(value) if present else None
+        except ValueError:
+            return False
+        if number is None:
+            return False
+        return number > int(self.values[0]) if op == "gt" else number < int(self.values[0])
+
+
+_KEY = r"[A-Za-z0-9][-A-Za-z0-9_./]*"
+_REQ_SET = re.compile(rf"^\s*({_KEY})\s+(in|notin)\s+\(([^)]*)\)\s*$")
+_REQ_EQ = re.compile(rf"^\s*({_KEY})\s*(==|=|!=)\s*([-A-Za-z0-9_.]*)\s*$")
+_REQ_CMP = re.compile(rf"^\s*({_KEY})\s*(>|<)\s*(-?\d+)\s*$")
+_REQ_EXISTS = re.compile(rf"^\s*(!?)\s*({_KEY})\s*$")
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, current = [], 0, []
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return [p for p in parts if p.strip()]
+
+
+def parse_label_selector(text: str | None) -> list[Requirement]:
+    """Parse `a=b,c!=d,e in (x,y),f notin (z),g,!h,n>3` into requirements."""
+    if not text or not text.strip():
+        return []
+    requirements = []
+    for part in _split_top(text):
+        if m := _REQ_SET.match(part):
+            values = tuple(v.strip() for v in m.group(3).split(",") if v.strip())
+            requirements.append(Requirement(m.group(1), m.group(2), values))
+        elif m := _REQ_EQ.match(part):
+            requirements.append(Requirement(m.group(1), "!=" if m.group(2) == "!=" else "=", (m.group(3),)))
+        elif m := _REQ_CMP.match(part):
+            requirements.append(Requirement(m.group(1), "gt" if m.group(2) == ">" else "lt", (m.group(3),)))
+        elif m := _REQ_EXISTS.match(part):
+            requirements.append(Requirement(m.group(2), "!exists" if m.group(1) else "exists"))
+        else:
+            raise bad_request(f"unable to parse requirement: found '{part.strip()}', expected: in, notin, =, ==, !=, "
+                              "gt, lt")
+    return requirements
+
+
+def labels_match(requirements: list[Requirement], labels: dict[str, str]) -> bool:
+    return all(r.matches(labels) for r in requirements)
+
+
+def node_selector_terms_match(terms: list[dict], labels: dict[str, str]) -> bool:
+    """requiredDuringSchedulingIgnoredDuringExecution nodeSelectorTerms (ORed) on labels."""
+    ops = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!exists", "Gt": "gt", "Lt": "lt"}
+    for term in terms:
+        reqs = [
+            Requirement(e["key"], ops[e["operator"]], tuple(e.get("values") or ()))
+            for e in term.get("matchExpressions") or []
+            if e.get("operator") in ops
+        ]
+        if labels_match(reqs, labels):
+            return True
+    return not terms
+
+
+# Field selectors each kind supports (others answer 400 like kube-apiserver).
+FIELD_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
+    "nodes": {"metadata.name": ("metadata", "name"), "spec.unschedulable": ("spec", "unschedulable")},
+    "namespaces": {"metadata.name": ("metadata", "name"), "status.phase": ("status", "phase")},
+    "pods": {
+        "metadata.name": ("metadata", "name"),
+        "metadata.namespace": ("metadata", "namespace"),
+        "spec.nodeName": ("spec", "nodeName"),
+        "spec.restartPolicy": ("spec", "restartPolicy"),
+        "spec.schedulerName": ("spec", "schedulerName"),
+        "spec.serviceAccountName": ("spec", "serviceAccountName"),
+        "status.phase": ("status", "phase"),
+        "status.podIP": ("status", "podIP"),
+        "status.nominatedNodeName": ("status", "nominatedNodeName"),
+    },
+    "configmaps": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
+    "resourcequotas": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
+}
+
+
+def parse_field_selector(plural: str, text: str | None) -> list[tuple[tuple[str, ...], bool, str]]:
+    """[(path, equal?, value)]; unsupported fields raise 400 like the real API."""
+    if not text or not text.strip():
+        return []
+    allowed = FIELD_PATHS[plural]
+    result = []
+    for part in text.split(","):
+        m = re.match(r"^\s*([A-Za-z.]+)\s*(==|=|!=)\s*(.*?)\s*$", part)
+        if not m:
+            raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
+        field, op, value = m.groups()
+        if field not in allowed:
+            raise bad_request(f'field label not supported: {field}')
+        result.append((allowed[field], op != "!=", value))
+    return result
+
+
+def field_value(obj: dict, path: tuple[str, ...]) -> str:
+    value: object = obj
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None:
+        return "" if path != ("spec", "unschedulable") else "false"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def fields_match(selectors, obj: dict) -> bool:
+    return all((field_value(obj, path) == value) == equal for path, equal, value in selectors)
+
+
+# ----------------------------------------------------------------------------------------
+# Patches
+
+
+def merge_patch(target: object, patch: object) -> object:
+    """RFC 7386 JSON merge patch: objects merge recursively, null deletes, the rest replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise bad_request(f"invalid JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def json_patch(target: dict, operations: list) -> dict:
+    """RFC 6902 JSON patch (add, remove, replace, test, copy, move)."""
+    doc = copy.deepcopy(target)
+
+    def parent_of(parts: list[str]):
+        node = doc
+        for p in parts[:-1]:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        return node
+
+    def get(parts: list[str]):
+        node = doc
+        for p in parts:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        return node
+
+    def add(parts: list[str], value):
+        parent = parent_of(parts)
+        last = parts[-1]
+        if isinstance(parent, list):
+            parent.insert(len(parent) if last == "-" else int(last), value)
+        else:
+            parent[last] = value
+
+    def remove(parts: list[str]):
+        parent = parent_of(parts)
+        last = parts[-1]
+        if isinstance(parent, list):
+            return parent.pop(int(last))
+        return parent.pop(last)
+
+    for op in operations:
+        try:
+            kind, parts = op["op"], _pointer(op["path"])
+            if kind == "add":
+                add(parts, copy.deepcopy(op["value"]))
+            elif kind == "remove":
+                remove(parts)
+            elif kind == "replace":
+                remove(parts)
+                add(parts, copy.deepcopy(op["value"]))
+            elif kind == "test":
+                if get(parts) != op["value"]:
+                    raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: "
+                                   f"testing value {op['path']} failed")
+            elif kind in ("copy", "move"):
+                source = _pointer(op["from"])
+                value = copy.deepcopy(get(source))
+                if kind == "move":
+                    remove(source)
+                add(parts, value)
+            else:
+                raise bad_request(f"Unexpected kind: {kind}")
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            if isinstance(exc, ApiError):
+                raise
+            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {exc}")
+    return doc
+
+
+def apply_patch(target: dict, body: object, content_type: str) -> dict:
+    ctype = (content_type or "").split(";")[0].strip().lower()
+    if ctype == "application/json-patch+json":
+        if not isinstance(body, list):
+            raise bad_request("json patch must be a list of operations")
+        return json_patch(target, body)
+    if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+        if not isinstance(body, dict):
+            raise bad_request("patch body must be a JSON object")
+        return merge_patch(target, body)
+    if ctype == "application/apply-patch+yaml":
+        raise ApiError(415, "UnsupportedMediaType", "server-side apply is not supported by simcluster")
+    raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted "
+                   f"media types include: application/json-patch+json, application/merge-patch+json, "
+                   f"application/apply-patch+yaml; got {content_type!r}")
+
+
+# ----------------------------------------------------------------------------------------
+# Paging
+
+
+def encode_continue(rv: int, last_key: str, page: int) -> str:
+    raw = _DUMPS({"v": "meta.k8s.io/v1", "rv": rv, "start": last_key, "page": page}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_continue(token: str | None) -> tuple[str | None, int]:
+    """(key to resume after, page number of the page to serve); page 1 for no token."""
+    if not token:
+        return None, 1
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return str(data["start"]), int(data["page"])
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        raise bad_request("continue key is not valid: illegal base64 data at input byte 0") from None
+
+
+def expired_continue(rv: int, last_key: str, page: int) -> ApiError:
+    err = ApiError(
+        410,
+        "Expired",
+        "The provided continue parameter is too old to display a consistent list result. You can start a new "
+        "list without the continue parameter, or use the continue token in this response to retrieve the "
+        "remainder of the results. Continuing with the provided token results in an inconsistent list - objects "
+        "that were created, modified, or deleted between the time the first chunk was returned and now may show "
+        "up in the list.",
+    )
+    err.continue_token = encode_continue(rv, last_key, page)
+    return err
+
+
+@dataclass
+class ListParams:
+    label_selector: str | None = None
+    field_selector: str | None = None
+    limit: int = 0
+    continue_token: str | None = None
+
+    @classmethod
+    def from_query(cls, query: dict[str, list[str]]) -> ListParams:
+        def one(name: str) -> str | None:
+            values = query.get(name)
+            return values[-1] if values else None
+
+        if one("watch") in ("true", "1"):
+            raise ApiError(405, "MethodNotAllowed", "watch is not supported by simcluster; list and poll instead")
+        limit = one("limit")
+        try:
+            limit_value = int(limit) if limit else 0
+        except ValueError:
+            raise bad_request(f"limit must be an integer, got {limit!r}") from None
+        return cls(one("labelSelector"), one("fieldSelector"), max(0, limit_value), one("continue"))
+
+
+def _list_bytes(kind: str, rv: int, items: list[bytes], next_key: str | None, page: int,
+                remaining: int | None) -> bytes:
+    meta: dict = {"resourceVersion": str(rv)}
+    if next_key is not None:
+        meta["continue"] = encode_continue(rv, next_key, page + 1)
+        if remaining is not None:
+            meta["remainingItemCount"] = remaining
+    head = b'{"kind":"' + kind.encode() + b'","apiVersion":"v1","metadata":' + _DUMPS(meta).encode() + b',"items":['
+    return head + b",".join(items) + b"]}"
+
+
+def page_items(
+    candidates: Iterable,
+    *,
+    key: Callable[[object], str],
+    keep: Callable[[object], bool],
+    render: Callable[[object], bytes],
+    limit: int,
+) -> tuple[list[bytes], str | None]:
+    """Walk candidates in key order, keep `limit` matches; (items, key to continue after or None).
+
+    When a page fills, it peeks for one more match so the last page never comes back empty
+    with a continue token.
+    """
+    items: list[bytes] = []
+    last = None
+    for obj in candidates:
+        if not keep(obj):
+            continue
+        if limit and len(items) == limit:
+            return items, last
+        items.append(render(obj))
+        last = key(obj)
+    return items, None
+
+
+# ----------------------------------------------------------------------------------------
+# Node rendering
+
+
+def render_node(cluster: Cluster, node: Node) -> dict:
+    capacity, allocatable = gpuoperator.node_resources(node)
+    conditions = []
+    stamp = node.created
+    for ctype, reason, message in (
+        ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+        ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    ):
+        conditions.append({"type": ctype, "status": "False", "lastHeartbeatTime": stamp,
+                           "lastTransitionTime": stamp, "reason": reason, "message": message})
+    conditions.append(
+        {"type": "Ready", "status": "True" if node.ready else "Unknown", "lastHeartbeatTime": stamp,
+         "lastTransitionTime": stamp,
+         "reason": "KubeletReady" if node.ready else "NodeStatusUnknown",
+         "message": "kubelet is posting ready status" if node.ready else "Kubelet stopped posting node status."}
+    )
+    spec: dict = {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]}
+    if node.unschedulable:
+        spec["unschedulable"] = True
+    if node.taints:
+        spec["taints"] = node.taints
+    version = cluster.settings.kubernetes_version
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": node.name,
+            "uid": node.uid,
+            "resourceVersion": node.resource_version,
+            "creationTimestamp": node.created,
+            "labels": node.labels,
+            "annotations": node.annotations,
+        },
+        "spec": spec,
+        "status": {
+            "capacity": capacity,
+            "allocatable": allocatable,
+            "conditions": conditions,
+            "addresses": [{"type": "InternalIP", "address": node.address}, {"type": "Hostname", "address": node.name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "machineID": node.uid.replace("-", ""),
+                "systemUUID": node.uid.upper(),
+                "bootID": node.uid[::-1],
+                "kernelVersion": "5.15.0-122-generic",
+                "osImage": "Ubuntu 22.04.5 LTS",
+                "containerRuntimeVersion": "containerd://1.7.22",
+                "kubeletVersion": version,
+                "kubeProxyVersion": version,
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        },
+    }
+
+
+def node_json(cluster: Cluster, node: Node) -> bytes:
+    if node.json_cache is None:
+        node.json_cache = _DUMPS(render_node(cluster, node)).encode()
+    return node.json_cache
+
+
+# ----------------------------------------------------------------------------------------
+# Stored kinds
+
+
+@dataclass(frozen=True)
+class Kind:
+    plural: str
+    kind: str
+    namespaced: bool
+    name_rule: str  # "label" | "subdomain"
+    delete_returns_object: bool
+
+
+KINDS = {
+    "namespaces": Kind("namespaces", "Namespace", False, "label", True),
+    "pods": Kind("pods", "Pod", True, "subdomain", True),
+    "configmaps": Kind("configmaps", "ConfigMap", True, "subdomain", False),
+    "resourcequotas": Kind("resourcequotas", "ResourceQuota", True, "subdomain", True),
+}
+
+
+class ClusterApi:
+    """kube-apiserver behaviour for one cluster. Callers hold `cluster.state.lock`."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _store(self, plural: str) -> dict:
+        return getattr(self.cluster, plural)
+
+    def _key(self, kind: Kind, namespace: str | None, name: str):
+        return (namespace, name) if kind.namespaced else name
+
+    def _require_namespace(self, namespace: str) -> None:
+        if namespace not in self.cluster.namespaces:
+            raise not_found("namespaces", namespace)
+
+    def _record(self, plural: str, namespace: str | None, name: str) -> Record:
+        kind = KINDS[plural]
+        record = self._store(plural).get(self._key(kind, namespace, name))
+        if record is None:
+            raise not_found(plural, name)
+        return record
+
+    def render(self, plural: str, record: Record) -> bytes:
+        if plural == "resourcequotas":
+            return _DUMPS(scheduler.render_quota(self.cluster, record.obj)).encode()
+        if record.raw is None:
+            record.raw = _DUMPS(record.obj).encode()
+        return record.raw
+
+    def _node(self, name: str) -> Node:
+        node = self.cluster.nodes.get(name)
+        if node is None:
+            raise not_found("nodes", name)
+        return node
+
+    # --- list -------------------------------------------------------------------------
+
+    def list(self, plural: str, namespace: str | None, params: ListParams) -> bytes:
+        labels = parse_label_selector(params.label_selector)
+        fields = parse_field_selector(plural, params.field_selector)
+        after, page = decode_continue(params.continue_token)
+        cluster = self.cluster
+        if plural == "nodes":
+            names = cluster.node_names()
+            candidates: Iterable = cluster.iter_nodes_from(after)
+
+            def keep(node: Node) -> bool:
+                if not labels_match(labels, node.labels):
+                    return False
+                return not fields or fields_match(
+                    fields, {"metadata": {"name": node.name}, "spec": {"unschedulable": node.unschedulable}})
+
+            def key(node: Node) -> str:
+                return node.name
+
+            def render(node: Node) -> bytes:
+                return node_json(cluster, node)
+
+            list_kind = "NodeList"
+        else:
+            kind = KINDS[plural]
+            store = self._store(plural)
+            # Order by the etcd-like key "<namespace>/<name>", the order continue tokens refer to.
+            ordered = sorted(("/".join(k) if isinstance(k, tuple) else k, k) for k in store
+                             if namespace is None or k[0] == namespace)
+            names = [joined for joined, _ in ordered]
+            start = 0 if after is None else bisect.bisect_right(names, after)
+            candidates = [(joined, store[k]) for joined, k in ordered[start:]]
+
+            def keep(item: tuple[str, Record]) -> bool:
+                obj = item[1].obj
+                return labels_match(labels, obj["metadata"].get("labels") or {}) and fields_match(fields, obj)
+
+            def key(item: tuple[str, Record]) -> str:
+                return item[0]
+
+            def render(item: tuple[str, Record]) -> bytes:
+                return self.render(plural, item[1])
+
+            list_kind = kind.kind + "List"
+        items, next_key = page_items(candidates, key=key, keep=keep, render=render, limit=params.limit)
+        # Like kube-apiserver, remainingItemCount only when it is exact (no selectors).
+        remaining = None
+        if next_key is not None and not labels and not fields:
+            remaining = len(names) - bisect.bisect_right(names, next_key)
+        return _list_bytes(list_kind, cluster.rv, items, next_key, page, remaining)
+
+    # --- get --------------------------------------------------------------------------
+
+    def get(self, plural: str, namespace: str | None, name: str) -> bytes:
+        if plural == "nodes":
+            return node_json(self.cluster, self._node(name))
+        return self.render(plural, self._record(plural, namespace, name))
+
+    # --- create -----------------------------------------------------------------------
+
+    def create(self, plural: str, namespace: str | None, body: object) -> tuple[int, bytes]:
+        if plural == "nodes":
+            raise ApiError(405, "MethodNotAllowed", "simcluster nodes come from the scenario; create is not allowed")
+        kind = KINDS[plural]
+        if not isinstance(body, dict):
+            raise bad_request("the body of the request must be a JSON object")
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {}) or {}
+        obj["metadata"] = meta
+        if kind.namespaced:
+            body_ns = meta.get("namespace")
+            if body_ns and body_ns != namespace:
+                raise bad_request("the namespace of the provided object does not match the namespace sent on the "
+                                  "request")
+            meta["namespace"] = namespace
+            self._require_namespace(namespace)
+        name = meta.get("name")
+        if not name and meta.get("generateName"):
+            name = meta["generateName"] + self.cluster.new_uid("generate")[-5:]
+            meta["name"] = name
+        problems = name_problems(name, kind.name_rule)
+        problems += label_problems(meta.get("labels")) + annotation_problems(meta.get("annotations"))
+        problems += self._validate(plural, obj)
+        if problems:
+            raise invalid(kind.kind, str(name or ""), problems)
+        store = self._store(plural)
+        key = self._key(kind, namespace, name)
+        if key in store:
+            raise already_exists(plural, name)
+        for drop in ("resourceVersion", "uid", "creationTimestamp", "deletionTimestamp", "selfLink"):
+            meta.pop(drop, None)
+        obj["kind"], obj["apiVersion"] = kind.kind, "v1"
+        meta["uid"] = self.cluster.new_uid(plural, namespace, name)
+        meta["creationTimestamp"] = self.cluster.state.timestamp()
+        if plural == "namespaces":
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+            obj["spec"] = {"finalizers": ["kubernetes"]}
+            obj["status"] = {"phase": "Active"}
+        elif plural == "pods":
+            scheduler.admit_pod(self.cluster, obj)
+        elif plural == "resourcequotas":
+            obj.pop("status", None)
+        meta["resourceVersion"] = self.cluster.bump()
+        record = Record(obj)
+        store[key] = record
+        if plural == "pods":
+            scheduler.on_pod_created(self.cluster, record)
+        elif plural == "configmaps":
+            gpuoperator.on_configmap_changed(self.cluster, namespace, name)
+        return 201, self.render(plural, record)
+
+    def _validate(self, plural: str, obj: dict) -> list[tuple[str, str]]:
+        if plural == "configmaps":
+            problems = []
+            for section in ("data", "binaryData"):
+                data = obj.get(section) or {}
+                if not isinstance(data, dict):
+                    problems.append((section, "Invalid value: must be a map"))
+                    continue
+                for k, v in data.items():
+                    if not _CONFIG_KEY.match(k):
+                        problems.append((f"{section}[{k}]", f'Invalid value: "{k}": a valid config key must consist '
+                                         "of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or "
+                                         "'KEY_NAME',  or 'key-name', regex used for validation is "
+                                         "'[-._a-zA-Z0-9]+')"))
+                    if section == "data" and not isinstance(v, str):
+                        problems.append((f"data[{k}]", "Invalid value: must be a string"))
+            return problems
+        if plural == "resourcequotas":
+            return scheduler.quota_problems(obj)
+        if plural == "pods":
+            containers = (obj.get("spec") or {}).get("containers")
+            if not containers:
+                return [("spec.containers", "Required value")]
+            problems = []
+            for i, c in enumerate(containers):
+                if not isinstance(c, dict) or not c.get("name"):
+                    problems.append((f"spec.containers[{i}].name", "Required value"))
+                elif not c.get("image"):
+                    problems.append((f"spec.containers[{i}].image", "Required value"))
+            return problems
+        return []
+
+    # --- replace / patch --------------------------------------------------------------
+
+    def replace(self, plural: str, namespace: str | None, name: str, body: object) -> bytes:
+        if not isinstance(body, dict):
+            raise bad_request("the body of the request must be a JSON object")
+        meta = body.get("metadata") or {}
+        if meta.get("name") and meta["name"] != name:
+            raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
+        if plural == "nodes":
+            return self._update_node(self._node(name), body)
+        return self._update(plural, namespace, name, body)
+
+    def patch(self, plural: str, namespace: str | None, name: str, body: object, content_type: str) -> bytes:
+        """Patch the current object, then update with the result. The patched document carries the
+        current resourceVersion unless the patch set one, so a stale one in a patch conflicts."""
+        if plural == "nodes":
+            node = self._node(name)
+            return self._update_node(node, apply_patch(json.loads(node_json(self.cluster, node)), body, content_type))
+        current = json.loads(self.render(plural, self._record(plural, namespace, name)))
+        return self._update(plural, namespace, name, apply_patch(current, body, content_type))
+
+    def _update(self, plural: str, namespace: str | None, name: str, new: dict) -> bytes:
+        kind = KINDS[plural]
+        record = self._record(plural, namespace, name)
+        old = record.obj
+        meta = new.get("metadata") or {}
+        new["metadata"] = meta
+        given_rv = meta.get("resourceVersion")
+        if given_rv and str(given_rv) != old["metadata"]["resourceVersion"]:
+            raise conflict(plural, name)
+        if meta.get("name", name) != name:
+            raise invalid(kind.kind, name, [("metadata.name", "Invalid value: field is immutable")])
+        problems = label_problems(meta.get("labels")) + annotation_problems(meta.get("annotations"))
+        problems += self._validate(plural, new)
+        if plural == "pods" and (new.get("spec") or {}) != old.get("spec"):
+            problems.append(("spec", "Forbidden: pod updates may not change fields other than `spec.containers[*]."
+                             "image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+                             "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+                             "(allow it to be set to 1 if it was previously negative)"))
+        if problems:
+            raise invalid(kind.kind, name, problems)
+        # System-owned metadata and the status of namespaces/pods are kept from the stored object.
+        for keep in ("uid", "creationTimestamp", "namespace", "name", "generateName"):
+            if keep in old["metadata"]:
+                meta[keep] = old["metadata"][keep]
+        new["kind"], new["apiVersion"] = kind.kind, "v1"
+        if plural == "namespaces":
+            new["spec"] = old.get("spec")
+        if plural in ("namespaces", "pods"):
+            new["status"] = old.get("status")  # status belongs to the controllers (and the sim)
+        if plural == "resourcequotas":
+            new.pop("status", None)  # computed on read
+        meta["resourceVersion"] = self.cluster.bump()
+        record.obj = new
+        record.raw = None
+        if plural == "configmaps":
+            gpuoperator.on_configmap_changed(self.cluster, namespace, name)
+        return self.render(plural, record)
+
+    def _update_node(self, node: Node, new: dict) -> bytes:
+        """Replace what a client may change on a node: labels, annotations, taints, unschedulable."""
+        meta = new.get("metadata") or {}
+        given_rv = meta.get("resourceVersion")
+        if given_rv and str(given_rv) != node.resource_version:
+            raise conflict("nodes", node.name)
+        if meta.get("name", node.name) != node.name:
+            raise invalid("Node", node.name, [("metadata.name", "Invalid value: field is immutable")])
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        spec = new.get("spec") or {}
+        problems = label_problems(labels) + annotation_problems(annotations)
+        taints = spec.get("taints") or []
+        if not isinstance(taints, list) or not all(isinstance(t, dict) and t.get("key") and t.get("effect") in (
+                "NoSchedule", "PreferNoSchedule", "NoExecute") for t in taints):
+            problems.append(("spec.taints", "Invalid value: each taint needs a key and an effect of NoSchedule, "
+                             "PreferNoSchedule or NoExecute"))
+        unschedulable = spec.get("unschedulable") or False
+        if not isinstance(unschedulable, bool):
+            problems.append(("spec.unschedulable", "Invalid value: must be a boolean"))
+        if problems:
+            raise invalid("Node", node.name, problems)
+        old_labels = dict(node.labels)
+        node.labels = dict(labels)
+        node.annotations = dict(annotations)
+        node.taints = [dict(t) for t in taints]
+        was_unschedulable = node.unschedulable
+        node.unschedulable = unschedulable
+        _sync_unschedulable_taint(node)
+        self.cluster.touch(node)
+        gpuoperator.on_node_labels_changed(self.cluster, node, old_labels)
+        if was_unschedulable != node.unschedulable or old_labels != node.labels:
+            scheduler.retry_pending(self.cluster)
+        return node_json(self.cluster, node)
+
+    # --- delete -----------------------------------------------------------------------
+
+    def delete(self, plural: str, namespace: str | None, name: str) -> bytes:
+        if plural == "nodes":
+            node = self._node(name)
+            body = node_json(self.cluster, node)
+            self.cluster.state.faults.node_vanish(self.cluster.name, name)
+            return body
+        kind = KINDS[plural]
+        record = self._record(plural, namespace, name)
+        store = self._store(plural)
+        obj = record.obj
+        if plural == "namespaces":
+            self._delete_namespace_contents(name)
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = self.cluster.state.timestamp()
+            obj["status"] = {"phase": "Terminating"}
+        elif plural == "pods":
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = self.cluster.state.timestamp()
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        del store[self._key(kind, namespace, name)]
+        self.cluster.bump()
+        if plural == "pods":
+            scheduler.on_pod_deleted(self.cluster, record.obj)
+        elif plural == "configmaps":
+            gpuoperator.on_configmap_changed(self.cluster, namespace, name)
+        if kind.delete_returns_object:
+            if plural == "resourcequotas":
+                return _DUMPS(scheduler.render_quota(self.cluster, obj)).encode()
+            return _DUMPS(obj).encode()
+        return _DUMPS(success_status(plural, name, obj["metadata"]["uid"])).encode()
+
+    def _delete_namespace_contents(self, namespace: str) -> None:
+        for plural in ("pods", "configmaps", "resourcequotas"):
+            store = self._store(plural)
+            for key in [k for k in store if k[0] == namespace]:
+                record = store.pop(key)
+                if plural == "pods":
+                    scheduler.on_pod_deleted(self.cluster, record.obj)
+                elif plural == "configmaps":
+                    gpuoperator.on_configmap_changed(self.cluster, namespace, key[1])
+
+    def evict(self, namespace: str, name: str, body: object) -> tuple[int, bytes]:
+        """policy/v1 Eviction: the pod is deleted (no PodDisruptionBudgets are simulated;
+        inject a 429 fault on the eviction path to imitate one)."""
+        self._require_namespace(namespace)
+        self._record("pods", namespace, name)
+        self.delete("pods", namespace, name)
+        return 201, _DUMPS({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                            "code": 201}).encode()
+
+
+_UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+
+def _sync_unschedulable_taint(node: Node) -> None:
+    """The node lifecycle controller keeps this taint in step with spec.unschedulable."""
+    has = any(t.get("key") == _UNSCHEDULABLE_TAINT for t in node.taints)
+    if node.unschedulable and not has:
+        node.taints.append({"key": _UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": node.created})
+    elif not node.unschedulable and has:
+        node.taints = [t for t in node.taints if t.get("key") != _UNSCHEDULABLE_TAINT]

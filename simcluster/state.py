@@ -1,0 +1,327 @@
+"""The simulator's state: clusters, nodes with their GPUs, and stored Kubernetes objects.
+
+One `SimState` holds every cluster behind ONE re-entrant lock. The API server, the fake
+NVML host, the GPU Operator reactions and the metric ticker all take that lock, so every
+view (Kubernetes JSON, NVML, metrics) is of the same consistent state.
+
+Everything is deterministic given the seed and the sequence of operations: identifiers
+come from hashes of (seed, cluster, node, index, ...), never from `uuid4()` or wall time.
+Simulated time (`sim_time`) only moves when `tick()` is called (the runner ticks once a
+second in a background thread; tests tick explicitly).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from capacity.mig.catalog import Product
+
+from .hardware import Gpu, LoadModel, stable_hex, uuid_from
+
+# 2026-01-01T00:00:00Z: simulated wall clock at sim_time 0.
+SIM_EPOCH = 1767225600
+
+# PCI buses of the eight SXM GPUs on an HGX H100 baseboard (a common real layout).
+_HGX_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
+
+# Event ring size per node; consumers that fall further behind lose the oldest events.
+_EVENT_RING = 1024
+
+
+@dataclass
+class ClusterSettings:
+    """What the cluster's GPU Operator ClusterPolicy and nodes report."""
+
+    driver_version: str = "550.54.15"
+    cuda_version: str = "12.4"
+    kubernetes_version: str = "v1.31.4"
+    operator_namespace: str = "gpu-operator"
+    # ClusterPolicy spec.migManager.config.name; None = not set (see gpuoperator lookup order).
+    mig_config_name: str | None = None
+    # ClusterPolicy spec.devicePlugin.config.name / .default.
+    device_plugin_config_name: str = "time-slicing-config"
+    device_plugin_default: str | None = None
+    machine: str = "HGX-Simulated"
+
+
+@dataclass
+class Sharing:
+    """The effective device-plugin sharing config of one node."""
+
+    strategy: str  # time-slicing | mps
+    replicas: dict[str, int]  # resource name -> replicas (only > 1 kept)
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+
+    def replicas_for(self, resource: str) -> int:
+        return self.replicas.get(resource, 1)
+
+    def advertised_name(self, resource: str) -> str:
+        return f"{resource}.shared" if self.rename_by_default and self.replicas_for(resource) > 1 else resource
+
+
+@dataclass
+class MigJob:
+    """A pending `nvidia.com/mig.config` change the simulated mig-manager will apply."""
+
+    config: str
+    due: float  # time.monotonic() deadline
+
+
+@dataclass(eq=False)
+class Node:
+    name: str
+    uid: str
+    created: str
+    address: str
+    gpus: list[Gpu]
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    mig_strategy: str = "none"
+    unschedulable: bool = False
+    taints: list[dict] = field(default_factory=list)
+    ready: bool = True
+    resource_version: str = "1"
+    sharing: Sharing | None = None
+    sharing_key: str | None = None  # device-plugin config key currently applied
+    gfd_keys: set[str] = field(default_factory=set)  # label keys GFD wrote last time
+    devices: dict[str, list[str]] = field(default_factory=dict)  # resource -> healthy device ids
+    device_capacity: dict[str, int] = field(default_factory=dict)  # resource -> all device ids
+    known_resources: set[str] = field(default_factory=set)
+    assigned: dict[str, tuple[str, str]] = field(default_factory=dict)  # device id -> pod key
+    mig_job: MigJob | None = None
+    mig_message: str = ""  # outcome of the last MIG manager run (shown by /sim/v1/info)
+    events: deque = field(default_factory=lambda: deque(maxlen=_EVENT_RING))
+    event_seq: int = 0
+    json_cache: bytes | None = None
+
+    @property
+    def pod_cidr(self) -> str:
+        """This node's /24 of the pod network (10.128.0.0/9), unique per node address."""
+        octets = self.address.split(".")
+        return f"10.{128 + int(octets[2]) % 128}.{octets[3]}.0/24"
+
+    def gpu(self, index: int) -> Gpu:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        raise KeyError(f"node {self.name} has no GPU {index}")
+
+
+class Record:
+    """A stored Kubernetes object (namespace, pod, configmap, quota) and its cached JSON."""
+
+    __slots__ = ("obj", "raw")
+
+    def __init__(self, obj: dict):
+        self.obj = obj
+        self.raw: bytes | None = None
+
+
+class Cluster:
+    """One simulated Kubernetes cluster. Mutate only while holding `state.lock`."""
+
+    def __init__(self, state: SimState, name: str, settings: ClusterSettings):
+        self.state = state
+        self.name = name
+        self.settings = settings
+        self.rv = 1
+        self.nodes: dict[str, Node] = {}
+        self.vanished: dict[str, Node] = {}
+        self.namespaces: dict[str, Record] = {}
+        self.pods: dict[tuple[str, str], Record] = {}
+        self.configmaps: dict[tuple[str, str], Record] = {}
+        self.resourcequotas: dict[tuple[str, str], Record] = {}
+        self._node_order: list[str] | None = None
+        self._serial = 0
+
+    # --- bookkeeping ------------------------------------------------------------------
+
+    def bump(self) -> str:
+        """Advance the cluster's resourceVersion (one counter, like etcd's revision)."""
+        self.rv += 1
+        return str(self.rv)
+
+    def new_uid(self, *parts: object) -> str:
+        self._serial += 1
+        return uuid_from(self.state.seed, self.name, "uid", self._serial, *parts)
+
+    def node_names(self) -> list[str]:
+        if self._node_order is None:
+            self._node_order = sorted(self.nodes)
+        return self._node_order
+
+    def touch(self, node: Node) -> None:
+        """Record a change to a node: new resourceVersion, drop its cached JSON."""
+        node.resource_version = self.bump()
+        node.json_cache = None
+
+    # --- nodes ------------------------------------------------------------------------
+
+    def add_node(
+        self,
+        name: str,
+        product: Product,
+        gpu_count: int,
+        *,
+        mig_strategy: str = "none",
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> Node:
+        """Create a node with `gpu_count` GPUs of `product` (MIG off, no GFD labels yet)."""
+        seed = self.state.seed
+        ordinal = len(self.nodes) + len(self.vanished)
+        gpus = []
+        for i in range(gpu_count):
+            bus = _HGX_BUSES[i] if i < len(_HGX_BUSES) else f"{0xE0 + i:02X}"
+            gpus.append(
+                Gpu(
+                    index=i,
+                    product=product,
+                    uuid="GPU-" + uuid_from(seed, self.name, name, "gpu", i),
+                    serial=str(1650000000000 + int(stable_hex(seed, self.name, name, "serial", i)[:10], 16) % 10**10),
+                    pci_bus_id=f"00000000:{bus}:00.0",
+                    load=LoadModel.seeded(seed, self.name, name, i),
+                    # Energy counter since driver load: days of history, not zero.
+                    energy_mj=2e9 + 6e9 * int(stable_hex(seed, self.name, name, "energy", i)[:8], 16) / 2**32,
+                )
+            )
+        node = Node(
+            name=name,
+            uid=uuid_from(seed, self.name, name, "node"),
+            created=self.state.timestamp(),
+            address=f"10.{(ordinal + 1) >> 16 & 255}.{(ordinal + 1) >> 8 & 255}.{(ordinal + 1) & 255}",
+            gpus=gpus,
+            mig_strategy=mig_strategy,
+            labels={
+                "beta.kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                **(labels or {}),
+            },
+            annotations={
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                **(annotations or {}),
+            },
+        )
+        self.nodes[name] = node
+        self._node_order = None
+        self.touch(node)
+        return node
+
+    def remove_node(self, name: str) -> Node:
+        """Delete a node (kept aside so a fault reset can bring it back)."""
+        node = self.nodes.pop(name)
+        self._node_order = None
+        self.vanished[name] = node
+        self.bump()
+        return node
+
+    def restore_node(self, name: str) -> Node:
+        node = self.vanished.pop(name)
+        self.nodes[name] = node
+        self._node_order = None
+        self.touch(node)
+        return node
+
+    def iter_nodes_from(self, after: str | None):
+        """Nodes in name order, starting after `after` (paging)."""
+        names = self.node_names()
+        start = 0 if after is None else bisect.bisect_right(names, after)
+        for name in names[start:]:
+            yield self.nodes[name]
+
+    # --- events -----------------------------------------------------------------------
+
+    def push_event(self, node: Node, gpu_index: int, event_type: int, data: int, gi: int | None = None) -> None:
+        """Queue an NVML event (XID etc.) on a node and wake NVML event waiters."""
+        node.event_seq += 1
+        node.events.append(
+            {
+                "seq": node.event_seq,
+                "gpu": gpu_index,
+                "type": event_type,
+                "data": data,
+                "gi": 0xFFFFFFFF if gi is None else gi,
+                "ci": 0xFFFFFFFF if gi is None else 0,
+            }
+        )
+        self.state.events_changed.notify_all()
+
+
+class SimState:
+    """Every simulated cluster, one lock, simulated time and the fault knobs."""
+
+    def __init__(self, seed: int = 0, *, mig_manager_delay: float = 0.2):
+        self.seed = seed
+        self.mig_manager_delay = mig_manager_delay
+        self.lock = threading.RLock()
+        self.events_changed = threading.Condition(self.lock)
+        self.sim_time = 0.0
+        self.clusters: dict[str, Cluster] = {}
+        self.scenario_name: str | None = None
+        from .faults import Faults  # late: faults reaches into gpuoperator/scheduler
+
+        self.faults = Faults(self)
+
+    def add_cluster(self, name: str, settings: ClusterSettings | None = None) -> Cluster:
+        """Create a cluster with the namespaces and GPU Operator ConfigMaps a fresh one has."""
+        from . import gpuoperator
+
+        with self.lock:
+            if name in self.clusters:
+                raise ValueError(f"cluster {name!r} exists")
+            cluster = Cluster(self, name, settings or ClusterSettings())
+            self.clusters[name] = cluster
+            gpuoperator.bootstrap_cluster(cluster)
+            return cluster
+
+    def cluster(self, name: str | None = None) -> Cluster:
+        """A cluster by name; None = the first one (the default cluster at the server root)."""
+        if name is None:
+            if not self.clusters:
+                raise KeyError("no clusters")
+            return next(iter(self.clusters.values()))
+        try:
+            return self.clusters[name]
+        except KeyError:
+            raise KeyError(f"no cluster {name!r}; have {', '.join(self.clusters)}") from None
+
+    def timestamp(self) -> str:
+        """RFC 3339 time at the current simulated instant."""
+        return datetime.fromtimestamp(SIM_EPOCH + int(self.sim_time), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def epoch(self) -> int:
+        return SIM_EPOCH + int(self.sim_time)
+
+    def tick(self, dt: float = 1.0) -> None:
+        """Advance simulated time by dt seconds: metrics move, energy accumulates, due
+        mig-manager jobs run."""
+        from . import scheduler
+
+        with self.lock:
+            self.sim_time += dt
+            t = self.sim_time
+            for cluster in self.clusters.values():
+                for node in cluster.nodes.values():
+                    busy = scheduler.busy_units(node)
+                    for gpu in node.gpus:
+                        gpu.update_metrics(t, busy.get(gpu.index, set()), dt)
+            self.run_mig_manager(due_only=True)
+
+    def run_mig_manager(self, cluster: str | None = None, *, due_only: bool = False) -> None:
+        """Apply pending `nvidia.com/mig.config` changes now (tests) or only the due ones."""
+        from . import gpuoperator
+
+        with self.lock:
+            targets = [self.cluster(cluster)] if cluster else list(self.clusters.values())
+            for c in targets:
+                gpuoperator.run_due_jobs(c, time.monotonic(), force=not due_only)
