@@ -48,3 +48,48 @@ class DiscoveryStatus(models.TextChoices):
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
+
+
+# --- MIG reconfiguration, maintenance windows, time-slicing (reconfiguration section) -------------
+
+
+class ReconfigurationBackend(models.TextChoices):
+    OPERATOR = "operator", "GPU Operator (nvidia.com/mig.config label)"
+    AGENT = "agent", "Node agent (NVML, explicit placements)"
+
+
+class ReconfigurationStep(models.TextChoices):
+    """The workflow's steps, in order; `done` is where a finished reconfiguration rests."""
+
+    PLAN = "plan", "Plan"
+    CHECK = "check", "Check"
+    CORDON = "cordon", "Cordon"
+    DRAIN = "drain", "Evict / wait for GPU pods"
+    APPLY = "apply", "Apply"
+    VERIFY = "verify", "Verify"
+    UNCORDON = "uncordon", "Uncordon"
+    DONE = "done", "Done"
+
+
+class ReconfigurationState(models.TextChoices):
+    """Where the current step stands. Open states hold the node; only one open reconfiguration per node."""
+
+    PENDING = "pending", "Pending (step queued)"
+    RUNNING = "running", "Running (step claimed by a worker)"
+    WAITING = "waiting", "Waiting (step re-checks with a countdown)"
+    FAILED = "failed", "Failed (node left cordoned; resume or roll back)"
+    SUCCEEDED = "succeeded", "Succeeded"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class ReconfigurationEvent(models.TextChoices):
+    CREATED = "created", "Created"
+    STARTED = "started", "Step started"
+    COMPLETED = "completed", "Step completed"
+    WAITING = "waiting", "Waiting"
+    FAILED = "failed", "Failed"
+    RESUMED = "resumed", "Resumed"
+    ROLLBACK = "rollback", "Roll-back started"
+    CANCELLED = "cancelled", "Cancelled"
+    INFO = "info", "Note"

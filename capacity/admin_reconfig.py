@@ -1,0 +1,603 @@
+"""Operator console for MIG layouts, reconfigurations, maintenance windows and time-slicing.
+
+Imported at the end of capacity/admin.py. Besides its own models it re-registers the GPU and node
+admins as subclasses that add the MIG layout pictures, and mounts three staff pages through
+MigReconfigurationAdmin.get_urls(): capacity plan, take-offline check and rebalancing proposal.
+Reconfiguring happens on the add page: a form, then a confirmation page with the impact (pods to
+evict, allocations touched, slots before and after), then the reconfiguration is created and its
+first step enqueued on commit. State fields are read-only; actions call the services.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+from django.utils.translation import ngettext
+
+from .adapters import kubernetes as kube
+from .choices import ReconfigurationBackend
+from .mig.catalog import PRODUCTS
+from .mig.layout import parse_layout
+from .mig_picture import gpu_layout_html, gpu_picture, legend_html, node_pictures
+from .models import (
+    Cluster,
+    GpuCapacity,
+    MaintenanceWindow,
+    MigLayout,
+    MigReconfiguration,
+    MigReconfigurationStep,
+    NodeCapacity,
+    TimeSlicingPolicy,
+)
+from .services import maintenance, mig_configs, planning
+from .services import reconfiguration as rc
+
+TIME_SLICING_WARNING = (
+    "Time-slicing has NO memory isolation: every replica sees and can exhaust the whole GPU's memory, "
+    "and a crash or an out-of-memory error in one pod can take the others down. Use MIG where isolation matters."
+)
+
+
+# --- Layouts ------------------------------------------------------------------------------------
+
+
+class MigLayoutForm(forms.ModelForm):
+    product = forms.ChoiceField(choices=[(k, k) for k in PRODUCTS])
+
+    class Meta:
+        model = MigLayout
+        fields = ["name", "product", "gpus", "description"]
+        widgets = {"gpus": forms.Textarea(attrs={"rows": 4, "cols": 80})}
+
+
+@admin.register(MigLayout)
+class MigLayoutAdmin(admin.ModelAdmin):
+    form = MigLayoutForm
+    list_display = ["name", "product", "config_name", "summary", "updated_at"]
+    list_filter = ["product"]
+    search_fields = ["name", "description"]
+    readonly_fields = ["config_name", "mig_parted_entries", "pictures"]
+
+    @admin.display(description="layout")
+    def summary(self, obj):
+        return "; ".join(f"{k}: {'MIG off' if v is None else ','.join(v) or 'empty'}" for k, v in obj.gpus.items())
+
+    @admin.display(description="mig-parted entries (as written to the ConfigMap)")
+    def mig_parted_entries(self, obj):
+        if not obj.pk:
+            return "-"
+        text = mig_configs.dump_yaml({obj.config_name: mig_configs.entries_for_targets(obj.product, obj.gpus)})
+        return format_html("<pre>{}</pre>", text)
+
+    @admin.display(description="picture")
+    def pictures(self, obj):
+        if not obj.pk:
+            return "-"
+        from .mig.layout import validate_layout
+
+        out = []
+        for key, names in obj.gpus.items():
+            if names is None:
+                out.append(gpu_layout_html(obj.product, [], mig=False, title=f"GPU {key}"))
+                continue
+            result = validate_layout(obj.product, names)
+            placements = [dict(p.to_dict(), state="planned") for p in result.placements]
+            out.append(gpu_layout_html(obj.product, placements, title=f"GPU {key}"))
+        return format_html("{}{}", legend_html(), mark_safe("".join(out)))
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        mig_configs.publish()
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        mig_configs.publish()
+
+
+# --- Maintenance windows and time-slicing --------------------------------------------------------
+
+
+@admin.register(MaintenanceWindow)
+class MaintenanceWindowAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "cluster", "node_group", "name", "enabled", "open_now"]
+    list_filter = ["cluster", "enabled"]
+    list_select_related = ["cluster"]
+    search_fields = ["name", "node_group", "cluster__name"]
+
+    @admin.display(description="open now", boolean=True)
+    def open_now(self, obj):
+        return obj.is_open(timezone.now())
+
+
+class TimeSlicingPolicyForm(forms.ModelForm):
+    class Meta:
+        model = TimeSlicingPolicy
+        fields = ["cluster", "node_group", "replicas", "rename_by_default", "fail_requests_greater_than_one", "enabled"]
+        help_texts = {"replicas": "Pods per GPU (tier-3 slots per GPU). " + TIME_SLICING_WARNING}
+
+
+@admin.register(TimeSlicingPolicy)
+class TimeSlicingPolicyAdmin(admin.ModelAdmin):
+    form = TimeSlicingPolicyForm
+    list_display = ["__str__", "config_key", "replicas", "tier3_slots", "enabled", "applied_at", "nodes_labelled"]
+    list_filter = ["cluster", "enabled"]
+    list_select_related = ["cluster"]
+    search_fields = ["node_group", "cluster__name"]
+    readonly_fields = ["isolation_warning", "config_key", "applied_at", "nodes_labelled", "last_error"]
+    actions = ["apply_to_cluster"]
+
+    @admin.display(description="memory isolation")
+    def isolation_warning(self, obj):
+        return format_html('<strong style="color:#ba2121">{}</strong>', TIME_SLICING_WARNING)
+
+    @admin.display(description="tier-3 slots")
+    def tier3_slots(self, obj):
+        gpus = GpuCapacity.objects.present().filter(node__cluster_id=obj.cluster_id)
+        if obj.node_group:
+            gpus = gpus.filter(node__node_group=obj.node_group)
+        return gpus.count() * obj.replicas
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        messages.warning(request, TIME_SLICING_WARNING)
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    @admin.action(description="Write the ConfigMap and label the nodes")
+    def apply_to_cluster(self, request, queryset):
+        clusters = sorted(set(queryset.values_list("cluster_id", flat=True)))
+        for cluster_id in clusters:
+            mig_configs.enqueue_time_slicing(cluster_id)
+        self.message_user(request, ngettext("%d cluster queued.", "%d clusters queued.", len(clusters)) % len(clusters))
+
+
+# --- Reconfigurations ----------------------------------------------------------------------------
+
+
+def _named_choices():
+    names = sorted(mig_configs.named_config_entries())
+    return [("", "---------")] + [(n, n) for n in names]
+
+
+def parse_per_gpu(text: str) -> dict:
+    """ "0: 4g.40gb,3g.40gb" lines (or "1: off") or a JSON object -> {"0": [...], "1": None}."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ValidationError(f"not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValidationError("give a JSON object of GPU index -> profiles")
+        return {str(k): v for k, v in value.items()}
+    out = {}
+    for line in text.replace(";", "\n").splitlines():
+        if not line.strip():
+            continue
+        key, sep, layout = line.partition(":")
+        if not sep or not key.strip().isdigit():
+            raise ValidationError(f"{line!r}: write 'GPU index: profiles', e.g. '0: 3g.40gb,3g.40gb' or '1: off'")
+        if layout.strip().lower() in ("off", "disabled", "none"):
+            out[key.strip()] = None
+        else:
+            try:
+                out[key.strip()] = parse_layout(layout)
+            except ValueError as exc:
+                raise ValidationError(str(exc)) from None
+    return out
+
+
+class ReconfigureForm(forms.Form):
+    node = forms.ModelChoiceField(NodeCapacity.objects.present().select_related("cluster"))
+    layout = forms.ModelChoiceField(MigLayout.objects.all(), required=False, help_text="A custom layout, or")
+    named = forms.ChoiceField(label="Named config", required=False, help_text="a GPU Operator named config, or")
+    per_gpu = forms.CharField(
+        label="Per-GPU profiles",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="one line per GPU: '0: 4g.40gb,3g.40gb', '1: 1g.10gb=7', '2: off'. GPUs not named stay as they are.",
+    )
+    backend = forms.ChoiceField(choices=ReconfigurationBackend.choices, initial=ReconfigurationBackend.OPERATOR)
+    drain = forms.BooleanField(required=False, help_text="Evict the GPU pods (allocated GPUs may then be touched).")
+    force = forms.BooleanField(required=False, help_text="Run outside the node's maintenance windows.")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["named"].choices = _named_choices()
+
+    def clean_per_gpu(self):
+        return parse_per_gpu(self.cleaned_data.get("per_gpu") or "")
+
+    def clean(self):
+        data = super().clean()
+        node = data.get("node")
+        if node is None:
+            return data
+        try:
+            data["source"], data["target"] = rc.target_from(
+                node, layout=data.get("layout"), named=data.get("named") or "", per_gpu=data.get("per_gpu") or None
+            )
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+        return data
+
+
+class StepInline(admin.TabularInline):
+    model = MigReconfigurationStep
+    fields = ["at", "step", "event", "message", "task_id", "actor"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["at", "id"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(MigReconfiguration)
+class MigReconfigurationAdmin(admin.ModelAdmin):
+    list_display = ["id", "node", "source", "backend", "step", "state", "drain", "force", "created_by", "created_at"]
+    list_filter = ["state", "step", "backend", "cluster"]
+    list_select_related = ["node__cluster", "created_by"]
+    search_fields = ["node__name", "source", "error", "config_name"]
+    inlines = [StepInline]
+    actions = ["resume_selected", "rollback_selected", "cancel_selected"]
+    change_list_template = "admin/capacity/migreconfiguration/change_list.html"
+    readonly_fields = [
+        "cluster",
+        "node",
+        "layout",
+        "source",
+        "backend",
+        "drain",
+        "force",
+        "step",
+        "state",
+        "error",
+        "failed_step",
+        "config_name",
+        "plan_pictures",
+        "target",
+        "previous",
+        "was_cordoned",
+        "attempts",
+        "planned_at",
+        "checked_at",
+        "cordoned_at",
+        "drained_at",
+        "applied_at",
+        "verified_at",
+        "uncordoned_at",
+        "finished_at",
+        "task_id",
+        "rollback_of",
+        "created_by",
+        "created_at",
+    ]
+    fields = readonly_fields
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="plan")
+    def plan_pictures(self, obj):
+        gpus = (obj.plan or {}).get("gpus") or {}
+        product = (obj.plan or {}).get("product", "")
+        if not gpus:
+            return "(not planned yet)"
+        rows = []
+        for key, gpu in sorted(gpus.items(), key=lambda kv: int(kv[0])):
+            before = gpu_layout_html(product, gpu["before"], mig=gpu["before_mig"], title=f"GPU {key} before")
+            after = gpu_layout_html(
+                product,
+                [dict(p, state="planned") for p in gpu["placements"]],
+                mig=gpu["mig"],
+                title=f"GPU {key} after" + ("" if gpu["changed"] else " (unchanged)"),
+            )
+            rows.append(format_html('<div style="display:flex;gap:24px">{}{}</div>', before, after))
+        return format_html("{}{}", legend_html(), mark_safe("".join(rows)))
+
+    # --- actions ----------------------------------------------------------------------------
+
+    def _each(self, request, queryset, service, verb):
+        done, errors = 0, []
+        for reconf in queryset.select_related("cluster", "node"):
+            try:
+                service(reconf, actor=request.user)
+                done += 1
+            except rc.IllegalTransition as exc:
+                errors.append(str(exc))
+        self.message_user(request, ngettext(f"%d reconfiguration {verb}.", f"%d reconfigurations {verb}.", done) % done)
+        for error in errors:
+            self.message_user(request, error, messages.WARNING)
+
+    @admin.action(description="Resume at the failed step")
+    def resume_selected(self, request, queryset):
+        self._each(request, queryset, rc.resume, "resumed")
+
+    @admin.action(description="Roll back to the layout before")
+    def rollback_selected(self, request, queryset):
+        self._each(request, queryset, rc.rollback, "rolled back")
+
+    @admin.action(description="Cancel (only before the node was cordoned)")
+    def cancel_selected(self, request, queryset):
+        self._each(request, queryset, rc.cancel, "cancelled")
+
+    # --- reconfigure: form -> confirmation -> create ---------------------------------------------
+
+    def add_view(self, request, form_url="", extra_context=None):
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        initial = {"node": request.GET.get("node")} if request.GET.get("node") else {}
+        form = ReconfigureForm(request.POST or None, initial=initial)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Reconfigure MIG",
+            "form": form,
+            "impact": None,
+        }
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            node = data["node"]
+            if "confirm" in request.POST:
+                try:
+                    reconf = rc.create(
+                        node,
+                        data["target"],
+                        source=data["source"],
+                        layout=data.get("layout"),
+                        backend=data["backend"],
+                        drain=data["drain"],
+                        force=data["force"],
+                        actor=request.user,
+                    )
+                except (rc.ReconfigurationError, rc.IllegalTransition) as exc:
+                    form.add_error(None, str(exc))
+                else:
+                    self.message_user(request, f"Reconfiguration #{reconf.pk} of {node} queued.")
+                    return HttpResponseRedirect(reverse("admin:capacity_migreconfiguration_change", args=[reconf.pk]))
+            else:
+                try:
+                    context["impact"] = self._impact(node, data)
+                except rc.ReconfigurationError as exc:
+                    form.add_error(None, str(exc))
+        return TemplateResponse(request, "admin/capacity/migreconfiguration/reconfigure.html", context)
+
+    def _impact(self, node, data) -> dict:
+        impact = rc.assess(node, data["target"], backend=data["backend"], drain=data["drain"], force=data["force"])
+        pods, pods_error = [], ""
+        try:
+            with mig_configs.client_for(node.cluster) as client:
+                pods = rc.gpu_pods(client, node, backend=data["backend"], affected=impact.affected)
+        except kube.KubernetesError as exc:
+            pods_error = str(exc)
+        product = next((p.product for p in impact.plans.values()), "")
+        pictures = []
+        for index, plan in impact.plans.items():
+            before = gpu_layout_html(product, plan.before, mig=plan.before_mig, title=f"GPU {index} now")
+            after = gpu_layout_html(
+                product,
+                [dict(p, state="planned") for p in plan.after],
+                mig=plan.after_mig,
+                title=f"GPU {index} after" + ("" if plan.changed else " (unchanged)"),
+            )
+            pictures.append(format_html('<div style="display:flex;gap:24px">{}{}</div>', before, after))
+        specs = sorted(set(impact.slots_before) | set(impact.slots_after))
+        return {
+            "changed": impact.changed,
+            "affected": impact.affected,
+            "allocations": impact.allocations,
+            "refusals": impact.refusals,
+            "window_open": impact.window_open,
+            "next_window": impact.next_window,
+            "pods": [f"{p.namespace}/{p.name}" for p in pods],
+            "pods_error": pods_error,
+            "evict": data["drain"],
+            "slots": [(s, impact.slots_before.get(s, 0), impact.slots_after.get(s, 0)) for s in specs],
+            "pictures": format_html("{}{}", legend_html(), mark_safe("".join(pictures))),
+        }
+
+    # --- staff pages -----------------------------------------------------------------------------
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("capacity-plan/", view(self.capacity_plan_view), name="capacity_capacity_plan"),
+            path("take-offline/", view(self.take_offline_view), name="capacity_take_offline"),
+            path("rebalance/", view(self.rebalance_view), name="capacity_rebalance"),
+            *super().get_urls(),
+        ]
+
+    def _page(self, request, template, title, **context):
+        return TemplateResponse(
+            request,
+            template,
+            {**self.admin_site.each_context(request), "opts": self.model._meta, "title": title, **context},
+        )
+
+    def capacity_plan_view(self, request):
+        form = CapacityPlanForm(request.GET or None)
+        current = proposed = None
+        error = ""
+        if form.is_valid():
+            data = form.cleaned_data
+            current = planning.current_capacity_plan(
+                cluster=data.get("cluster"), node_group=data.get("node_group") or None
+            )
+            if data.get("product") and data.get("gpus"):
+                try:
+                    proposed = planning.proposed_capacity_plan(
+                        data["product"],
+                        data["gpus"],
+                        layout=data.get("layout") or None,
+                        timeslice_replicas=data.get("replicas"),
+                    )
+                except ValueError as exc:
+                    error = str(exc)
+        elif not request.GET:
+            current = planning.current_capacity_plan()
+        return self._page(
+            request,
+            "admin/capacity/migreconfiguration/capacity_plan.html",
+            "Capacity plan: effective slots per tier",
+            form=form,
+            current=current,
+            proposed=proposed,
+            error=error,
+            warning=TIME_SLICING_WARNING,
+        )
+
+    def take_offline_view(self, request):
+        form = TakeOfflineForm(request.POST or None)
+        check = None
+        if request.method == "POST" and form.is_valid():
+            check = maintenance.take_offline_check(gpus=form.cleaned_data["gpus"], nodes=form.cleaned_data["nodes"])
+        return self._page(
+            request,
+            "admin/capacity/migreconfiguration/take_offline.html",
+            "Take offline: would the remaining capacity cover every allocation?",
+            form=form,
+            check=check,
+        )
+
+    def rebalance_view(self, request):
+        form = RebalanceForm(request.POST or request.GET or None)
+        proposal = None
+        created, refused = [], {}
+        if form.is_valid():
+            data = form.cleaned_data
+            proposal = planning.propose_rebalance(data["cluster"], data["product"], days=data["days"])
+            if request.method == "POST" and "create" in request.POST:
+                with transaction.atomic():
+                    created, refused = planning.create_rebalance_reconfigurations(
+                        proposal, backend=data["backend"], drain=data["drain"], force=data["force"], actor=request.user
+                    )
+                self.message_user(
+                    request,
+                    ngettext("%d reconfiguration queued.", "%d reconfigurations queued.", len(created)) % len(created),
+                )
+                for name, reason in refused.items():
+                    self.message_user(request, f"{name}: {reason}", messages.WARNING)
+        return self._page(
+            request,
+            "admin/capacity/migreconfiguration/rebalance.html",
+            "Rebalancing proposal for the next maintenance window",
+            form=form,
+            proposal=proposal.to_dict() if proposal else None,
+            created=created,
+        )
+
+
+class CapacityPlanForm(forms.Form):
+    cluster = forms.ModelChoiceField(Cluster.objects.all(), required=False)
+    node_group = forms.CharField(required=False)
+    product = forms.ChoiceField(choices=[("", "---------")] + [(k, k) for k in PRODUCTS], required=False)
+    gpus = forms.IntegerField(min_value=0, required=False, label="GPUs (proposal)")
+    layout = forms.CharField(required=False, help_text="Per-GPU MIG layout, e.g. 4g.40gb,3g.40gb")
+    replicas = forms.IntegerField(min_value=2, required=False, label="Time-slice replicas")
+
+
+class TakeOfflineForm(forms.Form):
+    nodes = forms.ModelMultipleChoiceField(NodeCapacity.objects.present().select_related("cluster"), required=False)
+    gpus = forms.ModelMultipleChoiceField(GpuCapacity.objects.present().select_related("node"), required=False)
+
+    def clean(self):
+        data = super().clean()
+        if not data.get("nodes") and not data.get("gpus"):
+            raise ValidationError("Choose nodes or GPUs.")
+        return data
+
+
+class RebalanceForm(forms.Form):
+    cluster = forms.ModelChoiceField(Cluster.objects.all())
+    product = forms.ChoiceField(choices=[(k, k) for k in PRODUCTS])
+    days = forms.IntegerField(min_value=1, max_value=365, initial=30)
+    backend = forms.ChoiceField(
+        choices=ReconfigurationBackend.choices, initial=ReconfigurationBackend.AGENT, required=False
+    )
+    drain = forms.BooleanField(required=False)
+    force = forms.BooleanField(required=False, help_text="Create them now, outside the maintenance window.")
+
+    def clean_backend(self):
+        return self.cleaned_data.get("backend") or ReconfigurationBackend.AGENT
+
+
+# --- The MIG pictures on the GPU and node pages ---------------------------------------------------
+
+
+def _with_picture(base, field: str, render, label: str):
+    """A subclass of a registered ModelAdmin with one more read-only field, shown in its own fieldset."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*super(cls, self).get_readonly_fields(request, obj), field]
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = [
+            (name, {**opts, "fields": [f for f in opts["fields"] if f != field]})
+            for name, opts in super(cls, self).get_fieldsets(request, obj)
+        ]
+        return [*fieldsets, (label, {"fields": [field]})]
+
+    def picture(self, obj):
+        return render(obj) if obj is not None and obj.pk else "-"
+
+    picture.short_description = label
+    cls = type(
+        base.__name__,
+        (base,),
+        {
+            "__module__": __name__,
+            "get_readonly_fields": get_readonly_fields,
+            "get_fieldsets": get_fieldsets,
+            field: picture,
+        },
+    )
+    return cls
+
+
+def _node_page(node):
+    link = format_html(
+        '<p><a class="button" href="{}?node={}">Reconfigure MIG on this node</a></p>',
+        reverse("admin:capacity_migreconfiguration_add"),
+        node.pk,
+    )
+    open_ = MigReconfiguration.objects.open().filter(node=node).first()
+    note = (
+        format_html(
+            '<p>Open reconfiguration: <a href="{}">#{} ({}/{})</a></p>',
+            reverse("admin:capacity_migreconfiguration_change", args=[open_.pk]),
+            open_.pk,
+            open_.step,
+            open_.state,
+        )
+        if open_
+        else ""
+    )
+    return format_html("{}{}{}", link, note, node_pictures(node))
+
+
+for _model, _field, _render, _label in (
+    (GpuCapacity, "mig_layout_picture", gpu_picture, "MIG layout"),
+    (NodeCapacity, "mig_layout_pictures", _node_page, "MIG layouts"),
+):
+    if admin.site.is_registered(_model):
+        _base = type(admin.site._registry[_model])
+        admin.site.unregister(_model)
+        admin.site.register(_model, _with_picture(_base, _field, _render, _label))

@@ -1,0 +1,241 @@
+"""Benchmarks of the capacity app, run with `python manage.py bench NAME`.
+
+discovery: `python manage.py bench discovery --nodes 2000 --gpus-per-node 8` builds the simulator's
+"scale" scenario in this process, serves it over HTTP (SimServer), registers it as a fresh cluster
+and measures, on whatever database DATABASE_URL names:
+
+- list_parse_s: the Kubernetes calls discovery makes (all nodes, all pods, paged) and their JSON
+  parsing into the adapter's small objects, with no database at all (median of --repeat);
+- nvml_read_s: reading every node's NVML through the simulator's fake NVML, one node after the
+  other in this process. On real clusters each node agent reads its own GPUs, in parallel, so this
+  is reported but is not part of first_sync_s;
+- first_sync_s: from an empty database, discover_cluster() (Kubernetes lists, node rows, specs,
+  workloads) plus the reconcile of all those node inventories (every GPU and MIG instance row):
+  the whole central mirror built from nothing;
+- resync_s / resync_queries: discover_cluster() again with nothing changed (median of --repeat;
+  what the periodic beat task runs), and its SQL query count;
+- resync_queries_200: the same count for a second, --small-nodes cluster, to show it does not grow.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from django.db import connection
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from gpuaas.bench import arg, benchmark
+
+BENCH_PREFIX = "bench-discovery-"
+
+
+def _delete_rows(clusters) -> None:
+    """Remove the mirrored rows of benchmark clusters (children first: the foreign keys protect)."""
+    from capacity.models import (
+        Cluster,
+        DiscoveryRun,
+        GpuCapacity,
+        MigInstance,
+        NodeCapacity,
+        SpecAndCount,
+        WorkloadProfile,
+    )
+
+    if isinstance(clusters, Cluster):
+        clusters = Cluster.objects.filter(pk=clusters.pk)
+    WorkloadProfile.objects.filter(cluster__in=clusters).delete()
+    MigInstance.objects.filter(gpu__node__cluster__in=clusters).delete()
+    GpuCapacity.objects.filter(node__cluster__in=clusters).delete()
+    SpecAndCount.objects.filter(node__cluster__in=clusters).delete()
+    NodeCapacity.objects.filter(cluster__in=clusters).delete()
+    DiscoveryRun.objects.filter(cluster__in=clusters).delete()
+
+
+def _delete_bench_clusters() -> int:
+    """Remove every earlier benchmark cluster with its rows."""
+    from capacity.models import Cluster
+
+    clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
+    _delete_rows(clusters)
+    return clusters.delete()[0]
+
+
+def snapshot_nvml(api_url: str, node_name: str):
+    """NVML_LIBRARY for the benchmark: the fake NVML reading one snapshot per node read (not per call)."""
+    from simcluster import library_for_node
+
+    return library_for_node(api_url, node_name, max_age=3600.0)
+
+
+def _serve(nodes: int, gpus_per_node: int, kube_dir: Path):
+    from simcluster import SimServer, load_scenario
+
+    state = load_scenario("scale", nodes=nodes, gpus_per_node=gpus_per_node).build(mig_manager_delay=3600)
+    server = SimServer(state).start()
+    return server, server.write_kubeconfigs(kube_dir / str(nodes))["scale"]
+
+
+def _list_parse_s(cluster) -> float:
+    from capacity.adapters.kubernetes import KubernetesClient
+
+    started = time.perf_counter()
+    with KubernetesClient.for_cluster(cluster) as client:
+        client.list_nodes()
+        client.list_pods()
+    return time.perf_counter() - started
+
+
+def _gpu_nodes(cluster):
+    from capacity.adapters.kubernetes import KubernetesClient
+    from capacity.services.discovery import is_gpu_node
+
+    with KubernetesClient.for_cluster(cluster) as client:
+        return [node for node in client.list_nodes() if is_gpu_node(node)]
+
+
+def _read_inventories(cluster, server) -> tuple[list, float]:
+    """Every GPU node's NVML inventory through the fake NVML, and how long that took."""
+    from capacity.adapters import nvml
+
+    names = [node.name for node in _gpu_nodes(cluster)]
+    with override_settings(NVML_LIBRARY="capacity.benchmarks.snapshot_nvml"):
+        started = time.perf_counter()
+        inventories = [nvml.node_inventory(server.cluster_url("scale"), name) for name in names]
+        return inventories, time.perf_counter() - started
+
+
+def _first_sync(cluster, inventories) -> dict:
+    """Time discovery (Kubernetes part) and the reconcile of the pre-read inventories into an empty mirror."""
+    from capacity.services.discovery import INVENTORY_NONE, discover_cluster
+    from capacity.services.inventory import reconcile_inventory
+
+    _delete_rows(cluster)
+    started = time.perf_counter()
+    outcome = discover_cluster(cluster.pk, inventory=INVENTORY_NONE)
+    kubernetes = time.perf_counter() - started
+    inventory = reconcile_inventory(cluster.pk, inventories)
+    total = time.perf_counter() - started
+    if outcome.run.status != "succeeded" or inventory.errors:
+        raise RuntimeError(f"first sync failed: {outcome.run.error or inventory.errors}")
+    return {"total": total, "kubernetes": kubernetes, "inventory": total - kubernetes, "result": inventory}
+
+
+def _resync(cluster_id: int) -> tuple[float, int]:
+    from capacity.services.discovery import INVENTORY_NONE, discover_cluster
+
+    with CaptureQueriesContext(connection) as queries:
+        started = time.perf_counter()
+        outcome = discover_cluster(cluster_id, inventory=INVENTORY_NONE)
+        elapsed = time.perf_counter() - started
+    sync = outcome.sync
+    if outcome.run.status != "succeeded" or sync.nodes_created or sync.nodes_updated or sync.specs_written:
+        raise RuntimeError(f"the resync changed something: {outcome.run.error or sync}")
+    return elapsed, len(queries)
+
+
+@benchmark(
+    "discovery",
+    help="Discovery of the simulator's scale scenario: first sync, no-change resync, list+parse alone.",
+    arguments=[
+        arg("--nodes", type=int, default=2000),
+        arg("--gpus-per-node", type=int, default=8),
+        arg("--small-nodes", type=int, default=200, help="node count of the second cluster (query count check)"),
+        arg("--repeat", type=int, default=3, help="runs of list+parse and of the resync; medians are reported"),
+        arg("--first-repeat", type=int, default=3, help="first syncs from an empty mirror; the median is reported"),
+    ],
+)
+def run_discovery_bench(
+    *, stdout, nodes: int, gpus_per_node: int, small_nodes: int, repeat: int, first_repeat: int
+) -> dict:
+    from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+
+    removed = _delete_bench_clusters()
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    with tempfile.TemporaryDirectory() as tmp:
+        stdout.write(
+            f"building the scale scenario: {nodes} + {small_nodes} nodes ({removed} old bench clusters removed)"
+        )
+        big_server, big_config = _serve(nodes, gpus_per_node, Path(tmp))
+        small_server, small_config = _serve(small_nodes, gpus_per_node, Path(tmp))
+        # The simulated clusters live in this process (millions of objects): keep the cyclic garbage
+        # collector from rescanning them on every collection, which would bill their cost to discovery.
+        gc.collect()
+        gc.freeze()
+        try:
+            big = Cluster.objects.create(name=f"{BENCH_PREFIX}{stamp}-{nodes}", kubeconfig_path=str(big_config))
+            small = Cluster.objects.create(
+                name=f"{BENCH_PREFIX}{stamp}-{small_nodes}", kubeconfig_path=str(small_config)
+            )
+            list_parse = statistics.median(_list_parse_s(big) for _ in range(max(1, repeat)))
+            inventories, nvml_read = _read_inventories(big, big_server)
+            firsts = [_first_sync(big, inventories) for _ in range(max(1, first_repeat))]
+            first = sorted(firsts, key=lambda f: f["total"])[len(firsts) // 2]
+            resyncs = [_resync(big.pk) for _ in range(max(1, repeat))]
+            _first_sync(small, _read_inventories(small, small_server)[0])
+            small_queries = _resync(small.pk)[1]
+            resync_s = statistics.median(t for t, _ in resyncs)
+            inventory = first["result"]
+            load = os.getloadavg()[0]
+            result = {
+                "nodes": NodeCapacity.objects.filter(cluster=big).count(),
+                "gpus": GpuCapacity.objects.filter(node__cluster=big).count(),
+                "mig_instances": MigInstance.objects.filter(gpu__node__cluster=big).count(),
+                "database": connection.vendor,
+                "first_sync_s": round(first["total"], 3),
+                "first_sync_kubernetes_s": round(first["kubernetes"], 3),
+                "first_sync_inventory_s": round(first["inventory"], 3),
+                "first_sync_runs_s": [round(f["total"], 3) for f in firsts],
+                "first_sync_includes": "k8s lists, node/spec/workload rows, reconcile of every node's NVML inventory",
+                "nvml_read_s": round(nvml_read, 3),
+                "gpus_written": inventory.gpus_written,
+                "mig_written": inventory.mig_written,
+                "resync_s": round(resync_s, 3),
+                "resync_queries": resyncs[-1][1],
+                "list_parse_s": round(list_parse, 3),
+                "ratio_resync": round(resync_s / list_parse, 2),
+                "ratio_first": round(first["total"] / list_parse, 2),
+                "resync_queries_200": small_queries,
+                "small_nodes": small_nodes,
+                "load_average_1m": round(load, 2),
+                "cpus": os.cpu_count(),
+            }
+        finally:
+            gc.unfreeze()
+            big_server.stop()
+            small_server.stop()
+            _delete_bench_clusters()
+    return result
+
+
+# --- MIG planner (capacity/mig/benchmark.py; pure Python, no database) ------------------------------------
+@benchmark(
+    "mig-planner",
+    help="Planner vs exhaustive search on random small cases, and a ~1,000-GPU mixed demand vs first-fit.",
+    arguments=[arg("--cases", type=int, default=500), arg("--seed", type=int, default=20240607)],
+)
+def bench_mig_planner(*, cases: int, seed: int, stdout=None, **_) -> dict:
+    from capacity.mig.benchmark import run_mig_planner_bench
+
+    return run_mig_planner_bench(cases=cases, seed=seed)
+
+
+# --- MIG reconfiguration workflow (capacity/reconfig_benchmark.py; simulator in this process) ----------
+@benchmark(
+    "mig-reconfigure",
+    help="Reconfigure N simulated nodes to all-balanced through every workflow step; seconds and queries per node.",
+    arguments=[
+        arg("--nodes", type=int, default=20),
+        arg("--gpus-per-node", type=int, default=8),
+        arg("--backend", choices=["operator", "agent"], default="operator"),
+    ],
+)
+def bench_mig_reconfigure(*, nodes: int, gpus_per_node: int, backend: str, stdout=None, **_) -> dict:
+    from capacity.reconfig_benchmark import run_mig_reconfigure_bench
+
+    return run_mig_reconfigure_bench(nodes=nodes, gpus_per_node=gpus_per_node, backend=backend)

@@ -1,0 +1,131 @@
+"""`python manage.py bench mig-reconfigure`: the whole reconfiguration workflow on a simulated cluster.
+
+Builds --nodes simulated nodes of --gpus-per-node H100-80GB, each GPU at 3g.40gb x 2, serves them
+over HTTP (SimServer, in this process), mirrors them into the database named by DATABASE_URL and
+reconfigures every node to all-balanced through --backend, calling each step's task body directly
+(no broker), on the operator path with the simulated MIG manager run as soon as apply waits.
+
+Reported: the gpuaas side of a reconfiguration, i.e. wall seconds and SQL queries per node for the
+seven steps (Kubernetes calls to the in-process simulator and, on the agent path, the fake NVML
+included; the GPU Operator's own reconfiguration time is not, it is simulated as instant), and the
+time to rebuild the mig-parted document with every node's config in it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+BENCH_PREFIX = "bench-reconfig-"
+
+
+def _delete_bench_clusters() -> None:
+    from capacity.models import (
+        Cluster,
+        DiscoveryRun,
+        GpuCapacity,
+        MigInstance,
+        MigReconfiguration,
+        NodeCapacity,
+        SpecAndCount,
+        WorkloadProfile,
+    )
+
+    clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
+    MigReconfiguration.objects.filter(cluster__in=clusters).delete()  # steps cascade
+    WorkloadProfile.objects.filter(cluster__in=clusters).delete()
+    MigInstance.objects.filter(gpu__node__cluster__in=clusters).delete()
+    GpuCapacity.objects.filter(node__cluster__in=clusters).delete()
+    SpecAndCount.objects.filter(node__cluster__in=clusters).delete()
+    NodeCapacity.objects.filter(cluster__in=clusters).delete()
+    DiscoveryRun.objects.filter(cluster__in=clusters).delete()
+    clusters.delete()
+
+
+def _build(name: str, nodes: int, gpus_per_node: int):
+    from capacity.mig.catalog import PRODUCTS
+    from simcluster import SimState, gpuoperator
+
+    state = SimState(seed=11, mig_manager_delay=3600)
+    cluster = state.add_cluster(name)
+    product = PRODUCTS["H100-80GB"]
+    with state.lock:
+        for i in range(nodes):
+            node = cluster.add_node(f"gpu-{i:04d}", product, gpus_per_node, mig_strategy="mixed")
+            node.labels.update(gpuoperator.operator_labels(node))
+            for gpu in node.gpus:
+                gpu.mig_current = gpu.mig_pending = 1
+                gpu.apply_layout(gpuoperator.plan_for_gpu(product, {"3g.40gb": 2}))
+            gpuoperator.refresh_node(cluster, node)
+    return state
+
+
+def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -> dict:
+    from capacity.models import Cluster, NodeCapacity
+    from capacity.services import mig_configs
+    from capacity.services import reconfiguration as rc
+    from capacity.services.discovery import discover_cluster
+    from simcluster import SimServer
+
+    _delete_bench_clusters()
+    name = f"{BENCH_PREFIX}{nodes}-{backend}"
+    # The steps are called here, one after the other: nothing goes to the broker.
+    no_broker = mock.patch("capacity.tasks.enqueue_reconfiguration_step")
+    no_broker.start()
+    state = _build(name, nodes, gpus_per_node)
+    server = SimServer(state).start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = server.write_kubeconfigs(Path(tmp))[name]
+            cluster = Cluster.objects.create(name=name, kubeconfig_path=str(path))
+            outcome = discover_cluster(cluster.pk, inventory="inline")
+            if outcome.run.status != "succeeded":
+                raise RuntimeError(f"discovery failed: {outcome.run.error}")
+            seconds, queries, steps, failed = [], [], [], []
+            for node in NodeCapacity.objects.filter(cluster=cluster).order_by("name"):
+                source, target = rc.target_from(node, named="all-balanced")
+                started = time.perf_counter()
+                with CaptureQueriesContext(connection) as captured:
+                    reconf = rc.create(node, target, source=source, backend=backend, force=True)
+                    calls = 0
+                    while reconf.state not in ("succeeded", "failed") and calls < 30:
+                        outcome = rc.run_step(reconf.pk, reconf.step, token="bench")
+                        calls += 1
+                        if outcome == "waiting" and reconf.step == "apply":
+                            state.run_mig_manager(name)
+                        reconf.refresh_from_db()
+                seconds.append(time.perf_counter() - started)
+                queries.append(len(captured))
+                steps.append(calls)
+                if reconf.state != "succeeded":
+                    failed.append(f"{node.name}: {reconf.error}")
+            started = time.perf_counter()
+            document = mig_configs.mig_parted_document(cluster)
+            document_s = time.perf_counter() - started
+    finally:
+        no_broker.stop()
+        server.stop()
+        _delete_bench_clusters()
+    return {
+        "benchmark": "mig-reconfigure",
+        "database": connection.vendor,
+        "backend": backend,
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "succeeded": nodes - len(failed),
+        "failed": failed[:5],
+        "step_calls_per_node": statistics.median(steps),
+        "per_node_s_median": round(statistics.median(seconds), 4),
+        "per_node_s_max": round(max(seconds), 4),
+        "total_s": round(sum(seconds), 3),
+        "queries_per_node_median": statistics.median(queries),
+        "queries_per_node_max": max(queries),
+        "mig_parted_configs": len(document["mig-configs"]),
+        "mig_parted_document_s": round(document_s, 4),
+    }

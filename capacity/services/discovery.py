@@ -1,0 +1,490 @@
+"""Discovery: mirror one cluster's GPU nodes, what they offer and what runs on them.
+
+`discover_cluster(cluster_id)` lists the cluster's nodes and pods (capacity.adapters.kubernetes),
+then, in one transaction under the cluster's row lock, writes what changed:
+
+- NodeCapacity from labels and status: GPU product/count/memory (GFD labels), tier
+  (`gpuaas.io/tier`), node group (`gpuaas.io/node-group`), MIG strategy/config/config state,
+  time-slicing replicas, Ready, cordon (spec.unschedulable), labels, capacity, allocatable.
+  A node no longer listed is marked gone (gone_at), never deleted; a node listed again is back.
+- SpecAndCount, one row per (node, nvidia.com/* extended resource) from capacity/allocatable:
+  full GPUs, MIG profiles (mixed `nvidia.com/mig-<profile>` or single-strategy `nvidia.com/gpu`
+  with a `-MIG-<profile>` product), time-slice replicas (`.shared` or replicas > 1).
+- WorkloadProfile for pods requesting nvidia.com/* resources (capacity.services.workloads).
+
+GPU nodes are nodes labelled `nvidia.com/gpu.present=true` (the GPU Operator), or carrying a
+`nvidia.com/gpu.count` label (GFD without the operator), or advertising any nvidia.com/*
+resource. All nodes are listed and filtered here, because a label selector cannot express that
+"or", and a node that stops being a GPU node must be seen to be marked gone.
+
+Cost: existing rows are loaded with one query per table and diffed in Python; only changed rows
+are written (INSERT ... ON CONFLICT DO UPDATE upserts); a resync that changes nothing runs the
+same handful of queries whatever the number of nodes. Labels that change on every GFD pass
+(`nvidia.com/gfd.timestamp`) are not stored, so they do not make every node look changed.
+
+Faults: any failed list (after the adapter's retries) fails the run before anything is written,
+so a failed or partial list never marks a node gone. Concurrent or repeated runs are safe: the
+write phase takes the cluster row lock and re-reads the rows under it, upserts ride on the
+unique constraints, and a run whose list is older than the last applied one writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from capacity.adapters import kubernetes as kube
+from capacity.choices import ClusterStatus, DiscoveryStatus, MigStrategy, SpecKind, Tier
+from capacity.mig.catalog import Product, find_product
+from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
+
+from . import bulk, workloads
+
+if TYPE_CHECKING:
+    from .inventory import InventoryResult
+
+logger = logging.getLogger(__name__)
+
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+GPU_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
+TIER_LABEL = "gpuaas.io/tier"
+NODE_GROUP_LABEL = "gpuaas.io/node-group"
+VOLATILE_LABELS = frozenset({"nvidia.com/gfd.timestamp"})
+RESOURCE_PREFIX = "nvidia.com/"
+RESOURCE_GPU = "nvidia.com/gpu"
+RESOURCE_MIG_PREFIX = "nvidia.com/mig-"
+SHARED_SUFFIX = ".shared"
+
+INVENTORY_ENQUEUE = "enqueue"
+INVENTORY_INLINE = "inline"
+INVENTORY_NONE = "none"
+INVENTORY_MODES = (INVENTORY_ENQUEUE, INVENTORY_INLINE, INVENTORY_NONE)
+
+# The NodeCapacity fields discovery owns, in the order they are compared.
+NODE_FIELDS = (
+    "gpu_product",
+    "gpu_count",
+    "gpu_memory_mib",
+    "tier",
+    "node_group",
+    "mig_strategy",
+    "mig_config",
+    "mig_config_state",
+    "timeslice_replicas",
+    "ready",
+    "cordoned",
+    "labels",
+    "capacity",
+    "allocatable",
+)
+SPEC_FIELDS = ("kind", "product", "profile_id", "profile_name", "count", "allocatable", "replicas")
+# Bump when node_values()/node_specs() change what they derive, so every node is rewritten once.
+FINGERPRINT_VERSION = "1"
+_STRATEGIES = frozenset(MigStrategy.values)
+_TIERS = frozenset(Tier.values)
+
+
+# --- Reading labels and status: pure functions --------------------------------------------
+
+
+def _int(value, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def is_gpu_node(node: kube.Node) -> bool:
+    labels = node.labels
+    if labels.get(GPU_PRESENT_LABEL) == "true" or GPU_COUNT_LABEL in labels:
+        return True
+    return any(name.startswith(RESOURCE_PREFIX) for name in node.capacity)
+
+
+def _single_mig_profile(product_label: str) -> str:
+    """The profile of a single-strategy product label "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb" ("" if none)."""
+    if "-MIG-" not in product_label:
+        return ""
+    profile = product_label.split("-MIG-", 1)[1]
+    return profile[: -len("-SHARED")] if profile.endswith("-SHARED") else profile
+
+
+def fingerprint(node: kube.Node) -> str:
+    """Hash of everything node_values()/node_specs() read from a node (volatile labels excluded)."""
+    labels = {k: v for k, v in node.labels.items() if k not in VOLATILE_LABELS}
+    payload = [labels, node.capacity, node.allocatable, node.unschedulable, node.ready]
+    # Key order as the API server sends it (Go sorts map keys): a reordering costs one identical rewrite.
+    digest = hashlib.blake2b(json.dumps(payload).encode(), digest_size=15).hexdigest()
+    return f"{FINGERPRINT_VERSION}:{digest}"
+
+
+def node_values(node: kube.Node) -> dict:
+    """The NodeCapacity field values discovery derives from one Kubernetes node."""
+    labels = {k: v for k, v in node.labels.items() if k not in VOLATILE_LABELS}
+    strategy = labels.get(MIG_STRATEGY_LABEL, MigStrategy.NONE)
+    if strategy not in _STRATEGIES:
+        strategy = MigStrategy.NONE
+    product_label = labels.get(GPU_PRODUCT_LABEL, "")
+    replicas = max(1, _int(labels.get(GPU_REPLICAS_LABEL), 1))
+    gpu_count = _int(labels.get(GPU_COUNT_LABEL), 0)
+    single_profile = _single_mig_profile(product_label) if strategy == MigStrategy.SINGLE else ""
+    if single_profile:
+        # GFD counts MIG devices under the single strategy; estimate physical GPUs from the profile's
+        # per-GPU maximum (the only layouts "single" allows are all-<profile>). NVML rows are exact.
+        parent = find_product(product_label)
+        per_gpu = _profile_max(parent, single_profile)
+        gpu_count = math.ceil(gpu_count / per_gpu) if per_gpu else gpu_count
+    elif not gpu_count and replicas == 1:
+        gpu_count = _int(node.capacity.get(RESOURCE_GPU), 0)
+    tier = labels.get(TIER_LABEL, "")
+    return {
+        "gpu_product": product_label[:100],
+        "gpu_count": min(gpu_count, 32767),
+        "gpu_memory_mib": _int(labels.get(GPU_MEMORY_LABEL), 0),
+        "tier": tier if tier in _TIERS else Tier.NONE,
+        "node_group": labels.get(NODE_GROUP_LABEL, "")[:100],
+        "mig_strategy": strategy,
+        "mig_config": labels.get(MIG_CONFIG_LABEL, "")[:100],
+        "mig_config_state": labels.get(MIG_CONFIG_STATE_LABEL, "")[:16],
+        "timeslice_replicas": min(replicas, 32767),
+        "ready": node.ready,
+        "cordoned": node.unschedulable,
+        "labels": labels,
+        "capacity": node.capacity,
+        "allocatable": node.allocatable,
+    }
+
+
+def _profile_max(parent: Product | None, name: str) -> int:
+    if parent is None:
+        return 0
+    try:
+        profile = parent.profile(name)
+    except KeyError:
+        return 0
+    return min(profile.max_instances, parent.compute_slices // profile.compute_slices)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Spec:
+    """One extended resource a node offers (a SpecAndCount row before the profile FK is resolved)."""
+
+    resource_name: str
+    kind: str
+    product: str
+    profile_name: str
+    count: int
+    allocatable: int
+    replicas: int
+
+
+def node_specs(node: kube.Node, values: dict) -> list[Spec]:
+    """What the node offers, by nvidia.com/* resource; MIG profiles unknown to the catalog are skipped."""
+    labels = values["labels"]
+    product_label = values["gpu_product"]
+    parent = find_product(product_label) if product_label else None
+    product = parent.key if parent else product_label.split("-MIG-", 1)[0].removesuffix("-SHARED")
+    specs = []
+    for resource, raw in node.capacity.items():
+        if not resource.startswith(RESOURCE_PREFIX):
+            continue
+        count = _int(raw, 0)
+        allocatable = _int(node.allocatable.get(resource), 0)
+        if count == 0 and allocatable == 0:
+            continue  # kubelet keeps a resource at 0 after its devices went away
+        base = resource[: -len(SHARED_SUFFIX)] if resource.endswith(SHARED_SUFFIX) else resource
+        profile_name = ""
+        if base == RESOURCE_GPU:
+            replicas = max(1, _int(labels.get(GPU_REPLICAS_LABEL), 1))
+            single_profile = _single_mig_profile(product_label) if values["mig_strategy"] == "single" else ""
+            if single_profile:
+                kind, profile_name = SpecKind.MIG, single_profile
+            else:
+                kind = SpecKind.TIMESLICE if replicas > 1 or base != resource else SpecKind.FULL
+        elif base.startswith(RESOURCE_MIG_PREFIX):
+            kind, profile_name = SpecKind.MIG, base[len(RESOURCE_MIG_PREFIX) :]
+            replicas = max(1, _int(labels.get(f"{base}.replicas"), 1))
+        else:
+            continue
+        if kind == SpecKind.MIG:
+            try:
+                profile_name = parent.profile(profile_name).name if parent else ""
+            except KeyError:
+                profile_name = ""
+            if not profile_name:
+                logger.warning("%s: %s is not a MIG profile of %r; not recorded", node.name, resource, product)
+                continue
+        specs.append(Spec(resource, kind, product[:32], profile_name, count, allocatable, min(replicas, 32767)))
+    return specs
+
+
+# --- The run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SyncResult:
+    nodes_seen: int = 0
+    gpus_seen: int = 0
+    nodes_created: int = 0
+    nodes_updated: int = 0
+    nodes_gone: int = 0
+    specs_written: int = 0
+    specs_deleted: int = 0
+    workloads: workloads.WorkloadResult = field(default_factory=workloads.WorkloadResult)
+    not_ready: int = 0
+    superseded: bool = False
+    inventory_nodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Discovery:
+    """What one discover_cluster() call did: the stored run, and details that are not stored."""
+
+    run: DiscoveryRun
+    sync: SyncResult | None = None
+    inventory: InventoryResult | None = None  # when the inventory ran inline
+
+
+def discover_cluster(
+    cluster_id: int,
+    *,
+    inventory: str = INVENTORY_ENQUEUE,
+    task_id: str = "",
+    client: kube.KubernetesClient | None = None,
+) -> Discovery:
+    """List one cluster and mirror it; returns the DiscoveryRun row (succeeded or failed) and details.
+
+    inventory: "enqueue" sends inventory_node_task to the node queue of every new or changed
+    node after commit; "inline" reads every present node's NVML from this process right after
+    (simulator, benchmark; refused with the real local pynvml); "none" skips it.
+
+    Kubernetes failures are recorded on the run and the cluster (status error, last_error) and
+    leave every mirrored row as it was. Locking: the cluster row (FOR NO KEY UPDATE) for the
+    write phase only; the lists run outside any transaction. Idempotent.
+    """
+    if inventory not in INVENTORY_MODES:
+        raise ValueError(f"inventory must be one of {', '.join(INVENTORY_MODES)}")
+    if inventory == INVENTORY_INLINE and _local_nvml():
+        raise ValueError("inline inventory with the local pynvml would read this host's GPUs for every node")
+    cluster = Cluster.objects.get(pk=cluster_id)
+    run = DiscoveryRun.objects.create(cluster=cluster, task_id=task_id or "")
+    listed_at = timezone.now()
+    try:
+        owned = client is None
+        kube_client = client or kube.KubernetesClient.for_cluster(cluster)
+        try:
+            nodes = [node for node in kube_client.list_nodes() if is_gpu_node(node)]
+            pods = kube_client.list_pods()
+            api_url = kube_client.host
+        finally:
+            if owned:
+                kube_client.close()
+    except kube.KubernetesError as exc:
+        _record_failure(run, cluster, listed_at, f"{type(exc).__name__}: {exc}")
+        return Discovery(run)
+
+    try:
+        result = sync_cluster(cluster.pk, nodes, pods, listed_at=listed_at)
+    except Exception as exc:
+        _record_failure(run, cluster, listed_at, f"{type(exc).__name__}: {exc}")
+        raise
+
+    run.status = DiscoveryStatus.SUCCEEDED
+    run.finished_at = timezone.now()
+    run.nodes_seen, run.gpus_seen, run.nodes_gone = result.nodes_seen, result.gpus_seen, result.nodes_gone
+    run.save(update_fields=["status", "finished_at", "nodes_seen", "gpus_seen", "nodes_gone"])
+    outcome = Discovery(run, result)
+    if result.superseded:
+        logger.info("%s: a newer discovery run was applied first; this one wrote nothing", cluster.name)
+    elif inventory == INVENTORY_ENQUEUE and result.inventory_nodes:
+        _enqueue_inventory(cluster, result.inventory_nodes)
+    elif inventory == INVENTORY_INLINE:
+        from .inventory import inventory_nodes
+
+        names = list(NodeCapacity.objects.for_cluster(cluster).present().values_list("name", flat=True))
+        outcome.inventory = inventory_nodes(cluster.pk, names, api_url=api_url)
+    return outcome
+
+
+def _record_failure(run: DiscoveryRun, cluster: Cluster, at: datetime, error: str) -> None:
+    logger.warning("discovery of %s failed: %s", cluster.name, error)
+    DiscoveryRun.objects.filter(pk=run.pk).update(
+        status=DiscoveryStatus.FAILED, finished_at=timezone.now(), error=error
+    )
+    Cluster.objects.filter(pk=cluster.pk).update(status=ClusterStatus.ERROR, last_discovery_at=at, last_error=error)
+    run.refresh_from_db()
+
+
+def _enqueue_inventory(cluster: Cluster, names: list[str]) -> None:
+    from capacity.tasks import enqueue_inventory
+
+    transaction.on_commit(lambda: enqueue_inventory(cluster.pk, cluster.name, names))
+
+
+def sync_cluster(cluster_id: int, nodes: list[kube.Node], pods: list[kube.Pod], *, listed_at: datetime) -> SyncResult:
+    """Write the diff between the listed GPU nodes/pods and the mirrored rows (one transaction).
+
+    `nodes` must be the complete list of the cluster's GPU nodes: every present row not in it is
+    marked gone. Locks the cluster row first; skips everything (superseded) when a run that
+    listed later has already been applied.
+    """
+    result = SyncResult()
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update(no_key=True).get(pk=cluster_id)
+        if cluster.last_success_at and cluster.last_success_at > listed_at:
+            result.superseded = True
+            return result
+        now = timezone.now()
+        node_ids = _sync_nodes(cluster, nodes, now, result)
+        result.workloads = workloads.sync_workloads(cluster, pods, node_ids, now)
+        status = ClusterStatus.DEGRADED if result.not_ready else ClusterStatus.OK
+        Cluster.objects.filter(pk=cluster.pk).update(
+            status=status, last_discovery_at=listed_at, last_success_at=listed_at, last_error=""
+        )
+    return result
+
+
+def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result: SyncResult) -> dict[str, int]:
+    """Upsert changed nodes and their specs, mark unlisted ones gone; returns name -> id of all rows.
+
+    A node is unchanged when its resourceVersion is the one stored with the row (the API server
+    changes it on every write), or else when its fingerprint (hash of what discovery reads from it:
+    GFD rewrites a timestamp label every minute) equals the stored one. Then nothing about it is
+    written, and its specs cannot have changed either.
+    """
+    existing = {
+        row[1]: row
+        for row in NodeCapacity.objects.filter(cluster=cluster).values_list(
+            "id", "name", "gone_at", "fingerprint", "gpu_count", "ready", "resource_version"
+        )
+    }
+    ids = {name: row[0] for name, row in existing.items()}
+    current = FINGERPRINT_VERSION + ":"
+    changed: list[tuple[kube.Node, dict, str]] = []
+    for node in nodes:
+        result.nodes_seen += 1
+        row = existing.get(node.name)
+        if row is not None and row[2] is None and row[3].startswith(current):
+            if row[6] == node.resource_version and node.resource_version:
+                digest = row[3]
+            else:
+                digest = fingerprint(node)
+            if row[3] == digest:
+                result.gpus_seen += row[4]
+                result.not_ready += not row[5]
+                continue
+        else:
+            digest = fingerprint(node)
+        values = node_values(node)
+        result.gpus_seen += values["gpu_count"]
+        result.not_ready += not values["ready"]
+        changed.append((node, values, digest))
+        if row is None:
+            result.nodes_created += 1
+        else:
+            result.nodes_updated += 1
+
+    listed = {node.name for node in nodes}
+    gone_ids = [row[0] for name, row in existing.items() if row[2] is None and name not in listed]
+    if gone_ids:
+        result.nodes_gone = NodeCapacity.objects.filter(pk__in=gone_ids, gone_at__isnull=True).update(gone_at=now)
+
+    if changed:
+        rows = [
+            {
+                "cluster_id": cluster.pk,
+                "name": node.name,
+                "resource_version": node.resource_version[:64],
+                "fingerprint": digest,
+                "first_seen_at": now,
+                "last_seen_at": now,
+                "gone_at": None,
+                **values,
+            }
+            for node, values, digest in changed
+        ]
+        ids.update(
+            bulk.upsert(
+                NodeCapacity,
+                rows,
+                unique=["cluster_id", "name"],
+                update=[*NODE_FIELDS, "resource_version", "fingerprint", "last_seen_at", "gone_at"],
+                key="name",
+            )
+        )
+        _sync_specs(cluster, [(ids[node.name], node, values) for node, values, _ in changed], existing, now, result)
+        result.inventory_nodes = [node.name for node, _, _ in changed]
+    return ids
+
+
+def _sync_specs(cluster: Cluster, changed: list[tuple[int, kube.Node, dict]], existing_nodes, now, result) -> None:
+    """Rewrite the specs of changed nodes: upsert new/different ones, delete the ones no longer offered."""
+    current: dict[tuple[int, str], tuple] = {}
+    if any(node.name in existing_nodes for _, node, _ in changed):
+        for row in SpecAndCount.objects.filter(node__cluster=cluster).values_list(
+            "id", "node_id", "resource_name", *SPEC_FIELDS
+        ):
+            current[(row[1], row[2])] = row
+    profiles: dict[tuple[str, str], int] | None = None
+    upserts: list[dict] = []
+    keep: set[tuple[int, str]] = set()
+    for node_id, node, values in changed:
+        for spec in node_specs(node, values):
+            profile_id = None
+            if spec.kind == SpecKind.MIG:
+                if profiles is None:
+                    profiles = {(p, n): pk for pk, p, n in MigProfile.objects.values_list("id", "product", "name")}
+                profile_id = profiles.get((spec.product, spec.profile_name))
+                if profile_id is None:
+                    continue
+            key = (node_id, spec.resource_name)
+            keep.add(key)
+            wanted = {
+                "kind": spec.kind,
+                "product": spec.product,
+                "profile_id": profile_id,
+                "profile_name": spec.profile_name,
+                "count": spec.count,
+                "allocatable": spec.allocatable,
+                "replicas": spec.replicas,
+            }
+            row = current.get(key)
+            if row is not None and row[3:] == tuple(wanted[f] for f in SPEC_FIELDS):
+                continue
+            upserts.append({"node_id": node_id, "resource_name": spec.resource_name, **wanted, "updated_at": now})
+    changed_ids = {node_id for node_id, _, _ in changed}
+    stale = [row[0] for key, row in current.items() if key[0] in changed_ids and key not in keep]
+    if stale:
+        result.specs_deleted = SpecAndCount.objects.filter(pk__in=stale).delete()[0]
+    if upserts:
+        bulk.upsert(
+            SpecAndCount,
+            upserts,
+            unique=["node_id", "resource_name"],
+            update=[*SPEC_FIELDS, "updated_at"],
+        )
+        result.specs_written = len(upserts)
+
+
+def _local_nvml() -> bool:
+    return settings.NVML_LIBRARY.endswith(".local_pynvml")
+
+
+def inventory_mode_default() -> str:
+    """inline under a per-node NVML factory (the simulator), enqueue with the real local pynvml."""
+    return INVENTORY_ENQUEUE if _local_nvml() else INVENTORY_INLINE

@@ -1,0 +1,331 @@
+"""Node-agent inventory: what NVML says about a node's GPUs, reconciled into the database.
+
+`inventory_node(cluster_id, node_name)` is the node agent's work (inventory_node_task, routed to
+the node's own queue): read the node's NVML (capacity.adapters.nvml) and reconcile
+- GpuCapacity, by UUID: product, catalog key, memory, MIG mode, driver/CUDA, serial, PCI bus id.
+  A GPU NVML reports lost (GpuIsLost), or that is no longer enumerated, gets health "lost" and
+  lost_at; it is never deleted. A lost GPU seen again healthy is back (lost_at cleared).
+- MigInstance, by MIG device UUID: profile and placement (MigPlacement row) from the GPU
+  instance's info, GI and CI ids. An instance no longer reported becomes state "gone".
+- WorkloadProfile rows on the node still without a device: their device-id annotation is
+  resolved against the fresh UUIDs, and NVML process -> pod UID facts fill the rest.
+
+`inventory_nodes()` does the same for many nodes with one reconcile (simulator, benchmark).
+Locking: the cluster row (FOR NO KEY UPDATE) for the write phase, like discovery; NVML is read
+before the transaction. Idempotent: a repeated or concurrent inventory upserts the same rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from capacity.adapters import kubernetes as kube
+from capacity.adapters import nvml
+from capacity.choices import GpuHealth, MigInstanceState
+from capacity.mig.catalog import Product, find_product
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigPlacement, MigProfile, NodeCapacity, WorkloadProfile
+
+from . import bulk
+from .workloads import DeviceResolver
+
+logger = logging.getLogger(__name__)
+
+GPU_FIELDS = (
+    "node_id",
+    "index",
+    "product",
+    "catalog_product",
+    "memory_mib",
+    "mig_mode_current",
+    "mig_mode_pending",
+    "health",
+    "driver_version",
+    "cuda_version",
+    "serial",
+    "pci_bus_id",
+)
+MIG_FIELDS = ("gpu_id", "profile_id", "placement_id", "placement_start", "placement_size", "gi_id", "ci_id")
+_GPU_UPDATE = [*GPU_FIELDS, "last_seen_at", "lost_at"]
+_MIG_UPDATE = [*MIG_FIELDS, "state", "last_seen_at", "gone_at"]
+# Above this many nodes, rows are loaded for the whole cluster rather than by node id list.
+_BY_CLUSTER = 50
+
+
+@dataclass
+class InventoryResult:
+    nodes: int = 0
+    gpus: int = 0
+    gpus_written: int = 0
+    gpus_lost: int = 0
+    mig_instances: int = 0
+    mig_written: int = 0
+    mig_gone: int = 0
+    workloads_resolved: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def inventory_node(cluster_id: int, node_name: str, *, api_url: str | None = None) -> InventoryResult:
+    """Read one node's NVML and reconcile it. A gone or unknown node is skipped (returns an empty result)."""
+    cluster = Cluster.objects.get(pk=cluster_id)
+    if not NodeCapacity.objects.for_cluster(cluster).present().filter(name=node_name).exists():
+        return InventoryResult()
+    return inventory_nodes(
+        cluster_id, [node_name], api_url=api_url if api_url is not None else kube.api_url_for(cluster)
+    )
+
+
+def inventory_nodes(cluster_id: int, node_names: list[str], *, api_url: str) -> InventoryResult:
+    """Read NVML of each node (failures are reported per node, not raised), then reconcile all at once."""
+    result = InventoryResult()
+    inventories = []
+    for name in node_names:
+        try:
+            inventories.append(nvml.node_inventory(api_url, name))
+        except nvml.NvmlError as exc:
+            result.errors[name] = str(exc)
+            logger.warning("inventory of %s failed: %s", name, exc)
+    reconcile_inventory(cluster_id, inventories, result=result)
+    return result
+
+
+def reconcile_inventory(
+    cluster_id: int, inventories: list[nvml.NodeInventory], *, now: datetime | None = None, result=None
+) -> InventoryResult:
+    """Write NVML inventories of some of the cluster's nodes into GpuCapacity/MigInstance (one transaction)."""
+    result = result or InventoryResult()
+    if not inventories:
+        return result
+    now = now or timezone.now()
+    with transaction.atomic():
+        Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).values_list("pk").get()
+        names = {inv.node_name for inv in inventories}
+        node_rows = NodeCapacity.objects.filter(cluster_id=cluster_id, gone_at__isnull=True)
+        if len(names) <= _BY_CLUSTER:
+            node_rows = node_rows.filter(name__in=names)
+        nodes = {name: pk for name, pk in node_rows.values_list("name", "id") if name in names}
+        inventories = [inv for inv in inventories if inv.node_name in nodes]
+        if not inventories:
+            return result
+        result.nodes = len(inventories)
+        node_ids = [nodes[inv.node_name] for inv in inventories]
+        by_cluster = len(node_ids) > _BY_CLUSTER
+
+        gpu_ids, lost_gpu_ids = _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, result)
+        _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by_cluster, now, result)
+        _resolve_workloads(cluster_id, inventories, node_ids, result)
+    return result
+
+
+def _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, result):
+    """Upsert reported GPUs, mark lost/vanished ones; returns ({uuid: pk} of present GPUs, lost pks)."""
+    rows = (
+        GpuCapacity.objects.filter(node__cluster_id=cluster_id)
+        if by_cluster
+        else GpuCapacity.objects.filter(node_id__in=node_ids)
+    )
+    by_uuid: dict[str, tuple] = {}
+    present_at: dict[tuple[int, int], tuple] = {}
+    for row in rows.values_list("id", "uuid", "lost_at", *GPU_FIELDS):
+        by_uuid[row[1]] = row
+        if row[2] is None:
+            present_at[(row[3], row[4])] = row
+
+    lost: set[int] = set()
+    upserts: list[GpuCapacity] = []
+    reported: dict[int, set[str]] = defaultdict(set)
+    for inv in inventories:
+        node_id = nodes[inv.node_name]
+        for gpu in inv.gpus:
+            result.gpus += 1
+            if gpu.lost:
+                row = by_uuid.get(gpu.uuid) if gpu.uuid else present_at.get((node_id, gpu.index))
+                if row is not None and row[2] is None:
+                    lost.add(row[0])
+                continue
+            reported[node_id].add(gpu.uuid)
+            row = by_uuid.get(gpu.uuid)
+            occupant = present_at.get((node_id, gpu.index))
+            if occupant is not None and occupant[1] != gpu.uuid:
+                lost.add(occupant[0])  # another GPU now sits at this index: the old one left
+            health = row[10] if row is not None and row[10] != GpuHealth.LOST else GpuHealth.OK
+            catalog = _product(gpu.name)
+            wanted = (
+                node_id,
+                gpu.index,
+                gpu.name[:100],
+                catalog.key if catalog else "",
+                gpu.memory_mib or 0,
+                gpu.mig_current,
+                gpu.mig_pending,
+                health,
+                inv.driver_version[:32],
+                inv.cuda_version[:16],
+                (gpu.serial or "")[:32],
+                (gpu.pci_bus_id or "")[:32],
+            )
+            if row is not None and row[2] is None and row[3:] == wanted:
+                continue
+            upserts.append(
+                {"uuid": gpu.uuid, **dict(zip(GPU_FIELDS, wanted, strict=True)), "last_seen_at": now, "lost_at": None}
+            )
+    inventoried = set(node_ids)
+    for (node_id, _), row in present_at.items():
+        if node_id in inventoried and row[1] not in reported[node_id]:
+            lost.add(row[0])  # no longer enumerated by NVML: vanished
+
+    if lost:
+        # Before the upserts: a GPU that moved to another index is restored by its own upsert below.
+        GpuCapacity.objects.filter(pk__in=lost, lost_at__isnull=True).update(health=GpuHealth.LOST, lost_at=now)
+        still_here = {by_uuid[u][0] for uuids in reported.values() for u in uuids if u in by_uuid}
+        result.gpus_lost = len(lost - still_here)
+    gpu_ids = {u: by_uuid[u][0] for uuids in reported.values() for u in uuids if u in by_uuid}
+    if upserts:
+        gpu_ids.update(bulk.upsert(GpuCapacity, upserts, unique=["uuid"], update=_GPU_UPDATE, key="uuid"))
+        result.gpus_written = len(upserts)
+    return gpu_ids, lost
+
+
+def _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by_cluster, now, result):
+    """Upsert reported MIG instances (one per GPU instance), mark the rest of these nodes' instances gone."""
+    rows = MigInstance.objects.filter(state=MigInstanceState.ACTIVE)
+    rows = rows.filter(gpu__node__cluster_id=cluster_id) if by_cluster else rows.filter(gpu__node_id__in=node_ids)
+    inventoried = set(node_ids)
+    active: dict[str, tuple] = {}
+    active_at: dict[tuple[int, int], tuple] = {}
+    for row in rows.values_list("id", "uuid", "gpu__node_id", *MIG_FIELDS):
+        if row[2] in inventoried:
+            active[row[1]] = row
+            active_at[(row[3], row[6])] = row
+
+    wanted_rows: list[tuple[str, tuple]] = []
+    needs_catalog = any(gpu.mig_devices for inv in inventories for gpu in inv.gpus)
+    profiles, placements = _catalog() if needs_catalog else ({}, {})
+    for inv in inventories:
+        for gpu in inv.gpus:
+            gpu_pk = gpu_ids.get(gpu.uuid) if gpu.uuid and not gpu.lost else None
+            if gpu_pk is None or not gpu.mig_current:
+                continue
+            catalog = _product(gpu.name)
+            seen_gi: set[int] = set()
+            for dev in sorted(gpu.mig_devices, key=lambda d: (d.gpu_instance_id, d.compute_instance_id)):
+                if dev.gpu_instance_id in seen_gi:
+                    continue  # one MigInstance per GPU instance: its first compute instance
+                seen_gi.add(dev.gpu_instance_id)
+                profile = profiles.get((catalog.key if catalog else "", dev.profile_id))
+                placement = placements.get((profile, dev.placement_start)) if profile else None
+                if placement is None or placement[1] != dev.placement_size:
+                    logger.warning(
+                        "%s GPU %s: MIG device %s (profile %s at %s:%s) is not in the catalog; not recorded",
+                        inv.node_name,
+                        gpu.index,
+                        dev.uuid,
+                        dev.profile_id,
+                        dev.placement_start,
+                        dev.placement_size,
+                    )
+                    continue
+                result.mig_instances += 1
+                wanted_rows.append(
+                    (
+                        dev.uuid,
+                        (
+                            gpu_pk,
+                            profile,
+                            placement[0],
+                            dev.placement_start,
+                            dev.placement_size,
+                            dev.gpu_instance_id,
+                            dev.compute_instance_id,
+                        ),
+                    )
+                )
+
+    reported = {uuid for uuid, _ in wanted_rows}
+    gone = {row[0] for uuid, row in active.items() if uuid not in reported}
+    upserts = []
+    for uuid, wanted in wanted_rows:
+        row = active.get(uuid)
+        occupant = active_at.get((wanted[0], wanted[3]))
+        if occupant is not None and occupant[1] != uuid:
+            gone.add(occupant[0])
+        if row is not None and row[3:] == wanted:
+            continue
+        upserts.append(
+            {
+                "uuid": uuid,
+                **dict(zip(MIG_FIELDS, wanted, strict=True)),
+                "state": MigInstanceState.ACTIVE,
+                "first_seen_at": now,
+                "last_seen_at": now,
+                "gone_at": None,
+            }
+        )
+    if gone:
+        result.mig_gone = MigInstance.objects.filter(pk__in=gone, state=MigInstanceState.ACTIVE).update(
+            state=MigInstanceState.GONE, gone_at=now
+        )
+    if upserts:
+        bulk.upsert(MigInstance, upserts, unique=["uuid"], update=_MIG_UPDATE)
+        result.mig_written = len(upserts)
+
+
+@functools.cache
+def _product(name: str) -> Product | None:
+    return find_product(name) if name else None
+
+
+def _catalog() -> tuple[dict[tuple[str, int], int], dict[tuple[int, int], tuple[int, int]]]:
+    """(product, NVML profile id) -> MigProfile pk; (MigProfile pk, start) -> (MigPlacement pk, size)."""
+    profiles = {
+        (product, pid): pk for pk, product, pid in MigProfile.objects.values_list("id", "product", "profile_id")
+    }
+    placements = {
+        (profile, start): (pk, size)
+        for pk, profile, start, size in MigPlacement.objects.values_list("id", "profile_id", "start", "size")
+    }
+    return profiles, placements
+
+
+def _resolve_workloads(cluster_id, inventories, node_ids, result) -> None:
+    """Give running workloads on these nodes that still lack a device the one NVML now identifies:
+    their device-id annotation resolved against the fresh UUIDs, else the NVML process -> pod facts."""
+    rows = list(
+        WorkloadProfile.objects.filter(
+            cluster_id=cluster_id,
+            node_id__in=node_ids,
+            ended_at__isnull=True,
+            gpu__isnull=True,
+            mig_instance__isnull=True,
+        ).values_list("id", "pod_uid", "device_ids")
+    )
+    if not rows:
+        return
+    pods = {pod_uid for _, pod_uid, _ in rows}
+    by_pod: dict[str, str] = {}
+    for inv in inventories:
+        for gpu in inv.gpus:
+            for proc in gpu.processes:
+                if proc.pod_uid in pods and gpu.uuid:
+                    by_pod.setdefault(proc.pod_uid, gpu.uuid)
+            for dev in gpu.mig_devices:
+                for proc in dev.processes:
+                    if proc.pod_uid in pods:
+                        by_pod.setdefault(proc.pod_uid, dev.uuid)
+    resolver = DeviceResolver({i for _, _, ids in rows for i in ids or ()} | set(by_pod.values()))
+    updates = []
+    for pk, pod_uid, ids in rows:
+        gpu_id, mig_id = resolver.resolve(ids or [])
+        if gpu_id is None and mig_id is None and pod_uid in by_pod:
+            gpu_id, mig_id = resolver.resolve([by_pod[pod_uid]])
+        if gpu_id is not None or mig_id is not None:
+            updates.append(WorkloadProfile(pk=pk, gpu_id=gpu_id, mig_instance_id=mig_id))
+    if updates:
+        WorkloadProfile.objects.bulk_update(updates, ["gpu", "mig_instance"], batch_size=500)
+        result.workloads_resolved = len(updates)

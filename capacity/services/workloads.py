@@ -1,0 +1,193 @@
+"""Workload tracking, the seed's "Profile": which pod runs on which GPU or MIG instance.
+
+Every pod that requests an nvidia.com/* resource becomes one WorkloadProfile row per resource:
+node, resource, count, project (the pools.Project whose namespace the pod runs in), and the
+devices it was given. Devices come from the pod annotation `gpuaas.io/device-ids` (comma
+separated GPU UUIDs, MIG UUIDs or `<uuid>::<n>` time-slice replicas; a device-allocation hook
+or the kubelet PodResources API writes it), or from the node agent's NVML process list
+(capacity.services.inventory). A row ends (ended_at) when its pod finishes or disappears; it is
+never reopened or deleted.
+
+Called by discovery inside its transaction (cluster row locked). Queries per call do not grow
+with the number of pods: running rows are loaded once, devices and projects resolved in one
+query each when needed, writes are one upsert and one UPDATE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Q
+
+from capacity.adapters import kubernetes as kube
+from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
+
+from . import bulk
+
+DEVICE_IDS_ANNOTATION = "gpuaas.io/device-ids"
+RESOURCE_PREFIX = "nvidia.com/"
+_UPDATE_FIELDS = ["namespace", "pod_name", "node_id", "gpu_id", "mig_instance_id", "device_ids", "count"]
+
+
+@dataclass
+class WorkloadResult:
+    created: int = 0
+    updated: int = 0
+    ended: int = 0
+
+
+def device_ids(pod: kube.Pod) -> list[str]:
+    raw = pod.annotations.get(DEVICE_IDS_ANNOTATION, "")
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def physical_id(device_id: str) -> str:
+    """A time-slice replica id "<uuid>::<n>" names the device <uuid>."""
+    return device_id.split("::", 1)[0]
+
+
+def _ids_for(resource: str, ids: list[str], *, several: bool) -> list[str]:
+    """The pod's device ids that belong to one of its resources (all of them when it has one)."""
+    if not several:
+        return ids
+    mig = [i for i in ids if i.startswith("MIG-")]
+    if resource.startswith("nvidia.com/mig-"):
+        return mig
+    gpu = [i for i in ids if i.startswith("GPU-")]
+    return gpu or mig
+
+
+def _started(pod: kube.Pod, now: datetime) -> datetime:
+    if pod.start_time:
+        try:
+            return datetime.fromisoformat(pod.start_time.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+    return now
+
+
+class DeviceResolver:
+    """Device UUID -> (gpu id, MIG instance id), two queries for a whole batch."""
+
+    def __init__(self, ids: set[str]):
+        uuids = {physical_id(i) for i in ids}
+        gpu_uuids = [u for u in uuids if not u.startswith("MIG-")]
+        mig_uuids = [u for u in uuids if u.startswith("MIG-")]
+        self.gpus = dict(GpuCapacity.objects.filter(uuid__in=gpu_uuids).values_list("uuid", "id")) if gpu_uuids else {}
+        self.migs = (
+            {
+                u: (gpu, pk)
+                for pk, u, gpu in MigInstance.objects.filter(uuid__in=mig_uuids).values_list("id", "uuid", "gpu_id")
+            }
+            if mig_uuids
+            else {}
+        )
+
+    def resolve(self, ids: list[str]) -> tuple[int | None, int | None]:
+        for device_id in ids:
+            uuid = physical_id(device_id)
+            if uuid in self.migs:
+                return self.migs[uuid]
+            if uuid in self.gpus:
+                return self.gpus[uuid], None
+        return None, None
+
+
+def sync_workloads(cluster: Cluster, pods: list[kube.Pod], node_ids: dict[str, int], now: datetime) -> WorkloadResult:
+    """Mirror the cluster's GPU pods into WorkloadProfile rows; `pods` must be the complete list."""
+    from pools.models import Project
+
+    result = WorkloadResult()
+    desired: dict[tuple[str, str], tuple[kube.Pod, int, list[str]]] = {}
+    for pod in pods:
+        gpu_requests = {r: n for r, n in pod.requests.items() if r.startswith(RESOURCE_PREFIX) and n > 0}
+        if not gpu_requests or not pod.uid:
+            continue
+        ids = device_ids(pod)
+        for resource, count in gpu_requests.items():
+            desired[(pod.uid, resource)] = (pod, count, _ids_for(resource, ids, several=len(gpu_requests) > 1))
+
+    finished = {pod.uid for pod, _, _ in desired.values() if pod.finished}
+    scope = Q(ended_at__isnull=True)
+    if finished:
+        scope |= Q(pod_uid__in=finished)
+    existing = {
+        (row[1], row[2]): row
+        for row in WorkloadProfile.objects.filter(cluster=cluster)
+        .filter(scope)
+        .values_list(
+            "id", "pod_uid", "resource_name", "node_id", "gpu_id", "mig_instance_id", "device_ids", "count", "ended_at"
+        )
+    }
+
+    # Resolve devices only for rows that are new, changed their ids, or are still unresolved.
+    to_resolve: set[str] = set()
+    for key, (_, _, ids) in desired.items():
+        row = existing.get(key)
+        if ids and (row is None or (row[8] is None and (row[6] != ids or (row[4] is None and row[5] is None)))):
+            to_resolve.update(ids)
+    resolver = DeviceResolver(to_resolve) if to_resolve else None
+    new_namespaces = {pod.namespace for key, (pod, _, _) in desired.items() if key not in existing}
+    projects = (
+        dict(Project.objects.filter(namespace__in=new_namespaces).values_list("namespace", "id"))
+        if new_namespaces
+        else {}
+    )
+
+    upserts: list[WorkloadProfile] = []
+    ended: list[int] = []
+    for key, (pod, count, ids) in desired.items():
+        row = existing.get(key)
+        if row is not None and row[8] is not None:
+            continue  # ended rows stay ended
+        gpu_id, mig_id = resolver.resolve(ids) if resolver and ids else (None, None)
+        node_id = node_ids.get(pod.node_name)
+        if row is None:
+            upserts.append(
+                {
+                    **_row(cluster, pod, key[1], node_id, gpu_id, mig_id, ids, count),
+                    "project_id": projects.get(pod.namespace),
+                    "started_at": _started(pod, now),
+                    "ended_at": now if pod.finished else None,
+                }
+            )
+            result.created += 1
+            continue
+        if pod.finished:
+            ended.append(row[0])
+            continue
+        # Keep devices the node agent resolved when the annotation says nothing new.
+        gpu_id, mig_id = (gpu_id, mig_id) if (gpu_id or mig_id) else (row[4], row[5])
+        if (row[3], row[4], row[5], row[6], row[7]) != (node_id, gpu_id, mig_id, ids, count):
+            upserts.append(
+                {
+                    **_row(cluster, pod, key[1], node_id, gpu_id, mig_id, ids, count),
+                    "project_id": None,  # not updated: the project is decided when the row is created
+                    "started_at": _started(pod, now),
+                    "ended_at": None,
+                }
+            )
+            result.updated += 1
+
+    ended.extend(row[0] for key, row in existing.items() if row[8] is None and key not in desired)
+    if ended:
+        result.ended = WorkloadProfile.objects.filter(pk__in=ended, ended_at__isnull=True).update(ended_at=now)
+    if upserts:
+        bulk.upsert(WorkloadProfile, upserts, unique=["cluster_id", "pod_uid", "resource_name"], update=_UPDATE_FIELDS)
+    return result
+
+
+def _row(cluster, pod: kube.Pod, resource: str, node_id, gpu_id, mig_id, ids: list[str], count: int) -> dict:
+    return {
+        "cluster_id": cluster.pk,
+        "namespace": pod.namespace,
+        "pod_name": pod.name,
+        "pod_uid": pod.uid,
+        "resource_name": resource,
+        "node_id": node_id,
+        "gpu_id": gpu_id,
+        "mig_instance_id": mig_id,
+        "device_ids": ids,
+        "count": min(count, 32767),
+    }

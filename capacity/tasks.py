@@ -1,0 +1,146 @@
+"""Celery tasks of the capacity app: thin wrappers that load ids and call services.
+
+Discovery (this block): discover_all_task (beat, every DISCOVERY_INTERVAL_S) fans out one
+discover_cluster_task per cluster on the `discovery` queue, so one failing cluster never holds up
+the others; discovery enqueues inventory_node_task on each new or changed node's own queue
+(node.<cluster>.<node>), consumed by that node's agent.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+
+from gpuaas.celery import node_queue
+
+logger = logging.getLogger(__name__)
+
+# --- Discovery --------------------------------------------------------------------------------
+
+# A node agent that is down must not find a pile of stale inventory requests when it comes back.
+INVENTORY_EXPIRES_S = 10 * 60
+
+
+@shared_task(acks_late=True)
+def discover_all_task() -> int:
+    """Queue one discovery per registered cluster; returns how many were queued."""
+    from capacity.models import Cluster
+
+    ids = list(Cluster.objects.order_by("pk").values_list("pk", flat=True))
+    transaction.on_commit(lambda: [queue_discovery(pk) for pk in ids])
+    return len(ids)
+
+
+def queue_discovery(cluster_id: int) -> None:
+    """Send discover_cluster_task for one cluster; expires after one discovery period."""
+    discover_cluster_task.apply_async((cluster_id,), expires=settings.DISCOVERY_INTERVAL_S)
+
+
+@shared_task(bind=True, acks_late=True)
+def discover_cluster_task(self, cluster_id: int) -> str | None:
+    """Discover one cluster (Kubernetes lists, then node-agent inventory on new/changed nodes).
+
+    Idempotent: a repeated or duplicated run writes nothing new. Kubernetes failures are recorded
+    on the DiscoveryRun and the Cluster row, not raised, so they are not retried here: the next
+    beat tick is the retry.
+    """
+    from capacity.models import Cluster
+    from capacity.services.discovery import discover_cluster
+
+    if not Cluster.objects.filter(pk=cluster_id).exists():
+        return None
+    outcome = discover_cluster(cluster_id, task_id=self.request.id or "")
+    return outcome.run.status
+
+
+@shared_task(acks_late=True)
+def inventory_node_task(cluster_id: int, node_name: str) -> dict | None:
+    """The node agent's work: read this node's NVML and reconcile GPUs and MIG instances.
+
+    Runs on the node's own queue; returns early when the cluster or node is gone. Idempotent.
+    """
+    from capacity.models import Cluster
+    from capacity.services.inventory import inventory_node
+
+    if not Cluster.objects.filter(pk=cluster_id).exists():
+        return None
+    result = inventory_node(cluster_id, node_name)
+    return {"gpus": result.gpus, "mig_instances": result.mig_instances, "errors": result.errors}
+
+
+def enqueue_inventory(cluster_id: int, cluster_name: str, node_names: list[str]) -> None:
+    """Send inventory_node_task to each node's queue (call after commit)."""
+    for name in node_names:
+        inventory_node_task.apply_async(
+            (cluster_id, name), queue=node_queue(cluster_name, name), expires=INVENTORY_EXPIRES_S
+        )
+
+
+# --- MIG reconfiguration, time-slicing (capacity.services.reconfiguration, .mig_configs) -------------
+# Each workflow step is one task run; waiting steps re-enqueue themselves with a countdown far below
+# the Redis visibility timeout, and the node-agent apply goes to the node's own queue.
+
+# A step message older than this is dropped; sweep_reconfigurations_task re-enqueues lost steps.
+RECONFIGURATION_STEP_EXPIRES_S = 10 * 60
+
+
+@shared_task(bind=True, acks_late=True)
+def reconfiguration_step_task(self, reconfiguration_id: int, step: str) -> str:
+    """Run one step of a MIG reconfiguration. Idempotent: the step is claimed with a conditional
+    UPDATE (a stale or duplicate message does nothing) and re-entered when this same task is
+    redelivered after a worker died."""
+    from capacity.services.reconfiguration import run_step
+
+    return run_step(reconfiguration_id, step, token=self.request.id or "local")
+
+
+def enqueue_reconfiguration_step(
+    reconfiguration_id: int, step: str, *, cluster: str, node: str, backend: str, countdown: int | None = None
+) -> None:
+    """Send one step (call after commit). Steps that read or write the node's NVML run on its agent's
+    queue, node_queue(cluster, node): verify (rediscovery) always, apply on the agent backend."""
+    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
+    if countdown:
+        options["countdown"] = countdown
+    if step == "verify" or (step == "apply" and backend == "agent"):
+        options["queue"] = node_queue(cluster, node)
+    reconfiguration_step_task.apply_async((reconfiguration_id, step), **options)
+
+
+@shared_task(acks_late=True)
+def sweep_reconfigurations_task() -> dict:
+    """Beat: give steps of dead workers back (claims older than the hard time limit) and re-send lost ones."""
+    from capacity.services.reconfiguration import sweep
+
+    return sweep()
+
+
+@shared_task(acks_late=True)
+def apply_time_slicing_task(cluster_id: int) -> dict | None:
+    """Write the cluster's time-slicing ConfigMap keys and node labels. Idempotent."""
+    from capacity.adapters.kubernetes import KubernetesError
+    from capacity.models import Cluster
+    from capacity.services.mig_configs import apply_time_slicing
+
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return None
+    try:
+        return apply_time_slicing(cluster)
+    except KubernetesError as exc:  # recorded on the policies (last_error); the admin action re-queues
+        return {"error": str(exc)}
+
+
+@shared_task(acks_late=True)
+def write_mig_parted_config_task(cluster_id: int) -> int | None:
+    """Rewrite gpuaas's mig-parted ConfigMap of one cluster from the database; returns the config count."""
+    from capacity.models import Cluster
+    from capacity.services.mig_configs import write_mig_parted_config
+
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return None
+    return len(write_mig_parted_config(cluster)["mig-configs"])

@@ -1,0 +1,165 @@
+"""Shared set-up for the MIG reconfiguration tests: an in-process simulator with a small cluster,
+mirrored into the database by discovery. Not a test module (no test_ prefix)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+from capacity.mig.catalog import PRODUCTS
+from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+from capacity.services.discovery import discover_cluster
+from simcluster import gpuoperator
+from simcluster.apiserver import SimServer
+from simcluster.gpuoperator import plan_for_gpu
+from simcluster.kube import ClusterApi
+from simcluster.state import SimState
+
+
+@dataclass
+class Sim:
+    state: SimState
+    server: SimServer
+    cluster: Cluster  # the database row
+
+    @property
+    def sim_cluster(self):
+        return self.state.cluster(self.cluster.name)
+
+    def node(self, name: str):
+        return self.sim_cluster.nodes[name]
+
+    def discover(self) -> None:
+        """Mirror the simulated cluster into the database (nodes, GPUs, MIG instances)."""
+        outcome = discover_cluster(self.cluster.pk, inventory="inline")
+        assert outcome.run.status == "succeeded", outcome.run.error
+
+    def run_mig_manager(self) -> None:
+        self.state.run_mig_manager()
+
+    def add_gpu_pod(self, node: str, name: str, resource: str, namespace: str = "team-a") -> None:
+        api = ClusterApi(self.sim_cluster)
+        with self.state.lock:
+            if namespace not in self.sim_cluster.namespaces:
+                api.create("namespaces", None, {"metadata": {"name": namespace}})
+            api.create(
+                "pods",
+                namespace,
+                {
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "containers": [{"name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}],
+                    },
+                },
+            )
+
+    def layout(self, node: str, index: int) -> list[tuple[str, int]]:
+        """(profile, start) of the GPU's instances in the simulator, by start."""
+        gpu = self.node(node).gpu(index)
+        return sorted(((gi.profile.name, gi.start) for gi in gpu.instances.values()), key=lambda x: x[1])
+
+    def db_layout(self, node: str, index: int) -> list[tuple[str, int]]:
+        gpu = GpuCapacity.objects.get(node__name=node, index=index, lost_at__isnull=True)
+        return [
+            (i.profile.name, i.placement_start)
+            for i in MigInstance.objects.active().filter(gpu=gpu).select_related("profile").order_by("placement_start")
+        ]
+
+
+def add_node(state: SimState, cluster_name: str, name: str, product: str, gpus: int, layouts=None, group=""):
+    """A GPU node with the operator's labels, MIG mixed strategy and optional per-GPU layouts."""
+    cluster = state.cluster(cluster_name)
+    with state.lock:
+        labels = {"gpuaas.io/node-group": group} if group else {}
+        node = cluster.add_node(name, PRODUCTS[product], gpus, mig_strategy="mixed", labels=labels)
+        node.labels.update(gpuoperator.operator_labels(node))
+        for index, names in (layouts or {}).items():
+            gpu = node.gpu(index)
+            gpu.mig_current = gpu.mig_pending = 1
+            counts = {}
+            for n in names:
+                counts[n] = counts.get(n, 0) + 1
+            gpu.apply_layout(plan_for_gpu(gpu.product, counts))
+        gpuoperator.refresh_node(cluster, node)
+    return node
+
+
+_names = itertools.count(1)
+
+
+def start_sim(tmp_path: Path, nodes, *, cluster_name: str = "", mig_manager_delay: float = 3600) -> Sim:
+    """Start a SimServer with `nodes` [(name, product, gpus, layouts, group)] and mirror it into the DB.
+
+    The MIG manager never fires on its own (delay of an hour) unless told: tests call sim.run_mig_manager().
+    Each simulator gets a cluster name of its own: simcluster.gpuoperator caches parsed ConfigMaps
+    by (cluster name, ConfigMap, resourceVersion) across SimStates of one process.
+    """
+    cluster_name = cluster_name or f"lab{next(_names)}"
+    state = SimState(seed=7, mig_manager_delay=mig_manager_delay)
+    state.add_cluster(cluster_name)
+    for spec in nodes:
+        add_node(state, cluster_name, *spec)
+    server = SimServer(state).start()
+    path = server.write_kubeconfigs(tmp_path)[cluster_name]
+    cluster = Cluster.objects.create(name=cluster_name, kubeconfig_path=str(path))
+    sim = Sim(state, server, cluster)
+    sim.discover()
+    return sim
+
+
+def node_row(name: str) -> NodeCapacity:
+    return NodeCapacity.objects.get(name=name)
+
+
+def drive(sim: Sim | None, reconf, *, max_calls: int = 20) -> list[str]:
+    """Call the step task for the reconfiguration's current step until it succeeds or fails.
+
+    When apply waits on the operator path, the simulated MIG manager runs once (it never fires on
+    its own in these tests). Returns the outcomes, in order.
+    """
+    from capacity.tasks import reconfiguration_step_task
+
+    outcomes = []
+    for _ in range(max_calls):
+        reconf.refresh_from_db()
+        if reconf.state in ("succeeded", "failed", "rolled_back", "cancelled"):
+            break
+        outcome = reconfiguration_step_task(reconf.pk, reconf.step)
+        outcomes.append(f"{reconf.step}:{outcome}")
+        if outcome == "waiting" and reconf.step == "apply" and sim is not None:
+            sim.run_mig_manager()
+    reconf.refresh_from_db()
+    return outcomes
+
+
+def allocate(gpu: GpuCapacity, *, mig_start: int | None = None, project=None, kind: str = "mig"):
+    """An active Allocation of one unit of `gpu` (the MIG instance at `mig_start`, or the whole GPU)."""
+    from pools.models import Allocation, GpuPool, PoolRequest, Project
+
+    project = (
+        project or Project.objects.get_or_create(slug="team-a", defaults={"name": "Team A", "namespace": "team-a"})[0]
+    )
+    request = PoolRequest.objects.create(project=project, product=gpu.catalog_product, state="active", count=1)
+    pool = GpuPool.objects.create(
+        project=project, request=request, cluster=gpu.node.cluster, name=f"pool-{request.pk}", workload_type="inference"
+    )
+    instance = None
+    if kind == "mig":
+        instance = MigInstance.objects.active().get(gpu=gpu, placement_start=mig_start)
+    return Allocation.objects.create(
+        pool=pool,
+        project=project,
+        kind=kind,
+        gpu=gpu,
+        mig_instance=instance,
+        resource_name=instance.profile.resource_name if instance else "nvidia.com/gpu",
+        product=gpu.catalog_product,
+        profile_name=instance.profile.name if instance else "",
+        compute_slices=instance.profile.compute_slices if instance else 7,
+    )
+
+
+def gpu_row(node: str, index: int) -> GpuCapacity:
+    return GpuCapacity.objects.get(node__name=node, index=index, lost_at__isnull=True)

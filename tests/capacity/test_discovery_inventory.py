@@ -1,0 +1,99 @@
+"""The node agent's inventory reconciled into GpuCapacity and MigInstance rows."""
+
+import copy
+
+import pytest
+
+from capacity.adapters import nvml
+from capacity.models import GpuCapacity, MigInstance, MigPlacement, NodeCapacity
+from capacity.services.discovery import discover_cluster
+from capacity.services.inventory import inventory_node, reconcile_inventory
+from capacity.tasks import inventory_node_task
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
+
+NODE = "prod-h100-bal-01"
+
+
+@pytest.fixture
+def sim(simcluster):
+    sim = simcluster("demo")
+    sim.register("prod")
+    assert discover_cluster(sim.clusters["prod"].pk, inventory="none").run.status == "succeeded"
+    return sim
+
+
+def test_mig_instances_point_at_the_catalog_placement_they_occupy(sim):
+    result = inventory_node(sim.clusters["prod"].pk, NODE)
+    assert (result.nodes, result.gpus, result.mig_instances, result.errors) == (1, 8, 32, {})
+    hardware = sim.state.cluster("prod").nodes[NODE]
+    for real in hardware.gpus:
+        rows = {
+            m.uuid: m
+            for m in MigInstance.objects.active().filter(gpu__uuid=real.uuid).select_related("placement", "profile")
+        }
+        expected = {
+            ci.uuid: (gi.profile.name, gi.start, gi.profile.memory_slices, gi.id, ci.id)
+            for gi, ci in real.mig_devices()
+        }
+        assert {
+            u: (m.profile.name, m.placement_start, m.placement_size, m.gi_id, m.ci_id) for u, m in rows.items()
+        } == expected
+        for m in rows.values():
+            assert (m.placement.profile_id, m.placement.start, m.placement.size) == (
+                m.profile_id,
+                m.placement_start,
+                m.placement_size,
+            )
+            m.full_clean()  # overlap, product and placement rules hold
+    assert MigPlacement.objects.filter(instances__gpu__node__name=NODE).count() == 32
+
+
+def test_the_task_runs_the_same_inventory_and_is_idempotent(sim):
+    cluster = sim.clusters["prod"]
+    assert inventory_node_task(cluster.pk, NODE) == {"gpus": 8, "mig_instances": 32, "errors": {}}
+    ids = sorted(GpuCapacity.objects.filter(node__name=NODE).values_list("id", flat=True))
+    again = inventory_node(cluster.pk, NODE)
+    assert (again.gpus_written, again.mig_written, again.gpus_lost, again.mig_gone) == (0, 0, 0, 0)
+    assert sorted(GpuCapacity.objects.filter(node__name=NODE).values_list("id", flat=True)) == ids
+    assert inventory_node_task(987654, NODE) is None
+    assert inventory_node(cluster.pk, "not-a-node").nodes == 0
+
+
+def test_a_gpu_that_is_no_longer_enumerated_is_lost_and_a_replacement_gets_a_new_row(sim):
+    cluster = sim.clusters["prod"]
+    inventory = nvml.node_inventory(sim.url("prod"), NODE)
+    reconcile_inventory(cluster.pk, [inventory])
+    old_uuid = inventory.gpus[7].uuid
+
+    fewer = copy.deepcopy(inventory)
+    fewer.gpus = fewer.gpus[:7]  # GPU 7 fell off the bus so hard NVML no longer lists it
+    result = reconcile_inventory(cluster.pk, [fewer])
+    vanished = GpuCapacity.objects.get(uuid=old_uuid)
+    assert (result.gpus_lost, result.mig_gone, vanished.health, vanished.lost_at is not None) == (1, 4, "lost", True)
+    assert set(vanished.mig_instances.values_list("state", flat=True)) == {"gone"}
+
+    replaced = copy.deepcopy(inventory)
+    replaced.gpus[7].uuid = "GPU-replacement-0001"
+    replaced.gpus[7].mig_current = False
+    replaced.gpus[7].mig_devices = []
+    result = reconcile_inventory(cluster.pk, [replaced])
+    assert GpuCapacity.objects.filter(node__name=NODE).count() == 9
+    assert GpuCapacity.objects.filter(node__name=NODE).present().count() == 8
+    new = GpuCapacity.objects.get(uuid="GPU-replacement-0001")
+    assert (new.index, new.health, new.lost_at, new.mig_mode_current) == (7, "ok", None, False)
+    assert GpuCapacity.objects.get(uuid=old_uuid).lost_at is not None
+
+
+def test_a_node_that_is_gone_is_not_inventoried(sim):
+    cluster = sim.clusters["prod"]
+    NodeCapacity.objects.filter(name=NODE).update(gone_at="2026-01-01T00:00:00Z")
+    assert inventory_node(cluster.pk, NODE).nodes == 0
+    assert not GpuCapacity.objects.filter(node__name=NODE).exists()
+
+
+def test_nvml_failures_are_reported_per_node_not_raised(sim, settings):
+    settings.NVML_LIBRARY = "capacity.adapters.nvml.no_such_factory"
+    result = inventory_node(sim.clusters["prod"].pk, NODE)
+    assert list(result.errors) == [NODE]
+    assert result.nodes == 0

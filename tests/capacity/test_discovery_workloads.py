@@ -1,0 +1,118 @@
+"""Workload tracking (the seed's Profile): GPU pods become WorkloadProfile rows on their GPU or MIG instance."""
+
+import pytest
+
+from capacity.models import GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
+from capacity.services.discovery import discover_cluster
+from capacity.services.inventory import inventory_node
+from pools.models import Project
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
+
+
+@pytest.fixture
+def sim(simcluster):
+    sim = simcluster("demo")
+    sim.register("prod")
+    return sim
+
+
+@pytest.fixture
+def vision(db):
+    return Project.objects.create(name="Vision", slug="vision", namespace="team-vision")
+
+
+def sim_pod(sim, namespace, name):
+    return sim.state.cluster("prod").pods[(namespace, name)]
+
+
+def device_ids(sim, namespace, name):
+    return sim_pod(sim, namespace, name).obj["metadata"]["annotations"]["gpuaas.io/device-ids"].split(",")
+
+
+def discover(sim, inventory="inline"):
+    outcome = discover_cluster(sim.clusters["prod"].pk, inventory=inventory)
+    assert outcome.run.status == "succeeded", outcome.run.error
+    return outcome
+
+
+def test_pods_map_to_their_mig_instance_gpu_and_project(sim, vision):
+    discover(sim)
+    tracker = WorkloadProfile.objects.select_related("mig_instance__profile", "node", "gpu").get(pod_name="tracker")
+    (mig_uuid,) = device_ids(sim, "team-vision", "tracker")
+    assert (tracker.namespace, tracker.resource_name, tracker.count, tracker.project) == (
+        "team-vision",
+        "nvidia.com/mig-3g.40gb",
+        1,
+        vision,
+    )
+    assert (tracker.mig_instance.uuid, tracker.mig_instance.profile.name) == (mig_uuid, "3g.40gb")
+    assert tracker.gpu == tracker.mig_instance.gpu
+    assert tracker.node == tracker.gpu.node
+    assert tracker.device_ids == [mig_uuid]
+    assert tracker.ended_at is None
+
+    train = WorkloadProfile.objects.select_related("gpu").get(pod_name="llm-train-0")
+    uuids = device_ids(sim, "team-nlp", "llm-train-0")
+    assert (train.resource_name, train.count, train.project, train.mig_instance) == ("nvidia.com/gpu", 2, None, None)
+    assert (train.device_ids, train.gpu.uuid) == (uuids, uuids[0])
+
+
+def test_the_node_agent_fills_in_devices_discovery_could_not_resolve_yet(sim, vision):
+    discover(sim, inventory="none")  # Kubernetes only: no GPU or MIG rows exist yet
+    detector = WorkloadProfile.objects.get(pod_name="detector")
+    assert (detector.gpu_id, detector.mig_instance_id, len(detector.device_ids)) == (None, None, 1)
+    inventory_node(sim.clusters["prod"].pk, detector.node.name)
+    detector.refresh_from_db()
+    assert detector.mig_instance == MigInstance.objects.get(uuid=detector.device_ids[0])
+
+
+def test_nvml_processes_identify_the_device_when_the_pod_has_no_annotation(sim):
+    with sim.state.lock:
+        record = sim_pod(sim, "team-vision", "segmenter")
+        uuid = record.obj["metadata"]["annotations"].pop("gpuaas.io/device-ids")
+        record.raw = None
+    discover(sim, inventory="none")
+    segmenter = WorkloadProfile.objects.get(pod_name="segmenter")
+    assert (segmenter.device_ids, segmenter.mig_instance_id) == ([], None)
+    result = inventory_node(sim.clusters["prod"].pk, segmenter.node.name)
+    segmenter.refresh_from_db()
+    on_node = WorkloadProfile.objects.filter(node=segmenter.node).running()
+    assert result.workloads_resolved == on_node.count() == on_node.filter(mig_instance__isnull=False).count()
+    assert segmenter.mig_instance.uuid == uuid
+
+
+def test_a_deleted_or_finished_pod_ends_its_row_which_stays(sim, vision):
+    discover(sim)
+    with sim.state.lock:
+        finished = sim_pod(sim, "team-vision", "detector")
+        finished.obj["status"]["phase"] = "Succeeded"
+        finished.raw = None
+    from capacity.adapters.kubernetes import KubernetesClient
+
+    with KubernetesClient.from_kubeconfig(str(sim.kubeconfigs["prod"])) as k:
+        k.delete_pod("team-vision", "tracker")
+    outcome = discover(sim)
+    assert outcome.sync.workloads.ended == 2
+    ended = dict(WorkloadProfile.objects.filter(ended_at__isnull=False).values_list("pod_name", "ended_at"))
+    assert set(ended) == {"detector", "tracker"}
+    assert WorkloadProfile.objects.count() == 5
+    assert WorkloadProfile.objects.get(pod_name="tracker").mig_instance is not None  # history keeps the device
+    again = discover(sim)
+    assert (again.sync.workloads.created, again.sync.workloads.ended) == (0, 0)
+    assert dict(WorkloadProfile.objects.filter(ended_at__isnull=False).values_list("pod_name", "ended_at")) == ended
+
+
+def test_a_vanished_node_is_gone_but_its_gpus_and_workload_history_stay(sim):
+    discover(sim)
+    node = NodeCapacity.objects.get(name="prod-h100-full-01")
+    gpus = set(GpuCapacity.objects.filter(node=node).values_list("uuid", flat=True))
+    sim.faults.node_vanish("prod", "prod-h100-full-01")  # its pods are garbage-collected with it
+    outcome = discover(sim)
+    node.refresh_from_db()
+    assert outcome.sync.nodes_gone == outcome.run.nodes_gone == 1
+    assert node.gone_at is not None
+    assert set(GpuCapacity.objects.filter(node=node).values_list("uuid", flat=True)) == gpus
+    trains = WorkloadProfile.objects.filter(pod_name__startswith="llm-train")
+    assert [(w.node_id, w.ended_at is not None) for w in trains] == [(node.pk, True), (node.pk, True)]
+    assert not GpuCapacity.objects.for_cluster(sim.clusters["prod"]).present().filter(node=node).exists()
