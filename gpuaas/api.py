@@ -22,12 +22,11 @@ class ProjectScopedQuerysetMixin:
     project_lookup = "project"
 
     def get_queryset(self):
-        from pools.roles import is_operator, projects_for
+        from pools.roles import project_ids_for
 
         queryset = super().get_queryset()
-        user = self.request.user
-        if is_operator(user):
+        ids = project_ids_for(self.request.user)
+        if ids is None:  # operators
             return queryset
-        if self.project_lookup == "self":
-            return queryset.filter(pk__in=projects_for(user).values("pk"))
-        return queryset.filter(**{f"{self.project_lookup}__in": projects_for(user).values("pk")})
+        lookup = "pk" if self.project_lookup == "self" else f"{self.project_lookup}_id"
+        return queryset.filter(**{f"{lookup}__in": ids})

@@ -1,16 +1,156 @@
-"""Operator console for projects, requests, pools and allocations (the approval queue comes with issue 5)."""
+"""Operator console: the approval queue, pools and their provisioning, allocations, project members.
 
-from django.contrib import admin
+State fields are read-only here; actions call the workflow services (pools/services.py) and end
+with a "N requests approved" message. Approve, reject and release ask for a reason on an
+intermediate page first.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
 from guardian.admin import GuardedModelAdmin
 
-from .models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition, Project
+from . import roles, services
+from .choices import PoolState, RequestState, Role
+from .exceptions import DomainError
+from .models import (
+    HOLDING_STATES,
+    PENDING_FIRST,
+    Allocation,
+    ApiToken,
+    GpuPool,
+    PoolRequest,
+    PoolRequestTransition,
+    Project,
+)
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), required=False, max_length=2000)
+
+    def __init__(self, *args, reason_required: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["reason"].required = reason_required
+
+
+def run_with_reason(model_admin, request, queryset, *, verb: str, title: str, run, reason_required=False):
+    """An admin action in two steps: a page asking for the reason, then `run(obj, reason)` on each object.
+
+    Objects are handled one by one in primary-key order, each in its own transaction (the services'),
+    so one refusal does not undo the others; refusals are listed in a warning.
+    """
+    if "apply" in request.POST:
+        form = ReasonForm(request.POST, reason_required=reason_required)
+        if form.is_valid():
+            done, refused = 0, []
+            for obj in queryset.order_by("pk"):
+                try:
+                    run(obj, form.cleaned_data["reason"])
+                    done += 1
+                except DomainError as exc:
+                    refused.append(f"#{obj.pk}: {exc.message}")
+            noun = model_admin.model._meta.verbose_name if done == 1 else model_admin.model._meta.verbose_name_plural
+            model_admin.message_user(request, f"{done} {noun} {verb}.", messages.SUCCESS)
+            if refused:
+                model_admin.message_user(request, "Refused: " + " | ".join(refused), messages.WARNING)
+            return None
+    else:
+        form = ReasonForm(reason_required=reason_required)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": title,
+        "opts": model_admin.model._meta,
+        "objects": queryset.order_by("pk"),
+        "form": form,
+        "action": request.POST.get("action", ""),
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "verb": verb,
+    }
+    return TemplateResponse(request, "admin/pools/reason_form.html", context)
+
+
+# --- Projects and membership ---------------------------------------------------------------------
+
+
+class MemberForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=[*Role.choices, ("", "Remove from project")], required=False)
+
+    def clean_username(self):
+        user = get_user_model().objects.filter(username=self.cleaned_data["username"]).first()
+        if user is None:
+            raise forms.ValidationError("No such user.")
+        self.cleaned_data["user"] = user
+        return user.username
 
 
 @admin.register(Project)
 class ProjectAdmin(GuardedModelAdmin):
-    list_display = ["name", "slug", "namespace", "cost_centre", "created_at"]
+    list_display = ["name", "slug", "namespace", "cost_centre", "pools_held", "members_link", "created_at"]
     search_fields = ["name", "slug", "namespace", "cost_centre"]
     prepopulated_fields = {"slug": ["name"]}
+
+    def get_queryset(self, request):
+        # A Subquery, not JOIN + COUNT: the changelist stays one row per project however many pools.
+        held = GpuPool.objects.held().filter(project=OuterRef("pk")).order_by().values("project")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(held_pools=Coalesce(Subquery(held.annotate(n=Count("pk")).values("n")), 0))
+        )
+
+    @admin.display(description="Pools held", ordering="held_pools")
+    def pools_held(self, obj):
+        return obj.held_pools
+
+    @admin.display(description="Members")
+    def members_link(self, obj):
+        return format_html('<a href="{}">members</a>', reverse("admin:pools_project_members", args=[obj.pk]))
+
+    def get_urls(self):
+        extra = [
+            path(
+                "<path:object_id>/members/",
+                self.admin_site.admin_view(self.members_view),
+                name="pools_project_members",
+            )
+        ]
+        return extra + super().get_urls()
+
+    def members_view(self, request, object_id):
+        """List members with their roles; add, change or remove one (set_role), then back here."""
+        project = get_object_or_404(Project, pk=object_id)
+        if not self.has_change_permission(request, project):
+            raise PermissionDenied
+        form = MemberForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            user, role = form.cleaned_data["user"], form.cleaned_data["role"] or None
+            roles.set_role(project, user, role)
+            self.message_user(request, f"{user.username}: {role or 'removed'} on {project.slug}.", messages.SUCCESS)
+            return redirect("admin:pools_project_members", object_id=project.pk)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Members of {project}",
+            "opts": self.model._meta,
+            "original": project,
+            "members": roles.members(project),
+            "form": form,
+            "roles": Role.choices,
+        }
+        return TemplateResponse(request, "admin/pools/project/members.html", context)
+
+
+# --- The approval queue --------------------------------------------------------------------------
 
 
 class TransitionInline(admin.TabularInline):
@@ -24,30 +164,211 @@ class TransitionInline(admin.TabularInline):
         return False
 
 
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        return [("pending", "Awaiting approval"), ("holding", "Holding units"), ("closed", "Closed")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "pending":
+            return queryset.filter(state=RequestState.SUBMITTED)
+        if self.value() == "holding":
+            return queryset.filter(state__in=HOLDING_STATES)
+        if self.value() == "closed":
+            return queryset.exclude(state__in=[RequestState.SUBMITTED, RequestState.DRAFT, *HOLDING_STATES])
+        return queryset
+
+
 @admin.register(PoolRequest)
 class PoolRequestAdmin(admin.ModelAdmin):
-    list_display = ["id", "project", "spec_label", "count", "isolation", "tier", "state", "start_at", "end_at"]
-    list_filter = ["state", "isolation", "tier", "workload_type"]
-    list_select_related = ["project"]
-    search_fields = ["project__name", "project__slug", "justification"]
-    readonly_fields = ["state", "state_reason", "approved_at", "approved_by", "created_at", "updated_at"]
+    """The approval queue: submitted requests first, then the rest, newest first."""
+
+    list_display = [
+        "id",
+        "project",
+        "spec_label",
+        "count",
+        "isolation",
+        "tier",
+        "state",
+        "requested_by",
+        "start_at",
+        "end_at",
+        "pool_link",
+        "created_at",
+    ]
+    list_filter = [QueueFilter, "state", "isolation", "tier", "workload_type", "product"]
+    list_select_related = ["project", "requested_by", "pool"]
+    search_fields = ["=id", "project__name", "project__slug", "justification", "name"]
+    readonly_fields = [
+        "state",
+        "state_reason",
+        "approved_at",
+        "approved_by",
+        "expiry_notice_at",
+        "created_at",
+        "updated_at",
+    ]
     inlines = [TransitionInline]
+    actions = ["approve_selected", "reject_selected", "release_selected"]
+
+    def get_ordering(self, request):
+        return list(PENDING_FIRST)
+
+    def has_add_permission(self, request):
+        return False  # requests come from projects, through the API (the spec is resolved there)
+
+    @admin.display(description="Pool")
+    def pool_link(self, obj):
+        pool = getattr(obj, "pool", None)
+        if pool is None:
+            return "-"
+        return format_html('<a href="{}">{}</a>', reverse("admin:pools_gpupool_change", args=[pool.pk]), pool.name)
+
+    @admin.action(description="Approve selected requests…", permissions=["change"])
+    def approve_selected(self, request, queryset):
+        return run_with_reason(
+            self,
+            request,
+            queryset,
+            verb="approved",
+            title="Approve pool requests",
+            run=lambda obj, reason: services.approve(obj, actor=request.user, reason=reason),
+        )
+
+    @admin.action(description="Reject selected requests…", permissions=["change"])
+    def reject_selected(self, request, queryset):
+        return run_with_reason(
+            self,
+            request,
+            queryset,
+            verb="rejected",
+            title="Reject pool requests",
+            reason_required=True,
+            run=lambda obj, reason: services.reject(obj, actor=request.user, reason=reason),
+        )
+
+    @admin.action(description="Release selected requests' capacity…", permissions=["change"])
+    def release_selected(self, request, queryset):
+        return run_with_reason(
+            self,
+            request,
+            queryset,
+            verb="released",
+            title="Release pool capacity",
+            run=lambda obj, reason: services.release(obj, actor=request.user, reason=reason),
+        )
+
+
+# --- Pools and allocations -----------------------------------------------------------------------
+
+
+class AllocationInline(admin.TabularInline):
+    model = Allocation
+    fields = ["kind", "product", "profile_name", "gpu", "mig_instance", "replica", "allocated_at", "released_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("gpu__node__cluster", "mig_instance__profile")
 
 
 @admin.register(GpuPool)
 class GpuPoolAdmin(admin.ModelAdmin):
-    list_display = ["name", "project", "cluster", "workload_type", "tier", "state", "created_at"]
+    list_display = [
+        "name",
+        "project",
+        "cluster",
+        "workload_type",
+        "tier",
+        "state",
+        "units",
+        "gpus",
+        "attempts",
+        "created_at",
+        "released_at",
+    ]
     list_filter = ["state", "tier", "workload_type", "cluster"]
     list_select_related = ["project", "cluster"]
-    search_fields = ["name", "project__name"]
-    readonly_fields = ["state", "state_reason"]
+    search_fields = ["name", "project__name", "project__slug"]
+    readonly_fields = [
+        "state",
+        "state_reason",
+        "attempts",
+        "task_id",
+        "last_attempt_at",
+        "provisioned_at",
+        "released_at",
+        "deprovisioned_at",
+    ]
+    inlines = [AllocationInline]
+    actions = ["retry_provisioning", "release_selected"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).with_card()
+
+    def has_add_permission(self, request):
+        return False  # pools are created by approval only
+
+    @admin.display(description="Units in use / total")
+    def units(self, obj):
+        return f"{obj.units_in_use}/{obj.units_total}"
+
+    @admin.display(description="GPUs in use / total")
+    def gpus(self, obj):
+        return f"{obj.gpus_in_use}/{obj.gpus_total}"
+
+    @admin.action(description="Retry provisioning of selected failed pools", permissions=["change"])
+    def retry_provisioning(self, request, queryset):
+        done, refused = 0, []
+        for pool in queryset.filter(state__in=[PoolState.FAILED, PoolState.PROVISIONING]).order_by("pk"):
+            try:
+                services.retry_provisioning(pool, actor=request.user)
+                done += 1
+            except DomainError as exc:
+                refused.append(f"{pool}: {exc.message}")
+        self.message_user(request, f"{done} pools queued for provisioning.", messages.SUCCESS)
+        if refused:
+            self.message_user(request, "Refused: " + " | ".join(refused), messages.WARNING)
+
+    @admin.action(description="Release selected pools…", permissions=["change"])
+    def release_selected(self, request, queryset):
+        requests = PoolRequest.objects.filter(pk__in=queryset.values("request_id"))
+        return run_with_reason(
+            self,
+            request,
+            requests,
+            verb="released",
+            title="Release pools",
+            run=lambda obj, reason: services.release(obj, actor=request.user, reason=reason),
+        )
 
 
 @admin.register(Allocation)
 class AllocationAdmin(admin.ModelAdmin):
-    list_display = ["id", "pool", "kind", "product", "profile_name", "gpu", "replica", "allocated_at", "released_at"]
+    list_display = [
+        "id",
+        "pool",
+        "project",
+        "kind",
+        "product",
+        "profile_name",
+        "cluster",
+        "node",
+        "gpu_uuid",
+        "replica",
+        "allocated_at",
+        "released_at",
+    ]
     list_filter = ["kind", "product", "profile_name", ("released_at", admin.EmptyFieldListFilter)]
-    list_select_related = ["pool__project", "gpu__node__cluster"]
+    list_select_related = ["pool__project", "project", "gpu__node__cluster"]
     search_fields = ["pool__name", "project__name", "gpu__uuid", "mig_instance__uuid"]
 
     def has_add_permission(self, request):
@@ -56,6 +377,18 @@ class AllocationAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    @admin.display(description="Cluster", ordering="gpu__node__cluster__name")
+    def cluster(self, obj):
+        return obj.gpu.node.cluster.name
+
+    @admin.display(description="Node", ordering="gpu__node__name")
+    def node(self, obj):
+        return obj.gpu.node.name
+
+    @admin.display(description="GPU")
+    def gpu_uuid(self, obj):
+        return obj.gpu.uuid
+
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
@@ -63,7 +396,13 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     list_select_related = ["user"]
     search_fields = ["name", "user__username", "key_prefix"]
-    readonly_fields = ["key_prefix", "key_digest", "created_at", "last_used_at"]
+    readonly_fields = ["key_prefix", "key_digest", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke_selected"]
 
     def has_add_permission(self, request):
         return False
+
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    def revoke_selected(self, request, queryset):
+        done = sum(services.revoke_token(token) for token in queryset.filter(revoked_at__isnull=True))
+        self.message_user(request, f"{done} tokens revoked.", messages.SUCCESS)

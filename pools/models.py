@@ -14,6 +14,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Coalesce
+from django.db.models.lookups import LessThan
 from django.utils import timezone
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
@@ -105,6 +107,25 @@ class ApiToken(models.Model):
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
 
 
+class PoolRequestQuerySet(models.QuerySet):
+    def pending_first(self):
+        """The approval queue's order: submitted requests first, then the rest; newest first in each."""
+        return self.order_by(*PENDING_FIRST)
+
+    def holding(self):
+        """Requests that hold units now (approved, provisioning, active or failed)."""
+        return self.filter(state__in=HOLDING_STATES)
+
+
+PENDING_FIRST = (
+    models.Case(models.When(state=RequestState.SUBMITTED, then=0), default=1).asc(),
+    "-created_at",
+    "-id",
+)
+# A request in one of these states holds allocated units until it is released or expires.
+HOLDING_STATES = (RequestState.APPROVED, RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.FAILED)
+
+
 class PoolRequest(models.Model):
     """A project's request for GPU capacity, through draft -> submitted -> approved -> ... -> released."""
 
@@ -135,8 +156,13 @@ class PoolRequest(models.Model):
     approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
     )
+    expiry_notice_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the project was told the request is about to expire."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = PoolRequestQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -147,7 +173,11 @@ class PoolRequest(models.Model):
                 name="pools_poolrequest_end_after_start",
             ),
         ]
-        indexes = [models.Index(fields=["project", "state"], name="pools_request_project_state")]
+        indexes = [
+            models.Index(fields=["project", "state"], name="pools_request_project_state"),
+            models.Index(fields=["-created_at", "-id"], name="pools_request_recent"),
+            models.Index(fields=["state", "end_at"], name="pools_request_state_end"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.project} {self.spec_label} x {self.count} ({self.state})"
@@ -184,6 +214,39 @@ class PoolRequestTransition(models.Model):
         return f"{self.request_id}: {self.from_state} -> {self.to_state}"
 
 
+LABEL_PREFIX = "gpuaas.io/"
+CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation")
+
+
+class GpuPoolQuerySet(models.QuerySet):
+    def held(self):
+        """Pools that still hold units (not released)."""
+        return self.filter(released_at__isnull=True)
+
+    def with_card(self):
+        """Annotate the card's counts in the same query: units and GPUs, total and in use, and utilisation.
+
+        Correlated subqueries rather than JOIN + COUNT(DISTINCT): the joins would multiply rows by
+        allocations x workloads, and each subquery reads one pool's handful of allocations by index.
+        """
+        from .cards import utilisation_expression
+
+        active = Allocation.objects.active().filter(pool=models.OuterRef("pk")).order_by()
+        busy = active.in_use()
+
+        def count(queryset, expression):
+            total = queryset.values("pool").annotate(n=expression).values("n")
+            return Coalesce(models.Subquery(total), 0)
+
+        return self.annotate(
+            units_total=count(active, models.Count("pk")),
+            units_in_use=count(busy, models.Count("pk")),
+            gpus_total=count(active, models.Count("gpu", distinct=True)),
+            gpus_in_use=count(busy, models.Count("gpu", distinct=True)),
+            utilisation=utilisation_expression(),
+        )
+
+
 class GpuPool(models.Model):
     """The units a project holds, by workload type and tier; dedicated to one project, never shared."""
 
@@ -198,18 +261,88 @@ class GpuPool(models.Model):
     state_reason = models.TextField(blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True)
+    # Provisioning in Kubernetes, tracked here (the admin and API read these, never Celery's results).
+    attempts = models.PositiveIntegerField(default=0, editable=False, help_text="Provisioning attempts so far.")
+    task_id = models.CharField(max_length=64, blank=True, editable=False)
+    last_attempt_at = models.DateTimeField(null=True, blank=True, editable=False)
+    provisioned_at = models.DateTimeField(null=True, blank=True, editable=False)
+    deprovisioned_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When quota and node labels were removed after release."
+    )
+
+    objects = GpuPoolQuerySet.as_manager()
 
     class Meta:
         ordering = ["project_id", "-created_at", "-id"]
         verbose_name = "GPU pool"
+        indexes = [models.Index(fields=["cluster", "project", "released_at"], name="pools_pool_cluster_project")]
 
     def __str__(self) -> str:
         return f"{self.project.slug}/{self.name}"
+
+    @property
+    def pool_label(self) -> str:
+        """Node label key marking the nodes that carry this pool's units."""
+        return f"{LABEL_PREFIX}pool-{self.pk}"
+
+    @property
+    def quota_name(self) -> str:
+        return f"gpuaas-{self.pk}"
+
+    def card(self) -> dict:
+        """The seed's pool card. Reads the with_card() annotations when present, else counts (3 queries)."""
+        if not hasattr(self, "units_total"):
+            annotated = GpuPool.objects.with_card().get(pk=self.pk)
+            for name in CARD_ANNOTATIONS:
+                setattr(self, name, getattr(annotated, name))
+        return {
+            "name": self.name,
+            "spec": self.request.spec_label if self.request_id else "",
+            "total_gpus": self.gpus_total,
+            "in_use_gpus": self.gpus_in_use,
+            "utilisation": self.utilisation,
+            "profiles_in_use": self.units_in_use,
+            "profiles_total": self.units_total,
+            "allocation": f"{self.units_in_use}/{self.units_total}",
+            "tags": list(self.tags),
+            "created": self.created_at.date().isoformat(),
+        }
 
 
 class AllocationQuerySet(models.QuerySet):
     def active(self):
         return self.filter(released_at__isnull=True)
+
+    def in_use(self):
+        """Units with a running workload on them (the seed's "In Use" profiles).
+
+        The device plugin, not gpuaas, picks which device of a resource a pod gets on a node, so use
+        is counted per (project, node, resource): when the project runs N such devices on that node,
+        its first N units there (in allocation order) are in use.
+        """
+        from capacity.models import WorkloadProfile
+
+        here = {
+            "project": models.OuterRef("project"),
+            "resource_name": models.OuterRef("resource_name"),
+        }
+        running = (
+            WorkloadProfile.objects.running()
+            .filter(node=models.OuterRef("gpu__node"), **here)
+            .order_by()
+            .values("project")
+            .annotate(n=models.Sum("count"))
+            .values("n")
+        )
+        before = (
+            Allocation.objects.active()
+            .filter(gpu__node=models.OuterRef("gpu__node"), pk__lt=models.OuterRef("pk"), **here)
+            .order_by()
+            .values("project")
+            .annotate(n=models.Count("pk"))
+            .values("n")
+        )
+        return self.filter(LessThan(Coalesce(models.Subquery(before), 0), models.Subquery(running)))
 
 
 class Allocation(models.Model):

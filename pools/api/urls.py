@@ -1,3 +1,13 @@
 """REST routes of the pools app, registered on the shared router (gpuaas/api.py)."""
 
+from gpuaas.api import router
+
+from . import views
+
+router.register("projects", views.ProjectViewSet, basename="project")
+router.register("pool-requests", views.PoolRequestViewSet, basename="poolrequest")
+router.register("pools", views.GpuPoolViewSet, basename="gpupool")
+router.register("allocations", views.AllocationViewSet, basename="allocation")
+router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
+
 urlpatterns: list = []

@@ -1,0 +1,343 @@
+"""Serializers of the self-service API: projects, members, pool requests, pools, allocations, tokens."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import exceptions, serializers
+
+from capacity.models import Cluster
+
+from .. import roles, services
+from ..choices import Isolation, Role
+from ..exceptions import SpecError
+from ..models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition, Project
+
+# --- Projects and members ------------------------------------------------------------------------
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    my_role = serializers.SerializerMethodField(help_text="Your role here: admin, member, viewer, or null.")
+
+    class Meta:
+        model = Project
+        fields = ["id", "name", "slug", "namespace", "cost_centre", "description", "created_at", "my_role"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(choices=Role.choices, allow_null=True))
+    def get_my_role(self, project: Project) -> str | None:
+        return roles.role_from_annotations(project)
+
+
+class MemberSerializer(serializers.Serializer):
+    user = serializers.IntegerField(read_only=True)
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices)
+
+    def validate_username(self, value: str) -> str:
+        user = get_user_model().objects.filter(username=value, is_active=True).first()
+        if user is None:
+            raise serializers.ValidationError(f"No active user {value!r}.")
+        self.context["member"] = user
+        return value
+
+
+class RoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+# --- Pool requests -------------------------------------------------------------------------------
+
+
+class TransitionSerializer(serializers.ModelSerializer):
+    actor = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = PoolRequestTransition
+        fields = ["from_state", "to_state", "actor", "reason", "at"]
+        read_only_fields = fields
+
+
+class PoolRequestSerializer(serializers.ModelSerializer):
+    """A pool request. On create, `project` must be one of yours (else 400 "does not exist"), and
+    either `profile_name` or `memory_gib` (and optionally `compute_fraction`) gives the MIG spec.
+    `submit: true` submits it at once instead of leaving a draft."""
+
+    project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.none())
+    project_slug = serializers.CharField(source="project.slug", read_only=True)
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True, default=None)
+    isolation = serializers.ChoiceField(choices=Isolation.choices, required=False)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    pool = serializers.SerializerMethodField()
+    spec = serializers.CharField(source="spec_label", read_only=True)
+    tags = serializers.ListField(child=serializers.CharField(max_length=64), required=False, max_length=20)
+    submit = serializers.BooleanField(write_only=True, required=False, default=False)
+
+    class Meta:
+        model = PoolRequest
+        fields = [
+            "id",
+            "project",
+            "project_slug",
+            "name",
+            "workload_type",
+            "isolation",
+            "tier",
+            "cluster",
+            "cluster_name",
+            "product",
+            "spec_kind",
+            "profile_name",
+            "spec",
+            "count",
+            "memory_gib",
+            "compute_fraction",
+            "start_at",
+            "end_at",
+            "justification",
+            "tags",
+            "state",
+            "state_reason",
+            "requested_by",
+            "approved_by",
+            "approved_at",
+            "expiry_notice_at",
+            "pool",
+            "created_at",
+            "updated_at",
+            "submit",
+        ]
+        read_only_fields = [
+            "spec_kind",
+            "state",
+            "state_reason",
+            "approved_at",
+            "expiry_notice_at",
+            "created_at",
+            "updated_at",
+        ]
+        extra_kwargs = {"count": {"min_value": 1}, "start_at": {"required": False}}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None and "project" in self.fields:
+            # Projects you cannot see do not exist, to you: 400 "object does not exist", never a hint.
+            self.fields["project"].queryset = roles.projects_for(request.user)
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_pool(self, obj: PoolRequest) -> int | None:
+        pool = getattr(obj, "pool", None)
+        return pool.pk if pool is not None else None
+
+    def validate_project(self, project: Project) -> Project:
+        user = self.context["request"].user
+        if not (roles.is_operator(user) or roles.has_project_perm(user, project, "request_capacity")):
+            raise exceptions.PermissionDenied("Your role in this project cannot request capacity.")
+        return project
+
+    def validate(self, attrs: dict) -> dict:
+        now = timezone.now()
+        start = attrs.get("start_at") or now
+        end = attrs.get("end_at")
+        if end is not None and end <= start:
+            raise serializers.ValidationError({"end_at": "The end must be after the start."})
+        if end is not None and end <= now:
+            raise serializers.ValidationError({"end_at": "The end must be in the future."})
+        try:
+            spec = services.resolve_spec(
+                isolation=attrs.get("isolation", ""),
+                tier=attrs.get("tier", ""),
+                workload_type=attrs.get("workload_type") or PoolRequest._meta.get_field("workload_type").default,
+                product=attrs.get("product", ""),
+                profile_name=attrs.get("profile_name", ""),
+                memory_gib=attrs.get("memory_gib"),
+                compute_fraction=attrs.get("compute_fraction"),
+            )
+        except SpecError as exc:
+            raise serializers.ValidationError(exc.errors) from None
+        attrs.update(
+            start_at=start,
+            isolation=spec.isolation,
+            tier=spec.tier,
+            spec_kind=spec.spec_kind,
+            product=spec.product,
+            profile_name=spec.profile_name,
+        )
+        return attrs
+
+    def create(self, validated_data: dict) -> PoolRequest:
+        submit = validated_data.pop("submit", False)
+        project = validated_data.pop("project")
+        return services.create_request(project, actor=self.context["request"].user, submit=submit, **validated_data)
+
+
+class PoolRequestDetailSerializer(PoolRequestSerializer):
+    transitions = TransitionSerializer(many=True, read_only=True)
+
+    class Meta(PoolRequestSerializer.Meta):
+        fields = [*PoolRequestSerializer.Meta.fields, "transitions"]
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class RejectSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000)
+
+
+class ApproveSerializer(ReasonSerializer):
+    cluster = serializers.PrimaryKeyRelatedField(
+        queryset=Cluster.objects.all(), required=False, allow_null=True, help_text="Take units from this cluster only."
+    )
+
+
+class ConflictSerializer(serializers.Serializer):
+    """409: the request's state does not allow it, or capacity is short (with what is missing)."""
+
+    detail = serializers.CharField()
+    state = serializers.CharField(required=False)
+    need = serializers.IntegerField(required=False)
+    free = serializers.IntegerField(required=False)
+    reconfiguration = serializers.DictField(required=False, allow_null=True)
+
+
+# --- Pools and allocations -----------------------------------------------------------------------
+
+
+class GpuPoolSerializer(serializers.ModelSerializer):
+    """A pool and its card: units total and in use, GPUs total and in use, utilisation (null until
+    monitoring provides it), allocation = profiles in use / profiles in the pool."""
+
+    project_slug = serializers.CharField(source="project.slug", read_only=True)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    spec = serializers.CharField(source="request.spec_label", read_only=True)
+    total_gpus = serializers.IntegerField(source="gpus_total", read_only=True)
+    in_use_gpus = serializers.IntegerField(source="gpus_in_use", read_only=True)
+    profiles_total = serializers.IntegerField(source="units_total", read_only=True)
+    profiles_in_use = serializers.IntegerField(source="units_in_use", read_only=True)
+    utilisation = serializers.FloatField(read_only=True, allow_null=True, help_text="Average SM activity 0..1.")
+    allocation = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GpuPool
+        fields = [
+            "id",
+            "name",
+            "project",
+            "project_slug",
+            "request",
+            "cluster",
+            "cluster_name",
+            "workload_type",
+            "tier",
+            "spec",
+            "tags",
+            "state",
+            "state_reason",
+            "total_gpus",
+            "in_use_gpus",
+            "utilisation",
+            "profiles_total",
+            "profiles_in_use",
+            "allocation",
+            "attempts",
+            "provisioned_at",
+            "created_at",
+            "released_at",
+        ]
+        read_only_fields = fields
+
+    def get_allocation(self, pool: GpuPool) -> str:
+        return f"{pool.units_in_use}/{pool.units_total}"
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    project_slug = serializers.CharField(source="project.slug", read_only=True)
+    pool_name = serializers.CharField(source="pool.name", read_only=True)
+    gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
+    node = serializers.CharField(source="gpu.node.name", read_only=True)
+    cluster = serializers.CharField(source="gpu.node.cluster.name", read_only=True)
+    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None)
+
+    class Meta:
+        model = Allocation
+        fields = [
+            "id",
+            "pool",
+            "pool_name",
+            "project",
+            "project_slug",
+            "kind",
+            "product",
+            "profile_name",
+            "resource_name",
+            "cluster",
+            "node",
+            "gpu_uuid",
+            "mig_instance_uuid",
+            "replica",
+            "compute_slices",
+            "allocated_at",
+            "released_at",
+        ]
+        read_only_fields = fields
+
+
+# --- API tokens ----------------------------------------------------------------------------------
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    expires_in_days = serializers.IntegerField(
+        write_only=True, required=False, min_value=1, max_value=3650, help_text="Alternative to expires_at."
+    )
+    usable = serializers.BooleanField(source="is_usable", read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "id",
+            "name",
+            "key_prefix",
+            "created_at",
+            "expires_at",
+            "expires_in_days",
+            "last_used_at",
+            "revoked_at",
+            "usable",
+        ]
+        read_only_fields = ["key_prefix", "created_at", "last_used_at", "revoked_at"]
+
+    def validate(self, attrs: dict) -> dict:
+        days = attrs.pop("expires_in_days", None)
+        if days is not None and attrs.get("expires_at") is not None:
+            raise serializers.ValidationError({"expires_in_days": "Give expires_at or expires_in_days, not both."})
+        if days is not None:
+            attrs["expires_at"] = timezone.now() + dt.timedelta(days=days)
+        if attrs.get("expires_at") is not None and attrs["expires_at"] <= timezone.now():
+            raise serializers.ValidationError({"expires_at": "The expiry must be in the future."})
+        return attrs
+
+    def create(self, validated_data: dict) -> ApiToken:
+        token, key = ApiToken.issue(
+            self.context["request"].user, validated_data["name"], validated_data.get("expires_at")
+        )
+        token.plain_key = key
+        return token
+
+
+class NewApiTokenSerializer(ApiTokenSerializer):
+    key = serializers.SerializerMethodField(help_text="The token itself: shown this once, never again.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "key"]
+
+    def get_key(self, token: ApiToken) -> str:
+        return token.plain_key

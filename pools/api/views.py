@@ -1,0 +1,344 @@
+"""Self-service API: my projects and their members, pool requests, pools, allocations, API tokens.
+
+Visibility comes from ProjectScopedQuerysetMixin (gpuaas/api.py): another project's object is not
+found (404). What a visible object allows depends on the caller's role there: viewers read, members
+request capacity, project admins also manage members and release; operators (staff) do everything,
+and only they approve, reject and retry. A refused action on a visible object is a 403 and changes
+nothing. Illegal state changes and capacity shortages are 409 (DomainError).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import Prefetch
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import exceptions, mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from gpuaas.api import ProjectScopedQuerysetMixin
+
+from .. import roles, services
+from ..exceptions import DomainError
+from ..models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition, Project
+from . import filters, serializers
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The object's state does not allow this."
+    default_code = "conflict"
+
+
+class DomainErrorsAs409:
+    """Map workflow refusals (IllegalTransition, InsufficientCapacity, ...) to 409 with their detail."""
+
+    def handle_exception(self, exc):
+        if isinstance(exc, DomainError):  # typed detail (counts stay numbers), so not via APIException
+            return Response({"detail": exc.message, **exc.detail}, status=status.HTTP_409_CONFLICT)
+        return super().handle_exception(exc)
+
+
+def require_project_perm(user, project_id: int, perm: str, message: str) -> None:
+    """403 unless `user` is an operator or holds `perm` on the project (one query)."""
+    if roles.is_operator(user):
+        return
+    if not roles.projects_for(user, perm).filter(pk=project_id).exists():
+        raise exceptions.PermissionDenied(message)
+
+
+def require_operator(user, message: str) -> None:
+    if not roles.is_operator(user):
+        raise exceptions.PermissionDenied(message)
+
+
+CONFLICT = OpenApiResponse(serializers.ConflictSerializer, description="Illegal state change or capacity short.")
+
+
+# --- Projects and members ------------------------------------------------------------------------
+
+USER_ID = OpenApiParameter("user_id", int, OpenApiParameter.PATH, description="The member's user id.")
+
+
+@extend_schema_view(
+    list=extend_schema(summary="My projects, with my role in each"),
+    retrieve=extend_schema(summary="One of my projects"),
+)
+class ProjectViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
+    queryset = Project.objects.all()
+    serializer_class = serializers.ProjectSerializer
+    filterset_class = filters.ProjectFilter
+    ordering_fields = ["slug", "name", "created_at"]
+    project_lookup = "self"
+
+    def get_queryset(self):
+        return roles.annotate_roles(super().get_queryset(), self.request.user).order_by("slug")
+
+    @extend_schema(summary="Members of a project and their roles", responses=serializers.MemberSerializer(many=True))
+    @action(detail=True, methods=["get"], url_path="members", pagination_class=None, filterset_class=None)
+    def members(self, request, pk=None):
+        project = self.get_object()
+        rows = [{"user": u.pk, "username": u.username, "role": role} for u, role in roles.members(project)]
+        return Response(serializers.MemberSerializer(rows, many=True).data)
+
+    @extend_schema(
+        summary="Add a member (project admins)",
+        request=serializers.MemberSerializer,
+        responses={201: serializers.MemberSerializer},
+    )
+    @members.mapping.post
+    def add_member(self, request, pk=None):
+        project = self._manageable_project()
+        serializer = serializers.MemberSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        user = serializer.context["member"]
+        if roles.role_of(project, user) is not None:
+            raise Conflict(f"{user.username} is already a member; change their role instead.")
+        roles.set_role(project, user, serializer.validated_data["role"])
+        return Response(
+            {"user": user.pk, "username": user.username, "role": serializer.validated_data["role"]},
+            status=status.HTTP_201_CREATED,
+        )
+
+    @extend_schema(
+        summary="Change a member's role (project admins)",
+        parameters=[USER_ID],
+        request=serializers.RoleSerializer,
+        responses={200: serializers.MemberSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["patch"], url_path=r"members/(?P<user_id>\d+)", filterset_class=None)
+    def member(self, request, pk=None, user_id=None):
+        project = self._manageable_project()
+        user = self._member(project, user_id)
+        serializer = serializers.RoleSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        role = serializer.validated_data["role"]
+        with transaction.atomic():
+            self._keep_an_admin(project, user, role)
+            roles.set_role(project, user, role)
+        return Response({"user": user.pk, "username": user.username, "role": role})
+
+    @extend_schema(
+        summary="Remove a member (project admins)", parameters=[USER_ID], responses={204: None, 409: CONFLICT}
+    )
+    @member.mapping.delete
+    def remove_member(self, request, pk=None, user_id=None):
+        project = self._manageable_project()
+        user = self._member(project, user_id)
+        with transaction.atomic():
+            self._keep_an_admin(project, user, None)
+            roles.set_role(project, user, None)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def _manageable_project(self) -> Project:
+        project = self.get_object()
+        require_project_perm(self.request.user, project.pk, "manage_members", "Only project admins manage members.")
+        return project
+
+    def _member(self, project: Project, user_id):
+        user = get_object_or_404(get_user_model(), pk=user_id)
+        if roles.role_of(project, user) is None:
+            raise exceptions.NotFound("No such member.")
+        return user
+
+    def _keep_an_admin(self, project: Project, user, role) -> None:
+        if roles.role_of(project, user) == "admin" and role != "admin" and not roles.admins_left(project, without=user):
+            raise Conflict("A project keeps at least one admin: make someone else admin first.")
+
+
+# --- Pool requests -------------------------------------------------------------------------------
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Pool requests of my projects"),
+    retrieve=extend_schema(summary="One pool request, with its transitions"),
+    create=extend_schema(
+        summary="Request GPU capacity (a draft, or submitted at once with submit=true)",
+        responses={201: serializers.PoolRequestDetailSerializer},
+    ),
+)
+class PoolRequestViewSet(
+    DomainErrorsAs409,
+    ProjectScopedQuerysetMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    queryset = PoolRequest.objects.select_related("project", "cluster", "requested_by", "approved_by", "pool")
+    serializer_class = serializers.PoolRequestSerializer
+    filterset_class = filters.PoolRequestFilter
+    ordering_fields = ["created_at", "id", "state", "start_at", "end_at"]
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        if self.action != "list":
+            transitions = PoolRequestTransition.objects.select_related("actor")
+            queryset = queryset.prefetch_related(Prefetch("transitions", queryset=transitions))
+        return queryset
+
+    def get_serializer_class(self):
+        if self.action == "list":
+            return serializers.PoolRequestSerializer
+        return serializers.PoolRequestDetailSerializer
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        created = serializer.save()
+        return Response(self._detail(created), status=status.HTTP_201_CREATED)
+
+    def _detail(self, obj: PoolRequest) -> dict:
+        fresh = self.get_queryset().get(pk=obj.pk)
+        return serializers.PoolRequestDetailSerializer(fresh, context=self.get_serializer_context()).data
+
+    def _requester_action(self, perm: str = "request_capacity") -> PoolRequest:
+        obj = self.get_object()
+        require_project_perm(self.request.user, obj.project_id, perm, "Your role in this project does not allow this.")
+        return obj
+
+    def _reason(self, serializer_class=serializers.ReasonSerializer) -> dict:
+        serializer = serializer_class(data=self.request.data)
+        serializer.is_valid(raise_exception=True)
+        return serializer.validated_data
+
+    @extend_schema(
+        summary="Submit a draft for approval",
+        request=serializers.ReasonSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def submit(self, request, pk=None):
+        obj = self._requester_action()
+        services.submit(obj, actor=request.user, reason=self._reason()["reason"])
+        return Response(self._detail(obj))
+
+    @extend_schema(
+        summary="Withdraw a draft or submitted request",
+        request=serializers.ReasonSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def withdraw(self, request, pk=None):
+        obj = self._requester_action()
+        services.withdraw(obj, actor=request.user, reason=self._reason()["reason"])
+        return Response(self._detail(obj))
+
+    @extend_schema(
+        summary="Approve (operators): take units, create the pool, start provisioning",
+        request=serializers.ApproveSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def approve(self, request, pk=None):
+        obj = self.get_object()
+        require_operator(request.user, "Only operators approve requests.")
+        data = self._reason(serializers.ApproveSerializer)
+        services.approve(obj, actor=request.user, reason=data["reason"], cluster=data.get("cluster"))
+        return Response(self._detail(obj))
+
+    @extend_schema(
+        summary="Reject (operators), with a reason",
+        request=serializers.RejectSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def reject(self, request, pk=None):
+        obj = self.get_object()
+        require_operator(request.user, "Only operators reject requests.")
+        services.reject(obj, actor=request.user, reason=self._reason(serializers.RejectSerializer)["reason"])
+        return Response(self._detail(obj))
+
+    @extend_schema(
+        summary="Release the capacity (operators and project admins): units freed, Kubernetes cleaned up",
+        request=serializers.ReasonSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def release(self, request, pk=None):
+        obj = self._requester_action("manage_members")
+        services.release(obj, actor=request.user, reason=self._reason()["reason"])
+        return Response(self._detail(obj))
+
+
+# --- Pools and allocations -----------------------------------------------------------------------
+
+
+@extend_schema_view(
+    list=extend_schema(summary="GPU pools of my projects, with their cards"),
+    retrieve=extend_schema(summary="One GPU pool and its card"),
+)
+class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
+    queryset = GpuPool.objects.select_related("project", "cluster", "request")
+    serializer_class = serializers.GpuPoolSerializer
+    filterset_class = filters.GpuPoolFilter
+    ordering_fields = ["created_at", "id", "name", "state"]
+
+    def get_queryset(self):
+        return super().get_queryset().with_card()
+
+    @extend_schema(
+        summary="Retry provisioning of a failed pool (operators)",
+        request=None,
+        responses={200: serializers.GpuPoolSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def retry(self, request, pk=None):
+        pool = self.get_object()
+        require_operator(request.user, "Only operators retry provisioning.")
+        services.retry_provisioning(pool, actor=request.user)
+        return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Units allocated to my projects' pools"),
+    retrieve=extend_schema(summary="One allocated unit"),
+)
+class AllocationViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
+    queryset = Allocation.objects.select_related("project", "pool", "gpu__node__cluster", "mig_instance")
+    serializer_class = serializers.AllocationSerializer
+    filterset_class = filters.AllocationFilter
+    ordering_fields = ["allocated_at", "id", "pool"]
+
+
+# --- API tokens ----------------------------------------------------------------------------------
+
+
+@extend_schema_view(
+    list=extend_schema(summary="My API tokens (never their keys)"),
+    retrieve=extend_schema(summary="One of my API tokens"),
+    create=extend_schema(
+        summary="Create an API token: the key is in this response only",
+        responses={201: serializers.NewApiTokenSerializer},
+    ),
+    destroy=extend_schema(summary="Revoke one of my API tokens"),
+)
+class ApiTokenViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Personal tokens: `Authorization: Bearer <key>`. Stored as SHA-256 digests; revoking keeps the row."""
+
+    queryset = ApiToken.objects.all()
+    serializer_class = serializers.ApiTokenSerializer
+    permission_classes = [IsAuthenticated]
+    filterset_class = None
+    ordering_fields = ["created_at", "id"]
+
+    def get_queryset(self):
+        return super().get_queryset().filter(user=self.request.user).order_by("-created_at", "-id")
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        token = serializer.save()
+        return Response(serializers.NewApiTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance: ApiToken) -> None:
+        services.revoke_token(instance)

@@ -1,0 +1,36 @@
+"""Domain errors of the pools workflow. The API maps them to HTTP statuses (pools/api/views.py)."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """A request the workflow refuses in its current state (HTTP 409)."""
+
+    def __init__(self, message: str, *, detail: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or {}
+
+
+class IllegalTransition(DomainError):
+    """The request is not in a state from which `to_state` may be reached."""
+
+    def __init__(self, request_id: int, from_state: str, to_state: str):
+        super().__init__(
+            f"Pool request #{request_id} is {from_state}; it cannot become {to_state}.",
+            detail={"state": from_state, "to_state": to_state},
+        )
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+class InsufficientCapacity(DomainError):
+    """Not enough free units on any one cluster; `detail` says what is missing and what would help."""
+
+
+class SpecError(ValueError):
+    """A request's declared needs cannot be mapped to a spec; `errors` maps field -> message."""
+
+    def __init__(self, errors: dict[str, str]):
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = errors

@@ -1,0 +1,374 @@
+"""The pool-request workflow: draft -> submitted -> approved -> provisioning -> active -> released.
+
+Every state change goes through `transition()`: one table of legal moves, a conditional UPDATE that
+must touch exactly one row (`filter(pk=..., state=OLD).update(state=NEW) == 1`), and one
+PoolRequestTransition row saying who, when and why. An illegal move raises IllegalTransition (409).
+
+Writes are atomic. Approval locks units as pools/units.py describes; nothing else takes row locks.
+Kubernetes work (provisioning, clean-up after release) is enqueued after commit and lives in
+pools/provisioning.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from capacity.models import Cluster, GpuCapacity, NodeCapacity
+
+from . import specs, units
+from .choices import PoolState, RequestState
+from .exceptions import DomainError, IllegalTransition, InsufficientCapacity
+from .models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition, Project
+
+logger = logging.getLogger(__name__)
+
+S = RequestState
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.DRAFT: frozenset({S.SUBMITTED, S.WITHDRAWN}),
+    S.SUBMITTED: frozenset({S.APPROVED, S.REJECTED, S.WITHDRAWN}),
+    S.APPROVED: frozenset({S.PROVISIONING}),
+    S.PROVISIONING: frozenset({S.ACTIVE, S.FAILED, S.RELEASED, S.EXPIRED}),
+    S.ACTIVE: frozenset({S.RELEASED, S.EXPIRED}),
+    S.FAILED: frozenset({S.PROVISIONING, S.RELEASED, S.EXPIRED}),
+    S.REJECTED: frozenset(),
+    S.WITHDRAWN: frozenset(),
+    S.RELEASED: frozenset(),
+    S.EXPIRED: frozenset(),
+}
+# How many times approval starts over when the unique constraints catch a unit taken concurrently.
+APPROVAL_ATTEMPTS = 3
+
+
+def is_legal(from_state: str, to_state: str) -> bool:
+    return to_state in TRANSITIONS.get(from_state, frozenset())
+
+
+def transition(request: PoolRequest, to_state: str, actor=None, reason: str = "", **fields) -> PoolRequest:
+    """Move `request` to `to_state`, recording who and why; extra `fields` are set in the same UPDATE.
+
+    Claims the move with a conditional UPDATE on the state it read, so two concurrent moves of one
+    request cannot both succeed. If the claim misses because the object was stale, the state is read
+    again and the move is tried from there when the table allows it (a release still releases a
+    request that became active meanwhile); otherwise IllegalTransition names the state it lost to.
+    Updates `request` in place and returns it.
+    """
+    now = timezone.now()
+    actor = _user(actor)
+    from_state = request.state
+    with transaction.atomic():
+        for _ in range(len(TRANSITIONS)):  # each miss means the state moved on: bounded by the states
+            if not is_legal(from_state, to_state):
+                raise IllegalTransition(request.pk, from_state, to_state)
+            claimed = PoolRequest.objects.filter(pk=request.pk, state=from_state).update(
+                state=to_state, state_reason=reason, updated_at=now, **fields
+            )
+            if claimed == 1:
+                break
+            from_state = PoolRequest.objects.filter(pk=request.pk).values_list("state", flat=True).first() or "gone"
+        else:
+            raise IllegalTransition(request.pk, from_state, to_state)
+        PoolRequestTransition.objects.create(
+            request=request, from_state=from_state, to_state=to_state, actor=actor, reason=reason, at=now
+        )
+    request.state, request.state_reason, request.updated_at = to_state, reason, now
+    for name, value in fields.items():
+        setattr(request, name, value)
+    return request
+
+
+# --- Creating and submitting ---------------------------------------------------------------------
+
+
+def inventory_products() -> set[str]:
+    """Every product name present in the fleet: catalog keys, NVML names and GFD names."""
+    present = GpuCapacity.objects.present()
+    names = set(present.exclude(catalog_product="").values_list("catalog_product", flat=True).distinct())
+    names |= set(present.values_list("product", flat=True).distinct())
+    names |= set(NodeCapacity.objects.present().exclude(gpu_product="").values_list("gpu_product", flat=True))
+    return names
+
+
+def fleet_mig_products() -> list[str]:
+    rows = GpuCapacity.objects.present().filter(mig_mode_current=True).exclude(catalog_product="")
+    return sorted(set(rows.values_list("catalog_product", flat=True).distinct()))
+
+
+def resolve_spec(**declared) -> specs.Spec:
+    """specs.resolve with the fleet's products filled in (two small queries)."""
+    return specs.resolve(inventory_products=inventory_products(), fleet_mig_products=fleet_mig_products(), **declared)
+
+
+def create_request(project: Project, *, actor, submit: bool = False, **values) -> PoolRequest:
+    """Create a draft request (and submit it at once when `submit`), recording the creation.
+
+    `values` are PoolRequest fields already resolved to a spec (see resolve_spec).
+    """
+    with transaction.atomic():
+        request = PoolRequest.objects.create(project=project, requested_by=_user(actor), **values)
+        if submit:
+            transition(request, S.SUBMITTED, actor, "submitted")
+    return request
+
+
+def submit(request: PoolRequest, *, actor, reason: str = "") -> PoolRequest:
+    return transition(request, S.SUBMITTED, actor, reason or "submitted")
+
+
+def withdraw(request: PoolRequest, *, actor, reason: str = "") -> PoolRequest:
+    return transition(request, S.WITHDRAWN, actor, reason or "withdrawn")
+
+
+def reject(request: PoolRequest, *, actor, reason: str) -> PoolRequest:
+    if not reason.strip():
+        raise DomainError("Give a reason for the rejection.", detail={"reason": "required"})
+    return transition(request, S.REJECTED, actor, reason)
+
+
+# --- Approval ------------------------------------------------------------------------------------
+
+
+def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster | None = None) -> GpuPool:
+    """Approve a submitted request: take its units, create the pool and its allocations, start provisioning.
+
+    One transaction: claim submitted -> approved (a conditional UPDATE, which also row-locks the
+    request), take units on one cluster (pools/units.py: SKIP LOCKED row locks on PostgreSQL), create
+    the GpuPool and one Allocation per unit, move on to provisioning, and enqueue provisioning on
+    commit. Billing starts here: approved_at and every allocated_at are the same instant.
+
+    `cluster` (or the request's own cluster) restricts where units may come from. Raises
+    IllegalTransition when the request is not submitted, DomainError when it has already ended, and
+    InsufficientCapacity (nothing written, nothing enqueued) when no one cluster has enough free units.
+    If a unique constraint on Allocation catches a unit taken concurrently, the whole approval
+    starts over, up to APPROVAL_ATTEMPTS times.
+    """
+    if request.end_at is not None and request.end_at <= timezone.now():
+        raise DomainError(f"Pool request #{request.pk} ended at {request.end_at:%Y-%m-%d %H:%M}; it cannot start now.")
+    if cluster is not None:
+        request.cluster = cluster
+    for attempt in range(1, APPROVAL_ATTEMPTS + 1):
+        try:
+            with transaction.atomic():
+                return _approve_once(request, actor=actor, reason=reason)
+        except IntegrityError:
+            _reload_state(request)
+            if attempt == APPROVAL_ATTEMPTS:
+                raise DomainError("Units were taken by concurrent approvals; try again.") from None
+            logger.info("approval of request %s collided on a unit; attempt %d", request.pk, attempt + 1)
+        except DomainError:
+            _reload_state(request)  # the transaction rolled back: so must the object
+            raise
+    raise AssertionError("unreachable")
+
+
+def _reload_state(request: PoolRequest) -> None:
+    request.refresh_from_db(fields=["state", "state_reason", "approved_at", "approved_by", "updated_at"])
+
+
+def _approve_once(request: PoolRequest, *, actor, reason: str) -> GpuPool:
+    now = timezone.now()
+    transition(request, S.APPROVED, actor, reason or "approved", approved_at=now, approved_by=_user(actor))
+    free = units.free_by_cluster(request)
+    taken: list[units.Unit] = []
+    for cluster_id in units.choose_clusters(free, request.count):
+        taken = units.take_units(request, cluster_id, request.count)
+        if len(taken) == request.count:
+            break
+        free[cluster_id] = len(taken)  # others hold the rest now
+        taken = []
+    if not taken:
+        message, detail = units.shortage(request, units.free_by_cluster(request))
+        raise InsufficientCapacity(message, detail=detail)
+    pool = GpuPool.objects.create(
+        project_id=request.project_id,
+        request=request,
+        cluster_id=taken[0].cluster_id,
+        name=request.name or f"pool-{request.pk}",
+        workload_type=request.workload_type,
+        tier=request.tier,
+        tags=[request.spec_label, *[t for t in request.tags if t != request.spec_label]],
+        created_at=now,
+    )
+    Allocation.objects.bulk_create(
+        Allocation(
+            pool=pool,
+            project_id=request.project_id,
+            kind=request.spec_kind,
+            gpu_id=u.gpu_id,
+            mig_instance_id=u.mig_instance_id,
+            replica=u.replica,
+            resource_name=u.resource_name,
+            product=u.product,
+            profile_name=u.profile_name,
+            compute_slices=u.compute_slices,
+            allocated_at=now,
+        )
+        for u in taken
+    )
+    transition(request, S.PROVISIONING, actor, f"{len(taken)} units on {pool.cluster.name}; provisioning")
+    enqueue_provisioning(pool)
+    return pool
+
+
+def _user(actor):
+    return actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+
+
+def enqueue_provisioning(pool: GpuPool) -> None:
+    from .tasks import provision_pool_task
+
+    provision_pool_task.delay_on_commit(pool.pk)
+
+
+def enqueue_deprovisioning(pool: GpuPool) -> None:
+    from .tasks import deprovision_pool_task
+
+    deprovision_pool_task.delay_on_commit(pool.pk)
+
+
+# --- Provisioning outcome, retry, release ----------------------------------------------------------
+
+
+def mark_provisioned(pool: GpuPool) -> bool:
+    """provisioning -> active for the pool and its request; False when the pool moved on meanwhile."""
+    with transaction.atomic():
+        now = timezone.now()
+        if (
+            GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING).update(
+                state=PoolState.ACTIVE, state_reason="", provisioned_at=now
+            )
+            != 1
+        ):
+            return False
+        request = PoolRequest.objects.get(pk=pool.request_id)
+        transition(request, S.ACTIVE, None, "provisioned in Kubernetes")
+    pool.state, pool.state_reason, pool.provisioned_at = PoolState.ACTIVE, "", now
+    return True
+
+
+def mark_failed(pool: GpuPool, reason: str) -> bool:
+    """provisioning -> failed for the pool and its request, with the reason; False if it moved on."""
+    reason = reason[:2000]
+    with transaction.atomic():
+        if (
+            GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING).update(
+                state=PoolState.FAILED, state_reason=reason
+            )
+            != 1
+        ):
+            return False
+        request = PoolRequest.objects.get(pk=pool.request_id)
+        transition(request, S.FAILED, None, reason)
+    pool.state, pool.state_reason = PoolState.FAILED, reason
+    return True
+
+
+def retry_provisioning(pool: GpuPool, *, actor, reason: str = "") -> GpuPool:
+    """failed -> provisioning again (pool and request) and enqueue provisioning on commit.
+
+    A pool still in provisioning (its task lost, say) is simply enqueued again: provisioning is
+    idempotent. Any other state raises IllegalTransition.
+    """
+    with transaction.atomic():
+        request = PoolRequest.objects.get(pk=pool.request_id)
+        if pool.state == PoolState.PROVISIONING and request.state == S.PROVISIONING:
+            enqueue_provisioning(pool)
+            return pool
+        transition(request, S.PROVISIONING, actor, reason or "retry provisioning")
+        if (
+            GpuPool.objects.filter(pk=pool.pk, state=PoolState.FAILED).update(
+                state=PoolState.PROVISIONING, state_reason=""
+            )
+            != 1
+        ):
+            raise IllegalTransition(request.pk, pool.state, S.PROVISIONING)
+        pool.state, pool.state_reason = PoolState.PROVISIONING, ""
+        enqueue_provisioning(pool)
+    return pool
+
+
+def release(request: PoolRequest, *, actor, reason: str = "", to_state: str = S.RELEASED) -> PoolRequest:
+    """Release (or expire) a request: its units are freed now, Kubernetes is cleaned up after commit.
+
+    One transaction: claim the request's move, mark its pool released and set released_at on every
+    active allocation (billing stops here), then enqueue the clean-up (quota removed or reduced,
+    node labels removed) on commit. Idempotent through the claim: a second call raises IllegalTransition.
+    """
+    with transaction.atomic():
+        now = timezone.now()
+        transition(request, to_state, actor, reason or to_state)
+        pool = GpuPool.objects.filter(request=request).first()
+        if pool is not None:
+            GpuPool.objects.filter(pk=pool.pk).update(state=PoolState.RELEASED, released_at=now, state_reason=reason)
+            Allocation.objects.filter(pool=pool, released_at__isnull=True).update(released_at=now)
+            enqueue_deprovisioning(pool)
+    return request
+
+
+# --- Expiry --------------------------------------------------------------------------------------
+
+
+def expire_due(*, now: dt.datetime | None = None, notice_s: int | None = None, limit: int = 500) -> dict[str, int]:
+    """Give notice to, then expire, requests whose end has come. Idempotent; safe to run concurrently.
+
+    A holding request whose end is within `notice_s` (settings.POOL_EXPIRY_NOTICE_S) gets a notice:
+    expiry_notice_at is claimed with a conditional UPDATE and an audit row (state unchanged, reason
+    "expiry notice") is written. It expires once its end has passed AND the notice is at least
+    `notice_s` old, so a project always gets the full notice, even after an outage of the beat.
+    """
+    now = now or timezone.now()
+    notice_s = settings.POOL_EXPIRY_NOTICE_S if notice_s is None else notice_s
+    notice = dt.timedelta(seconds=notice_s)
+    noticed = expired = 0
+    due = PoolRequest.objects.holding().filter(end_at__isnull=False, expiry_notice_at__isnull=True)
+    for request in due.filter(end_at__lte=now + notice).order_by("end_at", "pk")[:limit]:
+        with transaction.atomic():
+            if PoolRequest.objects.filter(pk=request.pk, expiry_notice_at__isnull=True).update(expiry_notice_at=now):
+                PoolRequestTransition.objects.create(
+                    request=request,
+                    from_state=request.state,
+                    to_state=request.state,
+                    reason=f"expiry notice: ends {request.end_at:%Y-%m-%d %H:%M} UTC; "
+                    f"released at {max(request.end_at, now + notice):%Y-%m-%d %H:%M} UTC at the earliest",
+                    at=now,
+                )
+                noticed += 1
+    ripe = PoolRequest.objects.holding().filter(end_at__lte=now, expiry_notice_at__lte=now - notice)
+    for request in ripe.order_by("end_at", "pk")[:limit]:
+        try:
+            release(
+                request, actor=None, reason=f"expired: ended {request.end_at:%Y-%m-%d %H:%M} UTC", to_state=S.EXPIRED
+            )
+            expired += 1
+        except IllegalTransition:
+            continue  # released, or expired by a concurrent run
+    return {"noticed": noticed, "expired": expired}
+
+
+def pools_awaiting_cleanup(*, older_than_s: int = 300):
+    """Released pools whose Kubernetes clean-up has not succeeded yet (for the periodic sweep)."""
+    cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
+    return GpuPool.objects.filter(released_at__lte=cutoff, deprovisioned_at__isnull=True)
+
+
+# --- API tokens ----------------------------------------------------------------------------------
+
+
+def revoke_token(token: ApiToken) -> bool:
+    """Revoke a token; False if it was revoked already (idempotent)."""
+    return ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
+
+
+def bump_attempts(pool: GpuPool, *, task_id: str = "") -> bool:
+    """Record a provisioning attempt on a pool still provisioning; False when there is nothing to do."""
+    return (
+        GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING).update(
+            attempts=F("attempts") + 1, last_attempt_at=timezone.now(), task_id=task_id[:64]
+        )
+        == 1
+    )

@@ -1,0 +1,46 @@
+"""Celery tasks of the pools app: thin, idempotent, ids in; the work is in services and provisioning."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from .choices import PoolState
+from .models import GpuPool
+
+# Clean-ups re-enqueued per beat run, so a long outage does not flood the queue at once.
+CLEANUP_BATCH = 200
+
+
+@shared_task(acks_late=True)
+def provision_pool_task(pool_id: int) -> str | None:
+    """Provision a pool in Kubernetes (namespace, quota, node labels); no-op unless it is provisioning."""
+    from .provisioning import provision_pool
+
+    pool = GpuPool.objects.select_related("project", "cluster").filter(pk=pool_id).first()
+    if pool is None or pool.state != PoolState.PROVISIONING:
+        return None
+    return provision_pool(pool, task_id=provision_pool_task.request.id or "")
+
+
+@shared_task(acks_late=True)
+def deprovision_pool_task(pool_id: int) -> bool | None:
+    """Remove a released pool's quota and node labels; no-op unless released and not yet cleaned up."""
+    from .provisioning import deprovision_pool
+
+    pool = GpuPool.objects.select_related("project", "cluster").filter(pk=pool_id).first()
+    if pool is None or pool.released_at is None or pool.deprovisioned_at is not None:
+        return None
+    return deprovision_pool(pool)
+
+
+@shared_task(acks_late=True)
+def expire_requests_task() -> dict[str, int]:
+    """Beat: give expiry notices, expire requests past their end, and retry failed clean-ups."""
+    from .services import expire_due, pools_awaiting_cleanup
+
+    result = expire_due()
+    stale = list(pools_awaiting_cleanup().order_by("pk").values_list("pk", flat=True)[:CLEANUP_BATCH])
+    for pool_id in stale:
+        deprovision_pool_task.delay(pool_id)
+    result["cleanups_enqueued"] = len(stale)
+    return result

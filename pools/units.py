@@ -1,0 +1,390 @@
+"""Free units and how approval takes them: MIG instances, full GPUs and time-slice replicas.
+
+A unit is free when it sits on a healthy, present GPU of a schedulable node, matches the request
+(kind, product, profile, tier, cluster), holds no active Allocation and runs no workload.
+
+Taking units (take_units) must run inside the approval's transaction. On PostgreSQL the candidate
+rows (MigInstance or GpuCapacity) are locked with SELECT ... FOR UPDATE SKIP LOCKED, in one order,
+so concurrent approvals step around each other's units without waiting (no deadlock is possible:
+nobody waits). After locking, allocations are read again in a fresh statement: under READ COMMITTED
+the locking query's own snapshot may predate an approval that committed just before the lock was
+granted. On SQLite the IMMEDIATE transaction serialises writers. The partial unique constraints on
+Allocation remain the last line of defence.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.db import connection
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce
+
+from capacity.choices import GpuHealth, SpecKind, Tier
+from capacity.mig.catalog import find_product
+from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
+
+from .models import Allocation, PoolRequest
+
+TIMESLICE_RESOURCE = "nvidia.com/gpu"
+FULL_RESOURCE = "nvidia.com/gpu"
+# Nodes in the middle of a MIG change: their instances may vanish under us.
+UNSETTLED_MIG_STATES = ("pending", "rebooting")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit to allocate, with what the Allocation row records about it."""
+
+    gpu_id: int
+    mig_instance_id: int | None
+    replica: int
+    resource_name: str
+    product: str
+    profile_name: str
+    compute_slices: int
+    node_name: str
+    cluster_id: int
+
+
+def _usable_gpu(prefix: str = "") -> Q:
+    """Healthy, present GPU on a present, ready, uncordoned node that is not mid MIG change."""
+    p = prefix
+    return Q(
+        **{
+            f"{p}lost_at__isnull": True,
+            f"{p}health__in": [GpuHealth.OK, GpuHealth.WARNING],
+            f"{p}node__gone_at__isnull": True,
+            f"{p}node__ready": True,
+            f"{p}node__cordoned": False,
+        }
+    ) & ~Q(**{f"{p}node__mig_config_state__in": UNSETTLED_MIG_STATES})
+
+
+def _product_q(product: str, prefix: str = "") -> Q:
+    if not product:
+        return Q()
+    return (
+        Q(**{f"{prefix}catalog_product": product})
+        | Q(**{f"{prefix}product": product})
+        | Q(**{f"{prefix}node__gpu_product": product})
+    )
+
+
+def _tier_q(request: PoolRequest, allowed: tuple[str, ...], prefix: str = "") -> Q:
+    """Nodes of the request's tier or one of `allowed`, and untiered nodes."""
+    tiers = {Tier.NONE, *allowed}
+    if request.tier:
+        tiers.add(request.tier)
+    return Q(**{f"{prefix}node__tier__in": sorted(tiers)})
+
+
+def mig_candidates(request: PoolRequest):
+    """Active MIG instances of the requested profile (and product) that are free."""
+    allocated = Allocation.objects.active().filter(mig_instance=OuterRef("pk"))
+    busy = WorkloadProfile.objects.running().filter(mig_instance=OuterRef("pk"))
+    queryset = MigInstance.objects.active().filter(
+        _usable_gpu("gpu__"),
+        _tier_q(request, (), "gpu__"),
+        gpu__mig_mode_current=True,
+        profile__name=request.profile_name,
+    )
+    if request.product:
+        queryset = queryset.filter(profile__product=request.product)
+    if request.cluster_id:
+        queryset = queryset.filter(gpu__node__cluster_id=request.cluster_id)
+    return queryset.filter(~Exists(allocated), ~Exists(busy))
+
+
+def full_candidates(request: PoolRequest):
+    """Non-MIG GPUs on nodes without time-slicing, of the training tier or untiered, that are free."""
+    allocated = Allocation.objects.active().filter(gpu=OuterRef("pk"))
+    busy = WorkloadProfile.objects.running().filter(gpu=OuterRef("pk"))
+    queryset = GpuCapacity.objects.filter(
+        _usable_gpu(),
+        _product_q(request.product),
+        Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
+        mig_mode_current=False,
+        mig_mode_pending=False,
+        node__timeslice_replicas__lte=1,
+    )
+    if request.cluster_id:
+        queryset = queryset.filter(node__cluster_id=request.cluster_id)
+    return queryset.filter(~Exists(allocated), ~Exists(busy))
+
+
+def timeslice_candidates(request: PoolRequest):
+    """Non-MIG GPUs on time-sliced nodes with at least one replica not held, annotated `free`."""
+    held = (
+        Allocation.objects.active()
+        .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
+        .order_by()
+        .values("gpu")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    queryset = GpuCapacity.objects.filter(
+        _usable_gpu(),
+        _product_q(request.product),
+        _tier_q(request, (Tier.DEVELOPMENT,)),
+        mig_mode_current=False,
+        node__timeslice_replicas__gt=1,
+    )
+    if request.cluster_id:
+        queryset = queryset.filter(node__cluster_id=request.cluster_id)
+    return queryset.annotate(free=F("node__timeslice_replicas") - Coalesce(Subquery(held), 0)).filter(free__gt=0)
+
+
+def free_by_cluster(request: PoolRequest) -> dict[int, int]:
+    """Free units per cluster id, for the request's spec."""
+    if request.spec_kind == SpecKind.MIG:
+        rows = mig_candidates(request).values("gpu__node__cluster").annotate(n=Count("pk"))
+        return {r["gpu__node__cluster"]: r["n"] for r in rows.order_by()}
+    if request.spec_kind == SpecKind.FULL:
+        rows = full_candidates(request).values("node__cluster").annotate(n=Count("pk"))
+        return {r["node__cluster"]: r["n"] for r in rows.order_by()}
+    rows = timeslice_candidates(request).values("node__cluster").annotate(n=Sum("free"))
+    return {r["node__cluster"]: r["n"] for r in rows.order_by()}
+
+
+def choose_clusters(free: dict[int, int], need: int) -> list[int]:
+    """Clusters able to hold the whole request, best fit first (the fewest spare units, then id).
+
+    Best fit keeps the large free blocks of other clusters for large requests.
+    """
+    return sorted((c for c, n in free.items() if n >= need), key=lambda c: (free[c], c))
+
+
+def _lock(queryset):
+    if connection.features.has_select_for_update_skip_locked:
+        return queryset.select_for_update(skip_locked=True, of=("self",))
+    return queryset
+
+
+def take_units(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
+    """Lock and return up to `need` free units of one cluster (fewer if others hold the rest).
+
+    Call inside the approval's transaction; see the module docstring for the locking contract.
+    Units are taken in (node, GPU, placement) order, so a pool packs onto few GPUs and nodes.
+    """
+    if request.spec_kind == SpecKind.MIG:
+        return _take_mig(request, cluster_id, need)
+    if request.spec_kind == SpecKind.FULL:
+        return _take_full(request, cluster_id, need)
+    return _take_timeslice(request, cluster_id, need)
+
+
+def _take_mig(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
+    base = mig_candidates(request).filter(gpu__node__cluster_id=cluster_id)
+    taken: list[Unit] = []
+    seen: list[int] = []
+    while len(taken) < need:
+        batch = list(
+            _lock(base.exclude(pk__in=seen))
+            .select_related("profile", "gpu__node")
+            .order_by("gpu__node_id", "gpu_id", "placement_start")[: need - len(taken)]
+        )
+        if not batch:
+            break
+        ids = [i.pk for i in batch]
+        seen.extend(ids)
+        held = set(
+            Allocation.objects.active().filter(mig_instance_id__in=ids).values_list("mig_instance_id", flat=True)
+        )
+        for instance in batch:
+            if instance.pk in held:
+                continue
+            taken.append(
+                Unit(
+                    gpu_id=instance.gpu_id,
+                    mig_instance_id=instance.pk,
+                    replica=0,
+                    resource_name=instance.profile.resource_name,
+                    product=instance.profile.product,
+                    profile_name=instance.profile.name,
+                    compute_slices=instance.profile.compute_slices,
+                    node_name=instance.gpu.node.name,
+                    cluster_id=cluster_id,
+                )
+            )
+    return taken
+
+
+def _gpu_product(gpu: GpuCapacity) -> str:
+    return (gpu.catalog_product or gpu.product)[:32]
+
+
+def _full_slices(gpu: GpuCapacity) -> int:
+    product = find_product(gpu.catalog_product or gpu.product)
+    return product.compute_slices if product else 7
+
+
+def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
+    base = full_candidates(request).filter(node__cluster_id=cluster_id)
+    taken: list[Unit] = []
+    seen: list[int] = []
+    while len(taken) < need:
+        batch = list(
+            _lock(base.exclude(pk__in=seen)).select_related("node").order_by("node_id", "index")[: need - len(taken)]
+        )
+        if not batch:
+            break
+        ids = [g.pk for g in batch]
+        seen.extend(ids)
+        held = set(Allocation.objects.active().filter(gpu_id__in=ids).values_list("gpu_id", flat=True))
+        taken.extend(
+            Unit(g.pk, None, 0, FULL_RESOURCE, _gpu_product(g), "", _full_slices(g), g.node.name, cluster_id)
+            for g in batch
+            if g.pk not in held
+        )
+    return taken
+
+
+def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
+    base = timeslice_candidates(request).filter(node__cluster_id=cluster_id)
+    taken: list[Unit] = []
+    seen: list[int] = []
+    while len(taken) < need:
+        batch = list(_lock(base.exclude(pk__in=seen)).select_related("node").order_by("node_id", "index")[:need])
+        if not batch:
+            break
+        ids = [g.pk for g in batch]
+        seen.extend(ids)
+        held: dict[int, set[int]] = defaultdict(set)
+        rows = Allocation.objects.active().filter(gpu_id__in=ids, mig_instance__isnull=True)
+        for gpu_id, replica in rows.values_list("gpu_id", "replica"):
+            held[gpu_id].add(replica)
+        for gpu in batch:
+            replicas = gpu.node.timeslice_replicas
+            weight = max(1, round(_full_slices(gpu) / replicas))
+            for replica in range(replicas):
+                if len(taken) == need:
+                    break
+                if replica not in held[gpu.pk]:
+                    taken.append(
+                        Unit(
+                            gpu.pk,
+                            None,
+                            replica,
+                            TIMESLICE_RESOURCE,
+                            _gpu_product(gpu),
+                            "",
+                            weight,
+                            gpu.node.name,
+                            cluster_id,
+                        )
+                    )
+    return taken
+
+
+# --- Explaining a shortage ----------------------------------------------------------------------
+
+
+def shortage(request: PoolRequest, free: dict[int, int]) -> tuple[str, dict]:
+    """What is missing, as a sentence and as data: "need 4 x H100-80GB 3g.40gb, 1 free" plus, for
+    MIG, whether reconfiguring idle MIG GPUs (capacity.mig.planner.plan_onto_gpus) would make room."""
+    names = dict(Cluster.objects.filter(pk__in=free).values_list("pk", "name"))
+    best = max(free, key=lambda c: (free[c], -c)) if free else None
+    best_free = free.get(best, 0) if best is not None else 0
+    total = sum(free.values())
+    what = f"{request.count} x {unit_label(request)}"
+    if len(free) > 1:
+        message = f"need {what} on one cluster, at most {best_free} free on one ({names[best]}), {total} free in all"
+    else:
+        message = f"need {what}, {best_free} free"
+    detail: dict = {
+        "need": request.count,
+        "spec": unit_label(request),
+        "free": best_free,
+        "free_by_cluster": {names[c]: n for c, n in sorted(free.items(), key=lambda kv: names[kv[0]])},
+        "reconfiguration": None,
+    }
+    if request.spec_kind == SpecKind.MIG:
+        hint = reconfiguration_hint(request, free)
+        detail["reconfiguration"] = hint
+        if hint is None:
+            message += "; no MIG reconfiguration of idle GPUs would make room"
+        else:
+            gpus = ", ".join(hint["gpus"])
+            message += (
+                f"; reconfiguring GPUs {gpus} on {hint['cluster']} would free {hint['would_free']}"
+                f" more ({hint['available_after']} available)"
+            )
+    return message, detail
+
+
+def unit_label(request: PoolRequest) -> str:
+    product = request.product or "any GPU"
+    if request.spec_kind == SpecKind.MIG:
+        return f"{request.product} {request.profile_name}".strip()
+    if request.spec_kind == SpecKind.TIMESLICE:
+        return f"{product} time-slice replica"
+    return f"{product} full GPU"
+
+
+def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | None:
+    """The best single-cluster MIG reconfiguration that would meet the request, or the one that gets closest.
+
+    Allocated instances and instances with running workloads stay where they are; only the layout
+    of the remaining slices may change. Returns None when no reconfiguration adds a unit.
+    """
+    from capacity.mig.planner import GpuState, plan_onto_gpus
+
+    gpus = GpuCapacity.objects.filter(_usable_gpu(), _tier_q(request, ()), mig_mode_current=True)
+    if request.product:
+        gpus = gpus.filter(catalog_product=request.product)
+    else:
+        gpus = gpus.filter(catalog_product__in=_products_with_profile(request.profile_name))
+    if request.cluster_id:
+        gpus = gpus.filter(node__cluster_id=request.cluster_id)
+    rows = list(gpus.select_related("node__cluster").order_by("node__cluster_id", "node_id", "index"))
+    if not rows:
+        return None
+    instances: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    pinned: dict[int, set[int]] = defaultdict(set)
+    active = MigInstance.objects.active().filter(gpu__in=[g.pk for g in rows])
+    in_use = Q(Exists(Allocation.objects.active().filter(mig_instance=OuterRef("pk")))) | Q(
+        Exists(WorkloadProfile.objects.running().filter(mig_instance=OuterRef("pk")))
+    )
+    for gpu_id, name, start, used in active.annotate(used=in_use).values_list(
+        "gpu_id", "profile__name", "placement_start", "used"
+    ):
+        instances[gpu_id].append((name, start))
+        if used:
+            pinned[gpu_id].add(start)
+    groups: dict[tuple[int, str], list[GpuCapacity]] = defaultdict(list)
+    for gpu in rows:
+        groups[(gpu.node.cluster_id, gpu.catalog_product)].append(gpu)
+    best = None
+    for (cluster_id, product), members in groups.items():
+        states = [GpuState(g.uuid, tuple(instances[g.pk]), frozenset(pinned[g.pk])) for g in members]
+        try:
+            plan = plan_onto_gpus(product, states, {request.profile_name: request.count})
+        except (ValueError, KeyError):  # an inventory the catalog cannot place: no advice from it
+            continue
+        met = sum(plan.met.values())
+        now = free.get(cluster_id, 0)
+        if met <= now:
+            continue
+        touched = [c.gpu for c in plan.changes if c.touched]
+        key = (met >= request.count, met, -len(touched))
+        if best is None or key > best[0]:
+            best = (
+                key,
+                {
+                    "cluster": members[0].node.cluster.name,
+                    "product": product,
+                    "gpus": touched,
+                    "would_free": met - now,
+                    "available_after": met,
+                    "meets_request": met >= request.count,
+                },
+            )
+    return None if best is None else best[1]
+
+
+def _products_with_profile(profile_name: str) -> list[str]:
+    from capacity.mig.catalog import PRODUCTS
+
+    return [key for key, product in PRODUCTS.items() if profile_name in product.by_name]
