@@ -1,1 +1,473 @@
-"""Monitoring: metric samples, rollups and health events (models come with the monitoring issue)."""
+"""Monitoring: metric series and samples, rollups, health events, idle reservations, share violations.
+
+Storage is shaped for a fleet of tens of thousands of GPUs and MIG instances polled every 30 s:
+- `Series` gives each GPU and each MIG instance a 4-byte id;
+- `Sample` is one narrow row per (series, ts), no surrogate key, no foreign-key constraint (the
+  ingest path does not pay a referential check per row), 4-byte floats, NULL = unavailable;
+- `Rollup5m` / `Rollup1h` hold avg/min/max per series per bucket, upserted idempotently.
+See docs/monitoring.md for the byte budget and retention.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from capacity.choices import SpecKind
+
+from .choices import HealthLevel, HealthRule, IdleProposal, IdleState, MetricSource, RollupLevel, ShareState
+
+
+class RealField(models.FloatField):
+    """A 4-byte float (PostgreSQL `real`): a gauge needs ~7 significant digits, not 15."""
+
+    def db_type(self, connection):
+        return "real"
+
+
+def _allocations_of(user):
+    """Allocations (any time) of the projects `user` may view, as a queryset usable in subqueries."""
+    from pools.models import Allocation
+    from pools.roles import projects_for
+
+    return Allocation.objects.filter(project__in=projects_for(user).values("pk"))
+
+
+class SeriesQuerySet(models.QuerySet):
+    def gpus(self):
+        return self.filter(mig_instance__isnull=True)
+
+    def mig_instances(self):
+        return self.filter(mig_instance__isnull=False)
+
+    def visible_to(self, user):
+        """Series of the partitions `user`'s projects hold or held: their MIG instances and full GPUs.
+
+        Time-sliced GPUs are shared between projects, so their GPU-level series are operator-only.
+        Points outside the allocation windows are removed by the readers (monitoring/readers.py).
+        """
+        from pools.roles import is_operator
+
+        if is_operator(user):
+            return self
+        allocations = _allocations_of(user)
+        return self.filter(
+            Q(mig_instance__in=allocations.filter(kind=SpecKind.MIG).values("mig_instance"))
+            | Q(mig_instance__isnull=True, gpu__in=allocations.filter(kind=SpecKind.FULL).values("gpu"))
+        )
+
+
+class Series(models.Model):
+    """A GPU (mig_instance empty) or one MIG instance of it: what a Sample row is keyed by."""
+
+    id = models.AutoField(primary_key=True)
+    gpu = models.ForeignKey("capacity.GpuCapacity", on_delete=models.CASCADE, related_name="metric_series")
+    mig_instance = models.ForeignKey(
+        "capacity.MigInstance", null=True, blank=True, on_delete=models.CASCADE, related_name="metric_series"
+    )
+    mem_total_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory of the GPU or instance.")
+    source = models.CharField(max_length=8, choices=MetricSource, default=MetricSource.NVML)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = SeriesQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name = "metric series"
+        verbose_name_plural = "metric series"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(mig_instance__isnull=True), name="monitoring_series_unique_gpu"
+            ),
+            models.UniqueConstraint(
+                fields=["mig_instance"],
+                condition=Q(mig_instance__isnull=False),
+                name="monitoring_series_unique_mig_instance",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.mig_instance_id:
+            return f"MIG {self.mig_instance.uuid}"
+        return f"GPU {self.gpu.uuid}"
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig_instance_id is not None
+
+
+class Sample(models.Model):
+    """One reading of one series. NULL means "not available on this GPU/source", never zero.
+
+    Column order is the on-disk order: 8-byte columns first, then 4, 2, 1 so PostgreSQL adds no
+    alignment padding. A MIG row (ts, series, sm_active, mem_used) is ~60 bytes with its line pointer.
+    """
+
+    pk = models.CompositePrimaryKey("series", "ts")
+    ts = models.DateTimeField()
+    energy_mj = models.BigIntegerField(null=True, help_text="Energy counter since driver load, mJ.")
+    series = models.ForeignKey(
+        Series, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    power_w = RealField(null=True)
+    sm_active = RealField(null=True, help_text="SM activity, percent (GPM SM_UTIL or DCGM PROF_SM_ACTIVE).")
+    mem_used_mib = models.IntegerField(null=True)
+    ecc_sbe_vol = models.IntegerField(null=True, help_text="Corrected (single-bit) ECC errors, volatile.")
+    ecc_dbe_vol = models.IntegerField(null=True, help_text="Uncorrected (double-bit) ECC errors, volatile.")
+    ecc_sbe_agg = models.IntegerField(null=True, help_text="Corrected ECC errors, aggregate (lifetime).")
+    ecc_dbe_agg = models.IntegerField(null=True, help_text="Uncorrected ECC errors, aggregate (lifetime).")
+    throttle = models.IntegerField(null=True, help_text="NVML clocks-event (throttle) reason bitmask.")
+    gpu_util = models.SmallIntegerField(null=True, help_text="NVML utilisation.gpu, percent.")
+    temp_c = models.SmallIntegerField(null=True)
+    retired_pages = models.SmallIntegerField(null=True)
+    remap_corr = models.SmallIntegerField(null=True, help_text="Rows remapped for correctable errors.")
+    remap_unc = models.SmallIntegerField(null=True, help_text="Rows remapped for uncorrectable errors.")
+    xid = models.SmallIntegerField(null=True, help_text="XID seen since the previous sample (0 = none).")
+    remap_pending = models.BooleanField(null=True)
+    remap_failure = models.BooleanField(null=True)
+
+    class Meta:
+        ordering = ["series", "ts"]
+        # Besides the primary key (series_id, ts), PostgreSQL gets a BRIN index on ts (migration 0002).
+
+    def __str__(self) -> str:
+        return f"series {self.series_id} @ {self.ts:%Y-%m-%d %H:%M:%S}"
+
+
+# The metric columns of Sample as the ingest path writes them, in table order.
+SAMPLE_COLUMNS: tuple[str, ...] = (
+    "ts",
+    "energy_mj",
+    "series_id",
+    "power_w",
+    "sm_active",
+    "mem_used_mib",
+    "ecc_sbe_vol",
+    "ecc_dbe_vol",
+    "ecc_sbe_agg",
+    "ecc_dbe_agg",
+    "throttle",
+    "gpu_util",
+    "temp_c",
+    "retired_pages",
+    "remap_corr",
+    "remap_unc",
+    "xid",
+    "remap_pending",
+    "remap_failure",
+)
+# PostgreSQL types of those columns, for binary COPY.
+SAMPLE_PG_TYPES: tuple[str, ...] = (
+    "timestamptz",
+    "int8",
+    "int4",
+    "float4",
+    "float4",
+    "int4",
+    "int4",
+    "int4",
+    "int4",
+    "int4",
+    "int4",
+    "int2",
+    "int2",
+    "int2",
+    "int2",
+    "int2",
+    "int2",
+    "bool",
+    "bool",
+)
+
+
+class Rollup(models.Model):
+    """avg/min/max of the gauges of one series over one bucket; `samples` weighs the averages."""
+
+    series = models.ForeignKey(
+        Series, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    bucket = models.DateTimeField()
+    samples = models.IntegerField()
+    power_w_avg = RealField(null=True)
+    power_w_min = RealField(null=True)
+    power_w_max = RealField(null=True)
+    sm_active_avg = RealField(null=True)
+    sm_active_min = RealField(null=True)
+    sm_active_max = RealField(null=True)
+    gpu_util_avg = RealField(null=True)
+    gpu_util_min = RealField(null=True)
+    gpu_util_max = RealField(null=True)
+    mem_used_mib_avg = RealField(null=True)
+    mem_used_mib_min = models.IntegerField(null=True)
+    mem_used_mib_max = models.IntegerField(null=True)
+    temp_c_avg = RealField(null=True)
+    temp_c_min = models.SmallIntegerField(null=True)
+    temp_c_max = models.SmallIntegerField(null=True)
+    energy_mj_min = models.BigIntegerField(null=True)
+    energy_mj_max = models.BigIntegerField(null=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["series", "bucket"]
+
+    def __str__(self) -> str:
+        return f"series {self.series_id} @ {self.bucket:%Y-%m-%d %H:%M}"
+
+
+class Rollup5m(Rollup):
+    pk = models.CompositePrimaryKey("series", "bucket")
+
+    class Meta(Rollup.Meta):
+        verbose_name = "5-minute rollup"
+
+
+class Rollup1h(Rollup):
+    pk = models.CompositePrimaryKey("series", "bucket")
+
+    class Meta(Rollup.Meta):
+        verbose_name = "hourly rollup"
+
+
+class RollupRun(models.Model):
+    """Progress of the rollup job per level: buckets before `complete_until` are final (readers trust them)."""
+
+    level = models.CharField(max_length=4, choices=RollupLevel, primary_key=True)
+    complete_until = models.DateTimeField(null=True, blank=True)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_finished_at = models.DateTimeField(null=True, blank=True)
+    last_duration_s = models.FloatField(null=True, blank=True)
+    last_rows = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["level"]
+
+    def __str__(self) -> str:
+        return f"{self.level} rollups complete until {self.complete_until}"
+
+
+class MaintenanceRun(models.Model):
+    """One run of a periodic monitoring job (rollup, retention, idle scan): status, timing, counts, error."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    job = models.CharField(max_length=32)
+    status = models.CharField(max_length=16, choices=Status, default=Status.RUNNING)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["job", "-started_at"], name="monitoring_maint_job_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.job} @ {self.started_at:%Y-%m-%d %H:%M:%S} ({self.status})"
+
+
+class Collector(models.Model):
+    """One metrics source and how its last collection went: a node agent (NVML) or a DCGM exporter URL."""
+
+    cluster = models.ForeignKey("capacity.Cluster", on_delete=models.CASCADE, related_name="metric_collectors")
+    node = models.ForeignKey(
+        "capacity.NodeCapacity", null=True, blank=True, on_delete=models.CASCADE, related_name="metric_collectors"
+    )
+    source = models.CharField(max_length=8, choices=MetricSource)
+    target = models.CharField(max_length=500, help_text="Node name (NVML) or exporter URL (DCGM).")
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_samples = models.PositiveIntegerField(default=0)
+    last_duration_ms = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["cluster_id", "source", "target"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "source", "target"], name="monitoring_collector_unique_cluster_source_target"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_source_display()} {self.target}"
+
+    @property
+    def ok(self) -> bool:
+        return not self.last_error
+
+
+class HealthEventQuerySet(models.QuerySet):
+    def open(self):
+        return self.filter(resolved_at__isnull=True)
+
+    def critical(self):
+        return self.filter(level=HealthLevel.CRITICAL)
+
+    def visible_to(self, user):
+        """Events a user may see: operators all; a project sees events on the units it held while they were open.
+
+        A GPU-level event (no MIG instance) concerns every project holding any unit on that GPU; a
+        MIG-level event only the project holding that instance. One EXISTS subquery, no JOIN fan-out.
+        """
+        from pools.roles import is_operator
+
+        if is_operator(user):
+            return self
+        overlapping = _allocations_of(user).filter(
+            Q(released_at__isnull=True) | Q(released_at__gte=OuterRef("opened_at")),
+            allocated_at__lte=OuterRef("last_seen_at"),
+        )
+        gpu_level = overlapping.filter(gpu_id=OuterRef("gpu_id"))
+        mig_level = overlapping.filter(mig_instance_id=OuterRef("mig_instance_id"))
+        return self.alias(_gpu_held=Exists(gpu_level), _mig_held=Exists(mig_level)).filter(
+            Q(mig_instance__isnull=True, _gpu_held=True) | Q(mig_instance__isnull=False, _mig_held=True)
+        )
+
+
+class HealthEvent(models.Model):
+    """A health problem of a GPU or MIG instance: which unit, which rule, since when, until when.
+
+    At most one open event per (gpu, mig_instance, rule): repeated observations bump `last_seen_at`
+    and `occurrences` on the open row. Resolution sets `resolved_at`; a later recurrence opens a new row.
+    """
+
+    gpu = models.ForeignKey("capacity.GpuCapacity", on_delete=models.CASCADE, related_name="health_events")
+    mig_instance = models.ForeignKey(
+        "capacity.MigInstance", null=True, blank=True, on_delete=models.CASCADE, related_name="health_events"
+    )
+    rule = models.CharField(max_length=24, choices=HealthRule)
+    level = models.CharField(max_length=10, choices=HealthLevel)
+    source = models.CharField(max_length=8, choices=MetricSource, default=MetricSource.NVML)
+    value = models.BigIntegerField(null=True, blank=True, help_text="Rule-specific: XID code, error count...")
+    message = models.CharField(max_length=300, blank=True)
+    opened_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    occurrences = models.PositiveIntegerField(default=1)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resolution = models.CharField(max_length=200, blank=True)
+
+    objects = HealthEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu", "rule"],
+                condition=Q(resolved_at__isnull=True, mig_instance__isnull=True),
+                name="monitoring_healthevent_unique_open_gpu_rule",
+            ),
+            models.UniqueConstraint(
+                fields=["mig_instance", "rule"],
+                condition=Q(resolved_at__isnull=True, mig_instance__isnull=False),
+                name="monitoring_healthevent_unique_open_mig_rule",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["gpu", "resolved_at"], name="monitoring_health_gpu_open"),
+            models.Index(fields=["-opened_at"], name="monitoring_health_recent"),
+        ]
+
+    def __str__(self) -> str:
+        unit = f" MIG {self.mig_instance_id}" if self.mig_instance_id else ""
+        return f"{self.get_level_display()} {self.get_rule_display()} on GPU {self.gpu_id}{unit}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.resolved_at is None
+
+
+class IdleReservationQuerySet(models.QuerySet):
+    def open(self):
+        return self.filter(state=IdleState.OPEN)
+
+    def visible_to(self, user):
+        from pools.roles import is_operator, projects_for
+
+        if is_operator(user):
+            return self
+        return self.filter(allocation__project__in=projects_for(user).values("pk"))
+
+
+class IdleReservation(models.Model):
+    """An active allocation whose partition stayed idle over the window, with a release/downsize proposal."""
+
+    allocation = models.ForeignKey("pools.Allocation", on_delete=models.CASCADE, related_name="idle_flags")
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    sm_active_avg = models.FloatField(help_text="Average SM activity over the window, percent.")
+    sm_active_max = models.FloatField(null=True, blank=True)
+    mem_used_max_mib = models.IntegerField(null=True, blank=True)
+    coverage = models.FloatField(help_text="Share of the window covered by samples (0-1).")
+    proposal = models.CharField(max_length=10, choices=IdleProposal)
+    suggested_profile = models.CharField(max_length=32, blank=True)
+    state = models.CharField(max_length=10, choices=IdleState, default=IdleState.OPEN, editable=False)
+    detected_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    objects = IdleReservationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-detected_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["allocation"], condition=Q(state="open"), name="monitoring_idlereservation_unique_open"
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "-detected_at"], name="monitoring_idle_state")]
+
+    def __str__(self) -> str:
+        return f"allocation {self.allocation_id}: {self.sm_active_avg:.1f}% SM -> {self.proposal}"
+
+
+class ShareViolation(models.Model):
+    """A pod on a time-sliced GPU using far more memory than its share (total / replicas x factor).
+
+    Open until the pod is back within its share or gone (resolved_at); meanwhile it may be evicted
+    (MONITORING_EVICT_OVER_SHARE). One unresolved row per (gpu, pod).
+    """
+
+    gpu = models.ForeignKey("capacity.GpuCapacity", on_delete=models.CASCADE, related_name="share_violations")
+    workload = models.ForeignKey(
+        "capacity.WorkloadProfile", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    project = models.ForeignKey("pools.Project", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    namespace = models.CharField(max_length=63)
+    pod_name = models.CharField(max_length=253)
+    pod_uid = models.CharField(max_length=64)
+    used_mib = models.PositiveIntegerField()
+    share_mib = models.PositiveIntegerField()
+    replicas = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=16, choices=ShareState, default=ShareState.OPEN, editable=False)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    evicted_at = models.DateTimeField(null=True, blank=True)
+    eviction_attempted_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-first_seen_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu", "pod_uid"],
+                condition=Q(resolved_at__isnull=True),
+                name="monitoring_shareviolation_unique_open",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod_name}: {self.used_mib} MiB > share {self.share_mib} MiB"

@@ -1,3 +1,12 @@
 """REST routes of the monitoring app, registered on the shared router (gpuaas/api.py)."""
 
+from gpuaas.api import router
+
+from . import views
+
+router.register("monitoring/series", views.SeriesViewSet, basename="metric-series")
+router.register("monitoring/pools", views.PoolUtilisationViewSet, basename="pool-utilisation")
+router.register("monitoring/health-events", views.HealthEventViewSet, basename="health-event")
+router.register("monitoring/idle-reservations", views.IdleReservationViewSet, basename="idle-reservation")
+
 urlpatterns: list = []

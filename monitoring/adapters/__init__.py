@@ -1,0 +1,1 @@
+"""Adapters of the monitoring app: one module per outside system (Prometheus text)."""

@@ -1,0 +1,440 @@
+"""Reading metrics back: time series at a step, aggregates over a window, latest values, pool summaries.
+
+Step "raw" reads samples; "5m" and "1h" read rollups for the buckets the rollup job has finished
+(RollupRun.complete_until) and aggregate raw samples on the fly for the rest, so a chart is never
+stale by a rollup period. `auto` picks raw up to 2 h, 5m up to 3 days, 1h beyond.
+
+Visibility is the caller's business for the series (SeriesQuerySet.visible_to); `windows` limits
+points to the periods a project held the unit (allocation windows), so a MIG instance that changed
+hands never shows the previous holder's figures.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.db.models import Avg, Count, F, FloatField, Max, Q, Sum
+from django.db.models.functions import Cast
+
+from capacity.choices import SpecKind
+
+from .choices import RollupLevel
+from .models import SAMPLE_COLUMNS, Rollup1h, Rollup5m, RollupRun, Sample, Series
+from .services.rollups import BUCKET, GAUGES, floor
+
+STEPS = ("raw", "5m", "1h")
+_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
+METRICS = GAUGES  # power_w, sm_active, gpu_util, mem_used_mib, temp_c
+AGGREGATES = ("avg", "max", "min")
+Window = tuple[datetime, datetime | None]
+
+
+def auto_step(start: datetime, end: datetime) -> str:
+    span = end - start
+    if span <= timedelta(hours=2):
+        return "raw"
+    if span <= timedelta(days=3):
+        return "5m"
+    return "1h"
+
+
+def _complete_until(level: str) -> datetime | None:
+    return RollupRun.objects.filter(level=level).values_list("complete_until", flat=True).first()
+
+
+def _inside(ts: datetime, windows: list[Window], size: timedelta) -> bool:
+    """Whether the point at `ts` covering `size` (0 for a raw sample) lies wholly inside a window.
+
+    A bucket that straddles a hand-over would mix two holders' figures: it is left out.
+    """
+    for start, end in windows:
+        if ts < start:
+            continue
+        if end is None or (ts + size <= end if size else ts < end):
+            return True
+    return False
+
+
+def series_points(
+    series_ids: list[int],
+    start: datetime,
+    end: datetime,
+    *,
+    step: str,
+    aggregate: str = "avg",
+    metrics: tuple[str, ...] = METRICS,
+    windows: dict[int, list[Window]] | None = None,
+) -> dict[int, list[dict]]:
+    """series id -> [{"ts": ..., metric: value, ...}] in time order. `aggregate` picks avg/max/min of rollups."""
+    if step == "raw":
+        points = _raw_points(series_ids, start, end, metrics)
+    else:
+        points = _bucket_points(series_ids, start, end, step, aggregate, metrics)
+    if windows is not None:
+        size = BUCKET[step] if step != "raw" else timedelta(0)
+        points = {
+            sid: [p for p in rows if _inside(p["ts"], windows.get(sid, []), size)] for sid, rows in points.items()
+        }
+    return points
+
+
+def _raw_points(series_ids, start, end, metrics) -> dict[int, list[dict]]:
+    result: dict[int, list[dict]] = {sid: [] for sid in series_ids}
+    rows = (
+        Sample.objects.filter(series_id__in=series_ids, ts__gte=start, ts__lt=end)
+        .order_by("series_id", "ts")
+        .values_list("series_id", "ts", *metrics)
+    )
+    for sid, ts, *values in rows:
+        result[sid].append({"ts": ts, **dict(zip(metrics, values, strict=True))})
+    return result
+
+
+def _bucket_points(series_ids, start, end, step, aggregate, metrics) -> dict[int, list[dict]]:
+    size = BUCKET[step]
+    start = floor(start, size)
+    model = Rollup5m if step == RollupLevel.FIVE_MINUTES else Rollup1h
+    done = _complete_until(step)
+    rolled_end = min(end, done) if done else start
+    result: dict[int, list[dict]] = {sid: [] for sid in series_ids}
+    if rolled_end > start:
+        columns = [f"{m}_{aggregate}" for m in metrics]
+        rows = (
+            model.objects.filter(series_id__in=series_ids, bucket__gte=start, bucket__lt=rolled_end)
+            .order_by("series_id", "bucket")
+            .values_list("series_id", "bucket", *columns)
+        )
+        for sid, bucket, *values in rows:
+            result[sid].append({"ts": bucket, **dict(zip(metrics, values, strict=True))})
+    tail_start = max(start, rolled_end)
+    if tail_start < end:
+        for sid, points in _raw_buckets(series_ids, tail_start, end, size, aggregate, metrics).items():
+            result[sid].extend(points)
+    return result
+
+
+def _raw_buckets(series_ids, start, end, size, aggregate, metrics) -> dict[int, list[dict]]:
+    """Aggregate raw samples into buckets (the part the rollup job has not finished yet)."""
+    if connection.vendor == "postgresql":
+        return _raw_buckets_sql(series_ids, start, end, size, aggregate, metrics)
+    grouped: dict[tuple[int, datetime], list] = defaultdict(list)
+    rows = Sample.objects.filter(series_id__in=series_ids, ts__gte=start, ts__lt=end).values_list(
+        "series_id", "ts", *metrics
+    )
+    for sid, ts, *values in rows:
+        grouped[(sid, floor(ts, size))].append(values)
+    pick = {"avg": lambda v: sum(v) / len(v), "max": max, "min": min}[aggregate]
+    result: dict[int, list[dict]] = defaultdict(list)
+    for (sid, bucket), rows_ in sorted(grouped.items()):
+        point = {"ts": bucket}
+        for i, metric in enumerate(metrics):
+            values = [r[i] for r in rows_ if r[i] is not None]
+            point[metric] = pick(values) if values else None
+        result[sid].append(point)
+    return result
+
+
+def _raw_buckets_sql(series_ids, start, end, size, aggregate, metrics) -> dict[int, list[dict]]:
+    columns = ", ".join(f"{aggregate}({m})" for m in metrics)
+    result: dict[int, list[dict]] = defaultdict(list)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT series_id, date_bin(%s, ts, %s), {columns} FROM {Sample._meta.db_table} "
+            "WHERE series_id = ANY(%s) AND ts >= %s AND ts < %s GROUP BY 1, 2 ORDER BY 1, 2",
+            [size, _ORIGIN, list(series_ids), start, end],
+        )
+        for sid, bucket, *values in cursor.fetchall():
+            result[sid].append({"ts": bucket, **{m: _number(v) for m, v in zip(metrics, values, strict=True)}})
+    return result
+
+
+def _number(value):
+    """avg() of an integer column comes back as Decimal: make it a float."""
+    return float(value) if value is not None and not isinstance(value, int | float) else value
+
+
+@dataclass(slots=True)
+class Stats:
+    """Aggregates of one series over a window. None = no value available (not zero)."""
+
+    samples: int = 0
+    sm_active_avg: float | None = None
+    sm_active_max: float | None = None
+    gpu_util_avg: float | None = None
+    mem_used_max: int | None = None
+    power_w_avg: float | None = None
+
+    def coverage(self, window: timedelta, interval_s: int) -> float:
+        expected = max(1, int(window.total_seconds() // interval_s))
+        return min(1.0, self.samples / expected)
+
+
+# Above this many ids a query is split: PostgreSQL takes at most 65,535 parameters per statement.
+CHUNK = 5000
+
+
+def _chunks(ids: list) -> list[list]:
+    return [ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK)]
+
+
+def window_stats(series_ids: list[int], start: datetime, end: datetime) -> dict[int, Stats]:
+    """Aggregates per series over [start, end): finished 5-minute rollups plus raw samples after them."""
+    if len(series_ids) > CHUNK:
+        result: dict[int, Stats] = {}
+        for chunk in _chunks(series_ids):
+            result.update(window_stats(chunk, start, end))
+        return result
+    done = _complete_until(RollupLevel.FIVE_MINUTES)
+    split = max(start, min(end, done)) if done else start
+    acc: dict[int, dict] = defaultdict(lambda: defaultdict(float))
+
+    def add(sid, n, sm_n, sm_avg, sm_max, util_n, util_avg, mem_max, power_n, power_avg):
+        a = acc[sid]
+        a["n"] += n or 0
+        for key, count, avg in (("sm", sm_n, sm_avg), ("util", util_n, util_avg), ("power", power_n, power_avg)):
+            if avg is not None and count:
+                a[f"{key}_sum"] += avg * count
+                a[f"{key}_n"] += count
+        if sm_max is not None:
+            a["sm_max"] = max(a.get("sm_max", sm_max), sm_max)
+        if mem_max is not None:
+            a["mem_max"] = max(a.get("mem_max", mem_max), mem_max)
+
+    if split > start:
+        rollups = (
+            Rollup5m.objects.filter(series_id__in=series_ids, bucket__gte=floor(start, BUCKET["5m"]), bucket__lt=split)
+            .values("series_id")
+            .annotate(
+                n=Sum("samples"),
+                sm_n=_counted("sm_active_avg"),
+                sm_w=_weighted("sm_active_avg"),
+                sm_max=Max("sm_active_max"),
+                util_n=_counted("gpu_util_avg"),
+                util_w=_weighted("gpu_util_avg"),
+                mem_max=Max("mem_used_mib_max"),
+                power_n=_counted("power_w_avg"),
+                power_w=_weighted("power_w_avg"),
+            )
+            .order_by("series_id")
+        )
+        for r in rollups:
+            add(
+                r["series_id"],
+                r["n"],
+                r["sm_n"],
+                r["sm_w"] / r["sm_n"] if r["sm_n"] else None,
+                r["sm_max"],
+                r["util_n"],
+                r["util_w"] / r["util_n"] if r["util_n"] else None,
+                r["mem_max"],
+                r["power_n"],
+                r["power_w"] / r["power_n"] if r["power_n"] else None,
+            )
+    if split < end:
+        raw = (
+            Sample.objects.filter(series_id__in=series_ids, ts__gte=split, ts__lt=end)
+            .values("series_id")
+            .annotate(
+                n=Count("ts"),
+                sm_n=Count("sm_active"),
+                sm_avg=Avg("sm_active"),
+                sm_max=Max("sm_active"),
+                util_n=Count("gpu_util"),
+                util_avg=Avg("gpu_util"),
+                mem_max=Max("mem_used_mib"),
+                power_n=Count("power_w"),
+                power_avg=Avg("power_w"),
+            )
+            .order_by("series_id")
+        )
+        for r in raw:
+            add(
+                r["series_id"],
+                r["n"],
+                r["sm_n"],
+                r["sm_avg"],
+                r["sm_max"],
+                r["util_n"],
+                r["util_avg"],
+                r["mem_max"],
+                r["power_n"],
+                r["power_avg"],
+            )
+    result = {}
+    for sid in series_ids:
+        a = acc.get(sid)
+        if not a:
+            result[sid] = Stats()
+            continue
+        result[sid] = Stats(
+            samples=int(a["n"]),
+            sm_active_avg=a["sm_sum"] / a["sm_n"] if a.get("sm_n") else None,
+            sm_active_max=a.get("sm_max"),
+            gpu_util_avg=a["util_sum"] / a["util_n"] if a.get("util_n") else None,
+            mem_used_max=int(a["mem_max"]) if a.get("mem_max") is not None else None,
+            power_w_avg=a["power_sum"] / a["power_n"] if a.get("power_n") else None,
+        )
+    return result
+
+
+def _counted(field: str):
+    """Samples behind the rollup rows where `field` is present: the denominator of a weighted average."""
+    return Sum("samples", filter=Q(**{f"{field}__isnull": False}))
+
+
+def _weighted(field: str):
+    """sum(avg x samples) over rollup rows where `field` is present: the numerator of a weighted average."""
+    return Sum(Cast(F(field), FloatField()) * F("samples"), filter=Q(**{f"{field}__isnull": False}))
+
+
+def latest_samples(series_ids: list[int], *, since: datetime) -> dict[int, Sample]:
+    """The newest sample of each series since `since` (one index probe per series on PostgreSQL)."""
+    if not series_ids:
+        return {}
+    if connection.vendor == "postgresql":
+        columns = ", ".join(f"s.{c}" for c in SAMPLE_COLUMNS)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {columns} FROM unnest(%s::int[]) AS ids(id) CROSS JOIN LATERAL "
+                f"(SELECT * FROM {Sample._meta.db_table} WHERE series_id = ids.id AND ts >= %s "
+                "ORDER BY ts DESC LIMIT 1) s",
+                [list(series_ids), since],
+            )
+            rows = [Sample(**dict(zip(SAMPLE_COLUMNS, row, strict=True))) for row in cursor.fetchall()]
+        return {row.series_id: row for row in rows}
+    newest = (
+        Sample.objects.filter(series_id__in=series_ids, ts__gte=since)
+        .values("series_id")
+        .annotate(ts=Max("ts"))
+        .values_list("series_id", "ts")
+    )
+    keys = Q()
+    for sid, ts in newest:
+        keys |= Q(series_id=sid, ts=ts)
+    if not keys:
+        return {}
+    return {row.series_id: row for row in Sample.objects.filter(keys)}
+
+
+def allocation_series(allocations) -> dict[int, int]:
+    """allocation id -> series id, for MIG and full-GPU allocations (time-slice units have no own series)."""
+    allocations = list(allocations)
+    mig_ids = [a.mig_instance_id for a in allocations if a.kind == SpecKind.MIG and a.mig_instance_id]
+    gpu_ids = [a.gpu_id for a in allocations if a.kind == SpecKind.FULL]
+    by_mig, by_gpu = {}, {}
+    for chunk in _chunks(mig_ids):
+        by_mig.update(Series.objects.filter(mig_instance_id__in=chunk).values_list("mig_instance_id", "id"))
+    for chunk in _chunks(gpu_ids):
+        by_gpu.update(Series.objects.filter(gpu_id__in=chunk, mig_instance__isnull=True).values_list("gpu_id", "id"))
+    result = {}
+    for a in allocations:
+        sid = by_mig.get(a.mig_instance_id) if a.kind == SpecKind.MIG else by_gpu.get(a.gpu_id)
+        if a.kind in (SpecKind.MIG, SpecKind.FULL) and sid is not None:
+            result[a.pk] = sid
+    return result
+
+
+def pool_utilisation(pool, start: datetime, end: datetime, *, step: str) -> dict:
+    """A pool's SM activity over time: per step, the compute-slice-weighted average of its units.
+
+    Units are the pool's allocations that overlap the range, each counted only inside its own
+    allocation window. Also returns the range average and the units behind it. On PostgreSQL the
+    weighting happens in SQL (one row per step comes back); elsewhere in Python.
+    """
+    from pools.models import Allocation
+
+    allocations = list(
+        Allocation.objects.filter(pool=pool, allocated_at__lt=end)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+        .order_by("pk")
+    )
+    series = allocation_series(allocations)
+    units = [
+        (series[a.pk], a.compute_slices or 1, a.allocated_at, a.released_at) for a in allocations if a.pk in series
+    ]
+    if connection.vendor == "postgresql":
+        steps = _pool_steps_sql(units, start, end, step)
+    else:
+        steps = _pool_steps_python(units, start, end, step)
+    weighted = sum(avg * weight for _, avg, _, weight in steps)
+    slices = sum(weight for *_, weight in steps)
+    return {
+        "units": sum(1 for a in allocations if a.released_at is None),
+        "measured_units": len({sid for sid, *_ in units}),
+        "sm_active_avg": weighted / slices if slices else None,
+        "points": [{"ts": ts, "sm_active": avg, "units": n} for ts, avg, n, _ in steps],
+    }
+
+
+def _pool_steps_python(units, start, end, step) -> list[tuple[datetime, float, int, float]]:
+    weights = {sid: w for sid, w, _, _ in units}
+    windows: dict[int, list[Window]] = defaultdict(list)
+    for sid, _, held_from, held_until in units:
+        windows[sid].append((held_from, held_until))
+    points = series_points(list(weights), start, end, step=step, metrics=("sm_active",), windows=windows)
+    by_ts: dict[datetime, list[tuple[float, int]]] = defaultdict(list)
+    for sid, rows in points.items():
+        for p in rows:
+            if p["sm_active"] is not None:
+                by_ts[p["ts"]].append((p["sm_active"], weights[sid]))
+    return [
+        (ts, sum(v * w for v, w in vals) / sum(w for _, w in vals), len(vals), float(sum(w for _, w in vals)))
+        for ts, vals in sorted(by_ts.items())
+    ]
+
+
+_UNITS_CTE = (
+    "WITH u (series_id, w, held_from, held_until) AS "
+    "(SELECT * FROM unnest(%s::int[], %s::int[], %s::timestamptz[], %s::timestamptz[]))"
+)
+
+
+def _pool_steps_sql(units, start, end, step) -> list[tuple[datetime, float, int, float]]:
+    """(ts, weighted avg, units, weight) per step: finished rollups, then raw samples binned in SQL."""
+    if not units:
+        return []
+    params = [[u[0] for u in units], [u[1] for u in units], [u[2] for u in units], [u[3] for u in units]]
+    rows: list[tuple] = []
+    with connection.cursor() as cursor:
+        if step == "raw":
+            cursor.execute(
+                f"{_UNITS_CTE} SELECT s.ts, sum(s.sm_active * u.w) / sum(u.w), count(*), sum(u.w) "
+                f"FROM {Sample._meta.db_table} s JOIN u ON s.series_id = u.series_id "
+                "WHERE s.ts >= %s AND s.ts < %s AND s.ts >= u.held_from "
+                "AND (u.held_until IS NULL OR s.ts < u.held_until) AND s.sm_active IS NOT NULL "
+                "GROUP BY s.ts ORDER BY s.ts",
+                [*params, start, end],
+            )
+            return [(ts, float(avg), n, float(w)) for ts, avg, n, w in cursor.fetchall()]
+        size = BUCKET[step]
+        start = floor(start, size)
+        done = _complete_until(step)
+        rolled_end = min(end, done) if done else start
+        if rolled_end > start:
+            table = (Rollup5m if step == RollupLevel.FIVE_MINUTES else Rollup1h)._meta.db_table
+            cursor.execute(
+                f"{_UNITS_CTE} SELECT r.bucket, sum(r.sm_active_avg * u.w) / sum(u.w), count(*), sum(u.w) "
+                f"FROM {table} r JOIN u ON r.series_id = u.series_id "
+                "WHERE r.bucket >= %s AND r.bucket < %s AND r.bucket >= u.held_from "
+                "AND (u.held_until IS NULL OR r.bucket + %s <= u.held_until) AND r.sm_active_avg IS NOT NULL "
+                "GROUP BY r.bucket ORDER BY r.bucket",
+                [*params, start, rolled_end, size],
+            )
+            rows += cursor.fetchall()
+        tail = max(start, rolled_end)
+        if tail < end:
+            cursor.execute(
+                f"{_UNITS_CTE}, per_unit AS ("
+                f"SELECT date_bin(%s, s.ts, %s) AS bucket, avg(s.sm_active) AS v, u.w "
+                f"FROM {Sample._meta.db_table} s JOIN u ON s.series_id = u.series_id "
+                "WHERE s.ts >= %s AND s.ts < %s AND s.ts >= u.held_from "
+                "AND (u.held_until IS NULL OR s.ts < u.held_until) AND s.sm_active IS NOT NULL "
+                "GROUP BY 1, s.series_id, u.w) "
+                "SELECT bucket, sum(v * w) / sum(w), count(*), sum(w) FROM per_unit GROUP BY bucket ORDER BY bucket",
+                [*params, size, _ORIGIN, tail, end],
+            )
+            rows += cursor.fetchall()
+    return [(ts, float(avg), n, float(w)) for ts, avg, n, w in rows]

@@ -1,0 +1,375 @@
+"""Collection: node agents read NVML, DCGM exporters are scraped; both become the same sample rows.
+
+One source per cluster: a cluster with `dcgm_exporter_url` is scraped (its exporter is the agent),
+every other cluster is polled node by node through NVML (poll_node_metrics_task on the node's
+queue). Either way a poll:
+1. maps readings to our rows (GPU by UUID, MIG instance by UUID or by parent GPU + GI id);
+2. writes one sample per GPU and per MIG instance at the poll's slot time (insert-or-ignore, so a
+   retried poll writes nothing twice);
+3. evaluates the health rules (monitoring/health.py) on every GPU and MIG instance;
+4. checks time-sliced GPUs for pods far above their memory share (services/timeslice.py);
+5. records how it went on the Collector row (admin: "Metric collectors").
+
+Readings NVML or DCGM do not give (NotSupported, not exported) are NULL, never zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from capacity.adapters import kubernetes as kube
+from capacity.adapters import nvml
+from capacity.choices import MigInstanceState
+from capacity.mig.catalog import find_product
+from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+from monitoring import dcgm
+from monitoring import health as rules
+from monitoring.adapters import prometheus
+from monitoring.choices import MetricSource
+from monitoring.models import Collector, Series
+
+from .health import HealthOutcome, UnitHealth, apply_health
+from .ingest import ingest_samples, sample_row, series_ids, slot
+
+logger = logging.getLogger(__name__)
+
+GPU_COLUMNS = (
+    "power_w",
+    "energy_mj",
+    "temp_c",
+    "mem_used_mib",
+    "gpu_util",
+    "sm_active",
+    "ecc_sbe_vol",
+    "ecc_dbe_vol",
+    "ecc_sbe_agg",
+    "ecc_dbe_agg",
+    "retired_pages",
+    "remap_corr",
+    "remap_unc",
+    "remap_pending",
+    "remap_failure",
+    "throttle",
+    "xid",
+)
+
+
+@dataclass(slots=True)
+class UnitSample:
+    """One unit's values for one poll, before it has a series id."""
+
+    gpu_id: int
+    mig_instance_id: int | None
+    values: dict
+    mem_total_mib: int | None = None
+
+
+@dataclass(slots=True)
+class CollectResult:
+    samples: int = 0
+    gpus: int = 0
+    mig_instances: int = 0
+    lost: int = 0
+    unknown: list[str] = field(default_factory=list)
+    error: str = ""
+    health: HealthOutcome = field(default_factory=HealthOutcome)
+    share_violations: int = 0
+
+    def summary(self) -> dict:
+        return {
+            "samples": self.samples,
+            "gpus": self.gpus,
+            "mig_instances": self.mig_instances,
+            "lost": self.lost,
+            "unknown": self.unknown[:20],
+            "error": self.error,
+            "events_opened": len(self.health.opened),
+            "events_resolved": len(self.health.resolved),
+            "share_violations": self.share_violations,
+        }
+
+
+def poll_slot(at: datetime | None = None) -> datetime:
+    """The sample time of a poll: now floored to METRICS_INTERVAL_S."""
+    return slot(at or timezone.now(), settings.METRICS_INTERVAL_S)
+
+
+# --- NVML (node agent) ---------------------------------------------------------------------------
+
+
+def poll_node(node_id: int, *, at: datetime | None = None) -> CollectResult | None:
+    """The node agent's poll: read this node's NVML and record it. None if the node is gone."""
+    node = NodeCapacity.objects.select_related("cluster").filter(pk=node_id, gone_at__isnull=True).first()
+    if node is None:
+        return None
+    ts = poll_slot(at)
+    started = time.monotonic()
+    try:
+        readings = nvml.node_metrics(
+            kube.api_url_for(node.cluster), node.name, gpm_interval_s=settings.MONITORING_GPM_INTERVAL_MS / 1000
+        )
+    except nvml.NvmlError as exc:
+        result = CollectResult(error=str(exc))
+        _record_collector(node.cluster, node, MetricSource.NVML, node.name, result, started)
+        return result
+    result = record_nvml(node, readings, ts=ts)
+    _record_collector(node.cluster, node, MetricSource.NVML, node.name, result, started)
+    return result
+
+
+def record_nvml(node: NodeCapacity, readings: list[nvml.GpuMetrics], *, ts: datetime) -> CollectResult:
+    """Write one NVML poll of `node` (samples, health events, share checks) at slot time `ts`."""
+    from .timeslice import check_shares
+
+    result = CollectResult()
+    gpus = list(GpuCapacity.objects.filter(node=node, lost_at__isnull=True))
+    by_uuid = {g.uuid: g for g in gpus}
+    by_index = {g.index: g for g in gpus}
+    instances = list(MigInstance.objects.active().filter(gpu__node=node).select_related("profile"))
+    mig_by_uuid = {m.uuid: m for m in instances}
+    mig_by_gi = {(m.gpu_id, m.gi_id): m for m in instances if m.gi_id is not None}
+
+    samples: list[UnitSample] = []
+    health: list[UnitHealth] = []
+    shared: list[tuple[GpuCapacity, nvml.GpuMetrics]] = []
+    for r in readings:
+        gpu = by_uuid.get(r.uuid) if r.uuid else by_index.get(r.index)
+        if gpu is None:
+            result.unknown.append(r.uuid or f"{node.name}#{r.index}")
+            continue
+        if r.lost:
+            result.lost += 1
+            health.append(UnitHealth(gpu.pk, None, rules.Reading(lost=True, xids=_codes(r.xids, None))))
+            continue
+        result.gpus += 1
+        values = {name: getattr(r, attr) for name, attr in _NVML_GPU_FIELDS}
+        gpu_xids = _codes(r.xids, None)
+        values["xid"] = _xid_column(gpu_xids)
+        unit_slices: list[tuple[float | None, int]] = []
+        for m in r.mig:
+            instance = mig_by_uuid.get(m.uuid) or mig_by_gi.get((gpu.pk, m.gpu_instance_id))
+            if instance is None:
+                result.unknown.append(m.uuid)
+                continue
+            result.mig_instances += 1
+            mig_xids = _codes(r.xids, m.gpu_instance_id)
+            samples.append(
+                UnitSample(
+                    gpu.pk,
+                    instance.pk,
+                    {"sm_active": m.sm_active, "mem_used_mib": m.memory_used_mib, "xid": _xid_column(mig_xids) or None},
+                    m.memory_total_mib,
+                )
+            )
+            health.append(UnitHealth(gpu.pk, instance.pk, rules.Reading(xids=mig_xids)))
+            unit_slices.append((m.sm_active, instance.profile.compute_slices))
+        if values["sm_active"] is None and r.mig_enabled:
+            values["sm_active"] = _derived_sm_active(gpu, unit_slices, expected=len(r.mig))
+        samples.append(UnitSample(gpu.pk, None, values, r.memory_total_mib))
+        health.append(
+            UnitHealth(
+                gpu.pk,
+                None,
+                rules.Reading(
+                    ecc_dbe_vol=r.ecc_dbe_vol,
+                    remap_pending=r.remap_pending,
+                    remap_failure=r.remap_failure,
+                    throttle=r.throttle,
+                    xids=gpu_xids,
+                ),
+            )
+        )
+        if not r.mig_enabled and node.timeslice_replicas > 1:
+            shared.append((gpu, r))
+
+    result.samples = write_samples(samples, ts=ts, source=MetricSource.NVML)
+    result.health = apply_health(health, at=ts, source=MetricSource.NVML)
+    if shared:
+        result.share_violations = check_shares(node, shared, at=ts)
+    return result
+
+
+_NVML_GPU_FIELDS = (
+    ("power_w", "power_w"),
+    ("energy_mj", "energy_mj"),
+    ("temp_c", "temperature_c"),
+    ("mem_used_mib", "memory_used_mib"),
+    ("gpu_util", "gpu_util"),
+    ("sm_active", "sm_active"),
+    ("ecc_sbe_vol", "ecc_sbe_vol"),
+    ("ecc_dbe_vol", "ecc_dbe_vol"),
+    ("ecc_sbe_agg", "ecc_sbe_agg"),
+    ("ecc_dbe_agg", "ecc_dbe_agg"),
+    ("retired_pages", "retired_pages"),
+    ("remap_corr", "remap_corr"),
+    ("remap_unc", "remap_unc"),
+    ("remap_pending", "remap_pending"),
+    ("remap_failure", "remap_failure"),
+    ("throttle", "throttle"),
+)
+
+
+def _codes(xids: list[nvml.XidEvent] | None, gi_id: int | None) -> list[int] | None:
+    """XID codes of the GPU itself (gi_id None) or of one GPU instance; None when XIDs are unavailable."""
+    if xids is None:
+        return None
+    return [x.code for x in xids if x.gpu_instance_id == gi_id]
+
+
+def _xid_column(codes: list[int] | None) -> int | None:
+    """What the sample's xid column keeps: the most severe code seen this poll, 0 for none."""
+    if codes is None:
+        return None
+    if not codes:
+        return 0
+    critical = [c for c in codes if c in settings.MONITORING_XID_CRITICAL]
+    return (critical or codes)[-1]
+
+
+def _derived_sm_active(gpu: GpuCapacity, units: list[tuple[float | None, int]], expected: int) -> float | None:
+    """SM activity of a MIG-enabled GPU from its instances, weighted by compute slices (free slices idle).
+
+    Only when all `expected` instances have a value: a partial picture would under-report the GPU.
+    """
+    product = find_product(gpu.catalog_product or gpu.product)
+    if product is None or not units or len(units) != expected or any(value is None for value, _ in units):
+        return None
+    return sum(value * slices for value, slices in units) / product.compute_slices
+
+
+def write_samples(samples: list[UnitSample], *, ts: datetime, source: str) -> int:
+    """Series ids, one bulk insert-or-ignore, memory totals kept on the series; rows offered."""
+    if not samples:
+        return 0
+    ids = series_ids((s.gpu_id, s.mig_instance_id) for s in samples)
+    rows = [sample_row(ids[(s.gpu_id, s.mig_instance_id)], ts, s.values) for s in samples]
+    rows.sort(key=lambda row: row[2])  # series_id order: index inserts walk the btree once
+    ingest_samples(rows)
+    _update_series(ids, samples, source)
+    return len(rows)
+
+
+def _update_series(ids: dict, samples: list[UnitSample], source: str) -> None:
+    wanted = {ids[(s.gpu_id, s.mig_instance_id)]: s.mem_total_mib for s in samples}
+    stale = [
+        Series(id=pk, mem_total_mib=wanted[pk] if wanted[pk] is not None else total, source=source)
+        for pk, total, was in Series.objects.filter(pk__in=wanted).values_list("id", "mem_total_mib", "source")
+        if (wanted[pk] is not None and wanted[pk] != total) or was != source
+    ]
+    if stale:
+        Series.objects.bulk_update(stale, ["mem_total_mib", "source"])
+
+
+def _record_collector(
+    cluster: Cluster, node: NodeCapacity | None, source: str, target: str, result: CollectResult, started: float
+) -> None:
+    now = timezone.now()
+    values = {
+        "node": node,
+        "last_attempt_at": now,
+        "last_samples": result.samples,
+        "last_duration_ms": int((time.monotonic() - started) * 1000),
+        "last_error": result.error[:2000],
+    }
+    if not result.error:
+        values["last_success_at"] = now
+    Collector.objects.update_or_create(cluster=cluster, source=source, target=target[:500], defaults=values)
+
+
+# --- DCGM exporter --------------------------------------------------------------------------------
+
+
+def exporter_urls(cluster: Cluster) -> list[str]:
+    return [url.strip() for url in cluster.dcgm_exporter_url.split(",") if url.strip()]
+
+
+def scrape_cluster(cluster_id: int, *, at: datetime | None = None, fetch=prometheus.fetch) -> CollectResult | None:
+    """Scrape every DCGM exporter URL of a cluster and record the readings. None if the cluster is gone."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None or not cluster.dcgm_exporter_url:
+        return None
+    ts = poll_slot(at)
+    units: list[dcgm.DcgmUnit] = []
+    errors = []
+    for url in exporter_urls(cluster):
+        started = time.monotonic()
+        try:
+            samples = prometheus.parse(fetch(url, timeout_s=settings.MONITORING_DCGM_TIMEOUT_S))
+        except prometheus.ScrapeError as exc:
+            errors.append(str(exc))
+            _record_collector(cluster, None, MetricSource.DCGM, url, CollectResult(error=str(exc)), started)
+            continue
+        found = dcgm.readings(samples)
+        units.extend(found)
+        _record_collector(cluster, None, MetricSource.DCGM, url, CollectResult(samples=len(found)), started)
+    result = record_dcgm(cluster, units, ts=ts)
+    result.error = "; ".join(errors)
+    return result
+
+
+def record_dcgm(cluster: Cluster, units: list[dcgm.DcgmUnit], *, ts: datetime) -> CollectResult:
+    """Write one scrape of a cluster's exporters: samples and health, like an NVML poll."""
+    result = CollectResult()
+    uuids = {u.gpu_uuid for u in units}
+    gpus = {
+        g.uuid: g
+        for g in GpuCapacity.objects.filter(uuid__in=uuids, node__cluster=cluster, lost_at__isnull=True).select_related(
+            "node"
+        )
+    }
+    instances = {
+        (m.gpu_id, m.gi_id): m
+        for m in MigInstance.objects.filter(gpu__in=gpus.values(), state=MigInstanceState.ACTIVE).select_related(
+            "profile"
+        )
+    }
+    samples: list[UnitSample] = []
+    health: list[UnitHealth] = []
+    gpu_units: dict[int, UnitSample] = {}
+    slices: dict[int, list[tuple[float | None, int]]] = {}
+    for unit in units:
+        gpu = gpus.get(unit.gpu_uuid)
+        if gpu is None:
+            result.unknown.append(unit.gpu_uuid)
+            continue
+        values = dict(unit.values)
+        xid = values.get("xid")
+        reading = rules.Reading(
+            ecc_dbe_vol=values.get("ecc_dbe_vol"),
+            remap_failure=values.get("remap_failure"),
+            throttle=values.get("throttle"),
+            xids=None if xid is None else ([xid] if xid else []),
+        )
+        if unit.gi_id is None:
+            result.gpus += 1
+            sample = UnitSample(gpu.pk, None, {k: v for k, v in values.items() if k in GPU_COLUMNS}, unit.mem_total_mib)
+            gpu_units[gpu.pk] = sample
+            samples.append(sample)
+            health.append(UnitHealth(gpu.pk, None, reading))
+            continue
+        instance = instances.get((gpu.pk, unit.gi_id))
+        if instance is None:
+            result.unknown.append(f"{unit.gpu_uuid}/GI {unit.gi_id}")
+            continue
+        result.mig_instances += 1
+        mig_values = {k: values[k] for k in ("sm_active", "mem_used_mib") if k in values}
+        samples.append(UnitSample(gpu.pk, instance.pk, mig_values, instance.profile.memory_mib))
+        slices.setdefault(gpu.pk, []).append((values.get("sm_active"), instance.profile.compute_slices))
+        health.append(UnitHealth(gpu.pk, instance.pk, rules.Reading(xids=reading.xids)))
+    per_gpu = Counter(gpu_id for gpu_id, _ in instances)
+    for gpu_id, sample in gpu_units.items():
+        if sample.values.get("sm_active") is None and gpu_id in slices:
+            gpu = next(g for g in gpus.values() if g.pk == gpu_id)
+            sample.values["sm_active"] = _derived_sm_active(gpu, slices[gpu_id], expected=per_gpu[gpu_id])
+    with transaction.atomic():
+        result.samples = write_samples(samples, ts=ts, source=MetricSource.DCGM)
+        result.health = apply_health(health, at=ts, source=MetricSource.DCGM)
+    return result

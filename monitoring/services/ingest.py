@@ -1,0 +1,127 @@
+"""Writing samples: series ids for units, and bulk insert-or-ignore of sample rows.
+
+A sample row is a tuple in `SAMPLE_COLUMNS` order (monitoring/models.py); `sample_row()` builds one.
+Duplicate and late samples are harmless: (series_id, ts) is the primary key and every path
+ignores a row whose key exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+from psycopg import errors as pg_errors
+
+from monitoring.models import SAMPLE_COLUMNS, SAMPLE_PG_TYPES, Sample, Series
+
+_COLUMNS_SQL = ", ".join(SAMPLE_COLUMNS)
+_STAGE = "monitoring_sample_stage"
+_INDEX = {name: i for i, name in enumerate(SAMPLE_COLUMNS)}
+_INT_LIMITS = {"int2": 32767, "int4": 2147483647}
+
+
+def slot(at: datetime, period_s: int) -> datetime:
+    """`at` floored to a multiple of the poll period: a retried poll writes the same keys again."""
+    epoch = int(at.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % period_s, tz=UTC)
+
+
+def sample_row(series_id: int, ts: datetime, values: dict) -> tuple:
+    """A row tuple from column values; missing columns are None (unavailable). Counters are clamped."""
+    row = [None] * len(SAMPLE_COLUMNS)
+    row[_INDEX["series_id"]] = series_id
+    row[_INDEX["ts"]] = ts
+    for name, value in values.items():
+        i = _INDEX[name]
+        limit = _INT_LIMITS.get(SAMPLE_PG_TYPES[i])
+        if limit is not None and value is not None:
+            value = max(-limit, min(limit, int(value)))
+        row[i] = value
+    return tuple(row)
+
+
+def series_ids(units: Iterable[tuple[int, int | None]]) -> dict[tuple[int, int | None], int]:
+    """Series id of each (gpu_id, mig_instance_id), created when missing. Idempotent and race-free:
+    creation ignores conflicts on the two partial unique constraints, then everything is re-read."""
+    wanted = set(units)
+    if not wanted:
+        return {}
+    gpu_ids = {g for g, _ in wanted}
+    found = {
+        (g, m): pk
+        for pk, g, m in Series.objects.filter(gpu_id__in=gpu_ids).values_list("id", "gpu_id", "mig_instance_id")
+    }
+    missing = wanted - found.keys()
+    if missing:
+        Series.objects.bulk_create(
+            [Series(gpu_id=g, mig_instance_id=m) for g, m in sorted(missing, key=lambda u: (u[0], u[1] or 0))],
+            ignore_conflicts=True,
+        )
+        found = {
+            (g, m): pk
+            for pk, g, m in Series.objects.filter(gpu_id__in=gpu_ids).values_list("id", "gpu_id", "mig_instance_id")
+        }
+    return {unit: found[unit] for unit in wanted}
+
+
+def ingest_samples(rows: Sequence[tuple], *, optimistic: bool = True) -> None:
+    """Insert sample rows, ignoring any whose (series_id, ts) already exists. One transaction.
+
+    The transaction does not wait for the WAL flush unless MONITORING_SYNCHRONOUS_COMMIT is on.
+    PostgreSQL with at least MONITORING_COPY_MIN_ROWS rows: binary COPY straight into the table
+    inside a savepoint (the common case: a batch never seen before); if a key already exists the
+    savepoint is rolled back and the batch goes through a temporary staging table and
+    INSERT ... SELECT ... ON CONFLICT DO NOTHING. `optimistic=False` always takes the staging path.
+    Otherwise (small batches, SQLite): INSERT ... ON CONFLICT DO NOTHING via bulk_create.
+    """
+    if not rows:
+        return
+    if connection.vendor == "postgresql" and len(rows) >= settings.MONITORING_COPY_MIN_ROWS:
+        _ingest_copy(rows, optimistic=optimistic)
+        return
+    with transaction.atomic():
+        _relax_commit()
+        Sample.objects.bulk_create(
+            [Sample(**dict(zip(SAMPLE_COLUMNS, row, strict=True))) for row in rows],
+            ignore_conflicts=True,
+            batch_size=1000,
+        )
+
+
+def _relax_commit() -> None:
+    """Samples are telemetry: unless MONITORING_SYNCHRONOUS_COMMIT, their transaction does not wait for the
+    WAL flush (a crash may lose the last fraction of a second of samples; nothing else is affected)."""
+    if connection.vendor == "postgresql" and not settings.MONITORING_SYNCHRONOUS_COMMIT:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
+
+
+def _copy(cursor, table: str, rows: Sequence[tuple]) -> None:
+    with cursor.copy(f"COPY {table} ({_COLUMNS_SQL}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(SAMPLE_PG_TYPES)
+        for row in rows:
+            copy.write_row(row)
+
+
+def _ingest_copy(rows: Sequence[tuple], *, optimistic: bool) -> None:
+    table = Sample._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:
+        _relax_commit()
+        if optimistic:
+            try:
+                with transaction.atomic():
+                    _copy(cursor, table, rows)
+                return
+            except pg_errors.UniqueViolation:
+                pass  # some keys exist: the savepoint is rolled back, take the conflict-tolerant path
+        cursor.execute(
+            f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGE} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        )
+        _copy(cursor, _STAGE, rows)
+        cursor.execute(
+            f"INSERT INTO {table} ({_COLUMNS_SQL}) SELECT {_COLUMNS_SQL} FROM {_STAGE} "
+            "ON CONFLICT (series_id, ts) DO NOTHING"
+        )
+        cursor.execute(f"TRUNCATE {_STAGE}")

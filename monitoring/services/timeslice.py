@@ -1,0 +1,157 @@
+"""Time-sliced GPUs: pods far above their memory share are flagged and, by policy, evicted.
+
+Time-slicing gives no memory isolation: one pod can take the whole framebuffer and starve the
+others. A pod's share is total / replicas; it is over when its processes' memory (NVML running
+processes) exceeds share x MONITORING_SHARE_FACTOR_PCT / 100. The seed's tier 3 (development)
+advice is to evict such pods; gpuaas does so only when MONITORING_EVICT_OVER_SHARE is on, through
+the Eviction API (PodDisruptionBudgets are honoured; a refused eviction is retried later).
+
+Processes are attributed to pods by the pod UID NVML's adapter resolves (cgroup, or the
+simulator's own answer); without one, by the only running workload whose device ids
+(`gpuaas.io/device-ids`, `<uuid>::<n>`) name this GPU. Anything else is left unattributed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, F, Q, Value, When
+from django.utils import timezone
+
+from capacity.adapters import kubernetes as kube
+from capacity.adapters import nvml
+from capacity.models import GpuCapacity, NodeCapacity, WorkloadProfile
+from monitoring.choices import ShareState
+from monitoring.models import ShareViolation
+
+logger = logging.getLogger(__name__)
+
+EVICTION_RETRY = timedelta(minutes=5)
+
+
+def share_mib(total_mib: int, replicas: int) -> int:
+    return total_mib // max(1, replicas)
+
+
+def limit_mib(total_mib: int, replicas: int) -> int:
+    """Memory above which a pod is over its share."""
+    return share_mib(total_mib, replicas) * settings.MONITORING_SHARE_FACTOR_PCT // 100
+
+
+def pod_memory(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: list[WorkloadProfile]) -> dict:
+    """pod UID -> MiB used on this GPU; processes without an attributable pod are skipped."""
+    on_gpu = [w for w in workloads if w.gpu_id == gpu.pk or any(str(d).startswith(gpu.uuid) for d in w.device_ids)]
+    fallback = on_gpu[0].pod_uid if len(on_gpu) == 1 else None
+    used: dict[str, int] = defaultdict(int)
+    for process in processes:
+        pod_uid = process.pod_uid or fallback
+        if pod_uid and process.used_memory_mib is not None:
+            used[pod_uid] += process.used_memory_mib
+    return dict(used)
+
+
+def check_shares(node: NodeCapacity, shared: list[tuple[GpuCapacity, nvml.GpuMetrics]], *, at: datetime) -> int:
+    """Open, refresh or resolve ShareViolation rows for the time-sliced GPUs of one poll; returns open ones.
+
+    Locking: the unresolved violations of these GPUs (FOR UPDATE, primary-key order). Evictions are
+    enqueued after commit. Idempotent for a repeated poll.
+    """
+    replicas = node.timeslice_replicas
+    workloads = list(WorkloadProfile.objects.running().filter(node=node).select_related("project"))
+    by_pod = {w.pod_uid: w for w in workloads}
+    gpu_ids = sorted(g.pk for g, _ in shared)
+    open_count = 0
+    evict: list[int] = []
+    with transaction.atomic():
+        current = {
+            (v.gpu_id, v.pod_uid): v
+            for v in ShareViolation.objects.filter(gpu_id__in=gpu_ids, resolved_at__isnull=True)
+            .select_for_update()
+            .order_by("pk")
+        }
+        for gpu, reading in shared:
+            total = reading.memory_total_mib or gpu.memory_mib
+            limit = limit_mib(total, replicas)
+            over = {pod: mib for pod, mib in pod_memory(gpu, reading.processes, workloads).items() if mib > limit}
+            for pod_uid, used in over.items():
+                violation = current.pop((gpu.pk, pod_uid), None)
+                workload = by_pod.get(pod_uid)
+                if violation is None:
+                    violation = ShareViolation.objects.create(
+                        gpu=gpu,
+                        workload=workload,
+                        project=workload.project if workload else None,
+                        namespace=workload.namespace if workload else "",
+                        pod_name=workload.pod_name if workload else "",
+                        pod_uid=pod_uid,
+                        used_mib=used,
+                        share_mib=share_mib(total, replicas),
+                        replicas=replicas,
+                        first_seen_at=at,
+                        last_seen_at=at,
+                    )
+                else:
+                    ShareViolation.objects.filter(pk=violation.pk).update(used_mib=used, last_seen_at=at)
+                open_count += 1
+                if settings.MONITORING_EVICT_OVER_SHARE and _due_for_eviction(violation, at):
+                    evict.append(violation.pk)
+        # Still unresolved but no longer over (or the pod is gone): resolved.
+        resolved = [v.pk for (gpu_id, _), v in current.items() if gpu_id in gpu_ids]
+        if resolved:
+            ShareViolation.objects.filter(pk__in=resolved, resolved_at__isnull=True).update(
+                resolved_at=at, state=_resolved_state()
+            )
+        if evict:
+            from monitoring.tasks import evict_over_share_task
+
+            for pk in evict:
+                evict_over_share_task.delay_on_commit(pk)
+    return open_count
+
+
+def _resolved_state():
+    """An evicted pod's row keeps "evicted" when it resolves; any other becomes "resolved"."""
+    return Case(When(state=ShareState.EVICTED, then=F("state")), default=Value(ShareState.RESOLVED))
+
+
+def _due_for_eviction(violation: ShareViolation, at: datetime) -> bool:
+    if not (violation.namespace and violation.pod_name) or violation.state == ShareState.EVICTED:
+        return False
+    return violation.eviction_attempted_at is None or at - violation.eviction_attempted_at >= EVICTION_RETRY
+
+
+def evict_over_share(violation_id: int) -> str | None:
+    """Evict the pod of an unresolved violation through the Eviction API; returns the new state.
+
+    Claimed with a conditional UPDATE of eviction_attempted_at (a duplicate task does nothing).
+    """
+    now = timezone.now()
+    claimed = (
+        ShareViolation.objects.filter(pk=violation_id, resolved_at__isnull=True)
+        .exclude(state=ShareState.EVICTED)
+        .filter(Q(eviction_attempted_at__isnull=True) | Q(eviction_attempted_at__lte=now - EVICTION_RETRY / 2))
+        .update(eviction_attempted_at=now)
+    )
+    if claimed != 1:
+        return None
+    violation = ShareViolation.objects.select_related("gpu__node__cluster").get(pk=violation_id)
+    try:
+        with kube.KubernetesClient.for_cluster(violation.gpu.node.cluster) as client:
+            client.evict_pod(violation.namespace, violation.pod_name)
+    except kube.NotFound:
+        ShareViolation.objects.filter(pk=violation_id).update(
+            state=ShareState.RESOLVED, resolved_at=now, error="pod already gone"
+        )
+        return ShareState.RESOLVED
+    except kube.KubernetesError as exc:
+        logger.info("eviction of %s/%s refused: %s", violation.namespace, violation.pod_name, exc)
+        ShareViolation.objects.filter(pk=violation_id).update(
+            state=ShareState.EVICTION_FAILED, error=f"{type(exc).__name__}: {exc}"[:2000]
+        )
+        return ShareState.EVICTION_FAILED
+    ShareViolation.objects.filter(pk=violation_id).update(state=ShareState.EVICTED, evicted_at=now, error="")
+    return ShareState.EVICTED

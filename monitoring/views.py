@@ -1,0 +1,33 @@
+"""Non-API pages of the monitoring app: /metrics for Prometheus."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
+
+from .exposition import exposition
+
+
+def _allowed(request: HttpRequest) -> bool:
+    """Bearer MONITORING_METRICS_TOKEN when set; otherwise staff sessions, or anyone while DEBUG is on."""
+    token = settings.MONITORING_METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer "):
+        return hmac.compare_digest(header.removeprefix("Bearer ").strip(), token)
+    if request.user.is_authenticated and request.user.is_staff:
+        return True
+    return not token and settings.DEBUG
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text exposition of pool, project and health gauges (monitoring/exposition.py)."""
+    if not _allowed(request):
+        response = HttpResponse("authentication required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="gpuaas metrics"'
+        return response
+    body, content_type = exposition()
+    return HttpResponse(body, content_type=content_type)

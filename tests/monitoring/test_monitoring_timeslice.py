@@ -1,0 +1,139 @@
+"""Time-sliced GPUs: a pod far above its memory share is flagged, resolved when back, evicted by policy."""
+
+from datetime import timedelta
+
+import pytest
+from monitoring_helpers import T0
+
+from capacity.adapters import kubernetes as kube
+from capacity.adapters.nvml import GpuMetrics, ProcessInfo
+from capacity.models import WorkloadProfile
+from monitoring.choices import ShareState
+from monitoring.models import ShareViolation
+from monitoring.services.timeslice import check_shares, evict_over_share, limit_mib
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def shared(fleet, project):
+    """The full H100 is time-sliced 4 ways; two pods of team-a run on it."""
+    node = fleet.node
+    node.timeslice_replicas = 4
+    node.save()
+    for n, uid in ((0, "uid-greedy"), (1, "uid-polite")):
+        WorkloadProfile.objects.create(
+            cluster=fleet.cluster,
+            namespace="team-a",
+            pod_name=f"nb-{n}",
+            pod_uid=uid,
+            node=node,
+            gpu=fleet.full_gpu,
+            device_ids=[f"{fleet.full_gpu.uuid}::{n}"],
+            resource_name="nvidia.com/gpu",
+            project=project,
+        )
+    return fleet
+
+
+def reading(gpu, **used_by_pod):
+    return GpuMetrics(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        memory_total_mib=81559,
+        processes=[
+            ProcessInfo(pid=100 + i, used_memory_mib=mib, pod_uid=uid)
+            for i, (uid, mib) in enumerate(used_by_pod.items())
+        ],
+    )
+
+
+def test_the_limit_is_the_share_times_the_factor(settings):
+    settings.MONITORING_SHARE_FACTOR_PCT = 150
+    assert limit_mib(81559, 4) == 20389 * 150 // 100
+
+
+def test_a_pod_over_its_share_is_flagged_then_resolved(shared, settings, django_capture_on_commit_callbacks):
+    settings.MONITORING_SHARE_FACTOR_PCT = 150
+    gpu = shared.full_gpu
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert check_shares(shared.node, [(gpu, reading(gpu, **{"uid-greedy": 40000, "uid-polite": 9000}))], at=T0) == 1
+    assert callbacks == []  # eviction is off by default
+    violation = ShareViolation.objects.get()
+    assert (violation.namespace, violation.pod_name, violation.used_mib, violation.share_mib, violation.replicas) == (
+        "team-a",
+        "nb-0",
+        40000,
+        20389,
+        4,
+    )
+    assert violation.project.slug == "team-a"
+    check_shares(shared.node, [(gpu, reading(gpu, **{"uid-greedy": 45000}))], at=T0 + timedelta(seconds=30))
+    violation.refresh_from_db()
+    assert (violation.used_mib, violation.last_seen_at, ShareViolation.objects.count()) == (
+        45000,
+        T0 + timedelta(seconds=30),
+        1,
+    )
+    check_shares(shared.node, [(gpu, reading(gpu, **{"uid-greedy": 9000}))], at=T0 + timedelta(seconds=60))
+    violation.refresh_from_db()
+    assert (violation.state, violation.resolved_at) == (ShareState.RESOLVED, T0 + timedelta(seconds=60))
+
+
+def test_eviction_by_policy_goes_through_the_eviction_api(
+    shared, settings, monkeypatch, django_capture_on_commit_callbacks
+):
+    settings.MONITORING_EVICT_OVER_SHARE = True
+    gpu = shared.full_gpu
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        check_shares(shared.node, [(gpu, reading(gpu, **{"uid-greedy": 70000}))], at=T0)
+    assert len(callbacks) == 1
+    evicted = []
+
+    class FakeClient:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def evict_pod(self, namespace, name, grace_period_s=None):
+            evicted.append((namespace, name))
+
+    monkeypatch.setattr(kube.KubernetesClient, "for_cluster", classmethod(lambda cls, cluster: FakeClient()))
+    violation = ShareViolation.objects.get()
+    assert evict_over_share(violation.pk) == ShareState.EVICTED
+    assert evicted == [("team-a", "nb-0")]
+    assert evict_over_share(violation.pk) is None  # claimed once
+    violation.refresh_from_db()
+    assert violation.evicted_at is not None
+
+
+def test_a_refused_eviction_is_recorded(shared, settings, monkeypatch):
+    gpu = shared.full_gpu
+    check_shares(shared.node, [(gpu, reading(gpu, **{"uid-greedy": 70000}))], at=T0)
+
+    class Refusing:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def evict_pod(self, namespace, name, grace_period_s=None):
+            raise kube.TooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", status=429)
+
+    monkeypatch.setattr(kube.KubernetesClient, "for_cluster", classmethod(lambda cls, cluster: Refusing()))
+    violation = ShareViolation.objects.get()
+    assert evict_over_share(violation.pk) == ShareState.EVICTION_FAILED
+    violation.refresh_from_db()
+    assert violation.error.startswith("TooManyRequests: Cannot evict pod")
+
+
+def test_a_single_pod_on_the_gpu_is_attributed_without_a_pod_uid(shared):
+    WorkloadProfile.objects.filter(pod_uid="uid-polite").update(ended_at=T0)
+    gpu = shared.full_gpu
+    metrics = reading(gpu, **{"x": 50000})
+    metrics.processes[0].pod_uid = None
+    check_shares(shared.node, [(gpu, metrics)], at=T0)
+    assert ShareViolation.objects.get().pod_uid == "uid-greedy"
