@@ -1,0 +1,502 @@
+"""Operator console for billing: rate cards, statements (finalise, export, adjust), usage, runs.
+
+State is never edited here: statements are made, finalised and adjusted through billing.services;
+a finalised statement is read-only (and the database refuses changes anyway).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db import connection
+from django.db.models import Count
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpResponse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+
+from . import exports, services
+from .choices import RunKind, StatementState
+from .models import (
+    BillingRun,
+    MeteringWatermark,
+    RateCard,
+    RateCardEntry,
+    Statement,
+    StatementLine,
+    UsageRecord,
+)
+from .periods import HOUR, floor_hour, parse_period
+
+# --- Rate cards -----------------------------------------------------------------------------------
+
+
+class RateCardForm(forms.ModelForm):
+    class Meta:
+        model = RateCard
+        fields = ["name", "effective_from", "notes"]
+
+    def clean_effective_from(self):
+        value = self.cleaned_data["effective_from"]
+        if value is not None and value <= timezone.now():
+            raise forms.ValidationError("A new card takes effect in the future: history is never repriced.")
+        return value
+
+
+class RateCardEntryInline(admin.TabularInline):
+    model = RateCardEntry
+    fields = ["kind", "product", "profile_name", "replicas", "hourly_price", "is_override", "rule"]
+    readonly_fields = ["rule"]
+    extra = 0
+
+    def _editable(self, obj) -> bool:
+        return obj is None or not obj.in_force
+
+    def has_add_permission(self, request, obj=None):
+        return self._editable(obj) and super().has_add_permission(request, obj)
+
+    def has_change_permission(self, request, obj=None):
+        return self._editable(obj) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return self._editable(obj) and super().has_delete_permission(request, obj)
+
+
+@admin.register(RateCard)
+class RateCardAdmin(admin.ModelAdmin):
+    """Cards in force are read-only; to change prices, copy the current card to a future hour and edit the copy.
+
+    After saving a future card, its derived (non-override) entries are recomputed from its full-GPU
+    prices and missing MIG entries are added (billing.services.rederive_card).
+    """
+
+    form = RateCardForm
+    list_display = ["name", "effective_from", "currency", "entry_count", "in_force_now"]
+    search_fields = ["name", "notes"]
+    inlines = [RateCardEntryInline]
+    actions = ["copy_to_next_hour"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(entry_count=Count("entries"))
+
+    @admin.display(description="entries", ordering="entry_count")
+    def entry_count(self, obj):
+        return obj.entry_count
+
+    @admin.display(description="in force", boolean=True)
+    def in_force_now(self, obj):
+        return obj.in_force
+
+    def has_change_permission(self, request, obj=None):
+        return (obj is None or not obj.in_force) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return (obj is None or not obj.in_force) and super().has_delete_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        if not form.instance.in_force:
+            services.rederive_card(form.instance)
+
+    @admin.action(description="Copy to a new card effective from the next hour")
+    def copy_to_next_hour(self, request, queryset):
+        start = floor_hour(timezone.now()) + HOUR
+        done = 0
+        for card in queryset.order_by("effective_from"):
+            while RateCard.objects.filter(effective_from=start).exists():
+                start += HOUR
+            services.copy_rate_card(card, effective_from=start, actor=request.user)
+            done += 1
+        self.message_user(request, f"{done} rate card(s) copied; edit the copies before they take effect.")
+
+
+# --- Statements -----------------------------------------------------------------------------------
+
+
+class StatementLineInline(admin.TabularInline):
+    model = StatementLine
+    fk_name = "statement"
+    verbose_name_plural = "lines"
+    fields = [
+        "line_type",
+        "description",
+        "hourly_rate",
+        "hours",
+        "amount",
+        "used_amount",
+        "idle_amount",
+        "unmeasured_amount",
+        "sm_activity",
+        "energy_kwh",
+        "reason",
+        "created_by",
+    ]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("created_by")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class AdjustmentFormSet(BaseInlineFormSet):
+    """Its forms are never saved as such: StatementAdmin.save_formset books each through the service."""
+
+
+class AdjustmentInline(admin.TabularInline):
+    """Add adjustments (amount + reason). On a finalised statement the service books it in the next month."""
+
+    model = StatementLine
+    formset = AdjustmentFormSet
+    fk_name = "statement"
+    verbose_name = "new adjustment"
+    verbose_name_plural = "add an adjustment (positive charges, negative credits; on a finalised statement it "
+    verbose_name_plural += "becomes a correction in the next month)"
+    fields = ["amount", "reason"]
+    extra = 1
+    can_delete = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).none()
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Statement)
+class StatementAdmin(admin.ModelAdmin):
+    list_display = [
+        "project",
+        "month",
+        "state",
+        "currency",
+        "reserved_amount",
+        "credit_amount",
+        "adjustment_amount",
+        "total_amount",
+        "used_amount",
+        "idle_amount",
+        "unmeasured_amount",
+        "line_count",
+    ]
+    list_filter = ["state", "period"]
+    list_select_related = ["project"]
+    search_fields = ["project__name", "project__slug", "project__cost_centre"]
+    readonly_fields = [
+        "project",
+        "period",
+        "state",
+        "currency",
+        "reserved_hours",
+        "reserved_amount",
+        "credit_amount",
+        "adjustment_amount",
+        "total_amount",
+        "used_amount",
+        "idle_amount",
+        "unmeasured_amount",
+        "energy_kwh",
+        "generated_at",
+        "finalised_at",
+        "finalised_by",
+        "daily_cost_chart",
+    ]
+    fields = readonly_fields
+    inlines = [StatementLineInline, AdjustmentInline]
+    actions = ["finalise", "regenerate", "export_csv", "export_json"]
+    ordering = ["-period", "project__slug"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(line_count=Count("lines"))
+
+    @admin.display(description="month", ordering="period")
+    def month(self, obj):
+        return f"{obj.period:%Y-%m}"
+
+    @admin.display(description="lines", ordering="line_count")
+    def line_count(self, obj):
+        return obj.line_count
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return (obj is None or not obj.is_finalised) and super().has_delete_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        """Nothing on the statement itself is editable; only adjustments are added (save_formset)."""
+
+    def save_formset(self, request, form, formset, change):
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        if not isinstance(formset, AdjustmentFormSet):
+            return  # the read-only lines: nothing to save
+        added = 0
+        for line_form in formset.forms:
+            if not line_form.has_changed() or not line_form.cleaned_data or line_form.cleaned_data.get("DELETE"):
+                continue
+            line = services.add_adjustment(
+                form.instance,
+                amount=line_form.cleaned_data["amount"],
+                reason=line_form.cleaned_data["reason"],
+                actor=request.user,
+            )
+            added += 1
+            if line.statement_id != form.instance.pk:
+                self.message_user(
+                    request, f"The statement is finalised: the correction went to {line.statement}.", messages.WARNING
+                )
+        if added:
+            self.message_user(request, f"{added} adjustment(s) added.")
+
+    @admin.display(description="daily cost (reserved vs used)")
+    def daily_cost_chart(self, obj):
+        return daily_chart_svg(services.daily_costs(obj.project_id, obj.period), obj.currency)
+
+    @admin.action(description="Finalise selected drafts (they never change afterwards)")
+    def finalise(self, request, queryset):
+        done = services.finalise_statements(queryset.filter(state=StatementState.DRAFT), actor=request.user)
+        self.message_user(request, f"{done} statement(s) finalised.")
+
+    @admin.action(description="Regenerate selected drafts from usage")
+    def regenerate(self, request, queryset):
+        done = 0
+        for period in sorted(set(queryset.filter(state=StatementState.DRAFT).values_list("period", flat=True))):
+            project_ids = list(
+                queryset.filter(state=StatementState.DRAFT, period=period).values_list("project_id", flat=True)
+            )
+            done += len(services.generate_statements(period, project_ids=project_ids))
+        self.message_user(request, f"{done} statement(s) regenerated.")
+
+    @admin.action(description="Export selected as CSV")
+    def export_csv(self, request, queryset):
+        statements = list(exports.statements_for_export(queryset))
+        response = HttpResponse(exports.to_csv(statements), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{exports.filename(statements, "csv")}"'
+        return response
+
+    @admin.action(description="Export selected as JSON")
+    def export_json(self, request, queryset):
+        import json
+
+        statements = list(exports.statements_for_export(queryset))
+        response = HttpResponse(json.dumps(exports.to_json(statements), indent=2), content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="{exports.filename(statements, "json")}"'
+        return response
+
+
+def daily_chart_svg(days: list[dict], currency: str, *, width: int = 720, height: int = 160) -> str:
+    """Inline SVG bars: reserved cost per day (light) with the used part (dark) over it. No scripts, no CDN."""
+    if not days:
+        return "No usage this month."
+    top = max((d["reserved"] for d in days), default=Decimal(0)) or Decimal(1)
+    bar = width / max(len(days), 1)
+    scale = Decimal(height - 20) / top
+    bars = []
+    for i, d in enumerate(days):
+        x = i * bar
+        reserved_h = float(d["reserved"] * scale)
+        used_h = float((d["used"] or 0) * scale)
+        title = f"{d['day']:%Y-%m-%d}: reserved {d['reserved']:.2f}"
+        title += f", used {d['used']:.2f}" if d["used"] is not None else ", used not measured"
+        bars.append(
+            (
+                f"{x + 1:.1f}",
+                f"{height - 14 - reserved_h:.1f}",
+                f"{max(bar - 2, 1):.1f}",
+                f"{reserved_h:.1f}",
+                f"{height - 14 - used_h:.1f}",
+                f"{used_h:.1f}",
+                title,
+                f"{x + bar / 2:.1f}",
+                f"{d['day']:%d}",
+            )
+        )
+    body = format_html_join(
+        "",
+        '<g><title>{6}</title><rect x="{0}" y="{1}" width="{2}" height="{3}" fill="#9ec5e8"></rect>'
+        '<rect x="{0}" y="{4}" width="{2}" height="{5}" fill="#1f6fb2"></rect>'
+        '<text x="{7}" y="158" font-size="9" text-anchor="middle">{8}</text></g>',
+        bars,
+    )
+    legend = format_html(
+        '<text x="4" y="10" font-size="10">max {} {} / day; light = reserved, dark = used</text>',
+        f"{top:.2f}",
+        currency,
+    )
+    return mark_safe(
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">{legend}{body}</svg>'
+    )
+
+
+# --- Usage records ----------------------------------------------------------------------------------
+
+
+class EstimatedCountPaginator(Paginator):
+    """On PostgreSQL an unfiltered changelist uses the planner's row estimate instead of COUNT(*) over millions."""
+
+    @cached_property
+    def count(self):
+        query = getattr(self.object_list, "query", None)
+        if connection.vendor == "postgresql" and query is not None and not query.where:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [UsageRecord._meta.db_table]
+                )
+                row = cursor.fetchone()
+            if row and row[0] > 10000:
+                return row[0]
+        return super().count
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    list_display = [
+        "hour",
+        "project",
+        "pool",
+        "allocation_id",
+        "spec",
+        "seconds",
+        "failed_credit_seconds",
+        "health_credit_seconds",
+        "hourly_rate",
+        "reserved",
+        "sm_activity",
+        "energy_kwh",
+    ]
+    list_filter = ["kind", "product"]
+    list_select_related = ["project", "pool"]
+    search_fields = ["project__slug", "pool__name"]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+
+    @admin.display(description="spec")
+    def spec(self, obj):
+        return obj.spec.label()
+
+    @admin.display(description="reserved")
+    def reserved(self, obj):
+        return f"{obj.reserved_amount:.4f}"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+# --- Runs -------------------------------------------------------------------------------------------
+
+
+class CloseMonthForm(forms.ModelForm):
+    month = forms.CharField(help_text='The month to close, "YYYY-MM" (UTC).')
+
+    class Meta:
+        model = BillingRun
+        fields = []
+
+    def clean_month(self):
+        try:
+            period = parse_period(self.cleaned_data["month"])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        if period > timezone.now().date():
+            raise forms.ValidationError("That month has not started.")
+        return period
+
+
+@admin.register(BillingRun)
+class BillingRunAdmin(admin.ModelAdmin):
+    """Adding a run closes a month in the background (meter up to its end, draft every project's statement)."""
+
+    list_display = [
+        "started_at",
+        "kind",
+        "period",
+        "status",
+        "duration",
+        "hours_metered",
+        "records_written",
+        "statements",
+        "metered_until",
+        "requested_by",
+    ]
+    list_filter = ["kind", "status"]
+    list_select_related = ["requested_by"]
+    search_fields = ["error", "task_id"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        if obj is None:
+            kwargs["form"] = CloseMonthForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["month"]
+        return super().get_fields(request, obj)
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return []
+        return [f.name for f in BillingRun._meta.fields]
+
+    @admin.display(description="duration")
+    def duration(self, obj):
+        if obj.finished_at is None:
+            return "-"
+        return str(timedelta(seconds=round((obj.finished_at - obj.started_at).total_seconds())))
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return
+        obj.kind = RunKind.CLOSE
+        services.start_close_run(form.cleaned_data["month"], actor=request.user, run=obj)
+        self.message_user(request, f"Closing {form.cleaned_data['month']:%Y-%m} in the background.")
+
+    def has_change_permission(self, request, obj=None):
+        return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(MeteringWatermark)
+class MeteringWatermarkAdmin(admin.ModelAdmin):
+    """Where metering stands: every hour before metered_until has been metered."""
+
+    list_display = ["metered_until", "updated_at", "behind"]
+    search_fields = ["id"]
+
+    @admin.display(description="hours behind")
+    def behind(self, obj):
+        return max(0, int((floor_hour(timezone.now()) - obj.metered_until).total_seconds() // 3600))
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

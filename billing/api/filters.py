@@ -1,0 +1,80 @@
+"""FilterSets of the billing API. They only narrow what the caller may see already."""
+
+from django_filters import rest_framework as filters
+
+from capacity.choices import SpecKind
+
+from ..choices import RunKind, RunStatus, StatementState
+from ..models import BillingRun, RateCard, Statement, UsageRecord
+from ..periods import parse_period
+
+
+class PeriodFilter(filters.CharFilter):
+    """A month as YYYY-MM (or its first day); anything else is a 400 naming the field."""
+
+    def filter(self, qs, value):
+        if value in (None, ""):
+            return qs
+        try:
+            period = parse_period(value)
+        except ValueError as exc:
+            from rest_framework.exceptions import ValidationError
+
+            raise ValidationError({self.field_name: [str(exc)]}) from None
+        return qs.filter(**{self.field_name: period})
+
+
+class RateCardFilter(filters.FilterSet):
+    effective_after = filters.IsoDateTimeFilter(field_name="effective_from", lookup_expr="gte")
+    effective_before = filters.IsoDateTimeFilter(field_name="effective_from", lookup_expr="lt")
+
+    class Meta:
+        model = RateCard
+        fields = ["effective_after", "effective_before"]
+
+
+class UsageRecordFilter(filters.FilterSet):
+    project = filters.NumberFilter(field_name="project_id")
+    project_slug = filters.CharFilter(field_name="project__slug")
+    pool = filters.NumberFilter(field_name="pool_id")
+    allocation = filters.NumberFilter(field_name="allocation_id")
+    kind = filters.ChoiceFilter(choices=SpecKind.choices)
+    product = filters.CharFilter()
+    profile_name = filters.CharFilter()
+    hour_after = filters.IsoDateTimeFilter(field_name="hour", lookup_expr="gte")
+    hour_before = filters.IsoDateTimeFilter(field_name="hour", lookup_expr="lt")
+
+    class Meta:
+        model = UsageRecord
+        fields = [
+            "project",
+            "project_slug",
+            "pool",
+            "allocation",
+            "kind",
+            "product",
+            "profile_name",
+            "hour_after",
+            "hour_before",
+        ]
+
+
+class StatementFilter(filters.FilterSet):
+    project = filters.NumberFilter(field_name="project_id")
+    project_slug = filters.CharFilter(field_name="project__slug")
+    period = PeriodFilter(field_name="period")
+    state = filters.ChoiceFilter(choices=StatementState.choices)
+
+    class Meta:
+        model = Statement
+        fields = ["project", "project_slug", "period", "state"]
+
+
+class BillingRunFilter(filters.FilterSet):
+    kind = filters.ChoiceFilter(choices=RunKind.choices)
+    status = filters.ChoiceFilter(choices=RunStatus.choices)
+    period = PeriodFilter(field_name="period")
+
+    class Meta:
+        model = BillingRun
+        fields = ["kind", "status", "period"]

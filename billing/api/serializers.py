@@ -1,0 +1,180 @@
+"""Serializers of the billing API. Money is a decimal string, never a float."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from rest_framework import serializers
+
+from pools.models import Project
+
+from ..models import BillingRun, RateCard, RateCardEntry, Statement, StatementLine, UsageRecord
+from ..periods import parse_period
+
+
+class RateCardEntrySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RateCardEntry
+        fields = ["kind", "product", "profile_name", "replicas", "hourly_price", "is_override", "rule"]
+
+
+class RateCardSerializer(serializers.ModelSerializer):
+    entries = RateCardEntrySerializer(many=True, read_only=True)
+
+    class Meta:
+        model = RateCard
+        fields = ["id", "name", "currency", "effective_from", "notes", "entries"]
+
+
+class UsageRecordSerializer(serializers.ModelSerializer):
+    reserved_amount = serializers.DecimalField(max_digits=24, decimal_places=10, read_only=True)
+    used_amount = serializers.DecimalField(max_digits=24, decimal_places=10, read_only=True, allow_null=True)
+
+    class Meta:
+        model = UsageRecord
+        fields = [
+            "id",
+            "allocation",
+            "hour",
+            "project",
+            "pool",
+            "kind",
+            "product",
+            "profile_name",
+            "replicas",
+            "seconds",
+            "failed_credit_seconds",
+            "health_credit_seconds",
+            "hourly_rate",
+            "rate_card",
+            "reserved_amount",
+            "used_amount",
+            "sm_activity",
+            "energy_kwh",
+        ]
+
+
+class StatementLineSerializer(serializers.ModelSerializer):
+    pool_name = serializers.CharField(source="pool.name", read_only=True, default="")
+
+    class Meta:
+        model = StatementLine
+        fields = [
+            "id",
+            "line_type",
+            "pool",
+            "pool_name",
+            "kind",
+            "product",
+            "profile_name",
+            "replicas",
+            "description",
+            "hourly_rate",
+            "hours",
+            "amount",
+            "used_amount",
+            "idle_amount",
+            "unmeasured_amount",
+            "sm_activity",
+            "energy_kwh",
+            "reason",
+            "corrects",
+            "created_at",
+        ]
+
+
+class StatementSerializer(serializers.ModelSerializer):
+    project_slug = serializers.CharField(source="project.slug", read_only=True)
+
+    class Meta:
+        model = Statement
+        fields = [
+            "id",
+            "project",
+            "project_slug",
+            "period",
+            "state",
+            "currency",
+            "reserved_hours",
+            "reserved_amount",
+            "credit_amount",
+            "adjustment_amount",
+            "total_amount",
+            "used_amount",
+            "idle_amount",
+            "unmeasured_amount",
+            "energy_kwh",
+            "generated_at",
+            "finalised_at",
+        ]
+
+
+class StatementDetailSerializer(StatementSerializer):
+    lines = StatementLineSerializer(many=True, read_only=True)
+
+    class Meta(StatementSerializer.Meta):
+        fields = [*StatementSerializer.Meta.fields, "lines"]
+
+
+class PeriodField(serializers.CharField):
+    """A month, "YYYY-MM"."""
+
+    def to_internal_value(self, data):
+        text = super().to_internal_value(data)
+        try:
+            return parse_period(text)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class GenerateStatementSerializer(serializers.Serializer):
+    project = serializers.SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
+    period = PeriodField(help_text='The month, "YYYY-MM" (UTC).')
+
+
+class AdjustmentSerializer(serializers.Serializer):
+    amount = serializers.DecimalField(
+        max_digits=14, decimal_places=2, help_text="Positive charges, negative credits; whole cents."
+    )
+    reason = serializers.CharField(max_length=2000, help_text="Why; shown on the statement.")
+
+    def validate_amount(self, value: Decimal) -> Decimal:
+        if value == 0:
+            raise serializers.ValidationError("An adjustment of zero changes nothing.")
+        return value
+
+    def validate_reason(self, value: str) -> str:
+        if not value.strip():
+            raise serializers.ValidationError("Give a reason.")
+        return value.strip()
+
+
+class BillingRunSerializer(serializers.ModelSerializer):
+    period = PeriodField(write_only=False, help_text='The month to close, "YYYY-MM" (UTC).')
+
+    class Meta:
+        model = BillingRun
+        fields = [
+            "id",
+            "kind",
+            "period",
+            "status",
+            "started_at",
+            "finished_at",
+            "hours_metered",
+            "records_written",
+            "statements",
+            "metered_until",
+            "error",
+            "task_id",
+        ]
+        read_only_fields = [f for f in fields if f != "period"]
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        data["period"] = f"{instance.period:%Y-%m}" if instance.period else None
+        return data
+
+
+class StatementConflictSerializer(serializers.Serializer):
+    detail = serializers.CharField()

@@ -1,0 +1,26 @@
+"""Choice sets of the billing app."""
+
+from django.db import models
+
+
+class StatementState(models.TextChoices):
+    DRAFT = "draft", "Draft"
+    FINALISED = "finalised", "Finalised"
+
+
+class LineType(models.TextChoices):
+    USAGE = "usage", "Reserved usage"
+    HEALTH_CREDIT = "health_credit", "Credit: critical health event"
+    FAILED_CREDIT = "failed_credit", "Credit: provisioning failed"
+    ADJUSTMENT = "adjustment", "Adjustment"
+
+
+class RunKind(models.TextChoices):
+    METER = "meter", "Metering"
+    CLOSE = "close", "Month close"
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"

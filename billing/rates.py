@@ -1,0 +1,123 @@
+"""Price derivation: the rule that turns a full-GPU hourly price into MIG and time-slice prices.
+
+Pure functions, no Django models: the default-card data migration, the rate-card service and the
+meter all derive prices here, so they can never disagree.
+
+The rule (docs/billing.md, "Rate derivation"):
+
+- full GPU: the card's price for the product;
+- MIG profile: full price x max(compute share, memory share), where compute share =
+  profile compute slices / the product's compute slices (7; A30: 4) and memory share = profile
+  memory slices / the product's memory slices (8; A30: 4). A slice is charged for the larger
+  fraction of the GPU it withholds from everyone else: two 3g.40gb on an H100 fill all 8 memory
+  slices, so each costs 1/2 (not 3/7) and a fully carved GPU earns its full price;
+- time-slice replica: full price / replicas of that GPU.
+
+Derived prices are rounded once, to PRICE_PLACES, when they are written into a card: the stored
+figure *is* the price. Every entry can be overridden by an operator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
+
+from capacity.mig.catalog import PRODUCTS, find_product
+
+PRICE_PLACES = Decimal("0.000001")
+FULL, MIG, TIMESLICE = "full", "mig", "timeslice"
+
+
+@dataclass(frozen=True)
+class SpecKey:
+    """What a price is for: (kind, product, MIG profile or "", time-slice replicas or 1)."""
+
+    kind: str
+    product: str
+    profile_name: str = ""
+    replicas: int = 1
+
+    def label(self) -> str:
+        if self.kind == MIG:
+            return f"{self.product} {self.profile_name}"
+        if self.kind == TIMESLICE:
+            return f"{self.product} 1/{self.replicas} time-slice"
+        return f"{self.product} full GPU"
+
+
+def spec_key(kind: str, product: str, profile_name: str = "", replicas: int = 1) -> SpecKey:
+    """Normalise a spec: only MIG carries a profile, only time-slicing carries replicas."""
+    return SpecKey(
+        kind=kind,
+        product=product,
+        profile_name=profile_name if kind == MIG else "",
+        replicas=max(1, int(replicas or 1)) if kind == TIMESLICE else 1,
+    )
+
+
+def mig_share(product: str, profile_name: str, compute_slices: int | None = None) -> Fraction:
+    """The fraction of a GPU a MIG profile withholds: max(compute share, memory share).
+
+    A profile unknown to the catalog falls back to compute_slices / the product's compute slices
+    (7 when the product is unknown too), which is the weight Allocation.compute_slices carries.
+    """
+    catalog_product = find_product(product) if product else None
+    if catalog_product is not None:
+        profile = catalog_product.by_name.get(profile_name) or catalog_product.by_name.get(
+            profile_name.replace(".me", "+me")
+        )
+        if profile is not None:
+            return max(
+                Fraction(profile.compute_slices, catalog_product.compute_slices),
+                Fraction(profile.memory_slices, catalog_product.memory_slices),
+            )
+    total = catalog_product.compute_slices if catalog_product is not None else 7
+    slices = compute_slices if compute_slices else total
+    return min(Fraction(1), Fraction(slices, total))
+
+
+def quantize_price(value: Fraction | Decimal) -> Decimal:
+    if isinstance(value, Fraction):
+        value = Decimal(value.numerator) / Decimal(value.denominator)
+    return value.quantize(PRICE_PLACES, rounding=ROUND_HALF_UP)
+
+
+def derive_price(full_price: Decimal, key: SpecKey, *, compute_slices: int | None = None) -> Decimal:
+    """The default hourly price of `key` given the product's full-GPU price (see the module docstring)."""
+    full = Fraction(full_price)
+    if key.kind == MIG:
+        return quantize_price(full * mig_share(key.product, key.profile_name, compute_slices))
+    if key.kind == TIMESLICE:
+        return quantize_price(full / key.replicas)
+    return quantize_price(full)
+
+
+def default_entries(full_prices: dict[str, Decimal]) -> list[tuple[SpecKey, Decimal, str]]:
+    """(spec, price, rule) for a card: each product's full GPU, and every MIG profile the catalog knows.
+
+    Time-slice prices are derived when metered (replica counts are a node setting), unless a card
+    carries an explicit time-slice entry.
+    """
+    entries: list[tuple[SpecKey, Decimal, str]] = []
+    for product, price in sorted(full_prices.items()):
+        full = quantize_price(Decimal(price))
+        entries.append((spec_key(FULL, product), full, "full-GPU price"))
+        catalog_product = PRODUCTS.get(product)
+        if catalog_product is None:
+            continue
+        for profile in catalog_product.profiles:
+            key = spec_key(MIG, product, profile.name)
+            share = mig_share(product, profile.name)
+            entries.append((key, derive_price(full, key), f"full x {share.numerator}/{share.denominator}"))
+    return entries
+
+
+def derivation_rule(key: SpecKey) -> str:
+    """Human-readable rule for a derived price, e.g. "full x 1/2" or "full / 4"."""
+    if key.kind == MIG:
+        share = mig_share(key.product, key.profile_name)
+        return f"full x {share.numerator}/{share.denominator}"
+    if key.kind == TIMESLICE:
+        return f"full / {key.replicas}"
+    return "full-GPU price"

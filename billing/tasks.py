@@ -1,0 +1,66 @@
+"""Billing tasks (queue "billing"): thin wrappers around billing.services, safe to retry and to run twice."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.db import OperationalError
+from django.utils import timezone
+
+from .choices import RunKind, RunStatus
+from .models import BillingRun
+from .periods import parse_period
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(
+    bind=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=30,
+    retry_backoff_max=600,
+    max_retries=5,
+)
+def meter_usage_task(self) -> int:
+    """Meter every complete hour up to now, catching up after downtime; returns hours metered.
+
+    Idempotent: hours are claimed through the watermark and rows are unique per (allocation, hour).
+    The run is recorded in BillingRun only when it metered something, so the table is not flooded
+    by the frequent no-op passes.
+    """
+    from . import services
+
+    started = timezone.now()
+    result = services.meter_usage(now=started)
+    if result.hours:
+        BillingRun.objects.create(
+            kind=RunKind.METER,
+            status=RunStatus.SUCCEEDED,
+            started_at=started,
+            finished_at=timezone.now(),
+            hours_metered=result.hours,
+            records_written=result.records,
+            metered_until=result.metered_until,
+            task_id=self.request.id or "",
+        )
+    return result.hours
+
+
+@shared_task(bind=True, autoretry_for=(OperationalError,), retry_backoff=60, max_retries=3)
+def close_month_task(self, run_id: int | None = None, period: str | None = None) -> int:
+    """Close a month: meter up to its end and make every project's draft statement.
+
+    With `run_id` (an operator's request) closes that run's month, unless the run is gone or done.
+    From beat (no arguments) closes the previous month. Returns the number of statements.
+    """
+    from . import services
+
+    if run_id is not None:
+        run = BillingRun.objects.filter(pk=run_id, kind=RunKind.CLOSE).first()
+        if run is None or run.status != RunStatus.RUNNING:
+            return 0
+    else:
+        month = parse_period(period) if period else services.previous_period()
+        run = BillingRun.objects.create(kind=RunKind.CLOSE, period=month, task_id=self.request.id or "")
+    return len(services.close_month(run.period, run=run))
