@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+from celery.schedules import crontab
+
 from .env import ConfigurationError, env_bool, env_database, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -177,10 +179,12 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = VAR_DIR / "celery" / "queue"
     _queue_dir.mkdir(parents=True, exist_ok=True)
     (VAR_DIR / "celery" / "processed").mkdir(exist_ok=True)
+    (VAR_DIR / "celery" / "control").mkdir(exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(VAR_DIR / "celery" / "processed"),
+        "control_folder": str(VAR_DIR / "celery" / "control"),
         "store_processed": False,
     }
 else:
@@ -207,6 +211,46 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 DISCOVERY_INTERVAL_S = env_int("DISCOVERY_INTERVAL_S", 60, minimum=5)
 METRICS_INTERVAL_S = env_int("METRICS_INTERVAL_S", 30, minimum=5)
 
+# --- Billing (billing app; docs/billing.md) ---------------------------------------------------
+BILLING_CURRENCY = env_str("BILLING_CURRENCY", "EUR").upper()
+if len(BILLING_CURRENCY) != 3 or not BILLING_CURRENCY.isalpha():
+    raise ConfigurationError(f"BILLING_CURRENCY={BILLING_CURRENCY!r} is not an ISO 4217 code such as EUR")
+
+
+def _gpu_prices(name: str, default: str) -> dict:
+    """Parse "H100-80GB=2.50,H200-141GB=3.20" into {"H100-80GB": Decimal("2.50"), ...}; junk stops start-up."""
+    from decimal import Decimal, InvalidOperation
+
+    prices = {}
+    for item in env_list(name, default.split(",")):
+        product, _, price = item.partition("=")
+        try:
+            value = Decimal(price.strip())
+        except InvalidOperation:
+            value = Decimal(-1)
+        if not product.strip() or not value.is_finite() or value < 0:
+            raise ConfigurationError(f"{name}: {item!r} is not PRODUCT=PRICE (e.g. H100-80GB=2.50)")
+        prices[product.strip()] = value
+    return prices
+
+
+# Full-GPU price per hour by catalog product; MIG and time-slice prices derive from it.
+BILLING_DEFAULT_GPU_HOURLY = _gpu_prices(
+    "BILLING_DEFAULT_GPU_HOURLY", "H100-80GB=2.50,H200-141GB=3.20,A100-80GB=1.60,A100-40GB=1.20,A30-24GB=0.60"
+)
+BILLING_METER_INTERVAL_S = env_int("BILLING_METER_INTERVAL_S", 600, minimum=60)
+# Credits and showback of the last N hours are recomputed after each metering pass.
+BILLING_REFRESH_HOURS = env_int("BILLING_REFRESH_HOURS", 48, minimum=1)
+SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
+    {
+        "StatementStateEnum": "billing.choices.StatementState",
+        "LineTypeEnum": "billing.choices.LineType",
+        "BillingRunKindEnum": "billing.choices.RunKind",
+        "BillingRunStatusEnum": "billing.choices.RunStatus",
+    }
+)
+# --- end billing settings
+
 # Static beat schedule; `expires` equals the period so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
     "discover-all-clusters": {
@@ -214,7 +258,139 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=DISCOVERY_INTERVAL_S),
         "options": {"expires": DISCOVERY_INTERVAL_S},
     },
+    # --- billing: meter every complete hour (a no-op until one ends); close last month on the 1st.
+    "billing-meter-usage": {
+        "task": "billing.tasks.meter_usage_task",
+        "schedule": timedelta(seconds=BILLING_METER_INTERVAL_S),
+        "options": {"expires": BILLING_METER_INTERVAL_S},
+    },
+    "billing-close-month": {
+        "task": "billing.tasks.close_month_task",
+        "schedule": crontab(minute=30, hour=0, day_of_month=1),
+        "options": {"expires": 28 * 24 * 3600},
+    },
+    # --- end billing
 }
+
+# --- pools: expiry of pool requests (beat entry below; docs/pools.md) -----------------------------
+POOL_EXPIRY_NOTICE_S = env_int("POOL_EXPIRY_NOTICE_S", 3600, minimum=0)
+POOL_EXPIRY_INTERVAL_S = env_int("POOL_EXPIRY_INTERVAL_S", 60, minimum=5)
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "pools-expire-requests": {
+            "task": "pools.tasks.expire_requests_task",
+            "schedule": timedelta(seconds=POOL_EXPIRY_INTERVAL_S),
+            "options": {"expires": POOL_EXPIRY_INTERVAL_S},
+        },
+    }
+)
+# One OpenAPI enum per choice set of the pools API, whatever the field is called.
+SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
+    {
+        "RequestStateEnum": "pools.choices.RequestState",
+        "PoolStateEnum": "pools.choices.PoolState",
+        "RoleEnum": "pools.choices.Role",
+        "SpecKindEnum": "capacity.choices.SpecKind",
+    }
+)
+# --- end pools ----------------------------------------------------------------------------------
+
+# --- monitoring: collection, storage, health, idle reservations (docs/monitoring.md) ------------
+
+
+def _int_set(name: str, default: str) -> frozenset[int]:
+    """Parse "48,63,79" into {48, 63, 79}; anything that is not a list of integers stops start-up."""
+    values = env_list(name, default.split(","))
+    if not all(v.isdigit() for v in values):
+        raise ConfigurationError(f"{name}={','.join(values)!r} must be comma-separated integers (XID codes)")
+    return frozenset(int(v) for v in values)
+
+
+MONITORING_GPM_INTERVAL_MS = env_int("MONITORING_GPM_INTERVAL_MS", 150, minimum=101)
+MONITORING_DCGM_TIMEOUT_S = env_int("MONITORING_DCGM_TIMEOUT_S", 5, minimum=1)
+MONITORING_COPY_MIN_ROWS = env_int("MONITORING_COPY_MIN_ROWS", 200, minimum=1)
+# Off: sample transactions commit without waiting for the WAL flush (telemetry; see docs/monitoring.md).
+MONITORING_SYNCHRONOUS_COMMIT = env_bool("MONITORING_SYNCHRONOUS_COMMIT", False)
+MONITORING_RETENTION_RAW_DAYS = env_int("MONITORING_RETENTION_RAW_DAYS", 7, minimum=1)
+MONITORING_RETENTION_5M_DAYS = env_int("MONITORING_RETENTION_5M_DAYS", 90, minimum=1)
+MONITORING_RETENTION_1H_DAYS = env_int("MONITORING_RETENTION_1H_DAYS", 0, minimum=0)  # 0 = keep forever
+MONITORING_RETENTION_BATCH = env_int("MONITORING_RETENTION_BATCH", 50_000, minimum=100)
+MONITORING_RETENTION_INTERVAL_S = env_int("MONITORING_RETENTION_INTERVAL_S", 3600, minimum=60)
+MONITORING_ROLLUP_INTERVAL_S = env_int("MONITORING_ROLLUP_INTERVAL_S", 300, minimum=30)
+MONITORING_ROLLUP_GRACE_S = env_int("MONITORING_ROLLUP_GRACE_S", 60, minimum=0)
+MONITORING_ROLLUP_LATENESS_S = env_int("MONITORING_ROLLUP_LATENESS_S", 600, minimum=0)
+MONITORING_XID_CRITICAL = _int_set("MONITORING_XID_CRITICAL", "48,63,64,74,79,92,94,95")
+MONITORING_XID_WARNING = _int_set("MONITORING_XID_WARNING", "13,31,43")
+MONITORING_XID_CLEAR_S = env_int("MONITORING_XID_CLEAR_S", 3600, minimum=0)
+MONITORING_THROTTLE_CLEAR_S = env_int("MONITORING_THROTTLE_CLEAR_S", 120, minimum=0)
+MONITORING_CORDON_ON_CRITICAL = env_bool("MONITORING_CORDON_ON_CRITICAL", False)
+MONITORING_IDLE_SM_PCT = env_int("MONITORING_IDLE_SM_PCT", 5, minimum=0)
+MONITORING_IDLE_WINDOW_H = env_int("MONITORING_IDLE_WINDOW_H", 24, minimum=1)
+MONITORING_IDLE_MIN_COVERAGE_PCT = env_int("MONITORING_IDLE_MIN_COVERAGE_PCT", 50, minimum=1)
+MONITORING_IDLE_MEM_MIB = env_int("MONITORING_IDLE_MEM_MIB", 1024, minimum=0)
+MONITORING_IDLE_INTERVAL_S = env_int("MONITORING_IDLE_INTERVAL_S", 3600, minimum=60)
+MONITORING_SHARE_FACTOR_PCT = env_int("MONITORING_SHARE_FACTOR_PCT", 150, minimum=100)
+MONITORING_EVICT_OVER_SHARE = env_bool("MONITORING_EVICT_OVER_SHARE", False)
+# Bearer token Prometheus must send to /metrics; empty: staff sessions only (open when DEBUG).
+MONITORING_METRICS_TOKEN = env_str("MONITORING_METRICS_TOKEN", "")
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "monitoring-poll-metrics": {
+            "task": "monitoring.tasks.poll_metrics_task",
+            "schedule": timedelta(seconds=METRICS_INTERVAL_S),
+            "options": {"expires": METRICS_INTERVAL_S},
+        },
+        "monitoring-rollup": {
+            "task": "monitoring.tasks.rollup_metrics_task",
+            "schedule": timedelta(seconds=MONITORING_ROLLUP_INTERVAL_S),
+            "options": {"expires": MONITORING_ROLLUP_INTERVAL_S},
+        },
+        "monitoring-retention": {
+            "task": "monitoring.tasks.prune_metrics_task",
+            "schedule": timedelta(seconds=MONITORING_RETENTION_INTERVAL_S),
+            "options": {"expires": MONITORING_RETENTION_INTERVAL_S},
+        },
+        "monitoring-idle-reservations": {
+            "task": "monitoring.tasks.detect_idle_reservations_task",
+            "schedule": timedelta(seconds=MONITORING_IDLE_INTERVAL_S),
+            "options": {"expires": MONITORING_IDLE_INTERVAL_S},
+        },
+    }
+)
+# --- end monitoring -----------------------------------------------------------------------------
+
+# --- capacity: MIG reconfiguration, time-slicing (docs/mig.md) -------------------------------
+GPU_OPERATOR_NAMESPACE = env_str("GPU_OPERATOR_NAMESPACE", "gpu-operator")
+# gpuaas's own mig-parted ConfigMap; point the ClusterPolicy's spec.migManager.config.name at it.
+MIG_PARTED_CONFIGMAP = env_str("MIG_PARTED_CONFIGMAP", "gpuaas-mig-parted-config")
+# The device plugin's config ConfigMap (ClusterPolicy spec.devicePlugin.config.name).
+TIME_SLICING_CONFIGMAP = env_str("TIME_SLICING_CONFIGMAP", "time-slicing-config")
+# Waiting steps re-check with this countdown: far below the Redis visibility timeout.
+MIG_RECONFIG_POLL_S = env_int("MIG_RECONFIG_POLL_S", 5, minimum=1)
+if MIG_RECONFIG_POLL_S * 10 > CELERY_LONGEST_TASK_S:
+    raise ConfigurationError("MIG_RECONFIG_POLL_S must stay far below the broker visibility timeout")
+MIG_DRAIN_TIMEOUT_S = env_int("MIG_DRAIN_TIMEOUT_S", 900, minimum=10)
+MIG_APPLY_TIMEOUT_S = env_int("MIG_APPLY_TIMEOUT_S", 1200, minimum=10)
+MIG_VERIFY_TIMEOUT_S = env_int("MIG_VERIFY_TIMEOUT_S", 300, minimum=10)
+MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", 60, minimum=10)
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "capacity-sweep-reconfigurations": {
+            "task": "capacity.tasks.sweep_reconfigurations_task",
+            "schedule": timedelta(seconds=MIG_RECONFIG_SWEEP_S),
+            "options": {"expires": MIG_RECONFIG_SWEEP_S},
+        },
+    }
+)
+SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
+    {
+        "ReconfigurationStepEnum": "capacity.choices.ReconfigurationStep",
+        "ReconfigurationStateEnum": "capacity.choices.ReconfigurationState",
+        "ReconfigurationBackendEnum": "capacity.choices.ReconfigurationBackend",
+        "ReconfigurationEventEnum": "capacity.choices.ReconfigurationEvent",
+    }
+)
+# --- end capacity reconfiguration ---------------------------------------------------------------
 
 # --- Outside systems ------------------------------------------------------------------------
 # Factory returning a pynvml-compatible library for (api_url, node_name). Real nodes: pynvml

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from gpuaas.bench import REGISTRY
 
-APPS = ("capacity", "pools", "billing", "monitoring")
+APPS = ("capacity", "pools", "billing", "monitoring", "gpuaas.dashboard")
 
 
 def _load() -> None:

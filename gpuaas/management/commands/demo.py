@@ -78,7 +78,7 @@ class Command(BaseCommand):
         out = self.stdout
         out.write("1/5 database: migrating")
         call_command("migrate", verbosity=0)
-        out.write("2/5 simulated cluster: starting on 127.0.0.1:%d" % sim_port)
+        out.write(f"2/5 simulated cluster: starting on 127.0.0.1:{sim_port}")
         kube_dir = settings.VAR_DIR / "simcluster"
         self._spawn("-m", "simcluster", "--scenario", "demo", "--port", str(sim_port),
                     "--kubeconfig-dir", str(kube_dir), log="simcluster.log")

@@ -1,0 +1,256 @@
+"""Fleet-wide reads: cluster cards and the profile distribution, as SQL aggregates.
+
+Units are counted in the database, grouped by (cluster, product, compute slices, bound, allocated),
+so the number of queries stays fixed however many GPUs the fleet holds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from fractions import Fraction
+
+from django.contrib import admin
+from django.db.models import Count, Q
+from django.urls import reverse
+from django.utils import timezone
+
+from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+from pools.choices import RequestState
+from pools.models import PoolRequest
+
+from . import sources
+from .status import (
+    FULL,
+    SHAPE_LABELS,
+    SHAPES,
+    STATUSES,
+    UnitStatus,
+    extra_bound_units,
+    gpu_allocated,
+    gpu_bound,
+    gpu_share,
+    mig_allocated,
+    mig_bound,
+    shape_of,
+    status_of,
+)
+
+
+@dataclass(frozen=True)
+class UnitGroup:
+    """`count` units of one shape on one cluster, all in the same status."""
+
+    cluster_id: int
+    product: str
+    shape: str
+    status: str
+    allocated: bool
+    count: int
+    gpus: Fraction  # the units' size in GPUs, summed
+
+
+def unit_groups(cluster_ids: list[int] | None = None) -> list[UnitGroup]:
+    """Every present unit, counted by cluster, product, shape and status. Three to five queries."""
+    extra = extra_bound_units()
+    mig = MigInstance.objects.active().filter(gpu__node__gone_at__isnull=True)
+    full = GpuCapacity.objects.present().filter(mig_mode_current=False)
+    if cluster_ids is not None:
+        mig = mig.filter(gpu__node__cluster_id__in=cluster_ids)
+        full = full.filter(node__cluster_id__in=cluster_ids)
+    mig_rows = (
+        mig.annotate(bound=mig_bound(extra), held=mig_allocated())
+        .values("gpu__node__cluster_id", "gpu__catalog_product", "profile__compute_slices", "bound", "held")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    full_rows = (
+        full.annotate(bound=gpu_bound(extra), held=gpu_allocated())
+        .values("node__cluster_id", "catalog_product", "bound", "held")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    groups = []
+    for row in mig_rows:
+        slices = row["profile__compute_slices"]
+        product = row["gpu__catalog_product"]
+        groups.append(
+            UnitGroup(
+                cluster_id=row["gpu__node__cluster_id"],
+                product=product,
+                shape=shape_of(slices),
+                status=status_of(row["bound"], row["held"]),
+                allocated=bool(row["held"]),
+                count=row["n"],
+                gpus=gpu_share(product, slices) * row["n"],
+            )
+        )
+    for row in full_rows:
+        groups.append(
+            UnitGroup(
+                cluster_id=row["node__cluster_id"],
+                product=row["catalog_product"],
+                shape=FULL,
+                status=status_of(row["bound"], row["held"]),
+                allocated=bool(row["held"]),
+                count=row["n"],
+                gpus=Fraction(row["n"]),
+            )
+        )
+    return groups
+
+
+def profile_distribution(groups: list[UnitGroup]) -> list[dict]:
+    """Rows 1g, 2g, 3g, 4g, 7g, Full with the number of units in each status and the total."""
+    counts: dict[str, dict[str, int]] = {shape: dict.fromkeys(STATUSES, 0) for shape in SHAPES}
+    for group in groups:
+        counts[group.shape][group.status] += group.count
+    return [
+        {"shape": shape, "label": SHAPE_LABELS[shape], **counts[shape], "total": sum(counts[shape].values())}
+        for shape in SHAPES
+    ]
+
+
+def _round(value: Fraction, places: int = 2) -> float:
+    return round(float(value), places)
+
+
+def _percent(part: Fraction | int, whole: Fraction | int) -> float | None:
+    return round(100 * float(part) / float(whole), 1) if whole else None
+
+
+def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict]:
+    """One card per cluster: nodes, GPUs, MIG instances, units by status, GPUs allocated and free.
+
+    Allocated and free are measured in GPUs so clusters carved differently compare at a glance: a
+    MIG instance weighs its compute slices over the GPU's (a 3g of an H100 is 3/7 of a GPU), a whole
+    GPU weighs 1. Free = present GPUs - allocated, so uncarved MIG slices count as free. Two queries
+    besides `groups`.
+    """
+    ids = [c.pk for c in clusters]
+    nodes = {
+        row["cluster_id"]: row
+        for row in NodeCapacity.objects.present()
+        .filter(cluster_id__in=ids)
+        .values("cluster_id")
+        .annotate(total=Count("pk"), schedulable=Count("pk", filter=Q(ready=True, cordoned=False)))
+        .order_by()
+    }
+    gpus = {
+        row["node__cluster_id"]: row
+        for row in GpuCapacity.objects.present()
+        .filter(node__cluster_id__in=ids)
+        .values("node__cluster_id")
+        .annotate(
+            total=Count("pk"),
+            mig_enabled=Count("pk", filter=Q(mig_mode_current=True)),
+            unhealthy=Count("pk", filter=~Q(health__in=["ok", "warning"])),
+        )
+        .order_by()
+    }
+    by_cluster: dict[int, list[UnitGroup]] = defaultdict(list)
+    for group in groups:
+        by_cluster[group.cluster_id].append(group)
+    cards = []
+    for cluster in clusters:
+        mine = by_cluster[cluster.pk]
+        units = {status: sum(g.count for g in mine if g.status == status) for status in STATUSES}
+        allocated = sum((g.gpus for g in mine if g.allocated), Fraction(0))
+        in_use = sum((g.gpus for g in mine if g.status == UnitStatus.IN_USE), Fraction(0))
+        gpu_row = gpus.get(cluster.pk, {})
+        present = gpu_row.get("total", 0)
+        node_row = nodes.get(cluster.pk, {})
+        cards.append(
+            {
+                "id": cluster.pk,
+                "name": cluster.name,
+                "status": cluster.status,
+                "status_label": cluster.get_status_display(),
+                "last_success_at": cluster.last_success_at.isoformat() if cluster.last_success_at else None,
+                "nodes": node_row.get("total", 0),
+                "nodes_schedulable": node_row.get("schedulable", 0),
+                "gpus": present,
+                "gpus_mig_enabled": gpu_row.get("mig_enabled", 0),
+                "gpus_unhealthy": gpu_row.get("unhealthy", 0),
+                "mig_instances": sum(g.count for g in mine if g.shape != FULL),
+                "units": {**units, "total": sum(units.values())},
+                "gpu_equivalents": {
+                    "total": present,
+                    "allocated": _round(allocated),
+                    "free": _round(present - allocated),
+                    "in_use": _round(in_use),
+                },
+                "allocated_pct": _percent(allocated, present),
+                "in_use_pct": _percent(in_use, present),
+            }
+        )
+    return cards
+
+
+PENDING_SHOWN = 20
+
+
+def pending_approvals() -> dict:
+    """Submitted pool requests waiting for an operator, oldest first. Two queries."""
+    submitted = PoolRequest.objects.filter(state=RequestState.SUBMITTED)
+    model_admin = admin.site._registry.get(PoolRequest)
+    offered = set(getattr(model_admin, "actions", None) or [])
+    changelist = reverse("admin:pools_poolrequest_changelist")
+    rows = submitted.select_related("project", "requested_by").order_by("created_at", "id")[:PENDING_SHOWN]
+    return {
+        "count": submitted.count(),
+        "queue_url": changelist + f"?state__exact={RequestState.SUBMITTED}",
+        # The admin's own actions, posted from the dashboard: each opens the action's reason page.
+        "action_url": changelist,
+        "actions": [
+            {"name": name, "label": label}
+            for name, label in (("approve_selected", "Approve…"), ("reject_selected", "Reject…"))
+            if name in offered
+        ],
+        "items": [
+            {
+                "id": r.pk,
+                "project": r.project.slug,
+                "spec": r.spec_label,
+                "count": r.count,
+                "isolation": r.get_isolation_display(),
+                "tier": r.get_tier_display(),
+                "requested_by": r.requested_by.get_username() if r.requested_by else None,
+                "created_at": r.created_at.isoformat(),
+                "url": reverse("admin:pools_poolrequest_change", args=[r.pk]),
+            }
+            for r in rows
+        ],
+    }
+
+
+def overview() -> dict:
+    """Everything the operator dashboard shows, as one JSON-able dict (a fixed number of queries)."""
+    clusters = list(Cluster.objects.order_by("name"))
+    ids = [c.pk for c in clusters]
+    groups = unit_groups(ids)
+    cards = cluster_cards(clusters, groups)
+    health = sources.health_counters(ids)
+    series = sources.cluster_series(clusters)
+    activity = sources.cluster_activity(series)
+    for card in cards:
+        card["health"] = health[card["id"]]
+        card["activity"] = activity.get(card["id"])
+        card["url"] = reverse("admin:gpuaas_dashboard_cluster", args=[card["id"]])
+    totals = {
+        "clusters": len(clusters),
+        "nodes": sum(c["nodes"] for c in cards),
+        "gpus": sum(c["gpus"] for c in cards),
+        "mig_instances": sum(c["mig_instances"] for c in cards),
+    }
+    return {
+        "generated_at": timezone.now().isoformat(),
+        "totals": totals,
+        "clusters": cards,
+        "profiles": profile_distribution(groups),
+        "pending": pending_approvals(),
+        "health_events": sources.recent_health_events(),
+        "idle_reservations": sources.idle_reservations(),
+        "costs": sources.month_costs(),
+        "series": series,
+    }

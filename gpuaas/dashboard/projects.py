@@ -1,0 +1,146 @@
+"""The project view's reads: a member's projects, their pools as cards, requests, allocations and costs.
+
+Everything is scoped with pools.roles.projects_for(user) (one subquery): a member never sees a row
+of another project. Pool cards come from GpuPool.objects.with_card(), the same figures as the API.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import Count, Exists, OuterRef, Q
+
+from capacity.choices import SpecKind
+from pools.models import Allocation, GpuPool, PoolRequest, Project
+from pools.roles import projects_for
+
+from .status import FULL, SHAPE_LABELS, SHAPES, UnitStatus, shape_of
+
+REQUESTS_SHOWN = 50
+
+
+def visible_projects(user):
+    """The user's projects (all of them for an operator), with how many pools each holds."""
+    return (
+        projects_for(user)
+        .annotate(pools_held=Count("pools", filter=Q(pools__released_at__isnull=True)))
+        .order_by("slug")
+    )
+
+
+def held_pools(projects):
+    return GpuPool.objects.held().filter(project__in=projects)
+
+
+def pool_cards(pools) -> list[dict]:
+    """The seed's pool cards for a queryset of pools. One query."""
+    pools = (
+        pools.with_card()
+        .select_related("project", "cluster", "request")
+        .order_by("project__slug", "-created_at", "-id")
+    )
+    cards = []
+    for pool in pools:
+        card = pool.card()
+        utilisation = card["utilisation"]
+        cards.append(
+            card
+            | {
+                "id": pool.pk,
+                "project": pool.project.slug,
+                "project_name": pool.project.name,
+                "cluster": pool.cluster.name,
+                "state": pool.state,
+                "state_label": pool.get_state_display(),
+                "workload_type": pool.get_workload_type_display(),
+                "utilisation_pct": None if utilisation is None else round(100 * float(utilisation), 1),
+            }
+        )
+    return cards
+
+
+def recent_requests(projects) -> list[PoolRequest]:
+    return list(
+        PoolRequest.objects.filter(project__in=projects)
+        .select_related("project")
+        .order_by("-created_at", "-id")[:REQUESTS_SHOWN]
+    )
+
+
+def _annotated_allocations(queryset):
+    """Active allocations with `busy` (a workload runs on the unit) and the MIG profile's compute slices."""
+    busy = Allocation.objects.in_use().filter(pk=OuterRef("pk"))
+    return queryset.active().annotate(busy=Exists(busy))
+
+
+def profile_distribution(allocations) -> list[dict]:
+    """Rows 1g..7g, Full: the held units in use and ready (held but idle). One query."""
+    counts = {shape: {UnitStatus.IN_USE.value: 0, UnitStatus.READY.value: 0} for shape in SHAPES}
+    rows = (
+        _annotated_allocations(allocations)
+        .values("kind", "mig_instance__profile__compute_slices", "busy")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for row in rows:
+        shape = shape_of(row["mig_instance__profile__compute_slices"]) if row["kind"] == SpecKind.MIG else FULL
+        counts[shape][UnitStatus.IN_USE if row["busy"] else UnitStatus.READY] += row["n"]
+    return [
+        {"shape": shape, "label": SHAPE_LABELS[shape], **counts[shape], "total": sum(counts[shape].values())}
+        for shape in SHAPES
+    ]
+
+
+def pool_allocations(pool: GpuPool) -> dict:
+    """A pool's allocation tab: its units with node, GPU and status, and the per-node profile counts. One query."""
+    rows = list(
+        _annotated_allocations(Allocation.objects.filter(pool=pool))
+        .select_related("gpu__node__cluster", "mig_instance__profile")
+        .order_by("gpu__node__name", "gpu__index", "mig_instance__placement_start", "replica")
+    )
+    units = []
+    by_node: dict[str, dict[str, dict[str, int]]] = defaultdict(
+        lambda: {shape: {UnitStatus.IN_USE.value: 0, UnitStatus.READY.value: 0} for shape in SHAPES}
+    )
+    for allocation in rows:
+        instance = allocation.mig_instance
+        shape = shape_of(instance.profile.compute_slices) if instance else FULL
+        status = UnitStatus.IN_USE if allocation.busy else UnitStatus.READY
+        node = allocation.gpu.node
+        by_node[f"{node.cluster.name}/{node.name}"][shape][status] += 1
+        units.append(
+            {
+                "id": allocation.pk,
+                "cluster": node.cluster.name,
+                "node": node.name,
+                "gpu_index": allocation.gpu.index,
+                "gpu_uuid": allocation.gpu.uuid,
+                "product": allocation.product,
+                "kind": allocation.get_kind_display(),
+                "profile": allocation.profile_name or ("full GPU" if allocation.kind == SpecKind.FULL else ""),
+                "replica": allocation.replica if allocation.kind == SpecKind.TIMESLICE else None,
+                "placement": f"{instance.placement_start}:{instance.placement_size}" if instance else "",
+                "shape": shape,
+                "shape_label": SHAPE_LABELS[shape],
+                "status": status.value,
+                "status_label": status.label,
+                "allocated_at": allocation.allocated_at,
+            }
+        )
+    nodes = [
+        {
+            "node": name,
+            "shapes": [
+                {"shape": shape, "label": SHAPE_LABELS[shape], **counts}
+                for shape, counts in shapes.items()
+                if sum(counts.values())
+            ],
+        }
+        for name, shapes in sorted(by_node.items())
+    ]
+    in_use = sum(1 for u in units if u["status"] == UnitStatus.IN_USE)
+    return {"units": units, "nodes": nodes, "in_use": in_use, "ready": len(units) - in_use}
+
+
+def project_of_user(user, slug: str) -> Project | None:
+    return projects_for(user).filter(slug=slug).first()

@@ -1,0 +1,470 @@
+"""Monitoring and billing reads for the dashboard and the project view.
+
+Every function here runs a fixed number of queries, whatever the fleet size:
+
+- latest_unit_metrics: the newest monitoring Sample of each GPU and MIG instance (last 3 polls).
+- health_counters / open_events_by_gpu / recent_health_events: monitoring HealthEvent.
+- idle_reservations: monitoring IdleReservation (open flags).
+- cluster_series / gpu_series / pool_series: monitoring Rollup5m (5-minute averages).
+- month_costs: billing UsageRecord of the current month, through billing.services.usage_totals,
+  rounded per line exactly as a statement rounds.
+
+A panel is a dict: {"available": True, "columns": [...], "items": [...], ...} or, when its source
+cannot be read, {"available": False, "reason": "..."}; the pages print the reason instead of a number.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+from decimal import Decimal
+from fractions import Fraction
+
+from django.conf import settings
+from django.db.models import Avg, Count, Q, Sum
+from django.urls import reverse
+from django.utils import timezone
+
+from capacity.choices import SpecKind
+from capacity.models import Cluster
+from monitoring.choices import HealthLevel, HealthRule, IdleState
+from monitoring.models import HealthEvent, IdleReservation, Rollup5m, Sample, Series
+
+SERIES_WINDOW = timedelta(hours=3)
+BUCKET = timedelta(minutes=5)
+EVENTS_SHOWN = 25
+IDLE_SHOWN = 25
+THROTTLE_RULES = (HealthRule.THERMAL_THROTTLE, HealthRule.POWER_THROTTLE)
+
+# The metrics the charts draw, as the JSON names them; "max" fixes the y axis where it is a percentage.
+POWER = {"key": "power_w", "label": "Power", "unit": "W"}
+SM_ACTIVITY = {"key": "sm_active_pct", "label": "SM activity", "unit": "%", "max": 100}
+UTILISATION = {"key": "gpu_util_pct", "label": "Utilisation", "unit": "%", "max": 100}
+TEMPERATURE = {"key": "temperature_c", "label": "Temperature", "unit": "°C"}
+
+
+def unavailable(reason: str) -> dict:
+    return {"available": False, "reason": reason}
+
+
+def _round(value, places: int = 1):
+    return None if value is None else round(float(value), places)
+
+
+def metrics_available() -> bool:
+    """Whether any metric sample exists at all (the metric colourings are offered only then)."""
+    return Sample.objects.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Latest readings per unit
+# ---------------------------------------------------------------------------------------------
+
+
+def latest_unit_metrics(gpu_ids) -> dict:
+    """{(gpu_id, mig_instance_id or None): {"power_w", "sm_active_pct", "gpu_util_pct", "temperature_c", "at"}}.
+
+    The newest sample of each series within the last three polling intervals; a unit with no
+    recent sample is absent (shown as "no data", never as zero). `gpu_ids`: a list or a subquery.
+    One query.
+    """
+    if isinstance(gpu_ids, list) and not gpu_ids:
+        return {}
+    since = timezone.now() - timedelta(seconds=3 * settings.METRICS_INTERVAL_S)
+    rows = (
+        Sample.objects.filter(series__gpu_id__in=gpu_ids, ts__gte=since)
+        .values("series__gpu_id", "series__mig_instance_id", "ts", "power_w", "sm_active", "gpu_util", "temp_c")
+        .order_by("series_id", "ts")
+    )
+    latest = {}
+    for row in rows:
+        latest[(row["series__gpu_id"], row["series__mig_instance_id"])] = {
+            "power_w": _round(row["power_w"]),
+            "sm_active_pct": _round(row["sm_active"]),
+            "gpu_util_pct": row["gpu_util"],
+            "temperature_c": row["temp_c"],
+            "at": row["ts"].isoformat(),
+        }
+    return latest
+
+
+# ---------------------------------------------------------------------------------------------
+# Health
+# ---------------------------------------------------------------------------------------------
+
+
+def health_counters(cluster_ids: list[int]) -> dict:
+    """{cluster_id: {"error", "throttling", "caution"}}: GPUs with an open health event of each kind.
+
+    Error = a critical event; Throttling = a thermal or power throttling event; Caution = another
+    warning. A GPU counts once per kind (two critical XIDs on one GPU are one GPU in error). One query.
+    """
+    throttle = Q(rule__in=THROTTLE_RULES)
+    rows = (
+        HealthEvent.objects.open()
+        .filter(gpu__node__cluster_id__in=cluster_ids)
+        .values("gpu__node__cluster_id")
+        .annotate(
+            error=Count("gpu", filter=Q(level=HealthLevel.CRITICAL), distinct=True),
+            throttling=Count("gpu", filter=throttle, distinct=True),
+            caution=Count("gpu", filter=Q(level=HealthLevel.WARNING) & ~throttle, distinct=True),
+        )
+        .order_by()
+    )
+    counters = {pk: {"error": 0, "throttling": 0, "caution": 0} for pk in cluster_ids}
+    for row in rows:
+        counters[row["gpu__node__cluster_id"]] = {k: row[k] for k in ("error", "throttling", "caution")}
+    return counters
+
+
+def open_events_by_gpu(gpu_ids) -> dict[int, list[dict]]:
+    """{gpu_id: [{"level", "rule", "mig_instance_id"}]} of open health events. One query."""
+    events: dict[int, list[dict]] = defaultdict(list)
+    for event in HealthEvent.objects.open().filter(gpu_id__in=gpu_ids).order_by("gpu_id", "-opened_at", "-id"):
+        events[event.gpu_id].append(
+            {
+                "level": event.level,
+                "level_label": event.get_level_display(),
+                "rule": event.get_rule_display(),
+                "mig_instance_id": event.mig_instance_id,
+            }
+        )
+    return events
+
+
+def recent_health_events() -> dict:
+    """Open health events, newest first, with where they are. Two queries."""
+    events = HealthEvent.objects.open()
+    rows = events.select_related("gpu__node__cluster", "mig_instance__profile").order_by("-opened_at", "-id")[
+        :EVENTS_SHOWN
+    ]
+    total = events.count()
+    items = []
+    for event in rows:
+        node = event.gpu.node
+        items.append(
+            {
+                "id": event.pk,
+                "level": f"{'⛔' if event.level == HealthLevel.CRITICAL else '⚠'} {event.get_level_display()}",
+                "rule": event.get_rule_display(),
+                "where": f"{node.cluster.name}/{node.name} GPU {event.gpu.index}"
+                + (
+                    f" {event.mig_instance.profile.name}@{event.mig_instance.placement_start}"
+                    if event.mig_instance
+                    else ""
+                ),
+                "message": event.message,
+                "opened_at": event.opened_at.isoformat(),
+                "occurrences": event.occurrences,
+                "url": reverse("admin:gpuaas_dashboard_gpu", args=[event.gpu_id]),
+            }
+        )
+    return {
+        "available": True,
+        "summary": f"{total} open event{'s' if total != 1 else ''}"
+        + (f", newest {len(items)} shown" if total > len(items) else ""),
+        "empty": "No open health events.",
+        "columns": [
+            {"key": "level", "label": "Level"},
+            {"key": "rule", "label": "Rule"},
+            {"key": "where", "label": "Where", "link": "url"},
+            {"key": "message", "label": "Message"},
+            {"key": "occurrences", "label": "Seen", "num": True, "digits": 0},
+            {"key": "opened_at", "label": "Since", "type": "datetime"},
+        ],
+        "items": items,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Idle reservations
+# ---------------------------------------------------------------------------------------------
+
+
+def idle_reservations(project_ids: list[int] | None = None) -> dict:
+    """Open idle-reservation flags: allocations whose unit stayed idle, with the proposal. Two queries."""
+    flags = IdleReservation.objects.filter(state=IdleState.OPEN)
+    if project_ids is not None:
+        flags = flags.filter(allocation__project_id__in=project_ids)
+    rows = flags.select_related("allocation__pool__project", "allocation__gpu__node").order_by("-detected_at", "-id")[
+        :IDLE_SHOWN
+    ]
+    total = flags.count()
+    items = []
+    for flag in rows:
+        allocation = flag.allocation
+        unit = allocation.profile_name or ("full GPU" if allocation.kind == SpecKind.FULL else "time-slice")
+        proposal = flag.get_proposal_display() + (f" to {flag.suggested_profile}" if flag.suggested_profile else "")
+        items.append(
+            {
+                "id": flag.pk,
+                "project": allocation.pool.project.slug,
+                "pool": allocation.pool.name,
+                "unit": f"{allocation.product} {unit} on {allocation.gpu.node.name} GPU {allocation.gpu.index}",
+                "sm_active_avg": flag.sm_active_avg,
+                "window": f"{flag.window_start:%Y-%m-%d %H:%M} – {flag.window_end:%H:%M} UTC",
+                "proposal": proposal,
+                "detected_at": flag.detected_at.isoformat(),
+            }
+        )
+    return {
+        "available": True,
+        "summary": f"{total} open flag{'s' if total != 1 else ''}"
+        + (f", newest {len(items)} shown" if total > len(items) else ""),
+        "empty": "No idle reservations.",
+        "columns": [
+            {"key": "project", "label": "Project"},
+            {"key": "pool", "label": "Pool"},
+            {"key": "unit", "label": "Unit"},
+            {"key": "sm_active_avg", "label": "SM avg", "type": "percent", "num": True},
+            {"key": "window", "label": "Window"},
+            {"key": "proposal", "label": "Proposal"},
+        ],
+        "items": items,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Time series (5-minute rollups)
+# ---------------------------------------------------------------------------------------------
+
+
+def _since():
+    return timezone.now() - SERIES_WINDOW
+
+
+def _panel(per: str, metrics: list[dict], series: list[dict], note: str = "") -> dict:
+    if not any(line["points"] for line in series):
+        return unavailable("No metrics recorded in the last 3 hours yet.")
+    summary = "5-minute averages over the last 3 hours (UTC)." + (f" {note}" if note else "")
+    return {"available": True, "per": per, "metrics": metrics, "series": series, "summary": summary}
+
+
+def cluster_series(clusters: list[Cluster]) -> dict:
+    """Per cluster and 5-minute bucket: total GPU power, mean SM activity and mean utilisation. One query.
+
+    SM activity averages every GPU- and MIG-level series that reports it; power and utilisation come
+    from the GPU-level series (DCGM and NVML report power per GPU; utilisation is not reported on
+    MIG-enabled GPUs).
+    """
+    names = {c.pk: c.name for c in clusters}
+    gpu_level = Q(series__mig_instance__isnull=True)
+    rows = (
+        Rollup5m.objects.filter(bucket__gte=_since(), series__gpu__node__cluster_id__in=list(names))
+        .values("series__gpu__node__cluster_id", "bucket")
+        .annotate(
+            power=Sum("power_w_avg", filter=gpu_level),
+            sm=Avg("sm_active_avg"),
+            util=Avg("gpu_util_avg", filter=gpu_level),
+        )
+        .order_by("series__gpu__node__cluster_id", "bucket")
+    )
+    points: dict[int, list[dict]] = defaultdict(list)
+    for row in rows:
+        points[row["series__gpu__node__cluster_id"]].append(
+            {
+                "t": row["bucket"].isoformat(),
+                "power_w": _round(row["power"], 0),
+                "sm_active_pct": _round(row["sm"]),
+                "gpu_util_pct": _round(row["util"]),
+            }
+        )
+    series = [{"label": names[pk], "cluster_id": pk, "points": points[pk]} for pk in names]
+    return _panel("cluster", [SM_ACTIVITY, POWER, UTILISATION], series, "Power is the cluster's total.")
+
+
+def cluster_activity(series_panel: dict) -> dict:
+    """{cluster_id: {"sm_active_pct", "power_w", "at"}}: each cluster's latest 5-minute bucket."""
+    if not series_panel.get("available"):
+        return {}
+    activity = {}
+    for line in series_panel["series"]:
+        if line["points"]:
+            last = line["points"][-1]
+            activity[line["cluster_id"]] = {
+                "sm_active_pct": last["sm_active_pct"],
+                "power_w": last["power_w"],
+                "at": last["t"],
+            }
+    return activity
+
+
+def _point(ts, values: dict) -> dict:
+    """A chart point from a monitoring reader's point (metric names as Sample's columns)."""
+    return {
+        "t": ts.isoformat(),
+        "power_w": _round(values.get("power_w"), 0),
+        "sm_active_pct": _round(values.get("sm_active")),
+        "gpu_util_pct": _round(values.get("gpu_util")),
+        "temperature_c": _round(values.get("temp_c")),
+    }
+
+
+def gpu_series(gpu) -> dict:
+    """One line per series of the GPU: the GPU itself and each of its MIG instances. Three queries.
+
+    Read with monitoring.readers.series_points at the 5-minute step: finished rollups, then the
+    samples of the bucket still open, so the chart is never a rollup period behind.
+    """
+    from monitoring import readers
+
+    series = list(
+        Series.objects.filter(gpu=gpu)
+        .values("id", "mig_instance_id", "mig_instance__profile__name", "mig_instance__placement_start")
+        .order_by("mig_instance__placement_start", "id")
+    )
+    now = timezone.now()
+    points = readers.series_points(
+        [s["id"] for s in series],
+        now - SERIES_WINDOW,
+        now,
+        step="5m",
+        metrics=("power_w", "sm_active", "gpu_util", "temp_c"),
+    )
+    lines = [
+        {
+            "label": (
+                f"{s['mig_instance__profile__name']} @{s['mig_instance__placement_start']}"
+                if s["mig_instance_id"]
+                else f"GPU {gpu.index}"
+            ),
+            "points": [_point(p["ts"], p) for p in points.get(s["id"], [])],
+        }
+        for s in series
+    ]
+    return _panel("series", [SM_ACTIVITY, POWER, UTILISATION, TEMPERATURE], lines)
+
+
+def _unit_share(allocation) -> Fraction:
+    from billing.rates import mig_share
+
+    if allocation.kind == SpecKind.MIG:
+        return mig_share(allocation.product, allocation.profile_name, allocation.compute_slices)
+    if allocation.kind == SpecKind.TIMESLICE:
+        return Fraction(1, max(1, allocation.gpu.node.timeslice_replicas))
+    return Fraction(1)
+
+
+def _held_through(bucket, held) -> bool:
+    """Whether the 5-minute bucket lies wholly inside the holding window (a hand-over bucket is left out)."""
+    held_from, held_until = held
+    return bucket >= held_from and (held_until is None or bucket + BUCKET <= held_until)
+
+
+def pool_series(pool) -> dict:
+    """The pool's SM activity and power per 5-minute bucket over the last 3 hours. A handful of queries.
+
+    SM activity is monitoring's pool utilisation (monitoring.readers.pool_utilisation): the
+    compute-slice-weighted mean of the pool's MIG and full-GPU units, each counted only while the
+    pool held it; the same figure the monitoring API gives. Power is each unit's GPU power times the
+    unit's share of that GPU (billing.rates.mig_share; 1/replicas for time-slicing), summed over the
+    units while held, which is how billing attributes energy (DCGM reports power per GPU only).
+    """
+    from monitoring import readers
+    from pools.models import Allocation
+
+    now = timezone.now()
+    start = now - SERIES_WINDOW
+    allocations = list(
+        Allocation.objects.filter(pool=pool, allocated_at__lt=now)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+        .select_related("gpu__node")
+        .order_by("pk")
+    )
+    if not allocations:
+        return unavailable("The pool holds no units yet.")
+    sm = {p["ts"]: p["sm_active"] for p in readers.pool_utilisation(pool, start, now, step="5m")["points"]}
+    gpu_series_ids = dict(
+        Series.objects.filter(gpu_id__in={a.gpu_id for a in allocations}, mig_instance__isnull=True).values_list(
+            "gpu_id", "id"
+        )
+    )
+    windows: dict[int, list] = defaultdict(list)
+    for allocation in allocations:
+        if allocation.gpu_id in gpu_series_ids:
+            windows[gpu_series_ids[allocation.gpu_id]].append((allocation.allocated_at, allocation.released_at))
+    power_points = readers.series_points(list(windows), start, now, step="5m", metrics=("power_w",))
+    power: dict = defaultdict(Fraction)
+    for allocation in allocations:
+        series_id = gpu_series_ids.get(allocation.gpu_id)
+        held = (allocation.allocated_at, allocation.released_at)
+        for point in power_points.get(series_id, []):
+            if point["power_w"] is not None and _held_through(point["ts"], held):
+                power[point["ts"]] += Fraction(point["power_w"]) * _unit_share(allocation)
+    points = [
+        {
+            "t": ts.isoformat(),
+            "sm_active_pct": _round(sm.get(ts)),
+            "power_w": _round(power[ts], 0) if ts in power else None,
+        }
+        for ts in sorted(set(sm) | set(power))
+    ]
+    note = "Power is attributed by each unit's share of its GPU, as billing attributes energy."
+    return _panel("pool", [SM_ACTIVITY, POWER], [{"label": pool.name, "points": points}], note)
+
+
+# ---------------------------------------------------------------------------------------------
+# Costs (billing)
+# ---------------------------------------------------------------------------------------------
+
+
+def month_costs(project_ids: list[int] | None = None) -> dict:
+    """This month's cost per project so far: unit-hours, reserved, credits, total and used. Two queries.
+
+    Built from the same lines a statement would have now: billing.services.usage_totals() groups
+    this month's usage records, and billing's own line builder turns each group into rounded
+    statement lines (unsaved), so the figures match the draft statement billing would generate
+    (before any adjustment). Usage is metered hour by hour: the current hour joins once metered.
+    """
+    from billing.choices import LineType
+    from billing.periods import month_start
+    from billing.services import _lines_for, usage_totals
+    from pools.models import Project
+
+    period = month_start(timezone.now())
+    totals: dict[int, dict] = {}
+    for row in usage_totals(period, project_ids=project_ids):
+        entry = totals.setdefault(
+            row["project_id"], {"reserved": Decimal(0), "credits": Decimal(0), "used": None, "hours": Decimal(0)}
+        )
+        for line in _lines_for(None, row, ""):
+            if line.line_type == LineType.USAGE:
+                entry["reserved"] += line.amount
+                entry["hours"] += line.hours
+                if line.used_amount is not None:
+                    entry["used"] = (entry["used"] or Decimal(0)) + line.used_amount
+            else:
+                entry["credits"] += line.amount
+    slugs = dict(Project.objects.filter(pk__in=list(totals)).values_list("pk", "slug"))
+    items = [
+        {
+            "id": pk,
+            "project": slugs.get(pk, str(pk)),
+            "hours": f"{entry['hours']:.1f}",
+            "reserved": f"{entry['reserved']:.2f}",
+            "credits": f"{entry['credits']:.2f}",
+            "total": f"{entry['reserved'] + entry['credits']:.2f}",
+            "used": None if entry["used"] is None else f"{entry['used']:.2f}",
+        }
+        for pk, entry in sorted(totals.items(), key=lambda kv: (-(kv[1]["reserved"] + kv[1]["credits"]), kv[0]))
+    ]
+    grand = sum((Decimal(i["total"]) for i in items), Decimal(0))
+    currency = settings.BILLING_CURRENCY
+    return {
+        "available": True,
+        "month": period.strftime("%Y-%m"),
+        "currency": currency,
+        "total": f"{grand:.2f}",
+        "summary": f"{period:%B %Y} so far, in {currency}: {grand:.2f} in total.",
+        "empty": "No usage metered this month yet.",
+        "footer": "Reserved = held units × hourly rate from approval; Used = reserved × SM activity where measured.",
+        "columns": [
+            {"key": "project", "label": "Project"},
+            {"key": "hours", "label": "Unit-hours", "num": True},
+            {"key": "reserved", "label": "Reserved", "num": True},
+            {"key": "credits", "label": "Credits", "num": True},
+            {"key": "total", "label": "Total", "num": True},
+            {"key": "used", "label": "Used", "num": True},
+        ],
+        "items": items,
+    }

@@ -1,0 +1,292 @@
+"""The demo's world: logins, the simulated clusters registered and discovered, and a lifecycle to look at.
+
+Every screen has something to show: requests waiting for approval, active pools in several tiers, a
+MIG layout ready to apply, health events (faults injected into the simulator), idle reservations and a
+past month of billing. History older than the demo itself (last month's allocations, 24 h of idle
+samples) is backdated seed data and says so in docs/demo.md; everything after start-up is collected
+live from the simulator by the worker and beat.
+
+Idempotent: each step looks for what it would create, so `make demo` can run again on the same var/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from capacity.models import Cluster, GpuCapacity, MigLayout, NodeCapacity
+from capacity.services.clusters import register_cluster
+from capacity.services.discovery import INVENTORY_INLINE, discover_cluster
+from gpuaas.celery import node_queue
+from pools import services as pool_services
+from pools.choices import Isolation, RequestState, WorkloadType
+from pools.models import Allocation, GpuPool, PoolRequest, Project
+from pools.provisioning import provision_pool
+from pools.roles import set_role
+
+OPERATOR = ("operator", os.environ.get("GPUAAS_DEMO_OPERATOR_PASSWORD", "operator-demo-pw"))
+MEMBER = ("member", os.environ.get("GPUAAS_DEMO_MEMBER_PASSWORD", "member-demo-pw"))
+
+PROJECTS = [
+    # slug, name, namespace, cost centre
+    ("vision", "Computer Vision", "team-vision", "CC-1001"),
+    ("nlp", "Language Models", "team-nlp", "CC-1002"),
+    ("research", "Research Lab", "team-research", "CC-2001"),
+]
+
+# name, project, cluster, declared needs, approve?, backdate days
+REQUESTS = [
+    (
+        "vision-inference",
+        "vision",
+        "prod",
+        dict(
+            isolation=Isolation.MIG, workload_type=WorkloadType.INFERENCE, product="H100-80GB", profile_name="3g.40gb"
+        ),
+        2,
+        True,
+        40,
+    ),
+    (
+        "vision-batch",
+        "vision",
+        "prod",
+        dict(
+            isolation=Isolation.MIG, workload_type=WorkloadType.INFERENCE, product="H100-80GB", profile_name="1g.10gb"
+        ),
+        4,
+        True,
+        3,
+    ),
+    (
+        "nlp-training",
+        "nlp",
+        "prod",
+        dict(isolation=Isolation.FULL, workload_type=WorkloadType.TRAINING, product="H100-80GB"),
+        4,
+        True,
+        40,
+    ),
+    (
+        "research-notebooks",
+        "research",
+        "dev",
+        dict(isolation=Isolation.TIMESLICE, workload_type=WorkloadType.DEVELOPMENT, product="H200-141GB"),
+        6,
+        True,
+        2,
+    ),
+    (
+        "vision-staging",
+        "vision",
+        "prod",
+        dict(isolation=Isolation.MIG, workload_type=WorkloadType.STAGING, product="H100-80GB", profile_name="4g.40gb"),
+        1,
+        False,
+        0,
+    ),
+    (
+        "research-finetune",
+        "research",
+        "prod",
+        dict(isolation=Isolation.MIG, workload_type=WorkloadType.INFERENCE, memory_gib=30),
+        2,
+        False,
+        0,
+    ),
+]
+
+
+def _users():
+    User = get_user_model()
+    operator = User.objects.filter(username=OPERATOR[0]).first()
+    if operator is None:
+        operator = User.objects.create_superuser(OPERATOR[0], "operator@example.com", OPERATOR[1])
+    member = User.objects.filter(username=MEMBER[0]).first()
+    if member is None:
+        member = User.objects.create_user(MEMBER[0], "member@example.com", MEMBER[1])
+    return operator, member
+
+
+def _clusters(kube_dir: Path, stdout) -> dict[str, Cluster]:
+    clusters = {}
+    for path in sorted(kube_dir.glob("*.kubeconfig")):
+        cluster, _ = register_cluster(path.stem, path)
+        run = discover_cluster(cluster.pk, inventory=INVENTORY_INLINE).run
+        stdout.write(f"    {cluster.name}: discovery {run.status}, {run.nodes_seen} nodes, {run.gpus_seen} GPUs")
+        clusters[cluster.name] = cluster
+    return clusters
+
+
+def _projects(member) -> dict[str, Project]:
+    projects = {}
+    for slug, name, namespace, cost_centre in PROJECTS:
+        project, _ = Project.objects.get_or_create(
+            slug=slug, defaults={"name": name, "namespace": namespace, "cost_centre": cost_centre}
+        )
+        projects[slug] = project
+    set_role(projects["vision"], member, "member")
+    return projects
+
+
+def _requests(operator, projects, clusters, stdout) -> None:
+    now = timezone.now()
+    for name, slug, cluster_name, declared, count, approve, backdate_days in REQUESTS:
+        project = projects[slug]
+        if PoolRequest.objects.filter(project=project, name=name).exists():
+            continue
+        spec = pool_services.resolve_spec(**declared)
+        values = dict(
+            name=name,
+            isolation=spec.isolation,
+            tier=spec.tier,
+            spec_kind=spec.spec_kind,
+            product=spec.product,
+            profile_name=spec.profile_name,
+            count=count,
+            workload_type=declared["workload_type"],
+            memory_gib=declared.get("memory_gib"),
+            justification=f"Demo: {name}",
+            cluster=clusters.get(cluster_name),
+            tags=[spec.profile_name or spec.spec_kind],
+        )
+        request = pool_services.create_request(project, actor=operator, submit=True, **values)
+        if not approve:
+            stdout.write(f"    request {name}: waiting for approval")
+            continue
+        try:
+            pool = pool_services.approve(request, actor=operator, reason="Demo approval")
+        except Exception as exc:  # shortage is shown to the operator, not a demo failure
+            stdout.write(f"    request {name}: not approved ({exc})")
+            continue
+        if backdate_days:
+            _backdate(request, pool, now - timedelta(days=backdate_days))
+        provision_pool(pool)
+        stdout.write(f"    request {name}: approved, pool {pool.name} provisioned")
+
+
+@transaction.atomic
+def _backdate(request: PoolRequest, pool: GpuPool, at) -> None:
+    """Seed history: this pool was approved `at`, so billing has a past month to show."""
+    PoolRequest.objects.filter(pk=request.pk).update(approved_at=at, start_at=at)
+    request.transitions.update(at=at)
+    GpuPool.objects.filter(pk=pool.pk).update(created_at=at)
+    Allocation.objects.filter(pool=pool).update(allocated_at=at)
+
+
+def _layout() -> None:
+    MigLayout.objects.get_or_create(
+        name="inference-heavy",
+        defaults={
+            "product": "H100-80GB",
+            "gpus": {"all": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]},
+            "description": "Demo: more small inference slots; apply it to a tier-2 node from the node's admin page.",
+        },
+    )
+
+
+def _sim_fault(cluster: Cluster, payload: dict) -> None:
+    """Arm a hardware fault in the simulator over its control endpoint (a demo-only backdoor)."""
+    url = cluster.api_endpoint.rstrip("/") + "/sim/v1/faults"
+    body = json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=5).read()
+
+
+def _health(clusters) -> None:
+    from monitoring.models import HealthEvent
+    from monitoring.services.collect import poll_node
+
+    prod = clusters.get("prod")
+    if prod is None or HealthEvent.objects.exists():
+        return
+    nodes = list(NodeCapacity.objects.for_cluster(prod).present().order_by("name"))
+    if len(nodes) < 2:
+        return
+    _sim_fault(prod, {"fault": "ecc_double_bit", "node": nodes[-1].name, "gpu": 7, "count": 2})
+    _sim_fault(prod, {"fault": "thermal_throttle", "node": nodes[0].name, "gpu": 5})
+    for node in (nodes[0], nodes[-1]):
+        poll_node(node.pk)
+
+
+def _idle_history(projects) -> None:
+    """Backdated samples: the research notebooks sat idle for a day (so the idle report has a case)."""
+    from monitoring.models import IdleReservation
+    from monitoring.services.collect import UnitSample, write_samples
+    from monitoring.services.idle import detect_idle
+    from monitoring.services.rollups import run_rollups
+
+    if IdleReservation.objects.exists():
+        return
+    allocations = list(Allocation.objects.active().filter(project__in=projects.values()).select_related("gpu"))
+    now = timezone.now().replace(second=0, microsecond=0)
+    step = settings.METRICS_INTERVAL_S
+    for seconds in range((24 * 60 + 30) * 60, 0, -step):
+        ts = now - timedelta(seconds=seconds)
+        minutes = seconds // 60
+        samples = []
+        for allocation in allocations:
+            idle = allocation.project.slug == "research" or allocation.profile_name == "1g.10gb"
+            sm = 2.0 if idle else 62.0 + (minutes % 30)
+            samples.append(
+                UnitSample(
+                    gpu_id=allocation.gpu_id,
+                    mig_instance_id=allocation.mig_instance_id,
+                    values={"sm_active": sm, "power_w": 90.0 if idle else 410.0},
+                )
+            )
+        write_samples(_unique(samples), ts=ts, source="nvml")
+    run_rollups()
+    detect_idle()
+
+
+def _unique(samples):
+    seen, out = set(), []
+    for sample in samples:
+        key = (sample.gpu_id, sample.mig_instance_id)
+        if key not in seen:
+            seen.add(key)
+            out.append(sample)
+    return out
+
+
+def _billing() -> None:
+    from billing.services import close_month, meter_usage, previous_period, seed_default_card
+
+    seed_default_card()
+    meter_usage()
+    close_month(previous_period())
+
+
+def node_queues() -> list[str]:
+    """Every present node's queue: under the simulator one worker serves them all."""
+    nodes = NodeCapacity.objects.present().select_related("cluster")
+    return [node_queue(node.cluster.name, node.name) for node in nodes]
+
+
+def seed(*, kube_dir: Path, stdout) -> dict[str, str]:
+    """Build the demo world; returns the logins to print."""
+    operator, member = _users()
+    clusters = _clusters(kube_dir, stdout)
+    projects = _projects(member)
+    _requests(operator, projects, clusters, stdout)
+    _layout()
+    stdout.write("    monitoring: health faults injected, a day of idle history, rollups")
+    _health(clusters)
+    _idle_history(projects)
+    stdout.write("    billing: metering from approval, last month's statements")
+    _billing()
+    unhealthy = GpuCapacity.objects.filter(health="unhealthy").count()
+    stdout.write(
+        f"    {unhealthy} GPU(s) unhealthy, {PoolRequest.objects.filter(state=RequestState.SUBMITTED).count()}"
+        " request(s) waiting for approval"
+    )
+    return {"operator": f"{OPERATOR[0]} / {OPERATOR[1]}", "member": f"{MEMBER[0]} / {MEMBER[1]}"}

@@ -1,0 +1,59 @@
+"""The dashboard JSON and the project view run a fixed number of queries, however big the fleet."""
+
+import pytest
+from dashboard_world import _gpu, _instance, _node, add_signals
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+pytestmark = pytest.mark.django_db
+
+# Measured on this world; the point is they do not move when the fleet grows (checked below).
+# 2 of them read the session and the user; a multi-device pod adds up to 2 (resolving its device UUIDs).
+OVERVIEW_MAX = 20
+CLUSTER_MAX = 20
+PROJECT_LIST_MAX = 9
+POOL_PAGE_MAX = 14  # 6 of them read the monitoring tab's series (monitoring.readers)
+
+
+def _grow(world, nodes=3):
+    """More nodes, GPUs and MIG instances on both clusters."""
+    for cluster in (world.alpha, world.beta):
+        for n in range(nodes):
+            node = _node(cluster, f"{cluster.name}-x{n}", "NVIDIA H100 80GB HBM3", 2)
+            _gpu(node, 0, "NVIDIA H100 80GB HBM3", "H100-80GB", False)
+            mig = _gpu(node, 1, "NVIDIA H100 80GB HBM3", "H100-80GB", True)
+            _instance(mig, "3g.40gb", 0)
+            _instance(mig, "1g.10gb", 4)
+
+
+def _count(client, url):
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    return len(queries)
+
+
+@pytest.mark.parametrize(
+    ("url", "bound", "user"),
+    [
+        ("/admin/dashboard/data.json", OVERVIEW_MAX, "operator"),
+        ("/admin/dashboard/", OVERVIEW_MAX, "operator"),
+        ("cluster", CLUSTER_MAX, "operator"),
+        ("/projects/", PROJECT_LIST_MAX, "bob"),
+        ("pool", POOL_PAGE_MAX, "bob"),
+    ],
+)
+def test_query_count_is_bounded_and_independent_of_fleet_size(
+    client, django_assert_max_num_queries, world, operator, bob, url, bound, user
+):
+    add_signals(world)
+    url = {
+        "cluster": f"/admin/dashboard/clusters/{world.alpha.pk}/data.json",
+        "pool": f"/projects/team-a/pools/{world.pools['inference'].pk}/",
+    }.get(url, url)
+    client.force_login({"operator": operator, "bob": bob}[user])
+    client.get(url)  # warm the session and content-type caches
+    with django_assert_max_num_queries(bound):
+        assert client.get(url).status_code == 200
+    before = _count(client, url)
+    _grow(world)
+    assert _count(client, url) == before
