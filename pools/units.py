@@ -80,6 +80,18 @@ def _tier_q(request: PoolRequest, allowed: tuple[str, ...], prefix: str = "") ->
     return Q(**{f"{prefix}node__tier__in": sorted(tiers)})
 
 
+def _devices_of_multi_device_pods() -> set[str]:
+    """UUIDs (GPU- or MIG-) used by running pods holding several devices of one resource.
+
+    WorkloadProfile keeps one row per (pod, resource) and points at its first device only; the others
+    are in `device_ids` (replica ids `<uuid>::<n>` reduced to the device). They are busy too.
+    """
+    uuids: set[str] = set()
+    for ids in WorkloadProfile.objects.running().filter(count__gt=1).values_list("device_ids", flat=True):
+        uuids.update(device_id.split("::")[0] for device_id in ids or ())
+    return uuids
+
+
 def mig_candidates(request: PoolRequest):
     """Active MIG instances of the requested profile (and product) that are free."""
     allocated = Allocation.objects.active().filter(mig_instance=OuterRef("pk"))
@@ -94,7 +106,7 @@ def mig_candidates(request: PoolRequest):
         queryset = queryset.filter(profile__product=request.product)
     if request.cluster_id:
         queryset = queryset.filter(gpu__node__cluster_id=request.cluster_id)
-    return queryset.filter(~Exists(allocated), ~Exists(busy))
+    return queryset.filter(~Exists(allocated), ~Exists(busy)).exclude(uuid__in=_devices_of_multi_device_pods())
 
 
 def full_candidates(request: PoolRequest):
@@ -111,7 +123,7 @@ def full_candidates(request: PoolRequest):
     )
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
-    return queryset.filter(~Exists(allocated), ~Exists(busy))
+    return queryset.filter(~Exists(allocated), ~Exists(busy)).exclude(uuid__in=_devices_of_multi_device_pods())
 
 
 def timeslice_candidates(request: PoolRequest):

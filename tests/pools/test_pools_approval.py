@@ -141,6 +141,25 @@ def test_best_fit_cluster_and_operator_choice(fleet, make_request, operator):
     assert chosen.cluster == alpha
 
 
+def test_every_gpu_of_a_multi_gpu_pod_is_busy(fleet, make_request, operator):
+    """A pod holding two GPUs is one WorkloadProfile row pointing at the first; the second is busy too."""
+    train = fleet.full_node("train", gpus=3)
+    first, second, third = GpuCapacity.objects.filter(node=train).order_by("index")
+    WorkloadProfile.objects.create(
+        cluster=train.cluster,
+        namespace="x",
+        pod_name="trainer",
+        pod_uid="u2",
+        node=train,
+        gpu=first,
+        device_ids=[first.uuid, second.uuid],
+        count=2,
+        resource_name="nvidia.com/gpu",
+    )
+    pool = services.approve(make_request(isolation="full", profile_name="", count=1), actor=operator)
+    assert pool.allocations.get().gpu == third
+
+
 def test_full_gpus_come_from_training_or_untiered_nodes_without_mig_or_sharing(fleet, make_request, operator):
     fleet.mig_node("mig", [["7g.80gb"]])
     fleet.timeslice_node("shared", gpus=2, replicas=4)
