@@ -912,6 +912,16 @@ def _lines_for(statement_id: int, row: dict, pool_name: str) -> list[StatementLi
     return lines
 
 
+def draft_lines(period: date, *, project_ids: list[int] | None = None):
+    """Unsaved statement lines of the period so far, per usage group: (row, lines) with row["project_id"].
+
+    The same lines generate_statements() would write now (before adjustments): the dashboard's
+    month-to-date costs read them, so its figures match a draft statement to the cent.
+    """
+    for row in usage_totals(period, project_ids=project_ids):
+        yield row, _lines_for(None, row, "")
+
+
 def _line_sum(field: str, *line_types: str, default: Decimal | None = None):
     """Subquery: the sum of `field` over a statement's lines (of `line_types`), for an UPDATE of statements."""
     lines = StatementLine.objects.filter(statement=OuterRef("pk"))

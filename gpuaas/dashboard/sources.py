@@ -6,7 +6,7 @@ Every function here runs a fixed number of queries, whatever the fleet size:
 - health_counters / open_events_by_gpu / recent_health_events: monitoring HealthEvent.
 - idle_reservations: monitoring IdleReservation (open flags).
 - cluster_series / gpu_series / pool_series: monitoring Rollup5m (5-minute averages).
-- month_costs: billing UsageRecord of the current month, through billing.services.usage_totals,
+- month_costs: billing UsageRecord of the current month, through billing.services.draft_lines,
   rounded per line exactly as a statement rounds.
 
 A panel is a dict: {"available": True, "columns": [...], "items": [...], ...} or, when its source
@@ -411,23 +411,23 @@ def pool_series(pool) -> dict:
 def month_costs(project_ids: list[int] | None = None) -> dict:
     """This month's cost per project so far: unit-hours, reserved, credits, total and used. Two queries.
 
-    Built from the same lines a statement would have now: billing.services.usage_totals() groups
-    this month's usage records, and billing's own line builder turns each group into rounded
-    statement lines (unsaved), so the figures match the draft statement billing would generate
+    Built from the same lines a statement would have now: billing.services.draft_lines()
+    groups this month's usage records into rounded statement lines (unsaved), so the figures match the
+    draft statement billing would generate
     (before any adjustment). Usage is metered hour by hour: the current hour joins once metered.
     """
     from billing.choices import LineType
     from billing.periods import month_start
-    from billing.services import _lines_for, usage_totals
+    from billing.services import draft_lines
     from pools.models import Project
 
     period = month_start(timezone.now())
     totals: dict[int, dict] = {}
-    for row in usage_totals(period, project_ids=project_ids):
+    for row, lines in draft_lines(period, project_ids=project_ids):
         entry = totals.setdefault(
             row["project_id"], {"reserved": Decimal(0), "credits": Decimal(0), "used": None, "hours": Decimal(0)}
         )
-        for line in _lines_for(None, row, ""):
+        for line in lines:
             if line.line_type == LineType.USAGE:
                 entry["reserved"] += line.amount
                 entry["hours"] += line.hours
