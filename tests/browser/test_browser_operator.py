@@ -6,7 +6,7 @@ from dashboard_world import add_signals, build_world
 from pools import services
 from pools.models import PoolRequest
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

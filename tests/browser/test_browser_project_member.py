@@ -3,7 +3,7 @@
 import pytest
 from dashboard_world import add_signals, build_world
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_browser_member_sees_only_their_project(browser_page, bob, project, other_project, charlie):

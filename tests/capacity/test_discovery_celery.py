@@ -11,7 +11,7 @@ from gpuaas.celery import app, node_queue
 
 pytestmark = [
     pytest.mark.redis,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("retry_waits"),
 ]
 

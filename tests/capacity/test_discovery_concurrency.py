@@ -11,8 +11,7 @@ from capacity.services.inventory import inventory_node
 
 pytestmark = [
     pytest.mark.postgres,
-    # serialized_rollback: the MIG catalog rows loaded by a data migration survive the table flushes.
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("retry_waits"),
 ]
 

@@ -7,11 +7,10 @@ from reconfig_sim import node_row, start_sim
 
 from capacity.services import reconfiguration as rc
 
-# serialized_rollback: a transactional test truncates every table, the MIG catalog too; this restores it.
 pytestmark = [
     pytest.mark.postgres,
     pytest.mark.redis,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 

@@ -10,8 +10,8 @@ from pools import services
 from pools.exceptions import IllegalTransition, InsufficientCapacity
 from pools.models import Allocation, PoolRequest
 
-# Threads need committed rows; serialized_rollback restores the MIG catalog the flush removes.
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+# Threads need committed rows; the MIG catalog comes back after each flush (post_migrate).
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
 def run_concurrently(jobs):
