@@ -251,19 +251,17 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
 )
 # --- end billing settings
 
+
+def every(seconds: int, task: str) -> dict:
+    """A beat entry that runs `task` every `seconds` and expires after one period (no backlog piles up)."""
+    return {"task": task, "schedule": timedelta(seconds=seconds), "options": {"expires": seconds}}
+
+
 # Static beat schedule; `expires` equals the period so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
-    "discover-all-clusters": {
-        "task": "capacity.tasks.discover_all_task",
-        "schedule": timedelta(seconds=DISCOVERY_INTERVAL_S),
-        "options": {"expires": DISCOVERY_INTERVAL_S},
-    },
+    "discover-all-clusters": every(DISCOVERY_INTERVAL_S, "capacity.tasks.discover_all_task"),
     # --- billing: meter every complete hour (a no-op until one ends); close last month on the 1st.
-    "billing-meter-usage": {
-        "task": "billing.tasks.meter_usage_task",
-        "schedule": timedelta(seconds=BILLING_METER_INTERVAL_S),
-        "options": {"expires": BILLING_METER_INTERVAL_S},
-    },
+    "billing-meter-usage": every(BILLING_METER_INTERVAL_S, "billing.tasks.meter_usage_task"),
     "billing-close-month": {
         "task": "billing.tasks.close_month_task",
         "schedule": crontab(minute=30, hour=0, day_of_month=1),
@@ -277,11 +275,7 @@ POOL_EXPIRY_NOTICE_S = env_int("POOL_EXPIRY_NOTICE_S", 3600, minimum=0)
 POOL_EXPIRY_INTERVAL_S = env_int("POOL_EXPIRY_INTERVAL_S", 60, minimum=5)
 CELERY_BEAT_SCHEDULE.update(
     {
-        "pools-expire-requests": {
-            "task": "pools.tasks.expire_requests_task",
-            "schedule": timedelta(seconds=POOL_EXPIRY_INTERVAL_S),
-            "options": {"expires": POOL_EXPIRY_INTERVAL_S},
-        },
+        "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
     }
 )
 # One OpenAPI enum per choice set of the pools API, whatever the field is called.
@@ -335,26 +329,12 @@ MONITORING_EVICT_OVER_SHARE = env_bool("MONITORING_EVICT_OVER_SHARE", False)
 MONITORING_METRICS_TOKEN = env_str("MONITORING_METRICS_TOKEN", "")
 CELERY_BEAT_SCHEDULE.update(
     {
-        "monitoring-poll-metrics": {
-            "task": "monitoring.tasks.poll_metrics_task",
-            "schedule": timedelta(seconds=METRICS_INTERVAL_S),
-            "options": {"expires": METRICS_INTERVAL_S},
-        },
-        "monitoring-rollup": {
-            "task": "monitoring.tasks.rollup_metrics_task",
-            "schedule": timedelta(seconds=MONITORING_ROLLUP_INTERVAL_S),
-            "options": {"expires": MONITORING_ROLLUP_INTERVAL_S},
-        },
-        "monitoring-retention": {
-            "task": "monitoring.tasks.prune_metrics_task",
-            "schedule": timedelta(seconds=MONITORING_RETENTION_INTERVAL_S),
-            "options": {"expires": MONITORING_RETENTION_INTERVAL_S},
-        },
-        "monitoring-idle-reservations": {
-            "task": "monitoring.tasks.detect_idle_reservations_task",
-            "schedule": timedelta(seconds=MONITORING_IDLE_INTERVAL_S),
-            "options": {"expires": MONITORING_IDLE_INTERVAL_S},
-        },
+        "monitoring-poll-metrics": every(METRICS_INTERVAL_S, "monitoring.tasks.poll_metrics_task"),
+        "monitoring-rollup": every(MONITORING_ROLLUP_INTERVAL_S, "monitoring.tasks.rollup_metrics_task"),
+        "monitoring-retention": every(MONITORING_RETENTION_INTERVAL_S, "monitoring.tasks.prune_metrics_task"),
+        "monitoring-idle-reservations": every(
+            MONITORING_IDLE_INTERVAL_S, "monitoring.tasks.detect_idle_reservations_task"
+        ),
     }
 )
 # --- end monitoring -----------------------------------------------------------------------------
@@ -375,11 +355,7 @@ MIG_VERIFY_TIMEOUT_S = env_int("MIG_VERIFY_TIMEOUT_S", 300, minimum=10)
 MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", 60, minimum=10)
 CELERY_BEAT_SCHEDULE.update(
     {
-        "capacity-sweep-reconfigurations": {
-            "task": "capacity.tasks.sweep_reconfigurations_task",
-            "schedule": timedelta(seconds=MIG_RECONFIG_SWEEP_S),
-            "options": {"expires": MIG_RECONFIG_SWEEP_S},
-        },
+        "capacity-sweep-reconfigurations": every(MIG_RECONFIG_SWEEP_S, "capacity.tasks.sweep_reconfigurations_task"),
     }
 )
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
