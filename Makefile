@@ -1,5 +1,5 @@
 # gpuaas: the two commands a newcomer needs are `make demo` and `make test`.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint venv schema clean
 
 $(STAMP): requirements.txt
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found: install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 1; }
+	@$(PYTHON) -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version" 2>/dev/null || { echo "gpuaas needs Python 3.11: run make PYTHON=/path/to/python3.11"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
