@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from capacity.mig.catalog import PRODUCTS, Product, Profile, named_configs
+from capacity.mig.catalog import Product, Profile, mig_parted_entries
 
 from .hardware import HardwareError, plan_layout
 from .state import Cluster, MigJob, Node, Sharing
@@ -94,23 +94,7 @@ def default_mig_parted_config() -> dict:
     Configs that several products share with identical `mig-devices` become one entry with
     a device-filter listing their PCI ids, as NVIDIA's shipped file does.
     """
-    configs: dict[str, list[dict]] = {
-        "all-disabled": [{"devices": "all", "mig-enabled": False}],
-        "all-enabled": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}],
-    }
-    grouped: dict[str, dict[tuple, list[str]]] = {}
-    for product in PRODUCTS.values():
-        for name, devices in named_configs(product).items():
-            if name in ("all-disabled", "all-enabled"):
-                continue
-            key = tuple(sorted((devices or {}).items()))
-            grouped.setdefault(name, {}).setdefault(key, []).append(product.pci_id_hex)
-    for name in sorted(grouped):
-        configs[name] = [
-            {"device-filter": filters, "devices": "all", "mig-enabled": True, "mig-devices": dict(devices)}
-            for devices, filters in grouped[name].items()
-        ]
-    return {"version": "v1", "mig-configs": configs}
+    return {"version": "v1", "mig-configs": mig_parted_entries()}
 
 
 def bootstrap_cluster(cluster: Cluster) -> None:

@@ -247,3 +247,29 @@ def named_configs(product: Product) -> dict[str, dict[str, int] | None]:
         balanced[three.name] = 1
     configs["all-balanced"] = balanced
     return configs
+
+
+def mig_parted_entries() -> dict[str, list[dict]]:
+    """Every product's named configs as mig-parted v1 `mig-configs` entries (the shipped ConfigMap's shape).
+
+    Products sharing a config name with identical mig-devices share one entry whose device-filter lists
+    their PCI ids, as NVIDIA's own default-mig-parted-config does. Used by gpuaas's ConfigMap writer and
+    by the simulator's GPU Operator, so both speak of the same configs.
+    """
+    configs: dict[str, list[dict]] = {
+        "all-disabled": [{"devices": "all", "mig-enabled": False}],
+        "all-enabled": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}],
+    }
+    grouped: dict[str, dict[tuple, list[str]]] = {}
+    for product in PRODUCTS.values():
+        for name, devices in named_configs(product).items():
+            if name in ("all-disabled", "all-enabled"):
+                continue
+            key = tuple(sorted((devices or {}).items()))
+            grouped.setdefault(name, {}).setdefault(key, []).append(product.pci_id_hex)
+    for name in sorted(grouped):
+        configs[name] = [
+            {"device-filter": filters, "devices": "all", "mig-enabled": True, "mig-devices": dict(devices)}
+            for devices, filters in grouped[name].items()
+        ]
+    return configs

@@ -24,7 +24,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
-from capacity.mig.catalog import PRODUCTS, Product, get_product, named_configs
+from capacity.mig.catalog import Product, get_product, mig_parted_entries, named_configs
 
 logger = logging.getLogger(__name__)
 
@@ -61,23 +61,7 @@ def named_config_entries() -> dict[str, list[dict]]:
     Products sharing a config name with identical mig-devices share one entry whose device-filter
     lists their PCI ids, as NVIDIA's own default-mig-parted-config does.
     """
-    configs: dict[str, list[dict]] = {
-        "all-disabled": [{"devices": "all", "mig-enabled": False}],
-        "all-enabled": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}],
-    }
-    grouped: dict[str, dict[tuple, list[str]]] = {}
-    for product in PRODUCTS.values():
-        for name, devices in named_configs(product).items():
-            if name in ("all-disabled", "all-enabled"):
-                continue
-            key = tuple(sorted((devices or {}).items()))
-            grouped.setdefault(name, {}).setdefault(key, []).append(product.pci_id_hex)
-    for name in sorted(grouped):
-        configs[name] = [
-            {"device-filter": filters, "devices": "all", "mig-enabled": True, "mig-devices": dict(devices)}
-            for devices, filters in grouped[name].items()
-        ]
-    return configs
+    return mig_parted_entries()
 
 
 def is_named_config(name: str) -> bool:
