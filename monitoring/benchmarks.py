@@ -10,7 +10,8 @@ everything afterwards. Figures:
 - rollup_hour_s: 5-minute and hourly rollups of the hour holding the ingested minutes, all series;
 - pool_24h_query_ms: one pool of 8 MIG instances, 24 h at 5-minute steps (the API's read path:
   rollups + raw tail) while 24 h of raw samples for --query-series series are in the table
-  (median of 5 warm runs); pool_24h_raw_query_ms: the same read aggregating raw samples only.
+  (median of 5 warm runs); pool_24h_raw_query_ms: the same read aggregating raw samples only;
+  series_2h_raw_query_ms: one series' raw samples over 2 h (median of 5).
 Extra figures: staging_ingest_samples_per_s (always COPY -> temp table -> INSERT ... ON CONFLICT),
 node_batch_samples_per_s (one small transaction per node, as node agents write).
 """
@@ -359,6 +360,13 @@ class Bench:
 
         cold_ms, data = timed()
         warm = [timed()[0] for _ in range(5)]
+        # The price of the (ts, series_id) key: one series' raw samples, 2 h (the API's auto step).
+        series_raw = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            points = readers.series_points([chosen[0][0]], end - timedelta(hours=2), end, step="raw")
+            series_raw.append((time.perf_counter() - t0) * 1000)
+        assert len(points[chosen[0][0]]) == 240, len(points[chosen[0][0]])
         RollupRun.objects.filter(level=RollupLevel.FIVE_MINUTES).update(complete_until=None)
         raw = [timed()[0] for _ in range(3)]
         _, raw_data = timed()
@@ -370,6 +378,7 @@ class Bench:
             "pool_24h_query_ms": round(statistics.median(warm), 1),
             "pool_24h_query_cold_ms": round(cold_ms, 1),
             "pool_24h_raw_query_ms": round(statistics.median(raw), 1),
+            "series_2h_raw_query_ms": round(statistics.median(series_raw), 1),
             "pool_24h_points": len(data["points"]),
             "query_table_samples": Sample.objects.count(),
             "query_fill_samples_per_s": round(filled / fill_s),

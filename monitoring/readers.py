@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection
-from django.db.models import Avg, Count, F, FloatField, Max, Q, Sum
+from django.db.models import F, FloatField, Max, Q, Sum
 from django.db.models.functions import Cast
 
 from capacity.choices import SpecKind
 
 from .choices import RollupLevel
 from .models import SAMPLE_COLUMNS, Rollup1h, Rollup5m, RollupRun, Sample, Series
+from .sample_reads import NO_END, sample_rows, samples_sql
 from .services.rollups import BUCKET, GAUGES, floor
 
 STEPS = ("raw", "5m", "1h")
@@ -83,12 +84,7 @@ def series_points(
 
 def _raw_points(series_ids, start, end, metrics) -> dict[int, list[dict]]:
     result: dict[int, list[dict]] = {sid: [] for sid in series_ids}
-    rows = (
-        Sample.objects.filter(series_id__in=series_ids, ts__gte=start, ts__lt=end)
-        .order_by("series_id", "ts")
-        .values_list("series_id", "ts", *metrics)
-    )
-    for sid, ts, *values in rows:
+    for sid, ts, *values in sample_rows(series_ids, start, end, metrics):
         result[sid].append({"ts": ts, **dict(zip(metrics, values, strict=True))})
     return result
 
@@ -121,10 +117,7 @@ def _raw_buckets(series_ids, start, end, size, aggregate, metrics) -> dict[int, 
     if connection.vendor == "postgresql":
         return _raw_buckets_sql(series_ids, start, end, size, aggregate, metrics)
     grouped: dict[tuple[int, datetime], list] = defaultdict(list)
-    rows = Sample.objects.filter(series_id__in=series_ids, ts__gte=start, ts__lt=end).values_list(
-        "series_id", "ts", *metrics
-    )
-    for sid, ts, *values in rows:
+    for sid, ts, *values in sample_rows(series_ids, start, end, metrics):
         grouped[(sid, floor(ts, size))].append(values)
     pick = {"avg": lambda v: sum(v) / len(v), "max": max, "min": min}[aggregate]
     result: dict[int, list[dict]] = defaultdict(list)
@@ -140,11 +133,12 @@ def _raw_buckets(series_ids, start, end, size, aggregate, metrics) -> dict[int, 
 def _raw_buckets_sql(series_ids, start, end, size, aggregate, metrics) -> dict[int, list[dict]]:
     columns = ", ".join(f"{aggregate}({m})" for m in metrics)
     result: dict[int, list[dict]] = defaultdict(list)
+    samples, params = samples_sql(series_ids, start, end, metrics)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT series_id, date_bin(%s, ts, %s), {columns} FROM {Sample._meta.db_table} "
-            "WHERE series_id = ANY(%s) AND ts >= %s AND ts < %s GROUP BY 1, 2 ORDER BY 1, 2",
-            [size, _ORIGIN, list(series_ids), start, end],
+            f"WITH s AS MATERIALIZED ({samples}) "
+            f"SELECT series_id, date_bin(%s, ts, %s), {columns} FROM s GROUP BY 1, 2 ORDER BY 1, 2",
+            [*params, size, _ORIGIN],
         )
         for sid, bucket, *values in cursor.fetchall():
             result[sid].append({"ts": bucket, **{m: _number(v) for m, v in zip(metrics, values, strict=True)}})
@@ -234,35 +228,16 @@ def window_stats(series_ids: list[int], start: datetime, end: datetime) -> dict[
                 r["power_w"] / r["power_n"] if r["power_n"] else None,
             )
     if split < end:
-        raw = (
-            Sample.objects.filter(series_id__in=series_ids, ts__gte=split, ts__lt=end)
-            .values("series_id")
-            .annotate(
-                n=Count("ts"),
-                sm_n=Count("sm_active"),
-                sm_avg=Avg("sm_active"),
-                sm_max=Max("sm_active"),
-                util_n=Count("gpu_util"),
-                util_avg=Avg("gpu_util"),
-                mem_max=Max("mem_used_mib"),
-                power_n=Count("power_w"),
-                power_avg=Avg("power_w"),
+        samples, params = samples_sql(series_ids, split, end, ("sm_active", "gpu_util", "mem_used_mib", "power_w"))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH s AS MATERIALIZED ({samples}) SELECT series_id, count(*), "
+                "count(sm_active), avg(sm_active), max(sm_active), count(gpu_util), avg(gpu_util), "
+                "max(mem_used_mib), count(power_w), avg(power_w) FROM s GROUP BY series_id",
+                params,
             )
-            .order_by("series_id")
-        )
-        for r in raw:
-            add(
-                r["series_id"],
-                r["n"],
-                r["sm_n"],
-                r["sm_avg"],
-                r["sm_max"],
-                r["util_n"],
-                r["util_avg"],
-                r["mem_max"],
-                r["power_n"],
-                r["power_avg"],
-            )
+            for row in cursor.fetchall():
+                add(*(_number(v) for v in row))
     result = {}
     for sid in series_ids:
         a = acc.get(sid)
@@ -291,19 +266,21 @@ def _weighted(field: str):
 
 
 def latest_samples(series_ids: list[int], *, since: datetime) -> dict[int, Sample]:
-    """The newest sample of each series since `since` (one index probe per series on PostgreSQL)."""
+    """The newest sample of each series since `since`."""
     if not series_ids:
         return {}
     if connection.vendor == "postgresql":
-        columns = ", ".join(f"s.{c}" for c in SAMPLE_COLUMNS)
+        others = tuple(c for c in SAMPLE_COLUMNS if c not in ("series_id", "ts"))
+        samples, params = samples_sql(series_ids, since, NO_END, others)
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT {columns} FROM unnest(%s::int[]) AS ids(id) CROSS JOIN LATERAL "
-                f"(SELECT * FROM {Sample._meta.db_table} WHERE series_id = ids.id AND ts >= %s "
-                "ORDER BY ts DESC LIMIT 1) s",
-                [list(series_ids), since],
+                f"WITH s AS MATERIALIZED ({samples}) SELECT DISTINCT ON (series_id) * FROM s "
+                "ORDER BY series_id, ts DESC",
+                params,
             )
-            rows = [Sample(**dict(zip(SAMPLE_COLUMNS, row, strict=True))) for row in cursor.fetchall()]
+            rows = [
+                Sample(series_id=sid, ts=ts, **dict(zip(others, values, strict=True))) for sid, ts, *values in cursor
+            ]
         return {row.series_id: row for row in rows}
     newest = (
         Sample.objects.filter(series_id__in=series_ids, ts__gte=since)
@@ -400,13 +377,14 @@ def _pool_steps_sql(units, start, end, step) -> list[tuple[datetime, float, int,
     rows: list[tuple] = []
     with connection.cursor() as cursor:
         if step == "raw":
+            samples, samples_params = samples_sql(params[0], start, end, ("sm_active",))
             cursor.execute(
-                f"{_UNITS_CTE} SELECT s.ts, sum(s.sm_active * u.w) / sum(u.w), count(*), sum(u.w) "
-                f"FROM {Sample._meta.db_table} s JOIN u ON s.series_id = u.series_id "
-                "WHERE s.ts >= %s AND s.ts < %s AND s.ts >= u.held_from "
+                f"{_UNITS_CTE}, s AS MATERIALIZED ({samples}) "
+                "SELECT s.ts, sum(s.sm_active * u.w) / sum(u.w), count(*), sum(u.w) "
+                "FROM s JOIN u ON s.series_id = u.series_id WHERE s.ts >= u.held_from "
                 "AND (u.held_until IS NULL OR s.ts < u.held_until) AND s.sm_active IS NOT NULL "
                 "GROUP BY s.ts ORDER BY s.ts",
-                [*params, start, end],
+                [*params, *samples_params],
             )
             return [(ts, float(avg), n, float(w)) for ts, avg, n, w in cursor.fetchall()]
         size = BUCKET[step]
@@ -426,15 +404,15 @@ def _pool_steps_sql(units, start, end, step) -> list[tuple[datetime, float, int,
             rows += cursor.fetchall()
         tail = max(start, rolled_end)
         if tail < end:
+            samples, samples_params = samples_sql(params[0], tail, end, ("sm_active",))
             cursor.execute(
-                f"{_UNITS_CTE}, per_unit AS ("
-                f"SELECT date_bin(%s, s.ts, %s) AS bucket, avg(s.sm_active) AS v, u.w "
-                f"FROM {Sample._meta.db_table} s JOIN u ON s.series_id = u.series_id "
-                "WHERE s.ts >= %s AND s.ts < %s AND s.ts >= u.held_from "
+                f"{_UNITS_CTE}, s AS MATERIALIZED ({samples}), per_unit AS ("
+                "SELECT date_bin(%s, s.ts, %s) AS bucket, avg(s.sm_active) AS v, u.w "
+                "FROM s JOIN u ON s.series_id = u.series_id WHERE s.ts >= u.held_from "
                 "AND (u.held_until IS NULL OR s.ts < u.held_until) AND s.sm_active IS NOT NULL "
                 "GROUP BY 1, s.series_id, u.w) "
                 "SELECT bucket, sum(v * w) / sum(w), count(*), sum(w) FROM per_unit GROUP BY bucket ORDER BY bucket",
-                [*params, size, _ORIGIN, tail, end],
+                [*params, *samples_params, size, _ORIGIN],
             )
             rows += cursor.fetchall()
     return [(ts, float(avg), n, float(w)) for ts, avg, n, w in rows]

@@ -66,24 +66,26 @@ def latest_unit_metrics(gpu_ids) -> dict:
 
     The newest sample of each series within the last three polling intervals; a unit with no
     recent sample is absent (shown as "no data", never as zero). `gpu_ids`: a list or a subquery.
-    One query.
     """
+    from monitoring.sample_reads import sample_rows
+
     if isinstance(gpu_ids, list) and not gpu_ids:
         return {}
     since = timezone.now() - timedelta(seconds=3 * settings.METRICS_INTERVAL_S)
-    rows = (
-        Sample.objects.filter(series__gpu_id__in=gpu_ids, ts__gte=since)
-        .values("series__gpu_id", "series__mig_instance_id", "ts", "power_w", "sm_active", "gpu_util", "temp_c")
-        .order_by("series_id", "ts")
-    )
+    units = {
+        sid: (gpu, mig)
+        for sid, gpu, mig in Series.objects.filter(gpu_id__in=gpu_ids).values_list("id", "gpu_id", "mig_instance_id")
+    }
     latest = {}
-    for row in rows:
-        latest[(row["series__gpu_id"], row["series__mig_instance_id"])] = {
-            "power_w": _round(row["power_w"]),
-            "sm_active_pct": _round(row["sm_active"]),
-            "gpu_util_pct": row["gpu_util"],
-            "temperature_c": row["temp_c"],
-            "at": row["ts"].isoformat(),
+    for sid, ts, power, sm_active, gpu_util, temp in sample_rows(
+        units, since, columns=("power_w", "sm_active", "gpu_util", "temp_c")
+    ):
+        latest[units[sid]] = {
+            "power_w": _round(power),
+            "sm_active_pct": _round(sm_active),
+            "gpu_util_pct": gpu_util,
+            "temperature_c": temp,
+            "at": ts.isoformat(),
         }
     return latest
 

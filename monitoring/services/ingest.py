@@ -1,8 +1,8 @@
 """Writing samples: series ids for units, and bulk insert-or-ignore of sample rows.
 
 A sample row is a tuple in `SAMPLE_COLUMNS` order (monitoring/models.py); `sample_row()` builds one.
-Duplicate and late samples are harmless: (series_id, ts) is the primary key and every path
-ignores a row whose key exists.
+Duplicate and late samples are harmless: (ts, series_id) is the primary key and every path
+ignores a row whose key exists. A poll's rows share one ts, so they append at the key's right edge.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def series_ids(units: Iterable[tuple[int, int | None]]) -> dict[tuple[int, int |
 
 
 def ingest_samples(rows: Sequence[tuple], *, optimistic: bool = True) -> None:
-    """Insert sample rows, ignoring any whose (series_id, ts) already exists. One transaction.
+    """Insert sample rows, ignoring any whose (ts, series_id) already exists. One transaction.
 
     The transaction does not wait for the WAL flush unless MONITORING_SYNCHRONOUS_COMMIT is on.
     PostgreSQL with at least MONITORING_COPY_MIN_ROWS rows: binary COPY straight into the table
@@ -122,6 +122,6 @@ def _ingest_copy(rows: Sequence[tuple], *, optimistic: bool) -> None:
         _copy(cursor, _STAGE, rows)
         cursor.execute(
             f"INSERT INTO {table} ({_COLUMNS_SQL}) SELECT {_COLUMNS_SQL} FROM {_STAGE} "
-            "ON CONFLICT (series_id, ts) DO NOTHING"
+            "ON CONFLICT (ts, series_id) DO NOTHING"
         )
         cursor.execute(f"TRUNCATE {_STAGE}")

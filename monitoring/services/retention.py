@@ -2,8 +2,8 @@
 
 Deletes in batches of MONITORING_RETENTION_BATCH rows, one short transaction each, so the job
 never holds a long lock or builds a huge transaction; it stops after `max_batches` per table and
-continues at the next run. PostgreSQL picks a batch by ctid (the BRIN index on ts finds the old
-blocks), SQLite by rowid.
+continues at the next run. PostgreSQL picks a batch by ctid (the primary key, which leads with ts,
+finds the old rows), SQLite by rowid.
 """
 
 from __future__ import annotations
