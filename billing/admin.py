@@ -199,25 +199,7 @@ class StatementAdmin(admin.ModelAdmin):
     list_filter = ["state", "period"]
     list_select_related = ["project"]
     search_fields = ["project__name", "project__slug", "project__cost_centre"]
-    readonly_fields = [
-        "project",
-        "period",
-        "state",
-        "currency",
-        "reserved_hours",
-        "reserved_amount",
-        "credit_amount",
-        "adjustment_amount",
-        "total_amount",
-        "used_amount",
-        "idle_amount",
-        "unmeasured_amount",
-        "energy_kwh",
-        "generated_at",
-        "finalised_at",
-        "finalised_by",
-        "daily_cost_chart",
-    ]
+    readonly_fields = ["project", *Statement.SUMMARY_FIELDS, "finalised_by", "daily_cost_chart"]
     fields = readonly_fields
     inlines = [StatementLineInline, AdjustmentInline]
     actions = ["finalise", "regenerate", "export_csv", "export_json"]

@@ -233,6 +233,24 @@ class UsageRecord(models.Model):
 class Statement(models.Model):
     """One project's bill for one calendar month (UTC): draft while it may change, then finalised forever."""
 
+    # What a statement shows, in order: the admin's read-only form and the API's serializer.
+    SUMMARY_FIELDS = (
+        "period",
+        "state",
+        "currency",
+        "reserved_hours",
+        "reserved_amount",
+        "credit_amount",
+        "adjustment_amount",
+        "total_amount",
+        "used_amount",
+        "idle_amount",
+        "unmeasured_amount",
+        "energy_kwh",
+        "generated_at",
+        "finalised_at",
+    )
+
     project = models.ForeignKey("pools.Project", on_delete=models.PROTECT, related_name="statements")
     period = models.DateField(help_text="First day of the month (UTC).")
     state = models.CharField(max_length=16, choices=StatementState, default=StatementState.DRAFT, editable=False)

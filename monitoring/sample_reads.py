@@ -55,26 +55,23 @@ def samples_sql(series_ids, start: datetime, end: datetime, columns) -> tuple[st
     Use it as `WITH s AS MATERIALIZED (...)`, so that a join outside cannot undo the key probes.
     """
     ids = list(series_ids)
-    names = ", ".join(columns)
+    select = ", ".join(f"x.{c}" for c in ("series_id", "ts", *columns))
     if connection.vendor != "postgresql":
         marks = ", ".join(["%s"] * len(ids)) or "NULL"
         adapt = connection.ops.adapt_datetimefield_value  # stored as the ORM stores them
         return (
-            f"SELECT series_id, ts{', ' if names else ''}{names} FROM {_TABLE} "
-            f"WHERE series_id IN ({marks}) AND ts >= %s AND ts < %s",
+            f"SELECT {select} FROM {_TABLE} x WHERE x.series_id IN ({marks}) AND x.ts >= %s AND x.ts < %s",
             [*ids, adapt(start), adapt(end)],
         )
     slots = sample_slots(start, end) if len(ids) <= MAX_PROBED_SERIES else None
-    inner = ", ".join(f"x.{c}" for c in columns)
     if slots is None:
         return (
-            f"SELECT x.series_id, x.ts{', ' if inner else ''}{inner} FROM {_TABLE} x "
+            f"SELECT {select} FROM {_TABLE} x "
             "WHERE x.ts >= %s AND x.ts < %s AND x.series_id IN (SELECT unnest(%s::int[]))",
             [start, end, ids],
         )
     return (
-        f"SELECT x.series_id, x.ts{', ' if inner else ''}{inner} "
-        "FROM unnest(%s::timestamptz[]) t(ts) CROSS JOIN unnest(%s::int[]) i(id) "
+        f"SELECT {select} FROM unnest(%s::timestamptz[]) t(ts) CROSS JOIN unnest(%s::int[]) i(id) "
         f"CROSS JOIN LATERAL (SELECT * FROM {_TABLE} WHERE ts = t.ts AND series_id = i.id LIMIT 1) x",
         [slots, ids],
     )

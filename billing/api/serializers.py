@@ -88,25 +88,7 @@ class StatementSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Statement
-        fields = [
-            "id",
-            "project",
-            "project_slug",
-            "period",
-            "state",
-            "currency",
-            "reserved_hours",
-            "reserved_amount",
-            "credit_amount",
-            "adjustment_amount",
-            "total_amount",
-            "used_amount",
-            "idle_amount",
-            "unmeasured_amount",
-            "energy_kwh",
-            "generated_at",
-            "finalised_at",
-        ]
+        fields = ["id", "project", "project_slug", *Statement.SUMMARY_FIELDS]
 
 
 class StatementDetailSerializer(StatementSerializer):
