@@ -142,11 +142,11 @@ AXES_RESET_ON_SUCCESS = True
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
 AXES_VERBOSE = False  # no banner at every start; lockouts are still logged as warnings
-# The client address is REMOTE_ADDR unless AXES_PROXY_COUNT trusted proxies (the ingress) add
+# The client address is REMOTE_ADDR unless TRUSTED_PROXY_COUNT proxies (the ingress) add
 # X-Forwarded-For: a forged header must not give an attacker a fresh address per attempt.
-AXES_PROXY_COUNT = env_int("AXES_PROXY_COUNT", 0, minimum=0)
-if AXES_PROXY_COUNT:
-    AXES_IPWARE_PROXY_COUNT = AXES_PROXY_COUNT
+TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
+if TRUSTED_PROXY_COUNT:
+    AXES_IPWARE_PROXY_COUNT = TRUSTED_PROXY_COUNT
     AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR")
 else:
     AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)

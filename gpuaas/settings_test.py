@@ -11,3 +11,7 @@ import os
 os.environ.setdefault("DEBUG", "1")
 
 from .settings import *  # noqa: E402, F403
+
+# Files of the embedded cache: apart from a running demo's (tests clear theirs before each test).
+if CACHES["default"]["BACKEND"].endswith("FileBasedCache"):  # noqa: F405
+    CACHES["default"]["LOCATION"] = str(VAR_DIR / "test-cache")  # noqa: F405
