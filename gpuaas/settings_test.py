@@ -15,3 +15,6 @@ from .settings import *  # noqa: E402, F403
 # Files of the embedded cache: apart from a running demo's (tests clear theirs before each test).
 if CACHES["default"]["BACKEND"].endswith("FileBasedCache"):  # noqa: F405
     CACHES["default"]["LOCATION"] = str(VAR_DIR / "test-cache")  # noqa: F405
+
+# Fast hashing: the login tests post many passwords (production keeps Django's default hashers).
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
