@@ -21,12 +21,14 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Development targets run with DEBUG=1 (production defaults are safe: DEBUG off needs SECRET_KEY etc.).
+# `manage.py demo` sets DEBUG=1 and per-install keys itself (gpuaas/demo_env.py); pytest uses gpuaas.settings_test.
 test: $(STAMP) lint
-	$(PY) manage.py makemigrations --check --dry-run
+	DEBUG=1 $(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
 
 schema: $(STAMP)
-	$(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
+	DEBUG=1 $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
 
 clean:
-	rm -rf var/celery var/*.sqlite3* var/simcluster
+	rm -rf var/celery var/*.sqlite3* var/simcluster var/cache

@@ -7,6 +7,10 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuaas.settings")
+    if sys.argv[1:2] == ["demo"]:
+        from gpuaas.demo_env import demo_environment
+
+        demo_environment()  # DEBUG=1 and per-install keys under var/, before settings are read
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 
 import environ
@@ -70,3 +72,44 @@ def env_database(name: str, default: str) -> dict:
     if engine not in {"django.db.backends.sqlite3", "django.db.backends.postgresql"}:
         raise ConfigurationError(f"{name} must be a sqlite:// or postgres:// URL, got {raw!r}")
     return config
+
+
+def env_cache(name: str, default: str) -> dict:
+    """A CACHES entry from a URL: redis:// or rediss:// (Redis), file:///abs/dir, db://table_name.
+
+    Per-process caches (locmem://) are refused: throttling state must be shared by every process.
+    """
+    raw = os.environ.get(name, "").strip() or default
+    scheme, sep, rest = raw.partition("://")
+    if scheme in {"redis", "rediss"} and sep:
+        return {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": raw, "KEY_PREFIX": "gpuaas"}
+    if scheme == "file" and rest.startswith("/"):
+        return {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": rest}
+    if scheme == "db" and rest.isidentifier():
+        return {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": rest}
+    raise ConfigurationError(
+        f"{name}={raw!r} must be redis://host:port/db, rediss://..., file:///absolute/dir or db://table_name"
+        " (a cache shared by every process)"
+    )
+
+
+def env_fernet_keys(name: str, single_name: str) -> list[str]:
+    """Fernet keys from NAME (comma-separated) or SINGLE_NAME (one key); each is checked at start-up."""
+    from cryptography.fernet import Fernet
+
+    keys = env_list(name, []) or ([env_str(single_name)] if env_str(single_name) else [])
+    used = name if os.environ.get(name, "").strip() else single_name
+    for position, key in enumerate(keys, start=1):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            raise ConfigurationError(
+                f"{used}: key {position} is not a Fernet key (32 url-safe base64-encoded bytes); generate one with:"
+                ' python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"'
+            ) from None
+    return keys
+
+
+def derived_credentials_key(secret_key: str) -> str:
+    """The Fernet key gpuaas derived from SECRET_KEY before CREDENTIALS_KEYS existed (DEBUG=1 only now)."""
+    return base64.urlsafe_b64encode(hashlib.sha256(("gpuaas-credentials:" + secret_key).encode()).digest()).decode()

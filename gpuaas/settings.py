@@ -12,16 +12,35 @@ from pathlib import Path
 
 from celery.schedules import crontab
 
-from .env import ConfigurationError, env_bool, env_database, env_int, env_list, env_str
+from .env import (
+    ConfigurationError,
+    derived_credentials_key,
+    env_bool,
+    env_cache,
+    env_database,
+    env_fernet_keys,
+    env_int,
+    env_list,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUAAS_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-DEBUG = env_bool("DEBUG", True)
-SECRET_KEY = env_str("SECRET_KEY", required=not DEBUG) or "gpuaas-insecure-development-key-set-SECRET_KEY-in-production"
-if not DEBUG and len(SECRET_KEY) < 50:
-    raise ConfigurationError("SECRET_KEY must be at least 50 characters when DEBUG is off")
+# Safe by default: DEBUG is off unless set; `make demo` and the test suite set DEBUG=1 themselves.
+DEBUG = env_bool("DEBUG", False)
+# Public, in the source: accepted only with DEBUG=1 (a development machine).
+PUBLIC_DEVELOPMENT_SECRET_KEY = "gpuaas-insecure-development-key-set-SECRET_KEY-in-production"
+_SECRET_KEY_HINT = 'generate one with: python -c "import secrets; print(secrets.token_urlsafe(50))"'
+SECRET_KEY = env_str("SECRET_KEY") or (PUBLIC_DEVELOPMENT_SECRET_KEY if DEBUG else "")
+if not DEBUG:
+    if not SECRET_KEY:
+        raise ConfigurationError(f"SECRET_KEY is required when DEBUG is off; {_SECRET_KEY_HINT} (DEBUG=1: development)")
+    if SECRET_KEY == PUBLIC_DEVELOPMENT_SECRET_KEY:
+        raise ConfigurationError(f"SECRET_KEY is the public development key (DEBUG=1 only); {_SECRET_KEY_HINT}")
+    if len(SECRET_KEY) < 50:
+        raise ConfigurationError(f"SECRET_KEY must be at least 50 characters when DEBUG is off; {_SECRET_KEY_HINT}")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
 if not DEBUG and not ALLOWED_HOSTS:
     raise ConfigurationError("ALLOWED_HOSTS is required when DEBUG is off (comma-separated host names)")
@@ -40,6 +59,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "guardian",
+    "axes",
     "capacity",
     "pools",
     "billing",
@@ -56,6 +76,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: turns a locked-out login into its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "gpuaas.urls"
@@ -92,6 +114,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Auth -----------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username+IP before the password is even checked (docs/security.md).
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -104,6 +128,28 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/admin/login/"
+
+# Login brute force (django-axes): both login pages (/admin/login/, /accounts/login/) go through
+# authenticate(request=...), so both count failures. API tokens are not passwords: they never reach
+# axes; the anon API throttle bounds guessing instead.
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
+# One user's failures from one address: an attacker cannot lock a user out from elsewhere.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Failures live in the database: shared by every web process and host, listed in the admin
+# (Axes > Access attempts; delete one to unlock), and `manage.py axes_reset` clears them all.
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
+AXES_VERBOSE = False  # no banner at every start; lockouts are still logged as warnings
+# The client address is REMOTE_ADDR unless TRUSTED_PROXY_COUNT proxies (the ingress) add
+# X-Forwarded-For: a forged header must not give an attacker a fresh address per attempt.
+TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
+if TRUSTED_PROXY_COUNT:
+    AXES_IPWARE_PROXY_COUNT = TRUSTED_PROXY_COUNT
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR")
+else:
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
 # --- I18N / time ----------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -165,8 +211,18 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
-# --- Cache (throttling state) ----------------------------------------------------------------
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# --- Cache (API throttling state) -------------------------------------------------------------
+# Shared by every process: CACHE_URL, else REDIS_URL, else a Redis CELERY_BROKER_URL, else files
+# under var/cache/ (shared by the processes of one host: the embedded default). Never per-process.
+_broker_url = env_str("CELERY_BROKER_URL", "")
+CACHES = {
+    "default": env_cache(
+        "CACHE_URL",
+        env_str("REDIS_URL")
+        or (_broker_url if _broker_url.startswith(("redis://", "rediss://")) else "")
+        or f"file://{VAR_DIR / 'cache'}",
+    )
+}
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
@@ -325,7 +381,7 @@ MONITORING_IDLE_MEM_MIB = env_int("MONITORING_IDLE_MEM_MIB", 1024, minimum=0)
 MONITORING_IDLE_INTERVAL_S = env_int("MONITORING_IDLE_INTERVAL_S", 3600, minimum=60)
 MONITORING_SHARE_FACTOR_PCT = env_int("MONITORING_SHARE_FACTOR_PCT", 150, minimum=100)
 MONITORING_EVICT_OVER_SHARE = env_bool("MONITORING_EVICT_OVER_SHARE", False)
-# Bearer token Prometheus must send to /metrics; empty: staff sessions only (open when DEBUG).
+# Bearer token Prometheus must send to /metrics; empty: staff sessions only (DEBUG opens nothing).
 MONITORING_METRICS_TOKEN = env_str("MONITORING_METRICS_TOKEN", "")
 CELERY_BEAT_SCHEDULE.update(
     {
@@ -369,14 +425,26 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
 # --- end capacity reconfiguration ---------------------------------------------------------------
 
 # --- Outside systems ------------------------------------------------------------------------
-# Factory returning a pynvml-compatible library for (api_url, node_name). Real nodes: pynvml
-# itself. The embedded default points at the simulator's fake NVML (see simcluster/README.md).
-NVML_LIBRARY = env_str("NVML_LIBRARY", "simcluster.nvml.library_for_node")
+# Factory returning a pynvml-compatible library for (api_url, node_name). Production (DEBUG off):
+# pynvml itself. With DEBUG=1 (demo, tests): the simulator's fake NVML (see simcluster/README.md).
+NVML_LIBRARY = env_str(
+    "NVML_LIBRARY", "simcluster.nvml.library_for_node" if DEBUG else "capacity.adapters.nvml.local_pynvml"
+)
 KUBERNETES_TIMEOUT_S = env_int("KUBERNETES_TIMEOUT_S", 10, minimum=1)
 KUBERNETES_RETRIES = env_int("KUBERNETES_RETRIES", 4, minimum=0)
 KUBERNETES_PAGE_SIZE = env_int("KUBERNETES_PAGE_SIZE", 500, minimum=1)
-# Key for encrypting stored cluster credentials (Fernet). Defaults to one derived from SECRET_KEY.
-CREDENTIALS_KEY = env_str("CREDENTIALS_KEY", "")
+# Fernet keys for stored cluster credentials: the first encrypts, all decrypt (rotation: put the new
+# key first, run `manage.py rotate-credentials`, then drop the old one). CREDENTIALS_KEY is the
+# one-key form. Required when DEBUG is off; with DEBUG=1 a key derived from SECRET_KEY is the default.
+CREDENTIALS_KEYS = env_fernet_keys("CREDENTIALS_KEYS", "CREDENTIALS_KEY")
+if not CREDENTIALS_KEYS:
+    if not DEBUG:
+        raise ConfigurationError(
+            "CREDENTIALS_KEYS is required when DEBUG is off (Fernet keys, comma-separated, the first encrypts);"
+            ' generate one with: python -c "from cryptography.fernet import Fernet;'
+            ' print(Fernet.generate_key().decode())" (upgrading? see docs/security.md)'
+        )
+    CREDENTIALS_KEYS = [derived_credentials_key(SECRET_KEY)]
 
 # --- Logging --------------------------------------------------------------------------------
 LOGGING = {

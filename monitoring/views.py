@@ -12,14 +12,12 @@ from .exposition import exposition
 
 
 def _allowed(request: HttpRequest) -> bool:
-    """Bearer MONITORING_METRICS_TOKEN when set; otherwise staff sessions, or anyone while DEBUG is on."""
+    """Bearer MONITORING_METRICS_TOKEN when set, or a staff session. DEBUG opens nothing."""
     token = settings.MONITORING_METRICS_TOKEN
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
         return hmac.compare_digest(header.removeprefix("Bearer ").strip(), token)
-    if request.user.is_authenticated and request.user.is_staff:
-        return True
-    return not token and settings.DEBUG
+    return request.user.is_authenticated and request.user.is_staff
 
 
 @require_GET

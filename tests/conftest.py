@@ -25,6 +25,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs CELERY_BROKER_URL=redis://..."))
 
 
+def clear_shared_cache() -> None:
+    """Empty the shared cache (API throttle counters). On Redis only gpuaas's keys: the broker may share the db."""
+    from django.core.cache import cache
+
+    if settings.CACHES["default"]["BACKEND"].endswith("RedisCache"):
+        client = cache._cache.get_client(write=True)
+        keys = list(client.scan_iter(match=f"{settings.CACHES['default']['KEY_PREFIX']}:*"))
+        if keys:
+            client.delete(*keys)
+    else:
+        cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_shared_cache():
+    """Throttle counters live in a shared cache that outlives a test: each test starts without any."""
+    clear_shared_cache()
+
+
 @pytest.fixture
 def operator(django_user_model):
     """Staff with model permissions: runs the platform."""

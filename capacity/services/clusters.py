@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 from django.db import transaction
 
+from capacity import credentials
 from capacity.adapters import kubernetes as kube
 from capacity.models import Cluster
 
@@ -52,3 +53,42 @@ def register_cluster(name: str, kubeconfig_path: str | Path, *, context: str = "
                 ]
             )
     return cluster, created
+
+
+class UndecryptableCredentials(Exception):
+    """Stored kubeconfigs that no key of CREDENTIALS_KEYS decrypts; `names` lists their clusters."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        super().__init__(
+            f"the stored kubeconfig of {', '.join(names)} cannot be decrypted with any of CREDENTIALS_KEYS:"
+            " add the key it was encrypted with (after the first) and run again; nothing was changed"
+        )
+
+
+def rotate_credentials() -> tuple[int, int]:
+    """Re-encrypt every stored kubeconfig under the first of CREDENTIALS_KEYS; (re-encrypted, already current).
+
+    All or nothing: the rows are locked in primary-key order for one transaction, and if any of them
+    cannot be decrypted with any key, UndecryptableCredentials is raised before anything is written.
+    Idempotent: a kubeconfig the first key already decrypts is left as it is, so a second run writes nothing.
+    """
+    with transaction.atomic():
+        clusters = list(
+            Cluster.objects.select_for_update().exclude(encrypted_kubeconfig="").order_by("pk").only(
+                "pk", "name", "encrypted_kubeconfig"
+            )
+        )
+        stale = [c for c in clusters if not credentials.is_current(c.encrypted_kubeconfig)]
+        rotated, undecryptable = [], []
+        for cluster in stale:
+            try:
+                cluster.encrypted_kubeconfig = credentials.rotate(cluster.encrypted_kubeconfig)
+            except ValueError:
+                undecryptable.append(cluster.name)
+            else:
+                rotated.append(cluster)
+        if undecryptable:
+            raise UndecryptableCredentials(undecryptable)
+        Cluster.objects.bulk_update(rotated, ["encrypted_kubeconfig"])
+    return len(rotated), len(clusters) - len(rotated)

@@ -12,7 +12,8 @@ SECRET = "x7Gq2-p9LmZr4vT8wKc1NbYe6HsJd3UaQf5Wi0Ro_lXtMgVnEk2Ps"
 
 
 def run_check(**env):
-    full = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS"}}
+    # A clean environment (not the test suite's DEBUG=1): development (DEBUG=1) unless a case says otherwise.
+    full = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "gpuaas.settings", "DEBUG": "1"}
     full.update(env)
     return subprocess.run(
         [sys.executable, "manage.py", "check"], cwd=ROOT, env=full, capture_output=True, text=True, timeout=60
@@ -45,8 +46,10 @@ def test_production_settings_pass_deploy_check_except_documented():
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "ERROR"],
         cwd=ROOT,
         env={
-            **os.environ,
-            "DEBUG": "0",
+            "PATH": os.environ["PATH"],
+            "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
+            "DJANGO_SETTINGS_MODULE": "gpuaas.settings",
+            "CREDENTIALS_KEYS": "kH3p8m1hWq5Gq0nJ4bVbqkq1p6d8v6J8xgJ1T5cS3aE=",
             "SECRET_KEY": "x7Gq2-p9LmZr4vT8wKc1NbYe6HsJd3UaQf5Wi0Ro_lXtMgVn" + "Ek2Ps",
             "ALLOWED_HOSTS": "gpuaas.example.com",
         },

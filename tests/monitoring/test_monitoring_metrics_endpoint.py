@@ -56,11 +56,21 @@ def test_bearer_token_when_configured(client, settings, busy):
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token").status_code == 200
 
 
-def test_no_token_means_staff_only_unless_debug(client, settings, bob, busy):
+@pytest.mark.parametrize("debug", [False, True])
+def test_no_token_means_staff_only_even_in_debug(client, settings, bob, operator, busy, debug):
     settings.MONITORING_METRICS_TOKEN = ""
-    settings.DEBUG = False
+    settings.DEBUG = debug
     assert client.get("/metrics").status_code == 401
     client.force_login(bob)
     assert client.get("/metrics").status_code == 401
-    settings.DEBUG = True
+    client.force_login(operator)
     assert client.get("/metrics").status_code == 200
+
+
+def test_token_configured_still_admits_staff_session_but_not_a_wrong_bearer(client, settings, operator, busy):
+    settings.MONITORING_METRICS_TOKEN = "s3cret-scrape-token"
+    settings.DEBUG = True
+    assert client.get("/metrics").status_code == 401
+    client.force_login(operator)
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401

@@ -1,0 +1,36 @@
+"""The environment of `python manage.py demo`: DEBUG=1 and per-install keys kept under var/.
+
+manage.py calls demo_environment() before Django reads its settings, so the demo, and every process
+it starts (web server, worker, simulator), runs with DEBUG=1 (simulated NVML), a SECRET_KEY and a
+CREDENTIALS_KEYS generated once for this install (var/secret_key, var/credentials_key, mode 0600).
+Variables already set in the environment win.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _kept(path: Path, make) -> str:
+    """The secret stored at path, created (readable by this user only) on first use."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(make())
+    return path.read_text().strip()
+
+
+def demo_environment() -> None:
+    from cryptography.fernet import Fernet
+
+    var = Path(os.environ.get("GPUAAS_VAR_DIR") or BASE_DIR / "var")
+    os.environ.setdefault("DEBUG", "1")
+    if not os.environ.get("SECRET_KEY"):
+        os.environ["SECRET_KEY"] = _kept(var / "secret_key", lambda: secrets.token_urlsafe(50))
+    if not (os.environ.get("CREDENTIALS_KEYS") or os.environ.get("CREDENTIALS_KEY")):
+        os.environ["CREDENTIALS_KEYS"] = _kept(var / "credentials_key", lambda: Fernet.generate_key().decode())

@@ -1,0 +1,42 @@
+"""`manage.py demo` runs with DEBUG=1 and per-install keys generated once under var/ (gpuaas/demo_env.py)."""
+
+import os
+import stat
+
+from cryptography.fernet import Fernet
+
+from gpuaas.demo_env import demo_environment
+
+NAMES = ("DEBUG", "SECRET_KEY", "CREDENTIALS_KEYS", "CREDENTIALS_KEY")
+
+
+def clean_env(monkeypatch, tmp_path):
+    for name in NAMES:
+        monkeypatch.setenv(name, "")  # recorded, so what demo_environment() sets is undone after the test
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GPUAAS_VAR_DIR", str(tmp_path))
+
+
+def test_demo_generates_keys_once_and_reuses_them(monkeypatch, tmp_path):
+    clean_env(monkeypatch, tmp_path)
+    demo_environment()
+    first = {name: os.environ.get(name) for name in NAMES}
+    assert first["DEBUG"] == "1"
+    assert len(first["SECRET_KEY"]) >= 50
+    Fernet(first["CREDENTIALS_KEYS"])  # a valid key
+    for name in ("secret_key", "credentials_key"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
+
+    clean_env(monkeypatch, tmp_path)
+    demo_environment()
+    assert {name: os.environ.get(name) for name in NAMES} == first
+
+
+def test_demo_keeps_what_the_environment_sets(monkeypatch, tmp_path):
+    clean_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("SECRET_KEY", "s" * 60)
+    monkeypatch.setenv("CREDENTIALS_KEY", "k")
+    demo_environment()
+    assert os.environ["SECRET_KEY"] == "s" * 60
+    assert "CREDENTIALS_KEYS" not in os.environ
+    assert not (tmp_path / "secret_key").exists() and not (tmp_path / "credentials_key").exists()
