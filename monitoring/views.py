@@ -8,16 +8,21 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
+from pools.roles import operator_can
+
 from .exposition import exposition
+
+METRICS_PERMISSION = "monitoring.view_series"
 
 
 def _allowed(request: HttpRequest) -> bool:
-    """Bearer MONITORING_METRICS_TOKEN when set; otherwise staff sessions, or anyone while DEBUG is on."""
+    """Bearer MONITORING_METRICS_TOKEN when set; otherwise operators holding monitoring.view_series, or anyone
+    while DEBUG is on (and no token is set)."""
     token = settings.MONITORING_METRICS_TOKEN
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
         return hmac.compare_digest(header.removeprefix("Bearer ").strip(), token)
-    if request.user.is_authenticated and request.user.is_staff:
+    if operator_can(request.user, METRICS_PERMISSION):
         return True
     return not token and settings.DEBUG
 

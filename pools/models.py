@@ -166,6 +166,7 @@ class PoolRequest(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        permissions = [("approve_poolrequest", "Can approve or reject pool requests")]
         constraints = [
             models.CheckConstraint(condition=Q(count__gte=1), name="pools_poolrequest_count_positive"),
             models.CheckConstraint(

@@ -138,7 +138,7 @@ class PoolRequestSerializer(serializers.ModelSerializer):
 
     def validate_project(self, project: Project) -> Project:
         user = self.context["request"].user
-        if not (roles.is_operator(user) or roles.has_project_perm(user, project, "request_capacity")):
+        if not roles.has_project_perm(user, project, "request_capacity"):
             raise exceptions.PermissionDenied("Your role in this project cannot request capacity.")
         return project
 
