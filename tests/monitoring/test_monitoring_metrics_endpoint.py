@@ -64,3 +64,14 @@ def test_no_token_means_staff_only_unless_debug(client, settings, bob, busy):
     assert client.get("/metrics").status_code == 401
     settings.DEBUG = True
     assert client.get("/metrics").status_code == 200
+
+
+def test_staff_without_the_permission_get_401_and_operators_get_the_metrics(
+    client, settings, staff_nobody, staff_operator, busy
+):
+    settings.MONITORING_METRICS_TOKEN = ""
+    settings.DEBUG = False
+    client.force_login(staff_nobody)
+    assert client.get("/metrics").status_code == 401
+    client.force_login(staff_operator)
+    assert client.get("/metrics").status_code == 200
