@@ -21,6 +21,8 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from pools.roles import operator_can
+
 from . import exports, services
 from .choices import RunKind, StatementState
 from .models import (
@@ -109,7 +111,7 @@ class RateCardAdmin(admin.ModelAdmin):
         if not form.instance.in_force:
             services.rederive_card(form.instance)
 
-    @admin.action(description="Copy to a new card effective from the next hour")
+    @admin.action(description="Copy to a new card effective from the next hour", permissions=["add"])
     def copy_to_next_hour(self, request, queryset):
         start = floor_hour(timezone.now()) + HOUR
         done = 0
@@ -222,6 +224,9 @@ class StatementAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return (obj is None or not obj.is_finalised) and super().has_delete_permission(request, obj)
 
+    def has_finalise_permission(self, request) -> bool:
+        return operator_can(request.user, "billing.finalise_statement")
+
     def save_model(self, request, obj, form, change):
         """Nothing on the statement itself is editable; only adjustments are added (save_formset)."""
 
@@ -251,12 +256,12 @@ class StatementAdmin(admin.ModelAdmin):
     def daily_cost_chart(self, obj):
         return daily_chart_svg(services.daily_costs(obj.project_id, obj.period), obj.currency)
 
-    @admin.action(description="Finalise selected drafts (they never change afterwards)")
+    @admin.action(description="Finalise selected drafts (they never change afterwards)", permissions=["finalise"])
     def finalise(self, request, queryset):
         done = services.finalise_statements(queryset.filter(state=StatementState.DRAFT), actor=request.user)
         self.message_user(request, f"{done} statement(s) finalised.")
 
-    @admin.action(description="Regenerate selected drafts from usage")
+    @admin.action(description="Regenerate selected drafts from usage", permissions=["change"])
     def regenerate(self, request, queryset):
         done = 0
         for period in sorted(set(queryset.filter(state=StatementState.DRAFT).values_list("period", flat=True))):
@@ -266,14 +271,14 @@ class StatementAdmin(admin.ModelAdmin):
             done += len(services.generate_statements(period, project_ids=project_ids))
         self.message_user(request, f"{done} statement(s) regenerated.")
 
-    @admin.action(description="Export selected as CSV")
+    @admin.action(description="Export selected as CSV", permissions=["view"])
     def export_csv(self, request, queryset):
         statements = list(exports.statements_for_export(queryset))
         response = HttpResponse(exports.to_csv(statements), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="{exports.filename(statements, "csv")}"'
         return response
 
-    @admin.action(description="Export selected as JSON")
+    @admin.action(description="Export selected as JSON", permissions=["view"])
     def export_json(self, request, queryset):
         import json
 

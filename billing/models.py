@@ -274,6 +274,7 @@ class Statement(models.Model):
 
     class Meta:
         ordering = ["-period", "project_id"]
+        permissions = [("finalise_statement", "Can finalise statements")]
         constraints = [
             models.UniqueConstraint(fields=["project", "period"], name="billing_statement_unique_project_period"),
         ]

@@ -126,7 +126,7 @@ class ClusterAdmin(admin.ModelAdmin):
     def short_error(self, obj):
         return (obj.last_error[:80] + "…") if len(obj.last_error) > 80 else obj.last_error
 
-    @admin.action(description="Discover now")
+    @admin.action(description="Discover now", permissions=["change"])
     def discover_now(self, request, queryset):
         from .tasks import queue_discovery
 

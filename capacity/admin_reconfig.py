@@ -24,12 +24,16 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
+from gpuaas.admin_permissions import OperatorActionsMixin
+from pools.roles import require_operator_perms
+
 from .adapters import kubernetes as kube
 from .choices import ReconfigurationBackend
 from .mig.catalog import PRODUCTS
 from .mig.layout import parse_layout
 from .mig_picture import gpu_layout_html, gpu_picture, legend_html, node_pictures
 from .models import (
+    FORCE_PERMISSION,
     Cluster,
     GpuCapacity,
     MaintenanceWindow,
@@ -151,7 +155,7 @@ class TimeSlicingPolicyAdmin(admin.ModelAdmin):
         messages.warning(request, TIME_SLICING_WARNING)
         return super().changeform_view(request, object_id, form_url, extra_context)
 
-    @admin.action(description="Write the ConfigMap and label the nodes")
+    @admin.action(description="Write the ConfigMap and label the nodes", permissions=["change"])
     def apply_to_cluster(self, request, queryset):
         clusters = sorted(set(queryset.values_list("cluster_id", flat=True)))
         for cluster_id in clusters:
@@ -248,7 +252,7 @@ class StepInline(admin.TabularInline):
 
 
 @admin.register(MigReconfiguration)
-class MigReconfigurationAdmin(admin.ModelAdmin):
+class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
     list_display = ["id", "node", "source", "backend", "step", "state", "drain", "force", "created_by", "created_at"]
     list_filter = ["state", "step", "backend", "cluster"]
     list_select_related = ["node__cluster", "created_by"]
@@ -327,15 +331,15 @@ class MigReconfigurationAdmin(admin.ModelAdmin):
         for error in errors:
             self.message_user(request, error, messages.WARNING)
 
-    @admin.action(description="Resume at the failed step")
+    @admin.action(description="Resume at the failed step", permissions=["operate"])
     def resume_selected(self, request, queryset):
         self._each(request, queryset, rc.resume, "resumed")
 
-    @admin.action(description="Roll back to the layout before")
+    @admin.action(description="Roll back to the layout before", permissions=["operate"])
     def rollback_selected(self, request, queryset):
         self._each(request, queryset, rc.rollback, "rolled back")
 
-    @admin.action(description="Cancel (only before the node was cordoned)")
+    @admin.action(description="Cancel (only before the node was cordoned)", permissions=["operate"])
     def cancel_selected(self, request, queryset):
         self._each(request, queryset, rc.cancel, "cancelled")
 
@@ -357,6 +361,8 @@ class MigReconfigurationAdmin(admin.ModelAdmin):
             data = form.cleaned_data
             node = data["node"]
             if "confirm" in request.POST:
+                if data["force"]:
+                    require_operator_perms(request.user, FORCE_PERMISSION)
                 try:
                     reconf = rc.create(
                         node,
@@ -433,6 +439,7 @@ class MigReconfigurationAdmin(admin.ModelAdmin):
         )
 
     def capacity_plan_view(self, request):
+        require_operator_perms(request.user, "capacity.view_nodecapacity")
         form = CapacityPlanForm(request.GET or None)
         current = proposed = None
         error = ""
@@ -465,6 +472,7 @@ class MigReconfigurationAdmin(admin.ModelAdmin):
         )
 
     def take_offline_view(self, request):
+        require_operator_perms(request.user, "capacity.view_nodecapacity", "pools.view_allocation")
         form = TakeOfflineForm(request.POST or None)
         check = None
         if request.method == "POST" and form.is_valid():
@@ -478,6 +486,7 @@ class MigReconfigurationAdmin(admin.ModelAdmin):
         )
 
     def rebalance_view(self, request):
+        require_operator_perms(request.user, "capacity.view_migreconfiguration")
         form = RebalanceForm(request.POST or request.GET or None)
         proposal = None
         created, refused = [], {}
@@ -485,6 +494,10 @@ class MigReconfigurationAdmin(admin.ModelAdmin):
             data = form.cleaned_data
             proposal = planning.propose_rebalance(data["cluster"], data["product"], days=data["days"])
             if request.method == "POST" and "create" in request.POST:
+                # Queuing reconfigurations is an add; forcing them outside the window needs its own permission.
+                require_operator_perms(
+                    request.user, "capacity.add_migreconfiguration", *([FORCE_PERMISSION] if data["force"] else [])
+                )
                 with transaction.atomic():
                     created, refused = planning.create_rebalance_reconfigurations(
                         proposal, backend=data["backend"], drain=data["drain"], force=data["force"], actor=request.user

@@ -704,6 +704,10 @@ class MigReconfigurationQuerySet(models.QuerySet):
         return self.filter(state=ReconfigurationState.RUNNING, claimed_at__lt=claimed_before)
 
 
+# Forcing a reconfiguration outside the node's maintenance windows (API, admin form, rebalance page).
+FORCE_PERMISSION = "capacity.force_migreconfiguration"
+
+
 class MigReconfiguration(models.Model):
     """One node's MIG change, as a state machine: plan, check, cordon, drain, apply, verify, uncordon.
 
@@ -772,6 +776,7 @@ class MigReconfiguration(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        permissions = [("force_migreconfiguration", "Can force a MIG reconfiguration outside maintenance windows")]
         verbose_name = "MIG reconfiguration"
         constraints = [
             models.UniqueConstraint(

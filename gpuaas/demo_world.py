@@ -30,7 +30,7 @@ from pools import services as pool_services
 from pools.choices import Isolation, RequestState, WorkloadType
 from pools.models import Allocation, GpuPool, PoolRequest, Project
 from pools.provisioning import provision_pool
-from pools.roles import set_role
+from pools.roles import operators_group, set_role
 
 OPERATOR = ("operator", os.environ.get("GPUAAS_DEMO_OPERATOR_PASSWORD", "operator-demo-pw"))
 MEMBER = ("member", os.environ.get("GPUAAS_DEMO_MEMBER_PASSWORD", "member-demo-pw"))
@@ -113,6 +113,7 @@ def _users():
     member = User.objects.filter(username=MEMBER[0]).first()
     if member is None:
         member = User.objects.create_user(MEMBER[0], "member@example.com", MEMBER[1])
+    operators_group()  # so that a real operator is made by adding a staff user to it
     return operator, member
 
 

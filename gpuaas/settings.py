@@ -381,7 +381,7 @@ MONITORING_IDLE_MEM_MIB = env_int("MONITORING_IDLE_MEM_MIB", 1024, minimum=0)
 MONITORING_IDLE_INTERVAL_S = env_int("MONITORING_IDLE_INTERVAL_S", 3600, minimum=60)
 MONITORING_SHARE_FACTOR_PCT = env_int("MONITORING_SHARE_FACTOR_PCT", 150, minimum=100)
 MONITORING_EVICT_OVER_SHARE = env_bool("MONITORING_EVICT_OVER_SHARE", False)
-# Bearer token Prometheus must send to /metrics; empty: staff sessions only (DEBUG opens nothing).
+# Bearer token Prometheus must send to /metrics; empty: operators' sessions only (DEBUG opens nothing).
 MONITORING_METRICS_TOKEN = env_str("MONITORING_METRICS_TOKEN", "")
 CELERY_BEAT_SCHEDULE.update(
     {
@@ -455,3 +455,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"kubernetes": {"level": "WARNING"}, "urllib3": {"level": "WARNING"}},
 }
+
+# Personal API tokens live at most this many days (every token: API, admin, issue_token); 0: no limit.
+# A token created by a request that authenticated with a token never outlives that token.
+API_TOKEN_MAX_LIFETIME_DAYS = env_int("API_TOKEN_MAX_LIFETIME_DAYS", 365, minimum=0)

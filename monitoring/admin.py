@@ -13,6 +13,8 @@ from django.contrib.admin.views.main import ChangeList
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from gpuaas.admin_permissions import OperatorActionsMixin
+
 from . import readers
 from .choices import HealthLevel, IdleState
 from .models import Collector, HealthEvent, IdleReservation, MaintenanceRun, RollupRun, Series, ShareViolation
@@ -23,7 +25,7 @@ from .sparkline import sparkline
 LEVEL_COLOURS = {HealthLevel.NORMAL: "#2e7d32", HealthLevel.WARNING: "#ef6c00", HealthLevel.CRITICAL: "#c62828"}
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(OperatorActionsMixin, admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
@@ -92,7 +94,10 @@ class HealthEventAdmin(ReadOnlyAdmin):
     def cluster(self, obj):
         return obj.gpu.node.cluster.name
 
-    @admin.action(description="Resolve selected events (a condition still present reopens at the next reading)")
+    @admin.action(
+        description="Resolve selected events (a condition still present reopens at the next reading)",
+        permissions=["operate"],
+    )
     def resolve_selected(self, request, queryset):
         done = health_services.resolve_events(list(queryset.values_list("pk", flat=True)), actor=request.user)
         self.message_user(request, f"{done} event(s) resolved.", messages.SUCCESS)
@@ -133,7 +138,7 @@ class IdleReservationAdmin(ReadOnlyAdmin):
         a = obj.allocation
         return f"{a.product} {a.profile_name or a.kind} on {a.gpu.node.name}/GPU {a.gpu.index}"
 
-    @admin.action(description="Release the selected allocations (one step)")
+    @admin.action(description="Release the selected allocations (one step)", permissions=["operate"])
     def release_selected(self, request, queryset):
         done = 0
         for pk in queryset.filter(state=IdleState.OPEN).order_by("pk").values_list("pk", flat=True):
@@ -143,7 +148,7 @@ class IdleReservationAdmin(ReadOnlyAdmin):
                 self.message_user(request, f"Flag {pk}: {exc}", messages.ERROR)
         self.message_user(request, f"{done} allocation(s) released.", messages.SUCCESS)
 
-    @admin.action(description="Dismiss the selected flags (keep the reservation)")
+    @admin.action(description="Dismiss the selected flags (keep the reservation)", permissions=["operate"])
     def dismiss_selected(self, request, queryset):
         done = idle_services.dismiss(list(queryset.values_list("pk", flat=True)), actor=request.user)
         self.message_user(request, f"{done} flag(s) dismissed.", messages.SUCCESS)
@@ -171,7 +176,7 @@ class ShareViolationAdmin(ReadOnlyAdmin):
     search_fields = ["namespace", "pod_name", "pod_uid", "gpu__uuid"]
     actions = ["evict_selected"]
 
-    @admin.action(description="Evict the selected pods now (Eviction API)")
+    @admin.action(description="Evict the selected pods now (Eviction API)", permissions=["operate"])
     def evict_selected(self, request, queryset):
         from .tasks import evict_over_share_task
 

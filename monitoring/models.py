@@ -48,9 +48,9 @@ class SeriesQuerySet(models.QuerySet):
         Time-sliced GPUs are shared between projects, so their GPU-level series are operator-only.
         Points outside the allocation windows are removed by the readers (monitoring/readers.py).
         """
-        from pools.roles import is_operator
+        from pools.roles import sees_all_projects
 
-        if is_operator(user):
+        if sees_all_projects(user):
             return self
         allocations = _allocations_of(user)
         return self.filter(
@@ -317,9 +317,9 @@ class HealthEventQuerySet(models.QuerySet):
         A GPU-level event (no MIG instance) concerns every project holding any unit on that GPU; a
         MIG-level event only the project holding that instance. One EXISTS subquery, no JOIN fan-out.
         """
-        from pools.roles import is_operator
+        from pools.roles import sees_all_projects
 
-        if is_operator(user):
+        if sees_all_projects(user):
             return self
         overlapping = _allocations_of(user).filter(
             Q(released_at__isnull=True) | Q(released_at__gte=OuterRef("opened_at")),
@@ -392,9 +392,9 @@ class IdleReservationQuerySet(models.QuerySet):
         return self.filter(state=IdleState.OPEN)
 
     def visible_to(self, user):
-        from pools.roles import is_operator, projects_for
+        from pools.roles import projects_for, sees_all_projects
 
-        if is_operator(user):
+        if sees_all_projects(user):
             return self
         return self.filter(allocation__project__in=projects_for(user).values("pk"))
 

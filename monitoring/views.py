@@ -8,16 +8,20 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
+from pools.roles import operator_can
+
 from .exposition import exposition
+
+METRICS_PERMISSION = "monitoring.view_series"
 
 
 def _allowed(request: HttpRequest) -> bool:
-    """Bearer MONITORING_METRICS_TOKEN when set, or a staff session. DEBUG opens nothing."""
+    """Bearer MONITORING_METRICS_TOKEN when set, or an operator holding monitoring.view_series. DEBUG opens nothing."""
     token = settings.MONITORING_METRICS_TOKEN
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
         return hmac.compare_digest(header.removeprefix("Bearer ").strip(), token)
-    return request.user.is_authenticated and request.user.is_staff
+    return operator_can(request.user, METRICS_PERMISSION)
 
 
 @require_GET

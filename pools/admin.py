@@ -220,6 +220,14 @@ class PoolRequestAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # requests come from projects, through the API (the spec is resolved there)
 
+    def get_readonly_fields(self, request, obj=None):
+        # Every field: a request is the project's, its workflow goes through the actions (which call
+        # the services and write a PoolRequestTransition with who, when and why). No silent edits.
+        return [f.name for f in PoolRequest._meta.fields]
+
+    def has_approve_permission(self, request) -> bool:
+        return roles.operator_can(request.user, "pools.approve_poolrequest")
+
     @admin.display(description="Pool")
     def pool_link(self, obj):
         pool = getattr(obj, "pool", None)
@@ -227,7 +235,7 @@ class PoolRequestAdmin(admin.ModelAdmin):
             return "-"
         return format_html('<a href="{}">{}</a>', reverse("admin:pools_gpupool_change", args=[pool.pk]), pool.name)
 
-    @admin.action(description="Approve selected requests…", permissions=["change"])
+    @admin.action(description="Approve selected requests…", permissions=["approve"])
     def approve_selected(self, request, queryset):
         return run_with_reason(
             self,
@@ -238,7 +246,7 @@ class PoolRequestAdmin(admin.ModelAdmin):
             run=lambda obj, reason: services.approve(obj, actor=request.user, reason=reason),
         )
 
-    @admin.action(description="Reject selected requests…", permissions=["change"])
+    @admin.action(description="Reject selected requests…", permissions=["approve"])
     def reject_selected(self, request, queryset):
         return run_with_reason(
             self,
@@ -316,6 +324,10 @@ class GpuPoolAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # pools are created by approval only
+
+    def get_readonly_fields(self, request, obj=None):
+        # Every field: a pool's state, units and provisioning change through the actions and services.
+        return [f.name for f in GpuPool._meta.fields]
 
     @admin.display(description="Units in use / total")
     def units(self, obj):
@@ -396,7 +408,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     list_select_related = ["user"]
     search_fields = ["name", "user__username", "key_prefix"]
-    readonly_fields = ["key_prefix", "key_digest", "created_at", "last_used_at", "revoked_at"]
+    # The owner and the expiry are read-only (a token moved to another user, or given a longer life,
+    # would grant what nobody asked for); only the name can be edited, and tokens can be revoked.
+    readonly_fields = ["user", "key_prefix", "key_digest", "created_at", "expires_at", "last_used_at", "revoked_at"]
     actions = ["revoke_selected"]
 
     def has_add_permission(self, request):

@@ -6,6 +6,7 @@ child object is scoped through `project__in=<projects the user may view>` in one
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import secrets
 
@@ -93,9 +94,29 @@ class ApiToken(models.Model):
     def digest(key: str) -> str:
         return hashlib.sha256(key.encode()).hexdigest()
 
+    @staticmethod
+    def latest_expiry(*, parent: ApiToken | None = None, now=None):
+        """The latest expiry a new token may have: API_TOKEN_MAX_LIFETIME_DAYS from now, and never after
+        `parent`, the token the creating request authenticated with. None: no limit at all."""
+        now = now or timezone.now()
+        days = settings.API_TOKEN_MAX_LIFETIME_DAYS
+        limits = [now + dt.timedelta(days=days)] if days else []
+        if parent is not None and parent.expires_at is not None:
+            limits.append(parent.expires_at)
+        return min(limits, default=None)
+
     @classmethod
-    def issue(cls, user, name: str, expires_at=None) -> tuple[ApiToken, str]:
-        """Create a token; returns (token, plain key). The plain key is not kept anywhere."""
+    def issue(cls, user, name: str, expires_at=None, *, parent: ApiToken | None = None) -> tuple[ApiToken, str]:
+        """Create a token; returns (token, plain key). The plain key is not kept anywhere.
+
+        No `expires_at`: the latest allowed (latest_expiry). A later one raises ValueError; callers
+        taking input check it first for a friendly message (ApiTokenSerializer, issue_token).
+        """
+        limit = cls.latest_expiry(parent=parent)
+        if expires_at is None:
+            expires_at = limit
+        elif limit is not None and expires_at > limit:
+            raise ValueError(f"a token may not expire after {limit.isoformat()}")
         key = cls.PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(
             user=user, name=name, key_prefix=key[:10], key_digest=cls.digest(key), expires_at=expires_at
@@ -166,6 +187,7 @@ class PoolRequest(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        permissions = [("approve_poolrequest", "Can approve or reject pool requests")]
         constraints = [
             models.CheckConstraint(condition=Q(count__gte=1), name="pools_poolrequest_count_positive"),
             models.CheckConstraint(

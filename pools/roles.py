@@ -63,9 +63,79 @@ def members(project: Project) -> list[tuple[object, str]]:
     return result
 
 
+# --- Operators: active staff, each action gated by the Django model permission it needs ------------
+
+OPERATORS_GROUP = "Operators"
+# Every permission of these apps goes to the Operators group (models added later included: rerun
+# `manage.py operators_group`). Users and groups (auth) stay with superusers.
+OPERATOR_APPS = ("pools", "capacity", "billing", "monitoring")
+
+
 def is_operator(user) -> bool:
-    """Operators are staff; they see every project."""
+    """An active staff account: may use the admin. What it may *do* there is operator_can()'s question."""
     return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+
+
+def operator_can(user, *perms: str) -> bool:
+    """Active staff holding every one of the global model permissions `perms` ("app.codename").
+
+    Superusers hold everything. Object permissions (guardian, on Project) do not count here: an
+    operator action is fleet-wide, so it needs the model-level permission (ModelBackend caches them
+    on the user object, so repeated checks in one request cost one query).
+    """
+    if not is_operator(user):
+        return False
+    if user.is_superuser:
+        return True
+    from django.contrib.auth.backends import ModelBackend
+
+    backend = ModelBackend()
+    return all(backend.has_perm(user, perm) for perm in perms)
+
+
+def sees_all_projects(user) -> bool:
+    """Operators holding pools.view_project read every project's objects; other staff see their own."""
+    return operator_can(user, "pools.view_project")
+
+
+def require_operator_perms(user, *perms: str) -> None:
+    """Django's PermissionDenied (the admin's 403 page) unless operator_can(user, *perms)."""
+    from django.core.exceptions import PermissionDenied
+
+    if not operator_can(user, *perms):
+        raise PermissionDenied(f"Needs the permission(s) {', '.join(perms)} (the {OPERATORS_GROUP} group has them).")
+
+
+def operator_required(*perms: str):
+    """Decorator for plain views and admin pages: require_operator_perms(request.user, *perms) first."""
+    from functools import wraps
+
+    def decorate(view):
+        @wraps(view)
+        def wrapped(request, *args, **kwargs):
+            require_operator_perms(request.user, *perms)
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorate
+
+
+@transaction.atomic
+def operators_group() -> Group:
+    """The Operators group, holding every permission of OPERATOR_APPS. Idempotent; returns the group.
+
+    Making someone an operator is then: is_staff=True and member of this group.
+    """
+    from django.apps import apps
+    from django.contrib.auth.management import create_permissions
+    from django.contrib.auth.models import Permission
+
+    for app_label in OPERATOR_APPS:  # permissions are created after migrate; make sure they exist
+        create_permissions(apps.get_app_config(app_label), verbosity=0)
+    group, _ = Group.objects.get_or_create(name=OPERATORS_GROUP)
+    group.permissions.add(*Permission.objects.filter(content_type__app_label__in=OPERATOR_APPS))
+    return group
 
 
 def projects_for(user, perm: str = "view_project") -> QuerySet[Project]:
@@ -118,14 +188,14 @@ def admins_left(project: Project, *, without) -> int:
 
 
 def project_ids_for(user, perm: str = "view_project") -> QuerySet:
-    """Ids of the projects on which `user` holds `perm`, as one UNION subquery; None for operators (all).
+    """Ids of the projects on which `user` holds `perm`, as one UNION subquery; None when all (operators).
 
     The same set as projects_for(), shaped for `project_id__in=`: PostgreSQL estimates a UNION of
     the two permission lookups well (it returns the user's handful of projects), whereas the OR of
     two IN-subqueries in projects_for() is estimated at three quarters of all projects, which turns
     a 100-row lookup into whole-table hash joins once there are thousands of projects (bench api).
     """
-    if is_operator(user):
+    if operator_can(user, "pools.view_project", f"pools.{perm}"):
         return None
     if not (user and user.is_authenticated and user.is_active):
         return Project.objects.none().values("pk")

@@ -94,3 +94,19 @@ def victor(django_user_model, project):
 def charlie(django_user_model, other_project):
     """Member of team-b only: an outsider to team-a, who must get 404s there."""
     return _member(django_user_model, other_project, "charlie", "member")
+
+
+@pytest.fixture
+def staff_nobody(django_user_model):
+    """Staff (may log in to the admin) with no permissions and no project role: refused everything."""
+    return django_user_model.objects.create_user("sam", "sam@example.com", "pw-sam-1", is_staff=True)
+
+
+@pytest.fixture
+def staff_operator(django_user_model):
+    """Staff whose only grant is the Operators group: a real operator, not a superuser."""
+    from pools.roles import operators_group
+
+    user = django_user_model.objects.create_user("olga", "olga@example.com", "pw-olga-1", is_staff=True)
+    user.groups.add(operators_group())
+    return user

@@ -15,11 +15,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from gpuaas.api import ProjectScopedQuerysetMixin
-from pools.roles import is_operator
+from gpuaas.api import OperatorPermissions, ProjectScopedQuerysetMixin
 
 from .. import exports, services
 from ..models import BillingRun, RateCard, RateCardEntry, Statement, StatementFinalised, StatementLine, UsageRecord
@@ -30,13 +28,6 @@ class Conflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "A finalised statement never changes."
     default_code = "conflict"
-
-
-class IsOperator(IsAuthenticated):
-    message = "Only operators do this."
-
-    def has_permission(self, request, view):
-        return is_operator(request.user)
 
 
 CONFLICT = OpenApiResponse(serializers.StatementConflictSerializer, description="The statement is finalised.")
@@ -99,6 +90,12 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
     serializer_class = serializers.StatementSerializer
     filterset_class = filters.StatementFilter
     ordering_fields = ["period", "total_amount"]
+    # The operator actions' permissions (OperatorPermissions reads these; the reads are project-scoped).
+    operator_perms = {
+        "generate": ("billing.add_statement", "billing.change_statement"),
+        "finalise": ("billing.finalise_statement",),
+        "adjust": ("billing.add_statementline",),
+    }
 
     def get_queryset(self):
         queryset = super().get_queryset()
@@ -136,7 +133,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
         request=serializers.GenerateStatementSerializer,
         responses={200: serializers.StatementDetailSerializer, 409: CONFLICT},
     )
-    @action(detail=False, methods=["post"], permission_classes=[IsOperator], filterset_class=None)
+    @action(detail=False, methods=["post"], permission_classes=[OperatorPermissions], filterset_class=None)
     def generate(self, request):
         serializer = serializers.GenerateStatementSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -152,7 +149,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
         request=None,
         responses={200: serializers.StatementDetailSerializer, 409: CONFLICT},
     )
-    @action(detail=True, methods=["post"], permission_classes=[IsOperator], filterset_class=None)
+    @action(detail=True, methods=["post"], permission_classes=[OperatorPermissions], filterset_class=None)
     def finalise(self, request, pk=None):
         statement = self.get_object()
         try:
@@ -166,7 +163,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
         request=serializers.AdjustmentSerializer,
         responses={201: serializers.StatementLineSerializer},
     )
-    @action(detail=True, methods=["post"], permission_classes=[IsOperator], filterset_class=None)
+    @action(detail=True, methods=["post"], permission_classes=[OperatorPermissions], filterset_class=None)
     def adjust(self, request, pk=None):
         statement = self.get_object()
         serializer = serializers.AdjustmentSerializer(data=request.data)
@@ -197,7 +194,7 @@ class BillingRunViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     queryset = BillingRun.objects.order_by("-started_at", "-id")
     serializer_class = serializers.BillingRunSerializer
     filterset_class = filters.BillingRunFilter
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
     ordering_fields = ["started_at"]
 
     def create(self, request, *args, **kwargs):

@@ -1,8 +1,8 @@
 """Read-only capacity API for operators: clusters, discovery runs, GPU nodes, GPUs and offered specs.
 
-What discovery mirrors from the clusters. Operators (staff) only: these are shared hardware facts,
-not one project's objects, so anyone else gets 403. Lists are ordered, filtered through explicit
-FilterSets, and counted with correlated subqueries rather than JOINs.
+What discovery mirrors from the clusters. Operators only (staff holding the model's view permission):
+these are shared hardware facts, not one project's objects, so anyone else gets 403. Lists are
+ordered, filtered through explicit FilterSets, and counted with correlated subqueries rather than JOINs.
 """
 
 from __future__ import annotations
@@ -13,20 +13,11 @@ from django_filters import rest_framework as filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
 from capacity.choices import MigInstanceState, SpecKind, Tier
 from capacity.models import Cluster, DiscoveryRun, GpuCapacity, MigInstance, NodeCapacity, SpecAndCount
-
-
-class IsOperator(BasePermission):
-    message = "Only operators (staff) read the capacity mirror."
-
-    def has_permission(self, request, view):
-        from pools.roles import is_operator
-
-        return is_operator(request.user)
+from gpuaas.api import OperatorPermissions
 
 
 def _count(queryset, group_by: str):
@@ -220,7 +211,7 @@ class ClusterViewSet(viewsets.ReadOnlyModelViewSet):
     """Registered clusters with their discovery status and present node/GPU counts."""
 
     serializer_class = ClusterSerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
     filterset_fields = ["status"]
     ordering_fields = ["name", "last_success_at"]
 
@@ -238,7 +229,7 @@ class DiscoveryRunViewSet(viewsets.ReadOnlyModelViewSet):
     """Discovery runs, newest first: what each pass saw and why it failed."""
 
     serializer_class = DiscoveryRunSerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
     filterset_class = RunFilter
     queryset = DiscoveryRun.objects.select_related("cluster").order_by("-started_at", "-id")
 
@@ -247,7 +238,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     """GPU nodes (gone ones included; filter gone=false for the present fleet)."""
 
     serializer_class = NodeSerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
     filterset_class = NodeFilter
     ordering_fields = ["name", "gpu_product", "tier"]
 
@@ -267,7 +258,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
     """Physical GPUs as the node agents' NVML inventory reports them (lost ones kept, with lost_at)."""
 
     serializer_class = GpuSerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
     filterset_class = GpuFilter
     queryset = GpuCapacity.objects.select_related("node__cluster").order_by(
         "node__cluster__name", "node__name", "index"
@@ -278,7 +269,7 @@ class SpecViewSet(viewsets.ReadOnlyModelViewSet):
     """What each node offers, by extended resource; `totals` sums them for the present fleet."""
 
     serializer_class = SpecSerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
     filterset_class = SpecFilter
     queryset = SpecAndCount.objects.select_related("node__cluster").order_by(
         "node__cluster__name", "node__name", "kind"

@@ -1,9 +1,10 @@
 """Operator API for MIG: layouts, reconfigurations, maintenance windows, time-slicing, planning.
 
-Operators (staff) only: these act on shared hardware, not on one project's objects, so every
-endpoint is 403 for anyone else. Bad input is 400 with field messages; a refused or illegal state
-change (allocated GPUs without drain, outside a maintenance window without force, resume of a
-reconfiguration that has not failed, a second open reconfiguration of a node) is 409.
+Operators only (staff holding each action's model permission; force needs
+capacity.force_migreconfiguration): these act on shared hardware, so anyone else gets 403. Bad
+input is 400 with field messages; a refused or illegal state change (allocated GPUs without drain,
+outside a maintenance window without force, resume of a reconfiguration that has not failed, a
+second open reconfiguration of a node) is 409.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from django_filters import rest_framework as filters
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.choices import ReconfigurationBackend
 from capacity.models import (
+    FORCE_PERMISSION,
     Cluster,
     GpuCapacity,
     MaintenanceWindow,
@@ -30,15 +31,8 @@ from capacity.models import (
 )
 from capacity.services import maintenance, mig_configs, planning
 from capacity.services import reconfiguration as rc
-
-
-class IsOperator(BasePermission):
-    message = "Only operators (staff) manage MIG layouts and capacity."
-
-    def has_permission(self, request, view):
-        from pools.roles import is_operator
-
-        return is_operator(request.user)
+from gpuaas.api import OperatorPermissions
+from pools.roles import operator_can
 
 
 class Conflict(exceptions.APIException):
@@ -102,7 +96,7 @@ class MigLayoutFilter(filters.FilterSet):
 class MigLayoutViewSet(viewsets.ModelViewSet):
     queryset = MigLayout.objects.order_by("product", "name")
     serializer_class = MigLayoutSerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
     filterset_class = MigLayoutFilter
     ordering_fields = ["name", "product", "updated_at"]
 
@@ -162,7 +156,7 @@ class MaintenanceWindowFilter(filters.FilterSet):
 class MaintenanceWindowViewSet(viewsets.ModelViewSet):
     queryset = MaintenanceWindow.objects.select_related("cluster").order_by("cluster_id", "node_group", "id")
     serializer_class = MaintenanceWindowSerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
     filterset_class = MaintenanceWindowFilter
     ordering_fields = ["id", "cluster", "node_group"]
 
@@ -208,7 +202,8 @@ class TimeSlicingPolicyViewSet(viewsets.ModelViewSet):
 
     queryset = TimeSlicingPolicy.objects.select_related("cluster").order_by("cluster_id", "node_group")
     serializer_class = TimeSlicingPolicySerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
+    operator_perms = {"apply": ("capacity.change_timeslicingpolicy",)}
     filterset_class = TimeSlicingPolicyFilter
     ordering_fields = ["id", "cluster", "node_group"]
 
@@ -334,7 +329,12 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
         MigReconfiguration.objects.select_related("node").prefetch_related("steps").order_by("-created_at", "-id")
     )
     serializer_class = MigReconfigurationSerializer
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
+    operator_perms = {
+        "resume": ("capacity.change_migreconfiguration",),
+        "rollback": ("capacity.change_migreconfiguration",),
+        "cancel": ("capacity.change_migreconfiguration",),
+    }
     filterset_class = MigReconfigurationFilter
     ordering_fields = ["id", "created_at", "state"]
 
@@ -347,6 +347,8 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
         form = ReconfigureSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         data = form.validated_data
+        if data["force"] and not operator_can(request.user, FORCE_PERMISSION):
+            raise exceptions.PermissionDenied(f"Forcing a reconfiguration needs the {FORCE_PERMISSION} permission.")
         try:
             reconf = rc.create(
                 data["node"],
@@ -453,7 +455,8 @@ class CapacityPlanQuery(serializers.Serializer):
 class CapacityPlanView(APIView):
     """Effective slots per tier, now (discovered) and for a proposed layout or replica count."""
 
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
+    operator_perms = {"get": ("capacity.view_nodecapacity",)}
 
     @extend_schema(
         summary="Effective slots per tier (current and proposed)",
@@ -520,7 +523,8 @@ class TakeOfflineSerializer(serializers.Serializer):
 class TakeOfflineView(APIView):
     """Would the remaining capacity cover every allocation if these GPUs or nodes went down?"""
 
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
+    operator_perms = {"post": ("capacity.view_nodecapacity", "pools.view_allocation")}
 
     @extend_schema(summary="Take-offline check", request=TakeOfflineRequest, responses=TakeOfflineSerializer)
     def post(self, request):
@@ -569,7 +573,8 @@ class RebalanceSerializer(serializers.Serializer):
 class RebalanceView(APIView):
     """The layout to apply in the next maintenance window, from the last period's demand."""
 
-    permission_classes = [IsOperator]
+    permission_classes = [OperatorPermissions]
+    operator_perms = {"get": ("capacity.view_migreconfiguration",)}
 
     @extend_schema(
         summary="Rebalancing proposal",

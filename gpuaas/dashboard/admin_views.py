@@ -1,8 +1,8 @@
-"""The operator dashboard's pages and JSON endpoints, mounted in the admin (staff only).
+"""The operator dashboard's pages and JSON endpoints, mounted in the admin (operators only).
 
 Each page renders its first data inline (json_script) and then re-fetches its JSON endpoint every
 15 seconds; the endpoints are wrapped in admin_site.admin_view like the pages, so a non-staff user
-is sent to the admin login and never sees a number.
+is sent to the admin login and never sees a number, and staff without DASHBOARD_PERMISSIONS get 403.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from capacity.models import Cluster, GpuCapacity
+from pools.roles import operator_required
 
 from . import fleet, nodes, sources
 
 REFRESH_S = 15
+# The dashboard shows the fleet and every project's pools: staff without these get the admin's 403.
+DASHBOARD_PERMISSIONS = ("capacity.view_nodecapacity", "pools.view_gpupool")
 
 
 def _json(data: dict) -> JsonResponse:
@@ -43,7 +46,7 @@ def gpu_view_data(gpu: GpuCapacity) -> dict:
 
 
 def urlpatterns(admin_site) -> list:
-    """The dashboard's admin URLs, each behind admin_site.admin_view (staff only)."""
+    """The dashboard's admin URLs, each behind admin_site.admin_view and DASHBOARD_PERMISSIONS."""
 
     def overview_page(request):
         return _page(
@@ -92,7 +95,9 @@ def urlpatterns(admin_site) -> list:
         gpu = get_object_or_404(GpuCapacity.objects.select_related("node__cluster"), pk=pk)
         return _json(gpu_view_data(gpu))
 
-    wrap = admin_site.admin_view
+    def wrap(view):
+        return admin_site.admin_view(operator_required(*DASHBOARD_PERMISSIONS)(view))
+
     return [
         path("dashboard/", wrap(overview_page), name="gpuaas_dashboard"),
         path("dashboard/data.json", wrap(overview_data), name="gpuaas_dashboard_data"),

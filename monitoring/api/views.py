@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from capacity.choices import SpecKind
 from gpuaas.api import ProjectScopedQuerysetMixin
 from pools.models import Allocation, GpuPool
-from pools.roles import is_operator, projects_for
+from pools.roles import projects_for, sees_all_projects
 
 from .. import readers
 from ..models import HealthEvent, IdleReservation, Series
@@ -35,7 +35,7 @@ class VisibleToUserMixin:
 
 def allocation_windows(user, series: Series) -> list[readers.Window] | None:
     """The periods `user`'s projects held the unit behind `series`; None for operators (no limit)."""
-    if is_operator(user):
+    if sees_all_projects(user):
         return None
     held = Allocation.objects.filter(project__in=projects_for(user).values("pk"))
     if series.mig_instance_id:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -138,7 +139,7 @@ class PoolRequestSerializer(serializers.ModelSerializer):
 
     def validate_project(self, project: Project) -> Project:
         user = self.context["request"].user
-        if not (roles.is_operator(user) or roles.has_project_perm(user, project, "request_capacity")):
+        if not roles.has_project_perm(user, project, "request_capacity"):
             raise exceptions.PermissionDenied("Your role in this project cannot request capacity.")
         return project
 
@@ -323,11 +324,32 @@ class ApiTokenSerializer(serializers.ModelSerializer):
             attrs["expires_at"] = timezone.now() + dt.timedelta(days=days)
         if attrs.get("expires_at") is not None and attrs["expires_at"] <= timezone.now():
             raise serializers.ValidationError({"expires_at": "The expiry must be in the future."})
+        # A token may not outlive the token that created it, nor API_TOKEN_MAX_LIFETIME_DAYS. Tokens
+        # carry all of their user's rights (no scopes), so expiry is the only thing that could widen.
+        parent = self._parent_token()
+        limit = ApiToken.latest_expiry(parent=parent)
+        if limit is not None and attrs.get("expires_at") is not None and attrs["expires_at"] > limit:
+            field = "expires_in_days" if days is not None else "expires_at"
+            if parent is not None and parent.expires_at == limit:
+                message = f"A token made with a token cannot outlive it: expire at {limit.isoformat()} or sooner."
+            else:
+                days_max = settings.API_TOKEN_MAX_LIFETIME_DAYS
+                message = (
+                    f"Tokens live at most {days_max} days (API_TOKEN_MAX_LIFETIME_DAYS): expire by {limit.isoformat()}."
+                )
+            raise serializers.ValidationError({field: message})
         return attrs
+
+    def _parent_token(self) -> ApiToken | None:
+        auth = getattr(self.context.get("request"), "auth", None)
+        return auth if isinstance(auth, ApiToken) else None
 
     def create(self, validated_data: dict) -> ApiToken:
         token, key = ApiToken.issue(
-            self.context["request"].user, validated_data["name"], validated_data.get("expires_at")
+            self.context["request"].user,
+            validated_data["name"],
+            validated_data.get("expires_at"),
+            parent=self._parent_token(),
         )
         token.plain_key = key
         return token

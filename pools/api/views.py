@@ -2,9 +2,10 @@
 
 Visibility comes from ProjectScopedQuerysetMixin (gpuaas/api.py): another project's object is not
 found (404). What a visible object allows depends on the caller's role there: viewers read, members
-request capacity, project admins also manage members and release; operators (staff) do everything,
-and only they approve, reject and retry. A refused action on a visible object is a 403 and changes
-nothing. Illegal state changes and capacity shortages are 409 (DomainError).
+request capacity, project admins also manage members and release; operators (staff holding the
+model permissions, e.g. the Operators group) do what their permissions say, and only they approve,
+reject (pools.approve_poolrequest) and retry (pools.change_gpupool). A refused action on a visible
+object is a 403 and changes nothing. Illegal state changes and capacity shortages are 409 (DomainError).
 """
 
 from __future__ import annotations
@@ -43,15 +44,14 @@ class DomainErrorsAs409:
 
 
 def require_project_perm(user, project_id: int, perm: str, message: str) -> None:
-    """403 unless `user` is an operator or holds `perm` on the project (one query)."""
-    if roles.is_operator(user):
-        return
+    """403 unless `user` holds `perm` on the project, or globally as an operator (roles.projects_for)."""
     if not roles.projects_for(user, perm).filter(pk=project_id).exists():
         raise exceptions.PermissionDenied(message)
 
 
-def require_operator(user, message: str) -> None:
-    if not roles.is_operator(user):
+def require_operator(user, message: str, *perms: str) -> None:
+    """403 unless `user` is an operator holding the model permissions `perms` (roles.operator_can)."""
+    if not roles.operator_can(user, *perms):
         raise exceptions.PermissionDenied(message)
 
 
@@ -235,7 +235,7 @@ class PoolRequestViewSet(
     @action(detail=True, methods=["post"], filterset_class=None)
     def approve(self, request, pk=None):
         obj = self.get_object()
-        require_operator(request.user, "Only operators approve requests.")
+        require_operator(request.user, "Only operators approve requests.", "pools.approve_poolrequest")
         data = self._reason(serializers.ApproveSerializer)
         services.approve(obj, actor=request.user, reason=data["reason"], cluster=data.get("cluster"))
         return Response(self._detail(obj))
@@ -248,7 +248,7 @@ class PoolRequestViewSet(
     @action(detail=True, methods=["post"], filterset_class=None)
     def reject(self, request, pk=None):
         obj = self.get_object()
-        require_operator(request.user, "Only operators reject requests.")
+        require_operator(request.user, "Only operators reject requests.", "pools.approve_poolrequest")
         services.reject(obj, actor=request.user, reason=self._reason(serializers.RejectSerializer)["reason"])
         return Response(self._detail(obj))
 
@@ -288,7 +288,7 @@ class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.Rea
     @action(detail=True, methods=["post"], filterset_class=None)
     def retry(self, request, pk=None):
         pool = self.get_object()
-        require_operator(request.user, "Only operators retry provisioning.")
+        require_operator(request.user, "Only operators retry provisioning.", "pools.change_gpupool")
         services.retry_provisioning(pool, actor=request.user)
         return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
 

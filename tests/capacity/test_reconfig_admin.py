@@ -129,3 +129,22 @@ def test_layout_form_validates_and_time_slicing_warns(sim, staff):
     policy = TimeSlicingPolicy.objects.create(cluster=sim.cluster, node_group="dev", replicas=4)
     changelist = staff.get(reverse("admin:capacity_timeslicingpolicy_changelist")).content.decode()
     assert policy.config_key in changelist
+
+
+def test_rebalance_create_needs_add_and_force_permissions(sim, client, staff_nobody):
+    from django.contrib.auth.models import Permission
+
+    grants = Permission.objects.filter(codename__in=["view_migreconfiguration", "add_migreconfiguration"])
+    staff_nobody.user_permissions.add(*grants)
+    client.force_login(staff_nobody)
+    url = reverse("admin:capacity_rebalance")
+    query = {"cluster": sim.cluster.pk, "product": "H100-80GB", "days": 30}
+    assert client.get(url, query).status_code == 200
+    forced = client.post(url, {**query, "backend": "agent", "force": "on", "create": "1"})
+    assert forced.status_code == 403
+    assert MigReconfiguration.objects.count() == 0
+    add = client.post(
+        ADD, {"node": node_row("gpu-a").pk, "per_gpu": "1: 7g.80gb", "backend": "agent", "force": "on", "confirm": "1"}
+    )
+    assert add.status_code == 403
+    assert MigReconfiguration.objects.count() == 0

@@ -202,3 +202,28 @@ def test_capacity_plan_take_offline_and_rebalance(sim, api):
     assert proposal.status_code == 200
     assert proposal.json()["demand"] == {}
     assert api.get("/api/v1/rebalance/", {"cluster": sim.cluster.pk, "product": "Z9"}).status_code == 400
+
+
+def test_forcing_a_reconfiguration_needs_the_force_permission(sim, staff_nobody, django_capture_on_commit_callbacks):
+    from django.contrib.auth.models import Permission
+
+    staff_nobody.user_permissions.add(*Permission.objects.filter(codename__in=["add_migreconfiguration"]))
+    client = APIClient()
+    client.force_authenticate(staff_nobody)
+    body = {"node": node_row("gpu-a").pk, "per_gpu": {"1": ["7g.80gb"]}, "backend": "agent", "force": True}
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = client.post("/api/v1/mig-reconfigurations/", body, format="json")
+    assert response.status_code == 403
+    assert response.data == {
+        "detail": "Forcing a reconfiguration needs the capacity.force_migreconfiguration permission."
+    }
+    assert (MigReconfiguration.objects.count(), callbacks) == (0, [])
+
+
+def test_the_operators_group_may_force(sim, staff_operator, django_capture_on_commit_callbacks):
+    client = APIClient()
+    client.force_authenticate(staff_operator)
+    body = {"node": node_row("gpu-a").pk, "per_gpu": {"1": ["7g.80gb"]}, "backend": "agent", "force": True}
+    with django_capture_on_commit_callbacks(execute=False):
+        assert client.post("/api/v1/mig-reconfigurations/", body, format="json").status_code == 201
+    assert MigReconfiguration.objects.get().force is True

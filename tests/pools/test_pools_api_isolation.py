@@ -1,6 +1,8 @@
 """Authorisation matrix over every pools endpoint and persona.
 
-Team A: alice (admin), bob (member), victor (viewer). Team B: charlie. Operators are staff.
+Team A: alice (admin), bob (member), victor (viewer). Team B: charlie. The operator is a superuser;
+staff_operator is staff in the Operators group only (same rights); staff_nobody is staff with no
+permission and no role: staff status alone grants nothing, so every team-a object is a 404 to them.
 Another project's object is a 404 (also through nested ids), a visible object the role may not
 touch is a 403; every refusal changes nothing and enqueues nothing.
 """
@@ -13,11 +15,13 @@ from pools.roles import members
 
 pytestmark = pytest.mark.django_db
 
-PERSONAS = ["operator", "alice", "bob", "victor", "charlie", "anonymous"]
+PERSONAS = ["operator", "staff_operator", "staff_nobody", "alice", "bob", "victor", "charlie", "anonymous"]
 
 
 @pytest.fixture
-def world(fleet, project, other_project, make_request, operator, alice, bob, victor, charlie):
+def world(
+    fleet, project, other_project, make_request, operator, alice, bob, victor, charlie, staff_nobody, staff_operator
+):
     fleet.mig_node("n1", [["3g.40gb", "3g.40gb"]] * 4)
     held = make_request(count=1)
     pool = services.approve(held, actor=operator)
@@ -125,8 +129,18 @@ CASES = [
     ("post", "/api/v1/pools/{a_pool}/retry/", None, dict(operator=200, alice=403, bob=403, victor=403, charlie=404)),
     ("get", "/api/v1/allocations/{a_alloc}/", None, dict(operator=200, alice=200, bob=200, victor=200, charlie=404)),
 ]
+
+
+def _expected(method, url, persona, expected):
+    if persona == "staff_operator":
+        return expected["operator"]
+    if persona == "staff_nobody":  # like an outsider: team-a is not theirs, and staff status grants nothing
+        return 400 if (method, url) == ("post", "/api/v1/pool-requests/") else 404
+    return expected.get(persona, 401)
+
+
 MATRIX = [
-    (method, url, body, persona, expected.get(persona, 401))
+    (method, url, body, persona, _expected(method, url, persona, expected))
     for method, url, body, expected in CASES
     for persona in PERSONAS
 ]
@@ -164,12 +178,14 @@ LISTS = ["/api/v1/projects/", "/api/v1/pool-requests/", "/api/v1/pools/", "/api/
 
 
 @pytest.mark.parametrize("url", LISTS)
-def test_lists_show_only_my_projects(world, api, operator, alice, victor, charlie, url):
+def test_lists_show_only_my_projects(world, api, operator, alice, victor, charlie, staff_nobody, staff_operator, url):
     def projects_seen(user):
         rows = api(user).get(url, {"page_size": 100}).data["results"]
         return {row["id"] if url == "/api/v1/projects/" else row["project"] for row in rows}
 
     assert projects_seen(operator) == {world["a"], world["b"]}
+    assert projects_seen(staff_operator) == {world["a"], world["b"]}
+    assert projects_seen(staff_nobody) == set()
     assert projects_seen(alice) == {world["a"]}
     assert projects_seen(victor) == {world["a"]}
     assert projects_seen(charlie) == {world["b"]}

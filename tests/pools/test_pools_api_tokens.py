@@ -75,3 +75,74 @@ def test_issue_token_command_prints_a_working_key(bob, capsys):
     assert ApiToken.objects.get(user=bob).name == "ci"
     with pytest.raises(CommandError, match="no active user 'nobody'"):
         call_command("issue_token", "nobody", "ci")
+
+
+# --- A token never outlives its parent nor API_TOKEN_MAX_LIFETIME_DAYS -----------------------------
+
+
+def _token(user, minutes):
+    token, key = ApiToken.issue(user, "short", timezone.now() + dt.timedelta(minutes=minutes))
+    return token, key
+
+
+def test_a_token_cannot_mint_one_that_outlives_it(bob):
+    parent, key = _token(bob, 5)
+    for body, field in (
+        ({"name": "forever", "expires_in_days": 30}, "expires_in_days"),
+        ({"name": "later", "expires_at": (parent.expires_at + dt.timedelta(seconds=1)).isoformat()}, "expires_at"),
+    ):
+        response = bearer(key).post(URL, body, format="json")
+        assert response.status_code == 400, response.data
+        limit = parent.expires_at.isoformat()
+        assert response.data == {field: [f"A token made with a token cannot outlive it: expire at {limit} or sooner."]}
+    assert ApiToken.objects.count() == 1
+
+
+def test_a_token_minted_by_a_token_without_expiry_expires_with_its_parent(bob):
+    parent, key = _token(bob, 5)
+    response = bearer(key).post(URL, {"name": "child"}, format="json")
+    assert response.status_code == 201, response.data
+    assert ApiToken.objects.get(pk=response.data["id"]).expires_at == parent.expires_at
+    sooner = (parent.expires_at - dt.timedelta(minutes=1)).isoformat()
+    assert bearer(key).post(URL, {"name": "sooner", "expires_at": sooner}, format="json").status_code == 201
+
+
+def test_max_lifetime_applies_to_session_created_tokens(api, bob, settings):
+    settings.API_TOKEN_MAX_LIFETIME_DAYS = 10
+    response = api(bob).post(URL, {"name": "long", "expires_in_days": 11}, format="json")
+    assert response.status_code == 400
+    assert list(response.data) == ["expires_in_days"]
+    assert response.data["expires_in_days"][0].startswith("Tokens live at most 10 days (API_TOKEN_MAX_LIFETIME_DAYS)")
+    assert ApiToken.objects.count() == 0
+    created = api(bob).post(URL, {"name": "default"}, format="json")
+    assert created.status_code == 201
+    lifetime = ApiToken.objects.get(pk=created.data["id"]).expires_at - timezone.now()
+    assert dt.timedelta(days=9, hours=23) < lifetime <= dt.timedelta(days=10)
+
+
+def test_no_max_lifetime_allows_tokens_that_never_expire(api, bob, settings):
+    settings.API_TOKEN_MAX_LIFETIME_DAYS = 0
+    created = api(bob).post(URL, {"name": "forever"}, format="json")
+    assert created.status_code == 201
+    assert ApiToken.objects.get(pk=created.data["id"]).expires_at is None
+
+
+def test_issue_token_command_refuses_more_than_the_max_lifetime(bob, settings):
+    from django.core.management import CommandError, call_command
+
+    settings.API_TOKEN_MAX_LIFETIME_DAYS = 30
+    with pytest.raises(CommandError, match="at most 30"):
+        call_command("issue_token", "bob", "ci", "--days", "31")
+    assert ApiToken.objects.count() == 0
+
+
+def test_the_admin_cannot_change_a_tokens_owner_or_expiry(client, operator, bob, alice):
+    token, _ = _token(bob, 60)
+    client.force_login(operator)
+    url = f"/admin/pools/apitoken/{token.pk}/change/"
+    page = client.get(url).content.decode()
+    assert 'name="user"' not in page and 'name="expires_at_0"' not in page
+    client.post(url, {"name": "renamed", "user": str(alice.pk), "expires_at_0": "2099-01-01", "expires_at_1": "00:00"})
+    expires_at = token.expires_at
+    token.refresh_from_db()
+    assert (token.name, token.user, token.expires_at) == ("renamed", bob, expires_at)
