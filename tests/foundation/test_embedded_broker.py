@@ -15,7 +15,7 @@ from gpuaas.management.commands.demo import purge_delivered_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = {"connect_args": {"timeout": 30}}  # what settings.py gives the embedded broker
-PRODUCERS, CONSUMERS, MESSAGES = 3, 2, 600
+PRODUCERS, CONSUMERS, MESSAGES = 3, 2, 300
 
 
 def _produce(url, first, count):
