@@ -1,4 +1,4 @@
-"""The environment of `python manage.py demo`: DEBUG=1 and per-install keys kept under var/.
+"""The environment of `python manage.py demo` (and `bench`): DEBUG=1 and per-install keys kept under var/.
 
 manage.py calls demo_environment() before Django reads its settings, so the demo, and every process
 it starts (web server, worker, simulator), runs with DEBUG=1 (simulated NVML), a SECRET_KEY and a

@@ -1,7 +1,7 @@
 """gpuaas settings: one env-driven file.
 
-With no environment set, gpuaas runs embedded: SQLite under var/, kombu's filesystem broker
-under var/, and the built-in simulated cluster. Set DATABASE_URL, CELERY_BROKER_URL and register
+With no environment set, gpuaas runs embedded: SQLite under var/, kombu's SQLAlchemy broker on
+a SQLite file under var/, and the built-in simulated cluster. Set DATABASE_URL, CELERY_BROKER_URL and register
 clusters with real kubeconfigs to run on PostgreSQL, Redis and real clusters. See README.md.
 """
 
@@ -225,24 +225,24 @@ CACHES = {
 }
 
 # --- Celery ---------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
-if CELERY_BROKER_URL.split("://")[0] not in {"filesystem", "redis", "rediss", "memory"}:
+# Embedded default: kombu's SQLAlchemy transport on a SQLite file. Its consumers claim a message inside
+# BEGIN IMMEDIATE, so concurrent workers never see half-written or doubly delivered messages (the
+# filesystem transport did: kombu's open bug of a reader decoding a partially written file).
+EMBEDDED_BROKER_PATH = VAR_DIR / "celery-broker.sqlite3"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"sqla+sqlite:///{EMBEDDED_BROKER_PATH}")
+_BROKER_SCHEMES = {"sqla+sqlite", "redis", "rediss", "memory"}
+if CELERY_BROKER_URL.split("://")[0] not in _BROKER_SCHEMES:
     raise ConfigurationError(
-        f"CELERY_BROKER_URL must be filesystem://, redis:// or rediss://, got {CELERY_BROKER_URL!r}"
+        "CELERY_BROKER_URL must be redis://, rediss:// or sqla+sqlite:///PATH (embedded), "
+        f"got {CELERY_BROKER_URL!r}"
     )
 CELERY_LONGEST_TASK_S = 30 * 60
-if CELERY_BROKER_URL.startswith("filesystem://"):
-    _queue_dir = VAR_DIR / "celery" / "queue"
-    _queue_dir.mkdir(parents=True, exist_ok=True)
-    (VAR_DIR / "celery" / "processed").mkdir(exist_ok=True)
-    (VAR_DIR / "celery" / "control").mkdir(exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_queue_dir),
-        "data_folder_out": str(_queue_dir),
-        "processed_folder": str(VAR_DIR / "celery" / "processed"),
-        "control_folder": str(VAR_DIR / "celery" / "control"),
-        "store_processed": False,
-    }
+if CELERY_BROKER_URL.startswith("sqla+sqlite://"):
+    # create_engine() options: wait up to 30 s for another process's write lock instead of failing
+    # with "database is locked" after SQLite's default 5 s.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"connect_args": {"timeout": 30}}
+elif CELERY_BROKER_URL.startswith("memory://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
 else:
     # Redis redelivers unacknowledged messages after visibility_timeout: keep it above the longest task.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_LONGEST_TASK_S * 2}

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from gpuaas.bench import REGISTRY
 
-APPS = ("capacity", "pools", "billing", "monitoring", "gpuaas.dashboard")
+APPS = ("capacity", "pools", "billing", "monitoring", "gpuaas.dashboard", "gpuaas")
 
 
 def _load() -> None:

@@ -1,16 +1,17 @@
 """`python manage.py demo` (what `make demo` runs): the whole platform on the embedded default.
 
 Starts the simulated cluster, migrates, creates the demo logins, discovers the clusters, seeds a world
-with something to see in every screen, then runs the web server and a Celery worker with beat. Ctrl-C
-stops every process it started. Running it again reuses var/ and changes nothing that exists.
+with something to see in every screen, then runs the web server, a Celery worker and beat. Every
+process is supervised (gpuaas.supervise): one that exits is logged and restarted with backoff while
+the others keep running. Ctrl-C stops every process it started. Running it again reuses var/ and
+changes nothing that exists.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -19,8 +20,30 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from gpuaas.supervise import Program, Supervisor
+
 WEB_ADDR = ("127.0.0.1", 8000)
 SIM_PORT = 6443
+BROKER_CLEANUP_S = 300
+
+
+def purge_delivered_messages(broker_url: str) -> int:
+    """Delete the rows kombu's SQLAlchemy transport keeps for delivered messages (visible = 0).
+
+    The transport marks a message invisible when a worker takes it and never deletes it; acknowledging
+    is in the worker's memory only, so the rows are dead weight. Returns how many were deleted; a
+    broker that is not an embedded SQLite file, or has no table yet, is left alone.
+    """
+    prefix = "sqla+sqlite:///"
+    if not broker_url.startswith(prefix) or not Path(broker_url[len(prefix):]).exists():
+        return 0
+    with sqlite3.connect(broker_url[len(prefix):], timeout=30) as db:
+        try:
+            return db.execute("DELETE FROM kombu_message WHERE visible = 0").rowcount
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return 0
+            raise
 
 
 def _port_busy(host: str, port: int) -> bool:
@@ -30,7 +53,7 @@ def _port_busy(host: str, port: int) -> bool:
 
 
 class Command(BaseCommand):
-    help = "Run the whole platform on the embedded default (SQLite, filesystem broker, simulated cluster)."
+    help = "Run the whole platform on the embedded default (SQLite, SQLite broker, simulated cluster)."
 
     def add_arguments(self, parser):
         parser.add_argument("--no-serve", action="store_true", help="Set up and seed, then exit (used by tests).")
@@ -38,39 +61,28 @@ class Command(BaseCommand):
         parser.add_argument("--web-port", type=int, default=WEB_ADDR[1])
 
     def handle(self, *args, no_serve=False, sim_port=SIM_PORT, web_port=WEB_ADDR[1], **options):
-        self.children: list[subprocess.Popen] = []
         if _port_busy("127.0.0.1", web_port) and not no_serve:
             raise CommandError(f"port {web_port} is in use: stop the other server (an earlier `make demo`?) first")
         if _port_busy("127.0.0.1", sim_port):
             raise CommandError(f"port {sim_port} is in use: stop the other simulator first, or pass --sim-port")
+        self.supervisor = Supervisor(log=self._log, status_path=settings.VAR_DIR / "demo-status.json")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # A shell without job control starts `cmd &` with SIGINT ignored; the soak bench stops us with it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             self._run(no_serve, sim_port, web_port)
         except KeyboardInterrupt:
             self.stdout.write("\nStopping…")
         finally:
-            self._stop_children()
+            self.supervisor.stop()
 
-    def _spawn(self, *argv: str, log: str) -> subprocess.Popen:
-        log_path = settings.VAR_DIR / "logs" / log
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child
-        proc = subprocess.Popen(
-            [sys.executable, *argv], stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+    def _log(self, line: str) -> None:
+        self.stdout.write(f"{time.strftime('%H:%M:%S')} {line}")
+
+    def _program(self, name: str, *argv: str, log: str) -> Program:
+        return self.supervisor.add(
+            Program(name, [sys.executable, *argv], settings.VAR_DIR / "logs" / log), start=True
         )
-        self.children.append(proc)
-        return proc
-
-    def _stop_children(self) -> None:
-        for proc in reversed(self.children):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.children:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
 
     def _run(self, no_serve: bool, sim_port: int, web_port: int) -> None:
         from gpuaas import demo_world
@@ -80,8 +92,8 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         out.write(f"2/5 simulated cluster: starting on 127.0.0.1:{sim_port}")
         kube_dir = settings.VAR_DIR / "simcluster"
-        self._spawn("-m", "simcluster", "--scenario", "demo", "--port", str(sim_port),
-                    "--kubeconfig-dir", str(kube_dir), log="simcluster.log")
+        self._program("simcluster", "-m", "simcluster", "--scenario", "demo", "--port", str(sim_port),
+                      "--kubeconfig-dir", str(kube_dir), log="simcluster.log")
         self._wait_for_port(sim_port, "simulator (see var/logs/simcluster.log)")
         out.write("3/5 clusters: registering and discovering")
         logins = demo_world.seed(kube_dir=Path(kube_dir), stdout=out)
@@ -89,11 +101,12 @@ class Command(BaseCommand):
         if no_serve:
             return
         out.write("4/5 worker and beat: starting (logs in var/logs/)")
-        self._spawn("-m", "celery", "-A", "gpuaas", "worker", "-B", "-Q", queues, "--pool", "threads",
-                    "--concurrency", "4", "-l", "INFO", "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME,
-                    log="celery.log")
+        self._program("worker", "-m", "celery", "-A", "gpuaas", "worker", "-Q", queues, "--pool", "threads",
+                      "--concurrency", "4", "-l", "INFO", log="celery.log")
+        self._program("beat", "-m", "celery", "-A", "gpuaas", "beat", "-l", "INFO",
+                      "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME, log="beat.log")
         out.write("5/5 web server: starting")
-        self._spawn("manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload", log="web.log")
+        self._program("web", "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload", log="web.log")
         self._wait_for_port(web_port, "web server (see var/logs/web.log)")
         base = f"http://127.0.0.1:{web_port}"
         out.write(self.style.SUCCESS("\ngpuaas is running.\n"))
@@ -101,18 +114,27 @@ class Command(BaseCommand):
         out.write(f"  Project view:       {base}/projects/         login {logins['member']}")
         out.write(f"  API docs:           {base}/api/docs/")
         out.write(f"  Kubeconfigs:        {kube_dir}/")
-        out.write("\nCtrl-C stops the web server, the worker, beat and the simulator.")
-        while all(proc.poll() is None for proc in self.children):
-            time.sleep(1)
-        dead = [" ".join(map(str, proc.args[1:3])) for proc in self.children if proc.poll() is not None]
-        raise CommandError(f"a demo process stopped unexpectedly: {dead}; see var/logs/")
+        out.write("\nA process that stops is restarted (see var/logs/). Ctrl-C stops the web server, the worker, "
+                  "beat and the simulator.")
+        next_cleanup = time.monotonic() + BROKER_CLEANUP_S
+
+        def housekeeping() -> None:
+            nonlocal next_cleanup
+            if time.monotonic() >= next_cleanup:
+                next_cleanup = time.monotonic() + BROKER_CLEANUP_S
+                try:
+                    purge_delivered_messages(settings.CELERY_BROKER_URL)
+                except sqlite3.Error as exc:  # the next pass tries again; never stop the demo for this
+                    self._log(f"broker cleanup skipped: {exc}")
+
+        self.supervisor.run(every_tick=housekeeping)
 
     def _wait_for_port(self, port: int, what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if _port_busy("127.0.0.1", port):
                 return
-            if any(proc.poll() is not None for proc in self.children):
+            if not all(self.supervisor.alive(name) for name in self.supervisor.programs):
                 break
             time.sleep(0.2)
         raise CommandError(f"{what} did not start")
