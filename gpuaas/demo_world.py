@@ -249,9 +249,7 @@ def _history(projects) -> None:
         gpu.uuid: gpu
         for gpu in GpuCapacity.objects.filter(pk__in=allocations.values("gpu")).select_related("node__cluster")
     }
-    mig_ids = dict(
-        allocations.filter(mig_instance__isnull=False).values_list("mig_instance__uuid", "mig_instance_id")
-    )
+    mig_ids = dict(allocations.filter(mig_instance__isnull=False).values_list("mig_instance__uuid", "mig_instance_id"))
     step = settings.METRICS_INTERVAL_S
     last = poll_slot()
     columns: list[tuple[UnitSample, list[float], list[float] | None]] = []

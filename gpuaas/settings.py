@@ -103,7 +103,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"  # members sign in here; the admin keeps its own /admin/login/
 
 # --- I18N / time ----------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
