@@ -196,3 +196,19 @@ def test_another_users_token_cannot_be_revoked(client, bob, charlie):
     token.refresh_from_db()
     assert token.revoked_at is None
     assert b"theirs" not in client.get("/accounts/tokens/").content
+
+
+def test_check_availability_explains_a_mig_shortage_as_approval_would(client, bob, world):
+    from pools import units
+
+    before = PoolRequest.objects.count()
+    client.force_login(bob)
+    change = {"isolation": "mig", "profile_name": "3g.40gb", "product": "H100-80GB", "count": "1", "check": "1"}
+    response = client.post("/projects/team-a/requests/new/", FORM | change)
+    assert response.status_code == 200, response.context["form"].errors
+    offers = response.context["offers"]
+    draft = response.context["form"].draft()
+    assert offers["enough"] is False
+    assert offers["message"] == units.shortage(draft, units.free_by_cluster(draft))[0]
+    assert offers["message"].startswith("need 1 x H100-80GB 3g.40gb")
+    assert PoolRequest.objects.count() == before
