@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
@@ -218,45 +219,59 @@ def _health(clusters) -> None:
         poll_node(node.pk)
 
 
-def _idle_history(projects) -> None:
-    """Backdated samples: the research notebooks sat idle for a day (so the idle report has a case)."""
+HISTORY_S = (24 * 60 + 30) * 60
+
+
+def _sim_history(cluster: Cluster, node: str, seconds: int, step: int) -> dict:
+    """The simulator's activity of a node's units over the past `seconds` (a demo-only backdoor)."""
+    query = urllib.parse.urlencode({"seconds": seconds, "step": step})
+    url = f"{cluster.api_endpoint.rstrip('/')}/sim/v1/nodes/{urllib.parse.quote(node)}/history?{query}"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _history(projects) -> None:
+    """Backdated samples for the allocated units, from the simulator's own activity model.
+
+    The simulator computes each unit's past readings with the model that ticks (the same per-unit
+    levels, in the same units: SM percent and watts), given the work placed on it now, so a chart
+    over the last day runs into the first live poll without a step. Units held with nothing running
+    on them read near idle, so the idle report has cases.
+    """
     from monitoring.models import IdleReservation
-    from monitoring.services.collect import UnitSample, write_samples
+    from monitoring.services.collect import UnitSample, poll_slot, write_samples
     from monitoring.services.idle import detect_idle
     from monitoring.services.rollups import run_rollups
 
     if IdleReservation.objects.exists():
         return
-    allocations = list(Allocation.objects.active().filter(project__in=projects.values()).select_related("gpu"))
-    now = timezone.now().replace(second=0, microsecond=0)
+    allocations = Allocation.objects.active().filter(project__in=projects.values())
+    gpus = {
+        gpu.uuid: gpu
+        for gpu in GpuCapacity.objects.filter(pk__in=allocations.values("gpu")).select_related("node__cluster")
+    }
+    mig_ids = dict(allocations.filter(mig_instance__isnull=False).values_list("mig_instance__uuid", "mig_instance_id"))
     step = settings.METRICS_INTERVAL_S
-    for seconds in range((24 * 60 + 30) * 60, 0, -step):
-        ts = now - timedelta(seconds=seconds)
-        minutes = seconds // 60
+    last = poll_slot()
+    columns: list[tuple[UnitSample, list[float], list[float] | None]] = []
+    nodes = {(gpu.node.cluster, gpu.node.name) for gpu in gpus.values()}
+    for cluster, node in sorted(nodes, key=lambda n: (n[0].name, n[1])):
+        for unit in _sim_history(cluster, node, HISTORY_S, step)["units"]:
+            gpu = gpus.get(unit["gpu"])
+            if gpu is None or (unit["mig"] and unit["uuid"] not in mig_ids):
+                continue
+            mig_id = mig_ids.get(unit["uuid"]) if unit["mig"] else None
+            columns.append((UnitSample(gpu.pk, mig_id, {}), unit["sm_active"], unit.get("power_w")))
+    points = HISTORY_S // step
+    for k in range(points):
+        ts = last - timedelta(seconds=(points - k) * step)
         samples = []
-        for allocation in allocations:
-            idle = allocation.project.slug == "research" or allocation.profile_name == "1g.10gb"
-            sm = 2.0 if idle else 62.0 + (minutes % 30)
-            samples.append(
-                UnitSample(
-                    gpu_id=allocation.gpu_id,
-                    mig_instance_id=allocation.mig_instance_id,
-                    values={"sm_active": sm, "power_w": 90.0 if idle else 410.0},
-                )
-            )
-        write_samples(_unique(samples), ts=ts, source="nvml")
+        for base, sm, power in columns:
+            values = {"sm_active": sm[k]} | ({"power_w": power[k]} if power else {})
+            samples.append(UnitSample(base.gpu_id, base.mig_instance_id, values))
+        write_samples(samples, ts=ts, source="nvml")
     run_rollups()
     detect_idle()
-
-
-def _unique(samples):
-    seen, out = set(), []
-    for sample in samples:
-        key = (sample.gpu_id, sample.mig_instance_id)
-        if key not in seen:
-            seen.add(key)
-            out.append(sample)
-    return out
 
 
 def _billing() -> None:
@@ -280,9 +295,9 @@ def seed(*, kube_dir: Path, stdout) -> dict[str, str]:
     projects = _projects(member)
     _requests(operator, projects, clusters, stdout)
     _layout()
-    stdout.write("    monitoring: health faults injected, a day of idle history, rollups")
+    stdout.write("    monitoring: health faults injected, a day of history from the simulator's model, rollups")
     _health(clusters)
-    _idle_history(projects)
+    _history(projects)
     stdout.write("    billing: metering from approval, last month's statements")
     _billing()
     unhealthy = GpuCapacity.objects.filter(health="unhealthy").count()

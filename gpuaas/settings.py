@@ -127,7 +127,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"  # members sign in here; the admin keeps its own /admin/login/
 
 # Login brute force (django-axes): both login pages (/admin/login/, /accounts/login/) go through
 # authenticate(request=...), so both count failures. API tokens are not passwords: they never reach

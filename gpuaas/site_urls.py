@@ -1,14 +1,13 @@
 """Pages outside the admin and the API (the project view and /metrics join here)."""
 
-from django.shortcuts import redirect
 from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from .dashboard.project_views import account_urlpatterns, project_urlpatterns
+from .dashboard.project_views import account_urlpatterns, home, project_urlpatterns
 
 urlpatterns = [
-    path("", lambda request: redirect("/admin/"), name="home"),
+    path("", home, name="home"),
     # Browsers ask for /favicon.ico on every page that names none (the admin's pages).
     path("favicon.ico", RedirectView.as_view(url=static("gpuaas/favicon.svg"), permanent=True)),
     path("projects/", include((project_urlpatterns, "projects"))),

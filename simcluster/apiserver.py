@@ -13,6 +13,7 @@ Simulator endpoints live beside the API under the same prefix:
     POST /sim/v1/tick                      {"seconds": 1.0, "mig_manager": false}
     GET  /sim/v1/nodes/<node>              the simulator's view of a node (devices, MIG manager)
     GET  /sim/v1/nodes/<node>/nvml         NVML snapshot; POST {"op": ..., "args": {...}} for writes
+    GET  /sim/v1/nodes/<node>/history      ?seconds=&step=: past activity from the same model (demo seeding)
                                            and {"op": "events", ...} to long-poll NVML events
 
 A background thread runs due MIG-manager jobs (every 50 ms) and, when `tick_interval` is
@@ -286,6 +287,14 @@ class _Handler(BaseHTTPRequestHandler):
                         if node is None:
                             raise driver.NodeGone(node_name)
                         self._send_json(200, _node_info(node))
+                    return
+                if len(segments) == 3 and segments[2] == "history" and method == "GET":
+                    try:
+                        seconds, step = float(query["seconds"][0]), float(query["step"][0])
+                        body = driver.history(state, cluster.name, node_name, seconds, step)
+                    except (KeyError, IndexError, ValueError) as exc:
+                        raise kube.bad_request(f"bad history query (seconds=, step=): {exc}") from None
+                    self._send_json(200, body)
                     return
                 if len(segments) == 3 and segments[2] == "nvml":
                     if method == "GET":

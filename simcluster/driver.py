@@ -108,6 +108,45 @@ def snapshot(state: SimState, cluster_name: str | None, node_name: str) -> dict:
         return node_snapshot(cluster, node)
 
 
+MAX_HISTORY_POINTS = 20_000
+
+
+def history(state: SimState, cluster_name: str | None, node_name: str, seconds: float, step: float) -> dict:
+    """The node's activity over the last `seconds` of simulated time, every `step`, ending one step
+    before now, from the same model that ticks (work placed as it is now). Changes nothing.
+
+    {"time": sim time now, "step": step, "units": [{"gpu": GPU uuid, "uuid": GPU or MIG device uuid,
+    "mig": bool, "sm_active": [percent, oldest first], "power_w": [W] (whole GPUs only)}]}
+    """
+    if step <= 0 or seconds < step:
+        raise ValueError("need 0 < step <= seconds")
+    points = int(seconds // step)
+    if points > MAX_HISTORY_POINTS:
+        raise ValueError(f"at most {MAX_HISTORY_POINTS} points")
+    with state.lock:
+        cluster, node = _node(state, cluster_name, node_name)
+        work = scheduler.unit_work(cluster, node)
+        now = state.sim_time
+        units = []
+        for gpu in node.gpus:
+            if gpu.lost:
+                continue
+            on_gpu = work.get(gpu.index, {})
+            sm, power, by_gi = [], [], {gi_id: [] for gi_id in gpu.instances}
+            for k in range(points, 0, -1):
+                activity, instances, watts = gpu.levels(now - k * step, on_gpu)
+                sm.append(round(100.0 * activity, 3))
+                power.append(round(watts, 3))
+                for gi_id, value in instances.items():
+                    by_gi[gi_id].append(round(100.0 * value, 3))
+            units.append({"gpu": gpu.uuid, "uuid": gpu.uuid, "mig": False, "sm_active": sm, "power_w": power})
+            for gi_id, values in by_gi.items():
+                ci = gpu.instances[gi_id].full_ci()
+                if ci is not None:
+                    units.append({"gpu": gpu.uuid, "uuid": ci.uuid, "mig": True, "sm_active": values})
+        return {"time": now, "step": step, "units": units}
+
+
 def _gpu_in_use(node: Node, gpu: Gpu, gi: GpuInstance | None = None, ci_id: int | None = None) -> bool:
     """Does a pod hold a device on this GPU (or on this GI, or this CI)?"""
     held = {device_id.split("::")[0] for device_id in node.assigned}

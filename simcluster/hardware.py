@@ -64,15 +64,25 @@ def uuid_from(*parts: object, version: int = 4) -> str:
     return f"{h[:8]}-{h[8:12]}-{version}{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"
 
 
+# The character of a workload, from its pod's `gpuaas.io/workload-type` label (gpuaas's WorkloadType
+# values); a pod without one runs as "batch".
+WORKLOAD_TYPE_LABEL = "gpuaas.io/workload-type"
+CHARACTERS = ("training", "inference", "development", "staging", "batch")
+
+
 @dataclass
 class LoadModel:
     """How busy one compute unit (a full GPU or a GPU instance) is over simulated time.
 
-    Three personalities, drawn from the seed: idle (about 0-3 %), busy (60-95 %) and
-    bursty (swinging widely). A unit with work assigned by the scheduler is at least busy.
+    Activity follows the work placed on the unit: a unit with no pod reads about 0-2 %; a unit
+    with a pod reads by the workload's character (training 75-97 %, inference moderate and
+    bursty 15-70 %, development/notebooks 8-30 %, batch and staging busy 55-95 %). `level`,
+    `period` and `phase` are seeded per unit, so two units with the same work differ, and the
+    waves are slow (15-60 min) so consecutive polls read alike. A pure function of (t, work):
+    the demo's seeded history is computed from it too.
     """
 
-    kind: str  # idle | busy | bursty
+    kind: str  # the unit's personality for unlabelled work: busy | bursty
     level: float  # 0..1, where in its band this unit sits
     period: float  # seconds of simulated time
     phase: float
@@ -82,22 +92,26 @@ class LoadModel:
         digest = stable_hex("load", *key)
         kind_f, level, period, phase = (int(digest[i:i + 12], 16) / float(1 << 48) for i in range(0, 48, 12))
         return cls(
-            kind="idle" if kind_f < 0.45 else "busy" if kind_f < 0.8 else "bursty",
+            kind="busy" if kind_f < 0.6 else "bursty",
             level=level,
-            period=120.0 + 480.0 * period,
+            period=900.0 + 2700.0 * period,
             phase=2 * math.pi * phase,
         )
 
-    def activity(self, t: float, has_work: bool) -> float:
-        """SM activity in [0, 1] at simulated time t."""
+    def activity(self, t: float, work: str | None) -> float:
+        """SM activity in [0, 1] at simulated time t with `work` (a character, or None: nothing runs)."""
         wave = math.sin(2 * math.pi * t / self.period + self.phase)
-        kind = "busy" if has_work else self.kind
-        if kind == "idle":
-            value = 0.012 + 0.012 * self.level + 0.01 * wave
-        elif kind == "busy":
-            value = 0.65 + 0.22 * self.level + 0.08 * wave
-        else:
-            value = 0.45 + (0.3 + 0.15 * self.level) * wave
+        fast = math.sin(2 * math.pi * t / (self.period / 5) + 2 * self.phase)
+        if work is None:
+            value = 0.006 + 0.01 * self.level + 0.004 * wave
+        elif work == "training":
+            value = 0.82 + 0.1 * self.level + 0.05 * wave
+        elif work == "inference" or (work == "batch" and self.kind == "bursty"):
+            value = 0.38 + 0.1 * self.level + 0.15 * wave + 0.06 * fast
+        elif work == "development":
+            value = 0.16 + 0.06 * self.level + 0.06 * wave
+        else:  # batch, staging
+            value = 0.68 + 0.18 * self.level + 0.08 * wave
         return min(1.0, max(0.0, value))
 
 
@@ -379,29 +393,36 @@ class Gpu:
 
     # --- metrics --------------------------------------------------------------------------
 
-    def update_metrics(self, t: float, busy_units: set[int | None], dt: float) -> None:
-        """Advance the metric model to simulated time `t`.
+    def levels(self, t: float, work: dict[int | None, str]) -> tuple[float, dict[int, float], float]:
+        """(GPU activity, {GI id: activity}, power W) at simulated time `t`, without changing state.
 
-        `busy_units` holds GI ids with work (None for the whole GPU). SM activity of a
-        MIG GPU is the slice-weighted sum of its instances' activity.
+        `work` maps the units with a pod on them (GI ids, None for the whole GPU) to the workload's
+        character. SM activity of a MIG GPU is the slice-weighted sum of its instances' activity.
         """
-        if self.lost:
-            return
+        instances: dict[int, float] = {}
         if self.mig_enabled:
             total = 0.0
             for gi in self.instances.values():
-                gi.activity = gi.load.activity(t, gi.id in busy_units)
-                total += gi.activity * gi.profile.compute_slices / self.product.compute_slices
-            self.activity = total
+                instances[gi.id] = gi.load.activity(t, work.get(gi.id))
+                total += instances[gi.id] * gi.profile.compute_slices / self.product.compute_slices
+            activity = total
         else:
-            self.activity = self.load.activity(t, None in busy_units)
+            activity = self.load.activity(t, work.get(None))
         limit = self.product.power_limit_w
         idle = 0.1 * limit
-        power = idle + (0.93 * limit - idle) * self.activity
+        power = idle + (0.93 * limit - idle) * activity
         if self.thermal_throttle:
             power *= 0.7
-        self.power_w = power
-        self.energy_mj += power * dt * 1000.0
+        return activity, instances, power
+
+    def update_metrics(self, t: float, work: dict[int | None, str], dt: float) -> None:
+        """Advance the metric model to simulated time `t` (`work` as for levels())."""
+        if self.lost:
+            return
+        self.activity, instances, self.power_w = self.levels(t, work)
+        for gi_id, value in instances.items():
+            self.instances[gi_id].activity = value
+        self.energy_mj += self.power_w * dt * 1000.0
         self.temperature_c = int(round(29 + 46 * self.activity + (22 if self.thermal_throttle else 0)))
 
     @property

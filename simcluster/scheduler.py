@@ -393,17 +393,26 @@ def device_owners(node: Node) -> dict[str, tuple[int, int | None]]:
     return owners
 
 
-def busy_units(node: Node) -> dict[int, set[int | None]]:
-    """GPU index -> units with work assigned (GI ids, or None for the whole GPU)."""
+def workload_character(record: Record | None) -> str:
+    """A pod's workload character: its `gpuaas.io/workload-type` label, else "batch"."""
+    from .hardware import CHARACTERS, WORKLOAD_TYPE_LABEL
+
+    labels = (record.obj.get("metadata", {}).get("labels") or {}) if record is not None else {}
+    value = labels.get(WORKLOAD_TYPE_LABEL, "batch")
+    return value if value in CHARACTERS else "batch"
+
+
+def unit_work(cluster: Cluster, node: Node) -> dict[int, dict[int | None, str]]:
+    """GPU index -> {unit with a pod on it (GI id, or None for the whole GPU): the pod's character}."""
     if not node.assigned:
         return {}
     owners = device_owners(node)
-    busy: dict[int, set[int | None]] = {}
-    for device_id in node.assigned:
+    work: dict[int, dict[int | None, str]] = {}
+    for device_id, key in sorted(node.assigned.items()):
         owner = owners.get(device_id.split("::")[0])
         if owner is not None:
-            busy.setdefault(owner[0], set()).add(owner[1])
-    return busy
+            work.setdefault(owner[0], {}).setdefault(owner[1], workload_character(cluster.pods.get(key)))
+    return work
 
 
 def processes(cluster: Cluster, node: Node) -> list[dict]:

@@ -312,9 +312,9 @@ class SimState:
             t = self.sim_time
             for cluster in self.clusters.values():
                 for node in cluster.nodes.values():
-                    busy = scheduler.busy_units(node)
+                    work = scheduler.unit_work(cluster, node)
                     for gpu in node.gpus:
-                        gpu.update_metrics(t, busy.get(gpu.index, set()), dt)
+                        gpu.update_metrics(t, work.get(gpu.index, {}), dt)
             self.run_mig_manager(due_only=True)
 
     def run_mig_manager(self, cluster: str | None = None, *, due_only: bool = False) -> None:

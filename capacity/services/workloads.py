@@ -1,8 +1,9 @@
 """Workload tracking, the seed's "Profile": which pod runs on which GPU or MIG instance.
 
 Every pod that requests an nvidia.com/* resource becomes one WorkloadProfile row per resource:
-node, resource, count, project (the pools.Project whose namespace the pod runs in), and the
-devices it was given. Devices come from the pod annotation `gpuaas.io/device-ids` (comma
+node, resource, count, project (the pools.Project whose namespace the pod runs in, kept current
+on every discovery: a pod found before its namespace became a project's is attributed the next
+time), and the devices it was given. Devices come from the pod annotation `gpuaas.io/device-ids` (comma
 separated GPU UUIDs, MIG UUIDs or `<uuid>::<n>` time-slice replicas; a device-allocation hook
 or the kubelet PodResources API writes it), or from the node agent's NVML process list
 (capacity.services.inventory). A row ends (ended_at) when its pod finishes or disappears; it is
@@ -27,7 +28,7 @@ from . import bulk
 
 DEVICE_IDS_ANNOTATION = "gpuaas.io/device-ids"
 RESOURCE_PREFIX = "nvidia.com/"
-_UPDATE_FIELDS = ["namespace", "pod_name", "node_id", "gpu_id", "mig_instance_id", "device_ids", "count"]
+_UPDATE_FIELDS = ["namespace", "pod_name", "node_id", "gpu_id", "mig_instance_id", "device_ids", "count", "project_id"]
 
 
 @dataclass
@@ -117,7 +118,16 @@ def sync_workloads(cluster: Cluster, pods: list[kube.Pod], node_ids: dict[str, i
         for row in WorkloadProfile.objects.filter(cluster=cluster)
         .filter(scope)
         .values_list(
-            "id", "pod_uid", "resource_name", "node_id", "gpu_id", "mig_instance_id", "device_ids", "count", "ended_at"
+            "id",
+            "pod_uid",
+            "resource_name",
+            "node_id",
+            "gpu_id",
+            "mig_instance_id",
+            "device_ids",
+            "count",
+            "ended_at",
+            "project_id",
         )
     }
 
@@ -128,11 +138,11 @@ def sync_workloads(cluster: Cluster, pods: list[kube.Pod], node_ids: dict[str, i
         if ids and (row is None or (row[8] is None and (row[6] != ids or (row[4] is None and row[5] is None)))):
             to_resolve.update(ids)
     resolver = DeviceResolver(to_resolve) if to_resolve else None
-    new_namespaces = {pod.namespace for key, (pod, _, _) in desired.items() if key not in existing}
+    # Every live pod's namespace, not only new ones: a namespace that became a project's (or moved
+    # to another project) since the pod was first seen re-attributes its running rows.
+    namespaces = {pod.namespace for pod, _, _ in desired.values()}
     projects = (
-        dict(Project.objects.filter(namespace__in=new_namespaces).values_list("namespace", "id"))
-        if new_namespaces
-        else {}
+        dict(Project.objects.filter(namespace__in=namespaces).values_list("namespace", "id")) if namespaces else {}
     )
 
     upserts: list[WorkloadProfile] = []
@@ -159,11 +169,12 @@ def sync_workloads(cluster: Cluster, pods: list[kube.Pod], node_ids: dict[str, i
             continue
         # Keep devices the node agent resolved when the annotation says nothing new.
         gpu_id, mig_id = (gpu_id, mig_id) if (gpu_id or mig_id) else (row[4], row[5])
-        if (row[3], row[4], row[5], row[6], row[7]) != (node_id, gpu_id, mig_id, ids, count):
+        project_id = projects.get(pod.namespace)
+        if (row[3], row[4], row[5], row[6], row[7], row[9]) != (node_id, gpu_id, mig_id, ids, count, project_id):
             upserts.append(
                 {
                     **_row(cluster, pod, key[1], node_id, gpu_id, mig_id, ids, count),
-                    "project_id": None,  # not updated: the project is decided when the row is created
+                    "project_id": project_id,
                     "started_at": _started(pod, now),
                     "ended_at": None,
                 }

@@ -5,20 +5,44 @@ Scoped with pools.roles.projects_for(user): another project's page or pool is a 
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
-from django.shortcuts import get_object_or_404, render
-from django.urls import path, reverse_lazy
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path, reverse, reverse_lazy
 from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods
 
-from pools.models import Allocation, GpuPool
+from capacity.models import Cluster
+from pools import roles, units
+from pools.models import Allocation, ApiToken, GpuPool
 from pools.roles import projects_for
+from pools.services import revoke_token
 
 from . import projects, sources
+from .forms import ApiTokenForm, PoolRequestForm
 
 LOGIN_URL = reverse_lazy("login")
 member_required = login_required(login_url=LOGIN_URL)
+
+
+def home(request):
+    """The front door: sign in (anonymous), the GPU dashboard (operators), the project view (members)."""
+    if not request.user.is_authenticated:
+        return redirect(LOGIN_URL)
+    if request.user.is_staff:
+        return redirect("admin:gpuaas_dashboard")
+    mine = list(projects_for(request.user).order_by("slug").values_list("slug", flat=True)[:2])
+    if len(mine) == 1:
+        return redirect("projects:project", mine[0])
+    return redirect("projects:list")
+
+
+def can_request(user, project) -> bool:
+    """Members and project admins may ask for capacity (the API's rule); viewers may not."""
+    return roles.is_operator(user) or roles.has_project_perm(user, project, "request_capacity")
 
 
 def _scoped_project(user, slug: str):
@@ -49,6 +73,7 @@ def _overview(request, scope, project=None):
             "requests": projects.recent_requests(scope),
             "profiles": projects.profile_distribution(Allocation.objects.filter(project__in=scope)),
             "costs": table_rows(sources.month_costs(project_ids)),
+            "can_request": project is not None and can_request(request.user, project),
         },
     )
 
@@ -95,9 +120,74 @@ def pool_series(request, slug: str, pk: int):
     return JsonResponse(sources.pool_series(_scoped_pool(request.user, slug, pk)))
 
 
+@never_cache
+@member_required
+@require_http_methods(["GET", "POST"])
+def request_new(request, slug: str):
+    """The pool request form. "Check availability" shows what the fleet offers for the spec (or the
+    shortage, as approval would explain it) without creating anything; "Submit request" creates it."""
+    project = _scoped_project(request.user, slug)
+    if not can_request(request.user, project):
+        raise PermissionDenied("Your role in this project cannot request capacity.")
+    form = PoolRequestForm(request.POST or None, project=project, request=request)
+    offers = None
+    if request.method == "POST" and form.is_valid():
+        if "check" in request.POST:
+            offers = _offers(form.draft())
+        else:
+            created = form.save()
+            messages.success(request, f"Request #{created.pk} ({created.spec_label} x {created.count}) submitted.")
+            return redirect("projects:project", project.slug)
+    return render(request, "projects/request_form.html", {"project": project, "form": form, "offers": offers})
+
+
+def _offers(draft) -> dict:
+    """Free units per cluster for an unsaved request; the shortage sentence when no cluster has enough."""
+    free = units.free_by_cluster(draft)
+    names = dict(Cluster.objects.filter(pk__in=free).values_list("pk", "name"))
+    clusters = [{"name": names[pk], "free": n} for pk, n in sorted(free.items(), key=lambda kv: names[kv[0]])]
+    enough = any(n >= draft.count for n in free.values())
+    message = "" if enough else units.shortage(draft, free)[0]
+    return {
+        "spec": units.unit_label(draft),
+        "need": draft.count,
+        "clusters": clusters,
+        "enough": enough,
+        "message": message,
+    }
+
+
+@never_cache
+@member_required
+@require_http_methods(["GET", "POST"])
+def tokens(request):
+    """The user's own API tokens: create one (its key is shown on this response only) and list them."""
+    form = ApiTokenForm(request.POST or None, request=request)
+    created = None
+    if request.method == "POST" and form.is_valid():
+        created = form.save()
+        form = ApiTokenForm(request=request)
+    listed = ApiToken.objects.filter(user=request.user).order_by("-created_at", "-id")
+    return render(request, "projects/tokens.html", {"form": form, "created": created, "tokens": listed})
+
+
+@never_cache
+@member_required
+@require_http_methods(["GET", "POST"])
+def token_revoke(request, pk: int):
+    """GET asks for confirmation; POST revokes (idempotent). Another user's token is a 404."""
+    token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+    if request.method == "POST":
+        if revoke_token(token):
+            messages.success(request, f"Token {token.name} ({token.key_prefix}…) revoked.")
+        return redirect(reverse("tokens"))
+    return render(request, "projects/token_revoke.html", {"token": token})
+
+
 project_urlpatterns = [
     path("", project_list, name="list"),
     path("<slug:slug>/", project_detail, name="project"),
+    path("<slug:slug>/requests/new/", request_new, name="request_new"),
     path("<slug:slug>/pools/<int:pk>/", pool_detail, name="pool"),
     path("<slug:slug>/pools/<int:pk>/series.json", pool_series, name="pool_series"),
 ]
@@ -105,8 +195,12 @@ project_urlpatterns = [
 account_urlpatterns = [
     path(
         "accounts/login/",
-        auth_views.LoginView.as_view(template_name="projects/login.html", next_page=reverse_lazy("projects:list")),
+        auth_views.LoginView.as_view(
+            template_name="projects/login.html", next_page=reverse_lazy("home"), redirect_authenticated_user=True
+        ),
         name="login",
     ),
+    path("accounts/tokens/", tokens, name="tokens"),
+    path("accounts/tokens/<int:pk>/revoke/", token_revoke, name="token_revoke"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page=LOGIN_URL), name="logout"),
 ]

@@ -116,3 +116,61 @@ def test_a_vanished_node_is_gone_but_its_gpus_and_workload_history_stay(sim):
     trains = WorkloadProfile.objects.filter(pod_name__startswith="llm-train")
     assert [(w.node_id, w.ended_at is not None) for w in trains] == [(node.pk, True), (node.pk, True)]
     assert not GpuCapacity.objects.for_cluster(sim.clusters["prod"]).present().filter(node=node).exists()
+
+
+def _hold(project, instance):
+    """A pool of `project` that holds `instance` (rows written directly, as approval would)."""
+    from django.utils import timezone
+
+    from pools.models import Allocation, GpuPool, PoolRequest
+
+    cluster = instance.gpu.node.cluster
+    request = PoolRequest.objects.create(
+        project=project, name="held", cluster=cluster, product="H100-80GB", spec_kind="mig", isolation="mig",
+        profile_name=instance.profile.name, count=1, state="active", approved_at=timezone.now(),
+    )  # fmt: skip
+    pool = GpuPool.objects.create(
+        project=project, request=request, cluster=cluster, name="held", workload_type="inference", state="active"
+    )
+    Allocation.objects.create(
+        pool=pool, project=project, kind="mig", gpu=instance.gpu, mig_instance=instance,
+        resource_name=instance.profile.resource_name, product=instance.gpu.catalog_product,
+        profile_name=instance.profile.name, compute_slices=instance.profile.compute_slices,
+    )  # fmt: skip
+    return pool
+
+
+def _dashboard_in_use(pool) -> int:
+    """The pool's units that the operator dashboard shows In Use (a running workload bound to the unit)."""
+    from gpuaas.dashboard.status import mig_bound
+
+    return MigInstance.objects.filter(allocations__pool=pool).annotate(bound=mig_bound()).filter(bound=True).count()
+
+
+def test_a_workload_found_before_its_project_existed_is_attributed_on_the_next_discovery(sim):
+    discover(sim)
+    tracker = WorkloadProfile.objects.get(pod_name="tracker")
+    assert tracker.project is None
+    vision = Project.objects.create(name="Vision", slug="vision", namespace="team-vision")
+    pool = _hold(vision, tracker.mig_instance)
+    assert (pool.card()["profiles_in_use"], _dashboard_in_use(pool)) == (0, 1)  # the mismatch an operator saw
+
+    outcome = discover(sim)
+
+    tracker.refresh_from_db()
+    assert tracker.project == vision
+    assert outcome.sync.workloads.updated == WorkloadProfile.objects.running().filter(namespace="team-vision").count()
+    pool = type(pool).objects.get(pk=pool.pk)
+    assert (pool.card()["profiles_in_use"], pool.card()["in_use_gpus"]) == (1, 1)
+    assert pool.card()["profiles_in_use"] == _dashboard_in_use(pool)
+
+
+def test_a_namespace_moved_to_another_project_moves_its_running_workloads(sim, vision):
+    discover(sim)
+    assert WorkloadProfile.objects.get(pod_name="tracker").project == vision
+    Project.objects.filter(pk=vision.pk).update(namespace="team-vision-old")
+    vision2 = Project.objects.create(name="Vision 2", slug="vision2", namespace="team-vision")
+    discover(sim)
+    assert WorkloadProfile.objects.get(pod_name="tracker").project == vision2
+    again = discover(sim)
+    assert again.sync.workloads.updated == 0

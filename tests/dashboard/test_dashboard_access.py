@@ -78,5 +78,6 @@ def test_project_list_shows_only_the_members_projects(client, world, bob):
 
 def test_login_page_signs_a_member_in_to_the_project_view(client, world, bob):
     response = client.post("/accounts/login/", {"username": "bob", "password": "pw-bob-1"})
-    assert (response.status_code, response["Location"]) == (302, "/projects/")
-    assert client.get("/projects/").status_code == 200
+    assert (response.status_code, response["Location"]) == (302, "/")  # the front door sends each persona on
+    assert client.get("/")["Location"] == "/projects/team-a/"
+    assert client.get("/projects/team-a/").status_code == 200

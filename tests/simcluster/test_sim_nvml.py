@@ -8,7 +8,7 @@ from ctypes import byref, c_uint
 import pynvml
 import pytest
 
-from simcluster import Scenario, library_for_node, library_for_state
+from simcluster import Scenario, library_for_node, library_for_state, load_scenario
 from simcluster.scheduler import DEVICE_IDS_ANNOTATION
 
 UUID = re.compile(r"^(GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -278,12 +278,34 @@ def test_gpm_per_device_and_per_mig_instance_on_hopper(nvml, state):
         gpu.activity * 100, abs=0.05)
 
 
-def test_instances_vary_between_idle_and_busy():
-    state = Scenario.from_dict({"name": "t", "seed": 3, "clusters": [{"name": "c", "node_groups": [
-        {"name_prefix": "n", "count": 4, "product": "H100-80GB", "mig_strategy": "mixed",
-         "mig_layout": "all-1g.10gb"}]}]}).build()
-    activities = [gi.activity for n in state.cluster().nodes.values() for g in n.gpus for gi in g.instances.values()]
-    assert min(activities) < 0.05 and max(activities) > 0.6
+def test_activity_follows_the_work_placed_on_each_unit():
+    from django.conf import settings
+
+    from simcluster.scheduler import unit_work
+
+    state = load_scenario("demo").build()
+    state.tick(30.0)
+    idle_pct = settings.MONITORING_IDLE_SM_PCT
+    with_work, without = [], []
+    for cluster in state.clusters.values():
+        for node in cluster.nodes.values():
+            work = unit_work(cluster, node)
+            for gpu in node.gpus:
+                on_gpu = work.get(gpu.index, {})
+                if gpu.mig_enabled:
+                    for gi in gpu.instances.values():
+                        (with_work if gi.id in on_gpu else without).append((on_gpu.get(gi.id), 100 * gi.activity))
+                else:
+                    (with_work if None in on_gpu else without).append((on_gpu.get(None), 100 * gpu.activity))
+                if not on_gpu:  # nothing runs on the GPU: near-idle power too
+                    assert gpu.power_w < 0.13 * gpu.product.power_limit_w
+    assert {character for character, _ in with_work} == {"training", "inference", "development"}
+    assert len(without) > 100
+    assert max(pct for _, pct in without) < min(2.0, idle_pct)
+    assert min(pct for _, pct in with_work) > idle_pct
+    training = [pct for character, pct in with_work if character == "training"]
+    inference = [pct for character, pct in with_work if character == "inference"]
+    assert min(training) > 70 and max(inference) < 75
 
 
 def test_gpm_not_supported_on_ampere():

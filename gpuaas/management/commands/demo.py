@@ -110,6 +110,7 @@ class Command(BaseCommand):
         self._wait_for_port(web_port, "web server (see var/logs/web.log)")
         base = f"http://127.0.0.1:{web_port}"
         out.write(self.style.SUCCESS("\ngpuaas is running.\n"))
+        out.write(f"  Sign in:            {base}/accounts/login/   (operators land on the dashboard)")
         out.write(f"  Operator console:   {base}/admin/            login {logins['operator']}")
         out.write(f"  Project view:       {base}/projects/         login {logins['member']}")
         out.write(f"  API docs:           {base}/api/docs/")
