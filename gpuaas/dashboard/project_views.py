@@ -22,6 +22,7 @@ from pools.roles import projects_for
 from pools.services import revoke_token
 
 from . import projects, sources
+from .admin_views import DASHBOARD_PERMISSIONS
 from .forms import ApiTokenForm, PoolRequestForm
 
 LOGIN_URL = reverse_lazy("login")
@@ -32,7 +33,7 @@ def home(request):
     """The front door: sign in (anonymous), the GPU dashboard (operators), the project view (members)."""
     if not request.user.is_authenticated:
         return redirect(LOGIN_URL)
-    if request.user.is_staff:
+    if roles.operator_can(request.user, *DASHBOARD_PERMISSIONS):
         return redirect("admin:gpuaas_dashboard")
     mine = list(projects_for(request.user).order_by("slug").values_list("slug", flat=True)[:2])
     if len(mine) == 1:
@@ -42,7 +43,7 @@ def home(request):
 
 def can_request(user, project) -> bool:
     """Members and project admins may ask for capacity (the API's rule); viewers may not."""
-    return roles.is_operator(user) or roles.has_project_perm(user, project, "request_capacity")
+    return roles.operator_can(user, "pools.add_poolrequest") or roles.has_project_perm(user, project, "request_capacity")
 
 
 def _scoped_project(user, slug: str):

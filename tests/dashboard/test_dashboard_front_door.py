@@ -45,6 +45,13 @@ def test_an_operator_is_sent_to_the_dashboard(client, operator):
     assert (response.status_code, response["Location"]) == (302, "/admin/dashboard/")
 
 
+def test_staff_without_dashboard_permissions_are_not_sent_to_the_dashboard(client, staff_nobody, staff_operator):
+    client.force_login(staff_nobody)
+    assert client.get("/")["Location"] == "/projects/"
+    client.force_login(staff_operator)
+    assert client.get("/")["Location"] == "/admin/dashboard/"
+
+
 def test_signing_in_at_the_login_page_leads_through_the_front_door(client, bob):
     response = client.post("/accounts/login/", {"username": "bob", "password": "pw-bob-1"})
     assert (response.status_code, response["Location"]) == (302, "/")
