@@ -43,7 +43,9 @@ def home(request):
 
 def can_request(user, project) -> bool:
     """Members and project admins may ask for capacity (the API's rule); viewers may not."""
-    return roles.operator_can(user, "pools.add_poolrequest") or roles.has_project_perm(user, project, "request_capacity")
+    if roles.operator_can(user, "pools.add_poolrequest"):
+        return True
+    return roles.has_project_perm(user, project, "request_capacity")
 
 
 def _scoped_project(user, slug: str):
