@@ -12,7 +12,7 @@ def test_browser_member_sees_only_their_project(browser_page, bob, project, othe
     add_signals(world)
 
     page.login("bob", "pw-bob-1", admin=False)
-    assert page.url.endswith("/projects/")
+    assert page.url.endswith("/projects/team-a/")  # one project: the front door opens it
     assert page.locator("[data-region=pools] h3").all_inner_texts() == ["training", "inference"]
     text = page.inner_text("main")
     assert "team-b" not in text and "batch" not in text
