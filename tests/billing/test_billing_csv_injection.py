@@ -60,7 +60,7 @@ def test_safe_writers():
 @pytest.fixture
 def hostile_statement(project, allocate, operator):
     allocation = allocate(project, "2026-03-10 10:00", "2026-03-10 11:00")
-    GpuPool.objects.filter(pk=allocation.pool_id).update(name="=HYPERLINK(\"http://evil\",\"x\")")
+    GpuPool.objects.filter(pk=allocation.pool_id).update(name='=HYPERLINK("http://evil","x")')
     services.meter_usage(now=at("2026-03-10 12:00"))
     statement = services.generate_statement(project, month("2026-03"))
     services.add_adjustment(statement, amount=Decimal("-12.50"), reason="+cmd|' /C calc'!A0", actor=operator)
@@ -82,8 +82,8 @@ def test_api_csv_neutralises_member_text_and_keeps_negative_amounts(hostile_stat
     assert [(r["line_type"], r["pool"], r["description"], r["amount"], r["reason"]) for r in rows] == [
         (
             "usage",
-            "'=HYPERLINK(\"http://evil\",\"x\")",
-            "'=HYPERLINK(\"http://evil\",\"x\"): H100-80GB full GPU @ 2.5/h",
+            '\'=HYPERLINK("http://evil","x")',
+            '\'=HYPERLINK("http://evil","x"): H100-80GB full GPU @ 2.5/h',
             "2.50",
             "",
         ),
