@@ -2,7 +2,10 @@
 
 The rules (docs/billing.md has them in full):
 
-- The clock starts at Allocation.allocated_at (set by the approval) and stops at the earlier of
+- Nothing is metered for a pool until its provisioning has completed (GpuPool.provisioned_at, or
+  an active pool); then the clock starts at Allocation.allocated_at (set by the approval): the
+  hours since approval are backfilled. A pool whose provisioning never completes is never billed.
+- The clock stops at the earlier of
   Allocation.released_at and the request's end_at (expiry). Each UTC hour of an allocation becomes
   one UsageRecord holding the whole seconds the clock ran in it.
 - Provisioning failed: a request that has failed (request or pool state "failed") and never
@@ -66,8 +69,9 @@ from .periods import HOUR, floor_hour, month_bounds, month_start, next_month, pr
 
 logger = logging.getLogger(__name__)
 
-# An allocation created late (allocated_at backdated to its approval) is backfilled when it has no
-# record yet and started at most this long before the hour being metered.
+# An allocation created late (allocated_at backdated to its approval), or whose pool finished
+# provisioning late, is backfilled when it has no record yet and started (or finished provisioning)
+# at most this long before the hour being metered.
 LATE_ALLOCATION_WINDOW = timedelta(days=31)
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 HOURS_PLACES = Decimal("0.0001")
@@ -585,25 +589,35 @@ def insert_records(rows: list[tuple]) -> None:
             cursor.execute(sql, [list(column) for column in zip(*chunk, strict=True)])
 
 
+# Billing waits for provisioning: a pool is metered once its provisioning has completed
+# (provisioned_at set; an active pool has completed it too), then from approval (allocated_at).
+# A pool still provisioning (a worker died mid-way) or whose provisioning failed and never
+# completed is never metered.
+PROVISIONED = Q(pool__provisioned_at__isnull=False) | Q(pool__state=PoolState.ACTIVE)
+
+
 def meter_hour(hour: datetime, *, book: PriceBook | None = None) -> int:
     """Write the UsageRecords of one UTC hour; returns the rows offered for insert.
 
-    Covers every allocation whose clock ran in [hour, hour + 1 h), plus allocations that have no
-    record at all yet although they started before `hour` (created late with a backdated
-    allocated_at): those are backfilled from their first hour. Idempotent: rows go in with
+    Covers every allocation of a provisioned pool (PROVISIONED) whose clock ran in
+    [hour, hour + 1 h), plus allocations that have no record at all yet although they started before
+    `hour` (created late with a backdated allocated_at, or whose provisioning completed only now):
+    those are backfilled from their first hour, i.e. from approval. Idempotent: rows go in with
     INSERT ... ON CONFLICT DO NOTHING on (allocation, hour), so a retry or a concurrent run adds
     nothing twice. Takes no locks itself; meter_usage serialises hours through the watermark.
     """
     book = book or PriceBook()
     end = hour + HOUR
     running = (
-        Allocation.objects.filter(allocated_at__lt=end)
+        Allocation.objects.filter(PROVISIONED, allocated_at__lt=end)
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=hour))
         .filter(Q(pool__request__end_at__isnull=True) | Q(pool__request__end_at__gt=hour))
     )
     units_hours = [(u, hour) for u in _units(running) if u.clock(hour, end)]
+    recent = hour - LATE_ALLOCATION_WINDOW
     late = (
-        Allocation.objects.filter(allocated_at__lt=hour, allocated_at__gte=hour - LATE_ALLOCATION_WINDOW)
+        Allocation.objects.filter(PROVISIONED, allocated_at__lt=hour)
+        .filter(Q(allocated_at__gte=recent) | Q(pool__provisioned_at__gte=recent))
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=F("allocated_at")))
         .filter(~Exists(UsageRecord.objects.filter(allocation=OuterRef("pk"))))
     )
