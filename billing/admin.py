@@ -26,6 +26,7 @@ from .choices import RunKind, StatementState
 from .models import (
     BillingRun,
     MeteringWatermark,
+    MonthNotEnded,
     RateCard,
     RateCardEntry,
     Statement,
@@ -253,8 +254,12 @@ class StatementAdmin(admin.ModelAdmin):
 
     @admin.action(description="Finalise selected drafts (they never change afterwards)")
     def finalise(self, request, queryset):
-        done = services.finalise_statements(queryset.filter(state=StatementState.DRAFT), actor=request.user)
+        done, refused = services.finalise_statements(
+            queryset.filter(state=StatementState.DRAFT).select_related("project"), actor=request.user
+        )
         self.message_user(request, f"{done} statement(s) finalised.")
+        for why in refused:
+            self.message_user(request, f"Not finalised: {why}", messages.ERROR)
 
     @admin.action(description="Regenerate selected drafts from usage")
     def regenerate(self, request, queryset):
@@ -403,8 +408,10 @@ class CloseMonthForm(forms.ModelForm):
             period = parse_period(self.cleaned_data["month"])
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
-        if period > timezone.now().date():
-            raise forms.ValidationError("That month has not started.")
+        try:
+            services.ensure_month_ended(period)
+        except MonthNotEnded as exc:
+            raise forms.ValidationError(str(exc)) from None
         return period
 
 
