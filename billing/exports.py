@@ -30,6 +30,7 @@ CSV_COLUMNS = [
     "sm_activity",
     "energy_kwh",
     "reason",
+    "usage_period",
 ]
 # Numbers the system writes: kept as numbers in a CSV; every other cell is text and neutralised.
 NUMERIC_COLUMNS = frozenset(
@@ -84,6 +85,7 @@ def line_row(statement: Statement, line: StatementLine) -> dict[str, str]:
         "sm_activity": _text(line.sm_activity),
         "energy_kwh": _text(line.energy_kwh),
         "reason": line.reason,
+        "usage_period": f"{line.usage_period:%Y-%m}" if line.usage_period else "",
     }
 
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 HEADER = (
     "project,period,statement,state,currency,line_type,pool,kind,product,profile_name,replicas,description,"
-    "hourly_rate,hours,amount,used_amount,idle_amount,unmeasured_amount,sm_activity,energy_kwh,reason"
+    "hourly_rate,hours,amount,used_amount,idle_amount,unmeasured_amount,sm_activity,energy_kwh,reason,usage_period"
 )
 
 
@@ -40,14 +40,14 @@ def test_statement_csv_line_by_line(project, allocate, bob, operator):
     assert rows == [
         HEADER,
         f"team-a,2026-03,{s},draft,EUR,usage,{full.pool.name},full,H100-80GB,,,"
-        f"{full.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.7500,4.38,,,4.38,,,",
+        f"{full.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.7500,4.38,,,4.38,,,,",
         f"team-a,2026-03,{s},draft,EUR,usage,{mig.pool.name},mig,H100-80GB,3g.40gb,,"
-        f"{mig.pool.name}: H100-80GB 3g.40gb @ 1.25/h,1.250000,1.0000,1.25,,,1.25,,,",
+        f"{mig.pool.name}: H100-80GB 3g.40gb @ 1.25/h,1.250000,1.0000,1.25,,,1.25,,,,",
         f"team-a,2026-03,{s},draft,EUR,usage,{failed.pool.name},full,H100-80GB,,,"
-        f"{failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.0000,2.50,,,2.50,,,",
+        f"{failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.0000,2.50,,,2.50,,,,",
         f"team-a,2026-03,{s},draft,EUR,failed_credit,{failed.pool.name},full,H100-80GB,,,"
         f"Credit (provisioning failed) {failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,0.5000,-1.25,,,,,,"
-        "provisioning failed",
+        "provisioning failed,",
         f'team-a,2026-03,{s},draft,EUR,adjustment,,,,,,"Adjustment: Goodwill, ticket 42",,0.0000,-0.50,,,,,,'
-        '"Goodwill, ticket 42"',
+        '"Goodwill, ticket 42",',
     ]

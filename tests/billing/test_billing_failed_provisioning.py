@@ -6,7 +6,6 @@ import pytest
 from billing_helpers import at, month, transition
 
 from billing import services
-from billing.choices import LineType
 from billing.models import UsageRecord
 from pools.models import GpuPool
 
@@ -105,7 +104,12 @@ def test_provisioning_completed_late_is_billed_from_approval(project, allocate):
 
 def test_released_pool_whose_provisioning_never_completed_is_not_billed(project, allocate):
     allocate(
-        project, "2026-03-10 10:00", "2026-03-10 12:00", request_state="released", pool_state="released", provisioned=None
+        project,
+        "2026-03-10 10:00",
+        "2026-03-10 12:00",
+        request_state="released",
+        pool_state="released",
+        provisioned=None,
     )
     services.meter_usage(now=at("2026-03-10 13:00"))
     assert UsageRecord.objects.count() == 0
