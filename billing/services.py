@@ -840,6 +840,11 @@ def usage_totals(period: date, *, project_ids: list[int] | None = None):
     records = UsageRecord.objects.filter(hour__gte=start, hour__lt=end, billed_on__isnull=True)
     if project_ids is not None:
         records = records.filter(project_id__in=project_ids)
+    return usage_keys(records)
+
+
+def usage_keys(records):
+    """Per project, pool, spec and rate: the summed seconds, credits and measurements of `records`."""
     return _grouped(records, "project_id", "pool_id", "kind", "product", "profile_name", "replicas", "hourly_rate")
 
 
@@ -913,8 +918,16 @@ def billable_records(period: date, *, project_ids: list[int] | None = None, sour
     return UsageRecord.objects.filter(_scope(period, project_ids, sources), billed_on__isnull=True)
 
 
-def _statement_rows(records, period: date) -> list[dict]:
-    """Grouped records with the month each group was metered in ("usage_period": None for `period` itself)."""
+def _statement_rows(records, period: date, *, carries: bool = True) -> list[dict]:
+    """Grouped records with the month each group was metered in ("usage_period": None for `period` itself).
+
+    `carries=False` (no carry-over months in scope) groups without the month, which is cheaper.
+    """
+    if not carries:
+        rows = list(usage_keys(records))
+        for row in rows:
+            row["usage_period"] = None
+        return rows
     rows = list(
         _grouped(
             records.annotate(usage_month=TruncMonth("hour", tzinfo=UTC)),
@@ -1087,7 +1100,8 @@ def generate_statements(period: date, *, project_ids: list[int] | None = None) -
     sources = carry_sources(period, project_ids=project_ids)
     _refresh_credits_for(period, project_ids, sources)
     with transaction.atomic():
-        rows = _statement_rows(billable_records(period, project_ids=project_ids, sources=sources), period)
+        records = billable_records(period, project_ids=project_ids, sources=sources)
+        rows = _statement_rows(records, period, carries=bool(sources))
         wanted = {row["project_id"] for row in rows}
         if project_ids is not None:
             wanted |= set(Project.objects.filter(pk__in=project_ids).values_list("pk", flat=True))
@@ -1190,7 +1204,7 @@ def finalise_statement(statement: Statement, *, actor=None, now: datetime | None
         sources = carry_sources(period, project_ids=[project_id])
         billable_records(period, project_ids=[project_id], sources=sources).update(billed_on=locked.pk)
         billed = UsageRecord.objects.filter(_scope(period, [project_id], sources), billed_on=locked.pk)
-        _rewrite_lines({project_id: locked}, _statement_rows(billed, period))
+        _rewrite_lines({project_id: locked}, _statement_rows(billed, period, carries=bool(sources)))
         claimed = Statement.objects.filter(pk=locked.pk, state=StatementState.DRAFT).update(
             state=StatementState.FINALISED, finalised_at=timezone.now(), finalised_by=actor
         )
