@@ -166,3 +166,24 @@ def test_carry_over_appears_in_the_csv_export(project, allocate, march_finalised
         ("usage", "", "pool-2: H100-80GB full GP", "5.00"),
         ("carry_over", "2026-03", "carry-over from 2026-03: ", "10.00"),
     ]
+
+
+def test_a_month_with_no_statement_is_passed_over_and_never_bills_the_carry_over_again(
+    project, allocate, march_finalised
+):
+    """March finalised, no April statement, May made first: May carries March's late hours; April, made
+    afterwards, is the earliest open statement now, but May has already billed them."""
+    probe = allocate(project, "2026-03-31 22:00", "2026-03-31 23:00")
+    services.meter_usage(now=at("2026-06-01 00:00"))
+    may = services.generate_statement(project, month("2026-05"))
+    assert list(may.lines.values_list("line_type", "usage_period", "amount")) == [
+        (LineType.CARRY_OVER, month("2026-03"), Decimal("2.50"))
+    ]
+    may = services.finalise_statement(may)
+
+    april = services.generate_statement(project, month("2026-04"))
+
+    assert list(april.lines.values_list("line_type", flat=True)) == []
+    assert UsageRecord.objects.get(allocation=probe).billed_on_id == may.pk
+    april = services.finalise_statement(april)
+    assert (april.total_amount, UsageRecord.objects.get(allocation=probe).billed_on_id) == (Decimal("0.00"), may.pk)
