@@ -28,6 +28,7 @@ from .choices import RunKind, StatementState
 from .models import (
     BillingRun,
     MeteringWatermark,
+    MonthNotEnded,
     RateCard,
     RateCardEntry,
     Statement,
@@ -258,8 +259,12 @@ class StatementAdmin(admin.ModelAdmin):
 
     @admin.action(description="Finalise selected drafts (they never change afterwards)", permissions=["finalise"])
     def finalise(self, request, queryset):
-        done = services.finalise_statements(queryset.filter(state=StatementState.DRAFT), actor=request.user)
+        done, refused = services.finalise_statements(
+            queryset.filter(state=StatementState.DRAFT).select_related("project"), actor=request.user
+        )
         self.message_user(request, f"{done} statement(s) finalised.")
+        for why in refused:
+            self.message_user(request, f"Not finalised: {why}", messages.ERROR)
 
     @admin.action(description="Regenerate selected drafts from usage", permissions=["change"])
     def regenerate(self, request, queryset):
@@ -408,8 +413,10 @@ class CloseMonthForm(forms.ModelForm):
             period = parse_period(self.cleaned_data["month"])
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
-        if period > timezone.now().date():
-            raise forms.ValidationError("That month has not started.")
+        try:
+            services.ensure_month_ended(period)
+        except MonthNotEnded as exc:
+            raise forms.ValidationError(str(exc)) from None
         return period
 
 

@@ -10,6 +10,7 @@ class StatementState(models.TextChoices):
 
 class LineType(models.TextChoices):
     USAGE = "usage", "Reserved usage"
+    CARRY_OVER = "carry_over", "Carry-over: usage of an earlier, finalised month"
     HEALTH_CREDIT = "health_credit", "Credit: critical health event"
     FAILED_CREDIT = "failed_credit", "Credit: provisioning failed"
     ADJUSTMENT = "adjustment", "Adjustment"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 import io
 from decimal import Decimal
 
+from .csvsafe import SafeDictWriter
 from .models import Statement, StatementLine
 
 CSV_COLUMNS = [
@@ -30,7 +30,23 @@ CSV_COLUMNS = [
     "sm_activity",
     "energy_kwh",
     "reason",
+    "usage_period",
 ]
+# Numbers the system writes: kept as numbers in a CSV; every other cell is text and neutralised.
+NUMERIC_COLUMNS = frozenset(
+    {
+        "statement",
+        "replicas",
+        "hourly_rate",
+        "hours",
+        "amount",
+        "used_amount",
+        "idle_amount",
+        "unmeasured_amount",
+        "sm_activity",
+        "energy_kwh",
+    }
+)
 
 
 def statements_for_export(queryset):
@@ -69,13 +85,18 @@ def line_row(statement: Statement, line: StatementLine) -> dict[str, str]:
         "sm_activity": _text(line.sm_activity),
         "energy_kwh": _text(line.energy_kwh),
         "reason": line.reason,
+        "usage_period": f"{line.usage_period:%Y-%m}" if line.usage_period else "",
     }
 
 
 def to_csv(statements) -> str:
-    """CSV text: a header, then every line of every statement (empty cell = not applicable / not measured)."""
+    """CSV text: a header, then every line of every statement (empty cell = not applicable / not measured).
+
+    Text cells that a spreadsheet would run as a formula (a pool named "=..." or a reason "+...")
+    are prefixed with a single quote (billing.csvsafe); numeric columns stay numbers.
+    """
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer = SafeDictWriter(out, fieldnames=CSV_COLUMNS, numeric=NUMERIC_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for statement in statements:
         for line in statement.lines.all():

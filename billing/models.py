@@ -36,6 +36,10 @@ class StatementFinalised(Exception):
     """A finalised statement (or one of its lines) was asked to change."""
 
 
+class MonthNotEnded(ValueError):
+    """A month that has not ended was asked to be finalised or closed: its usage is still being metered."""
+
+
 class RateCardQuerySet(models.QuerySet):
     def effective_at(self, when: datetime) -> RateCard | None:
         """The card in force for the hour starting at `when` (the latest one effective at or before it)."""
@@ -187,6 +191,17 @@ class UsageRecord(models.Model):
         blank=True,
         help_text="Energy attributed to the unit; empty = not measured.",
     )
+    billed_on = models.ForeignKey(
+        "Statement",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="billed_usage",
+        db_index=False,
+        editable=False,
+        help_text="The finalised statement that billed this hour (its own month's, or a later one as carry-over); "
+        "empty = not billed yet.",
+    )
 
     objects = UsageRecordQuerySet.as_manager()
 
@@ -210,6 +225,11 @@ class UsageRecord(models.Model):
                 fields=["hour", "allocation"],
                 condition=Q(failed_credit_seconds__gt=0) | Q(health_credit_seconds__gt=0),
                 name="billing_usage_credited",
+            ),
+            # Finalising stamps billed_on, so only open months and late (carry-over) hours stay in here:
+            # a statement finds usage metered late into a finalised month without reading that month.
+            models.Index(
+                fields=["project", "hour"], condition=Q(billed_on__isnull=True), name="billing_usage_unbilled"
             ),
         ]
 
@@ -301,7 +321,13 @@ class Statement(models.Model):
         return self.pk is not None and Statement.objects.filter(pk=self.pk, state=StatementState.FINALISED).exists()
 
 
-LINE_ORDER = {LineType.USAGE: 0, LineType.FAILED_CREDIT: 1, LineType.HEALTH_CREDIT: 2, LineType.ADJUSTMENT: 3}
+LINE_ORDER = {
+    LineType.USAGE: 0,
+    LineType.CARRY_OVER: 0,  # with the usage; ordered after it by usage_period
+    LineType.FAILED_CREDIT: 1,
+    LineType.HEALTH_CREDIT: 2,
+    LineType.ADJUSTMENT: 3,
+}
 
 
 class StatementLine(models.Model):
@@ -327,6 +353,12 @@ class StatementLine(models.Model):
     sm_activity = models.DecimalField(max_digits=5, decimal_places=4, null=True, blank=True)
     energy_kwh = models.DecimalField(max_digits=16, decimal_places=6, null=True, blank=True)
     reason = models.TextField(blank=True)
+    usage_period = models.DateField(
+        null=True,
+        blank=True,
+        help_text="Carry-over lines (and their credits): the month the usage was metered in, "
+        "whose statement was already finalised.",
+    )
     corrects = models.ForeignKey(
         Statement,
         null=True,
@@ -341,7 +373,17 @@ class StatementLine(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        ordering = ["statement_id", "position", "pool_id", "product", "kind", "profile_name", "hourly_rate", "id"]
+        ordering = [
+            "statement_id",
+            "position",
+            F("usage_period").asc(nulls_first=True),
+            "pool_id",
+            "product",
+            "kind",
+            "profile_name",
+            "hourly_rate",
+            "id",
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=~Q(line_type=LineType.ADJUSTMENT) | ~Q(reason=""),

@@ -2,7 +2,10 @@
 
 The rules (docs/billing.md has them in full):
 
-- The clock starts at Allocation.allocated_at (set by the approval) and stops at the earlier of
+- Nothing is metered for a pool until its provisioning has completed (GpuPool.provisioned_at, or
+  an active pool); then the clock starts at Allocation.allocated_at (set by the approval): the
+  hours since approval are backfilled. A pool whose provisioning never completes is never billed.
+- The clock stops at the earlier of
   Allocation.released_at and the request's end_at (expiry). Each UTC hour of an allocation becomes
   one UsageRecord holding the whole seconds the clock ran in it.
 - Provisioning failed: a request that has failed (request or pool state "failed") and never
@@ -40,7 +43,7 @@ from django.db.models import (
     Sum,
     Value,
 )
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, TruncMonth
 from django.utils import timezone
 
 from capacity.choices import SpecKind
@@ -55,6 +58,7 @@ from .models import (
     LINE_ORDER,
     BillingRun,
     MeteringWatermark,
+    MonthNotEnded,
     RateCard,
     RateCardEntry,
     Statement,
@@ -66,8 +70,9 @@ from .periods import HOUR, floor_hour, month_bounds, month_start, next_month, pr
 
 logger = logging.getLogger(__name__)
 
-# An allocation created late (allocated_at backdated to its approval) is backfilled when it has no
-# record yet and started at most this long before the hour being metered.
+# An allocation created late (allocated_at backdated to its approval), or whose pool finished
+# provisioning late, is backfilled when it has no record yet and started (or finished provisioning)
+# at most this long before the hour being metered.
 LATE_ALLOCATION_WINDOW = timedelta(days=31)
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 HOURS_PLACES = Decimal("0.0001")
@@ -585,25 +590,35 @@ def insert_records(rows: list[tuple]) -> None:
             cursor.execute(sql, [list(column) for column in zip(*chunk, strict=True)])
 
 
+# Billing waits for provisioning: a pool is metered once its provisioning has completed
+# (provisioned_at set; an active pool has completed it too), then from approval (allocated_at).
+# A pool still provisioning (a worker died mid-way) or whose provisioning failed and never
+# completed is never metered.
+PROVISIONED = Q(pool__provisioned_at__isnull=False) | Q(pool__state=PoolState.ACTIVE)
+
+
 def meter_hour(hour: datetime, *, book: PriceBook | None = None) -> int:
     """Write the UsageRecords of one UTC hour; returns the rows offered for insert.
 
-    Covers every allocation whose clock ran in [hour, hour + 1 h), plus allocations that have no
-    record at all yet although they started before `hour` (created late with a backdated
-    allocated_at): those are backfilled from their first hour. Idempotent: rows go in with
+    Covers every allocation of a provisioned pool (PROVISIONED) whose clock ran in
+    [hour, hour + 1 h), plus allocations that have no record at all yet although they started before
+    `hour` (created late with a backdated allocated_at, or whose provisioning completed only now):
+    those are backfilled from their first hour, i.e. from approval. Idempotent: rows go in with
     INSERT ... ON CONFLICT DO NOTHING on (allocation, hour), so a retry or a concurrent run adds
     nothing twice. Takes no locks itself; meter_usage serialises hours through the watermark.
     """
     book = book or PriceBook()
     end = hour + HOUR
     running = (
-        Allocation.objects.filter(allocated_at__lt=end)
+        Allocation.objects.filter(PROVISIONED, allocated_at__lt=end)
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=hour))
         .filter(Q(pool__request__end_at__isnull=True) | Q(pool__request__end_at__gt=hour))
     )
     units_hours = [(u, hour) for u in _units(running) if u.clock(hour, end)]
+    recent = hour - LATE_ALLOCATION_WINDOW
     late = (
-        Allocation.objects.filter(allocated_at__lt=hour, allocated_at__gte=hour - LATE_ALLOCATION_WINDOW)
+        Allocation.objects.filter(PROVISIONED, allocated_at__lt=hour)
+        .filter(Q(allocated_at__gte=recent) | Q(pool__provisioned_at__gte=recent))
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=F("allocated_at")))
         .filter(~Exists(UsageRecord.objects.filter(allocation=OuterRef("pk"))))
     )
@@ -680,29 +695,21 @@ def meter_usage(*, now: datetime | None = None, until: datetime | None = None) -
 # ---------------------------------------------------------------------------------------------
 
 
-def _finalised_project_months(start: datetime, end: datetime) -> set[tuple[int, date]]:
-    return set(
-        Statement.objects.filter(
-            state=StatementState.FINALISED, period__gte=month_start(start), period__lte=month_start(end - HOUR)
-        ).values_list("project_id", "period")
-    )
-
-
 def refresh_credits(start: datetime, end: datetime, *, project_ids: list[int] | None = None) -> int:
     """Recompute failed-provisioning and health credits of records in [start, end); returns rows changed.
 
     Needed because both can change after an hour was metered: a request fails (credits its whole
     life), a retry succeeds (only the failed time stays credited), a health event is recorded late.
     Only touches allocations that are or were failed, sit on a GPU with a critical event in the
-    period, or already carry a credit (a partial index finds those); never records of a finalised
-    statement's month. Idempotent.
+    period, or already carry a credit (a partial index finds those); never records already billed
+    by a finalised statement (billed_on set). Idempotent.
     """
     allocations = Allocation.objects.filter(allocated_at__lt=end).filter(
         Q(released_at__isnull=True) | Q(released_at__gt=start)
     )
     if project_ids is not None:
         allocations = allocations.filter(project_id__in=project_ids)
-    records = UsageRecord.objects.filter(hour__gte=start, hour__lt=end)
+    records = UsageRecord.objects.filter(hour__gte=start, hour__lt=end, billed_on__isnull=True)
     credited = records.filter(Q(failed_credit_seconds__gt=0) | Q(health_credit_seconds__gt=0))
     suspects = Q(pool__state=PoolState.FAILED) | Q(pool__request__state=RequestState.FAILED)
     suspects |= Q(
@@ -717,11 +724,8 @@ def refresh_credits(start: datetime, end: datetime, *, project_ids: list[int] | 
         return 0
     failed = failed_windows(list(units.values()), end)
     health = health_windows(list(units.values()), start, end)
-    closed = _finalised_project_months(start, end)
     changed = []
     for record in records.filter(allocation_id__in=list(units)).order_by("pk"):
-        if (record.project_id, month_start(record.hour)) in closed:
-            continue
         unit = units[record.allocation_id]
         figures = hour_figures(unit, record.hour, failed.get(unit.request_id, []), health.get(unit.id, []))
         failed_s = min(figures.failed, record.seconds)
@@ -737,12 +741,14 @@ def refresh_measurements(start: datetime, end: datetime) -> int:
     """Fill the showback fields of records in [start, end) that have none yet, from monitoring's final rollups.
 
     Monitoring rolls an hour up after it ends, often after that hour was metered. Never touches a
-    finalised month. Idempotent (only NULL fields are filled); returns the rows filled.
+    record already billed by a finalised statement. Idempotent (only NULL fields are filled); returns the rows filled.
     """
     if not measurements.source_ready():
         return 0
     pending = (
-        UsageRecord.objects.filter(hour__gte=start, hour__lt=end, sm_activity__isnull=True, energy_kwh__isnull=True)
+        UsageRecord.objects.filter(
+            hour__gte=start, hour__lt=end, sm_activity__isnull=True, energy_kwh__isnull=True, billed_on__isnull=True
+        )
         .values(
             "pk",
             "allocation_id",
@@ -763,7 +769,6 @@ def refresh_measurements(start: datetime, end: datetime) -> int:
         by_hour[row["hour"]].append(row)
     if not by_hour:
         return 0
-    closed = _finalised_project_months(start, end)
     changed = []
     for hour, rows in sorted(by_hour.items()):
         units = [
@@ -780,7 +785,7 @@ def refresh_measurements(start: datetime, end: datetime) -> int:
         measured = measurements.measured_use(units, hour)
         for r in rows:
             m = measured.get(r["allocation_id"])
-            if m is not None and (r["project_id"], month_start(hour)) not in closed:
+            if m is not None:
                 changed.append(UsageRecord(pk=r["pk"], sm_activity=m.sm_activity, energy_kwh=m.energy_kwh))
     UsageRecord.objects.bulk_update(changed, ["sm_activity", "energy_kwh"], batch_size=1000)
     return len(changed)
@@ -826,17 +831,26 @@ def _rate_times(column: str) -> ExpressionWrapper:
 
 
 def usage_totals(period: date, *, project_ids: list[int] | None = None):
-    """One GROUP BY over the month's records: per project, pool, spec and rate, the seconds a statement needs.
+    """One GROUP BY over the month's unbilled records: per project, pool, spec and rate, the seconds a line needs.
 
     The rate is part of the group, so money is rate x summed seconds, computed exactly in Python
     (_lines_for); the database only adds integers, plus seconds x SM activity and energy.
     """
     start, end = month_bounds(period)
-    records = UsageRecord.objects.filter(hour__gte=start, hour__lt=end)
+    records = UsageRecord.objects.filter(hour__gte=start, hour__lt=end, billed_on__isnull=True)
     if project_ids is not None:
         records = records.filter(project_id__in=project_ids)
+    return usage_keys(records)
+
+
+def usage_keys(records):
+    """Per project, pool, spec and rate: the summed seconds, credits and measurements of `records`."""
+    return _grouped(records, "project_id", "pool_id", "kind", "product", "profile_name", "replicas", "hourly_rate")
+
+
+def _grouped(records, *keys):
     return (
-        records.values("project_id", "pool_id", "kind", "product", "profile_name", "replicas", "hourly_rate")
+        records.values(*keys)
         .annotate(
             total_seconds=Sum("seconds"),
             failed_seconds=Sum("failed_credit_seconds"),
@@ -849,6 +863,92 @@ def usage_totals(period: date, *, project_ids: list[int] | None = None):
     )
 
 
+# ---- Which statement bills which usage record -------------------------------------------------
+#
+# Every record is billed exactly once. A record of month M goes on its project's M statement while
+# that one is a draft. Once a statement is finalised, finalise_statement() stamps the records it
+# billed (UsageRecord.billed_on), in the same transaction as it writes the lines from exactly those
+# records. A record metered later into a finalised month (a late allocation, a pool whose
+# provisioning completed late, metering that caught up) has no stamp: it goes on the project's next
+# statement that is not finalised, as a carry-over line naming its month, and is stamped when that
+# statement is finalised. Stamping is `UPDATE ... WHERE billed_on IS NULL`, so two finalisations
+# never bill a record twice, and regenerating never bills anything twice.
+
+
+def carry_sources(period: date, *, project_ids: list[int] | None = None) -> dict[date, list[int]]:
+    """Per earlier month: the projects whose unbilled usage of that month goes on their `period` statement.
+
+    A month's usage is carried over when its statement is finalised. It goes on the project's next
+    statement that is not finalised: `period`'s, unless a draft statement lies between the two
+    (that draft takes it). Months with no statement at all are passed over.
+    """
+    statements = Statement.objects.filter(period__lt=period)
+    if project_ids is not None:
+        statements = statements.filter(project_id__in=project_ids)
+    by_project: dict[int, list[tuple[date, str]]] = defaultdict(list)
+    for project_id, month, state in statements.order_by("project_id", "-period").values_list(
+        "project_id", "period", "state"
+    ):
+        by_project[project_id].append((month, state))
+    sources: dict[date, list[int]] = defaultdict(list)
+    for project_id, months in by_project.items():
+        for month, state in months:  # newest first: stop at the first draft
+            if state != StatementState.FINALISED:
+                break
+            sources[month].append(project_id)
+    return {month: sorted(pids) for month, pids in sorted(sources.items())}
+
+
+def _scope(period: date, project_ids: list[int] | None, sources: dict[date, list[int]]) -> Q:
+    """Records `period`'s statements bill: the month's own, and the months carried over (`sources`)."""
+    start, end = month_bounds(period)
+    scope = Q(hour__gte=start, hour__lt=end)
+    if project_ids is not None:
+        scope &= Q(project_id__in=project_ids)
+    for month, pids in sources.items():
+        month_start_, month_end = month_bounds(month)
+        scope |= Q(project_id__in=pids, hour__gte=month_start_, hour__lt=month_end)
+    return scope
+
+
+def billable_records(period: date, *, project_ids: list[int] | None = None, sources=None):
+    """The unbilled records that `period`'s statements bill now (own month and carry-overs)."""
+    if sources is None:
+        sources = carry_sources(period, project_ids=project_ids)
+    return UsageRecord.objects.filter(_scope(period, project_ids, sources), billed_on__isnull=True)
+
+
+def _statement_rows(records, period: date, *, carries: bool = True) -> list[dict]:
+    """Grouped records with the month each group was metered in ("usage_period": None for `period` itself).
+
+    `carries=False` (no carry-over months in scope) groups without the month, which is cheaper.
+    """
+    if not carries:
+        rows = list(usage_keys(records))
+        for row in rows:
+            row["usage_period"] = None
+        return rows
+    rows = list(
+        _grouped(
+            records.annotate(usage_month=TruncMonth("hour", tzinfo=UTC)),
+            "project_id",
+            "usage_month",
+            "pool_id",
+            "kind",
+            "product",
+            "profile_name",
+            "replicas",
+            "hourly_rate",
+        )
+    )
+    for row in rows:
+        month = row.pop("usage_month")
+        month = month.astimezone(UTC).date() if isinstance(month, datetime) else month
+        row["usage_period"] = None if month == period else month
+    rows.sort(key=lambda r: (r["project_id"], r["usage_period"] or date.min, r["pool_id"]))
+    return rows
+
+
 def _dec(value) -> Decimal:
     return Decimal(0) if value is None else Decimal(value)
 
@@ -857,10 +957,13 @@ def _hours(seconds) -> Decimal:
     return (_dec(seconds) / HOUR_S).quantize(HOURS_PLACES, rounding=ROUND_HALF_UP)
 
 
-def _lines_for(statement_id: int, row: dict, pool_name: str) -> list[StatementLine]:
+def _lines_for(statement_id: int | None, row: dict, pool_name: str) -> list[StatementLine]:
+    """The usage line of a group and its credit lines; a carry-over group (row["usage_period"]) says its month."""
     spec = rates.spec_key(row["kind"], row["product"], row["profile_name"], row["replicas"])
     rate = _dec(row["hourly_rate"])
+    carried = row.get("usage_period")
     label = f"{pool_name}: {spec.label()} @ {rate.normalize():f}/h"
+    prefix = f"carry-over from {carried:%Y-%m}: " if carried else ""
     common = dict(
         statement_id=statement_id,
         pool_id=row["pool_id"],
@@ -869,6 +972,7 @@ def _lines_for(statement_id: int, row: dict, pool_name: str) -> list[StatementLi
         profile_name=spec.profile_name,
         replicas=spec.replicas,
         hourly_rate=rate,
+        usage_period=carried,
     )
     seconds, measured_seconds = _dec(row["total_seconds"]), _dec(row["measured_seconds"])
     amount = round_money(rate * seconds / HOUR_S)
@@ -878,11 +982,12 @@ def _lines_for(statement_id: int, row: dict, pool_name: str) -> list[StatementLi
         used = round_money(rate * _dec(row["sm_seconds"]) / HOUR_S)
         idle = amount - used - unmeasured  # the remainder: used + idle + unmeasured = amount, to the cent
         sm = (_dec(row["sm_seconds"]) / measured_seconds).quantize(SM_PLACES, rounding=ROUND_HALF_UP)
+    usage_type = LineType.CARRY_OVER if carried else LineType.USAGE
     lines = [
         StatementLine(
-            line_type=LineType.USAGE,
-            position=LINE_ORDER[LineType.USAGE],
-            description=label,
+            line_type=usage_type,
+            position=LINE_ORDER[usage_type],
+            description=(prefix + label)[:200],
             hours=_hours(row["total_seconds"]),
             amount=amount,
             used_amount=used,
@@ -902,7 +1007,7 @@ def _lines_for(statement_id: int, row: dict, pool_name: str) -> list[StatementLi
                 StatementLine(
                     line_type=line_type,
                     position=LINE_ORDER[line_type],
-                    description=f"Credit ({why}) {label}",
+                    description=f"{prefix}Credit ({why}) {label}"[:200],
                     hours=_hours(row[seconds_key]),
                     amount=-round_money(rate * _dec(row[seconds_key]) / HOUR_S),
                     reason=why,
@@ -913,10 +1018,10 @@ def _lines_for(statement_id: int, row: dict, pool_name: str) -> list[StatementLi
 
 
 def draft_lines(period: date, *, project_ids: list[int] | None = None):
-    """Unsaved statement lines of the period so far, per usage group: (row, lines) with row["project_id"].
+    """Unsaved statement lines of the period's own usage so far, per usage group: (row, lines) with row["project_id"].
 
-    The same lines generate_statements() would write now (before adjustments): the dashboard's
-    month-to-date costs read them, so its figures match a draft statement to the cent.
+    The same own-month lines generate_statements() would write now (before carry-overs and
+    adjustments): the dashboard's month-to-date costs read them.
     """
     for row in usage_totals(period, project_ids=project_ids):
         yield row, _lines_for(None, row, "")
@@ -935,11 +1040,12 @@ def _line_sum(field: str, *line_types: str, default: Decimal | None = None):
 def refresh_totals(statement_ids: list[int]) -> int:
     """Set the totals of these draft statements from their lines, in one UPDATE; returns rows updated.
 
-    Totals are sums of the (already rounded) lines, so a statement always adds up. Finalised
-    statements are left alone (and the database would refuse anyway).
+    Totals are sums of the (already rounded) lines, so a statement always adds up. Reserved figures
+    include carry-over lines (reserved usage of an earlier month billed here). Finalised statements
+    are left alone (and the database would refuse anyway).
     """
     usage, credits, adjustment = (
-        [LineType.USAGE],
+        [LineType.USAGE, LineType.CARRY_OVER],
         [LineType.FAILED_CREDIT, LineType.HEALTH_CREDIT],
         [LineType.ADJUSTMENT],
     )
@@ -958,23 +1064,47 @@ def refresh_totals(statement_ids: list[int]) -> int:
     )
 
 
-def generate_statements(period: date, *, project_ids: list[int] | None = None) -> list[Statement]:
-    """Create or refresh the draft statements of `period` (a month) from its usage records.
-
-    Every project with usage in the month gets a statement (those listed in `project_ids`, when
-    given). A draft's usage and credit lines are replaced; its adjustment lines are kept. A
-    finalised statement is left exactly as it is. Credits are recomputed for the month first.
-    Locking: the month's statements are locked FOR UPDATE in primary-key order, so a concurrent
-    finalise waits for this and never finalises a half-written draft. Idempotent.
-    """
-    period = month_start(period)
+def _refresh_credits_for(period: date, project_ids: list[int] | None, sources: dict[date, list[int]]) -> None:
     start, end = month_bounds(period)
     refresh_credits(start, end, project_ids=project_ids)
-    totals = list(usage_totals(period, project_ids=project_ids))
+    for month, pids in sources.items():
+        refresh_credits(*month_bounds(month), project_ids=pids)
+
+
+def _rewrite_lines(drafts: dict[int, Statement], rows: list[dict]) -> None:
+    """Replace the usage, carry-over and credit lines of these drafts (by project) from `rows`; keep adjustments."""
+    draft_ids = [s.pk for s in drafts.values()]
+    StatementLine.objects.filter(statement_id__in=draft_ids).exclude(line_type=LineType.ADJUSTMENT).delete()
+    pool_names = dict(GpuPool.objects.filter(pk__in={row["pool_id"] for row in rows}).values_list("pk", "name"))
+    new_lines: list[StatementLine] = []
+    for row in rows:
+        statement = drafts.get(row["project_id"])
+        if statement is not None:
+            new_lines.extend(_lines_for(statement.pk, row, pool_names.get(row["pool_id"], "")))
+    StatementLine.objects.bulk_create(new_lines, batch_size=2000)
+    refresh_totals(draft_ids)
+
+
+def generate_statements(period: date, *, project_ids: list[int] | None = None) -> list[Statement]:
+    """Create or refresh the draft statements of `period` (a month) from its unbilled usage records.
+
+    Every project with usage to bill gets a statement (those listed in `project_ids`, when given):
+    the month's own usage, plus usage metered late into an earlier month whose statement was
+    already finalised (carry-over lines naming that month; see carry_sources()). A draft's usage,
+    carry-over and credit lines are replaced; its adjustment lines are kept. A finalised statement
+    is left exactly as it is. Credits are recomputed first. Nothing is billed here: drafts only
+    show; finalise_statement() bills. Locking: the month's statements are locked FOR UPDATE in
+    primary-key order, so a concurrent finalise waits for this. Idempotent.
+    """
+    period = month_start(period)
+    sources = carry_sources(period, project_ids=project_ids)
+    _refresh_credits_for(period, project_ids, sources)
     with transaction.atomic():
-        wanted = {row["project_id"] for row in totals}
+        records = billable_records(period, project_ids=project_ids, sources=sources)
+        rows = _statement_rows(records, period, carries=bool(sources))
+        wanted = {row["project_id"] for row in rows}
         if project_ids is not None:
-            wanted |= set(project_ids) & set(Project.objects.filter(pk__in=project_ids).values_list("pk", flat=True))
+            wanted |= set(Project.objects.filter(pk__in=project_ids).values_list("pk", flat=True))
         existing_ids = Statement.objects.filter(period=period)
         if project_ids is not None:
             existing_ids = existing_ids.filter(project_id__in=project_ids)
@@ -985,17 +1115,7 @@ def generate_statements(period: date, *, project_ids: list[int] | None = None) -
         statements = list(
             Statement.objects.select_for_update().filter(period=period, project_id__in=wanted).order_by("pk")
         )
-        drafts = {s.project_id: s for s in statements if s.state == StatementState.DRAFT}
-        draft_ids = [s.pk for s in drafts.values()]
-        StatementLine.objects.filter(statement_id__in=draft_ids).exclude(line_type=LineType.ADJUSTMENT).delete()
-        pool_names = dict(GpuPool.objects.filter(pk__in={row["pool_id"] for row in totals}).values_list("pk", "name"))
-        new_lines: dict[int, list[StatementLine]] = defaultdict(list)
-        for row in totals:
-            statement = drafts.get(row["project_id"])
-            if statement is not None:
-                new_lines[statement.pk].extend(_lines_for(statement.pk, row, pool_names.get(row["pool_id"], "")))
-        StatementLine.objects.bulk_create([line for lines in new_lines.values() for line in lines], batch_size=2000)
-        refresh_totals(draft_ids)
+        _rewrite_lines({s.project_id: s for s in statements if s.state == StatementState.DRAFT}, rows)
     return list(Statement.objects.filter(pk__in=[s.pk for s in statements]).order_by("project_id"))
 
 
@@ -1004,17 +1124,28 @@ def generate_statement(project: Project, period: date) -> Statement:
     return generate_statements(period, project_ids=[project.pk])[0]
 
 
-def close_month(period: date, *, run: BillingRun | None = None) -> list[Statement]:
+def ensure_month_ended(period: date, *, now: datetime | None = None) -> None:
+    """MonthNotEnded unless `period` (a month) has ended: its usage is still being metered until then."""
+    _, end = month_bounds(month_start(period))
+    if (now or timezone.now()) < end:
+        raise MonthNotEnded(
+            f"{period:%Y-%m} has not ended: usage is still being metered into it. "
+            f"Finalise or close it from {end:%Y-%m-%d %H:%M} UTC."
+        )
+
+
+def close_month(period: date, *, run: BillingRun | None = None, now: datetime | None = None) -> list[Statement]:
     """Meter up to the end of `period`, then make every project's draft statement for it.
 
-    Beat runs this on the 1st for the month before; operators run it on demand. Tracked in `run`
-    when given. Idempotent: a second close refreshes drafts and leaves finalised statements alone.
+    Beat runs this on the 1st for the month before; operators run it on demand. Only a month that
+    has ended is closed (MonthNotEnded otherwise, recorded in `run`). Tracked in `run` when given.
+    Idempotent: a second close refreshes drafts and leaves finalised statements alone.
     """
     period = month_start(period)
     _, end = month_bounds(period)
     try:
-        if end <= timezone.now():
-            meter_usage(until=end)
+        ensure_month_ended(period, now=now)
+        meter_usage(until=end)
         statements = generate_statements(period)
     except Exception as exc:
         if run is not None:
@@ -1030,9 +1161,13 @@ def close_month(period: date, *, run: BillingRun | None = None) -> list[Statemen
 
 
 def start_close_run(period: date, *, actor=None, run: BillingRun | None = None) -> BillingRun:
-    """Record a month close (in `run` when given, e.g. the admin's unsaved form instance) and enqueue it on commit."""
+    """Record a month close (in `run` when given, e.g. the admin's unsaved form instance) and enqueue it on commit.
+
+    MonthNotEnded (nothing recorded) for a month that has not ended.
+    """
     from .tasks import close_month_task
 
+    ensure_month_ended(period)
     task_id = str(uuid.uuid4())
     run = run or BillingRun()
     run.kind, run.period, run.requested_by, run.task_id = RunKind.CLOSE, month_start(period), actor, task_id
@@ -1044,31 +1179,56 @@ def start_close_run(period: date, *, actor=None, run: BillingRun | None = None) 
     return run
 
 
-def finalise_statement(statement: Statement, *, actor=None) -> Statement:
-    """draft -> finalised, claimed with a conditional UPDATE; StatementFinalised if it already was.
+def finalise_statement(statement: Statement, *, actor=None, now: datetime | None = None) -> Statement:
+    """Bill a draft: draft -> finalised, with its lines rewritten from exactly the usage it bills.
 
-    A finalised statement never changes again (model save/delete and database triggers refuse).
+    Refused with StatementFinalised when it already is, and with MonthNotEnded (nothing changed)
+    while its month has not ended. In one transaction, holding the statement row FOR UPDATE: stamps
+    the unbilled records it bills (its month's own and carry-overs) with billed_on =
+    this statement (`UPDATE ... WHERE billed_on IS NULL`, so no record is ever billed twice, even by
+    two finalisations at once), rewrites its usage, carry-over and credit lines from the records
+    stamped (adjustments kept), sets the totals, and claims draft -> finalised with a conditional
+    UPDATE. A record metered into the month later is carried over to the next statement. A
+    finalised statement never changes again (model save/delete and database triggers refuse).
     """
-    now = timezone.now()
-    claimed = Statement.objects.filter(pk=statement.pk, state=StatementState.DRAFT).update(
-        state=StatementState.FINALISED, finalised_at=now, finalised_by=actor
-    )
-    if claimed != 1:
+    current = Statement.objects.filter(pk=statement.pk).values_list("state", "project_id", "period").get()
+    state, project_id, period = current
+    if state != StatementState.DRAFT:
         raise StatementFinalised(f"statement {statement.pk} is already finalised")
+    ensure_month_ended(period, now=now)
+    _refresh_credits_for(period, [project_id], carry_sources(period, project_ids=[project_id]))
+    with transaction.atomic():
+        locked = Statement.objects.select_for_update().get(pk=statement.pk)
+        if locked.state != StatementState.DRAFT:
+            raise StatementFinalised(f"statement {statement.pk} is already finalised")
+        sources = carry_sources(period, project_ids=[project_id])
+        billable_records(period, project_ids=[project_id], sources=sources).update(billed_on=locked.pk)
+        billed = UsageRecord.objects.filter(_scope(period, [project_id], sources), billed_on=locked.pk)
+        _rewrite_lines({project_id: locked}, _statement_rows(billed, period, carries=bool(sources)))
+        claimed = Statement.objects.filter(pk=locked.pk, state=StatementState.DRAFT).update(
+            state=StatementState.FINALISED, finalised_at=timezone.now(), finalised_by=actor
+        )
+        if claimed != 1:
+            raise StatementFinalised(f"statement {statement.pk} is already finalised")
     statement.refresh_from_db()
     return statement
 
 
-def finalise_statements(statements, *, actor=None) -> int:
-    """Finalise the drafts among `statements`, in primary-key order; returns how many were finalised."""
-    done = 0
+def finalise_statements(statements, *, actor=None, now: datetime | None = None) -> tuple[int, list[str]]:
+    """Finalise the drafts among `statements`, in primary-key order.
+
+    Returns (how many were finalised, why the others were refused: months not ended).
+    """
+    done, refused = 0, []
     for statement in sorted(statements, key=lambda s: s.pk):
         try:
-            finalise_statement(statement, actor=actor)
+            finalise_statement(statement, actor=actor, now=now)
             done += 1
         except StatementFinalised:
             continue
-    return done
+        except MonthNotEnded as exc:
+            refused.append(f"{statement.project.slug} {statement.period:%Y-%m}: {exc}")
+    return done, refused
 
 
 @transaction.atomic

@@ -9,7 +9,7 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from .choices import RunKind, RunStatus
-from .models import BillingRun
+from .models import BillingRun, MonthNotEnded
 from .periods import parse_period
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ def close_month_task(self, run_id: int | None = None, period: str | None = None)
     """Close a month: meter up to its end and make every project's draft statement.
 
     With `run_id` (an operator's request) closes that run's month, unless the run is gone or done.
-    From beat (no arguments) closes the previous month. Returns the number of statements.
+    From beat (no arguments) closes the previous month. Only a month that has ended is closed: for
+    another the run is marked failed with the reason. Returns the number of statements.
     """
     from . import services
 
@@ -63,4 +64,8 @@ def close_month_task(self, run_id: int | None = None, period: str | None = None)
     else:
         month = parse_period(period) if period else services.previous_period()
         run = BillingRun.objects.create(kind=RunKind.CLOSE, period=month, task_id=self.request.id or "")
-    return len(services.close_month(run.period, run=run))
+    try:
+        return len(services.close_month(run.period, run=run))
+    except MonthNotEnded:
+        logger.warning("billing run %s: %s has not ended; not closed", run.pk, f"{run.period:%Y-%m}")
+        return 0  # recorded as failed in the run; retrying would not help

@@ -78,6 +78,7 @@ class StatementLineSerializer(serializers.ModelSerializer):
             "sm_activity",
             "energy_kwh",
             "reason",
+            "usage_period",
             "corrects",
             "created_at",
         ]

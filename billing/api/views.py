@@ -20,7 +20,16 @@ from rest_framework.response import Response
 from gpuaas.api import OperatorPermissions, ProjectScopedQuerysetMixin
 
 from .. import exports, services
-from ..models import BillingRun, RateCard, RateCardEntry, Statement, StatementFinalised, StatementLine, UsageRecord
+from ..models import (
+    BillingRun,
+    MonthNotEnded,
+    RateCard,
+    RateCardEntry,
+    Statement,
+    StatementFinalised,
+    StatementLine,
+    UsageRecord,
+)
 from . import filters, serializers
 
 
@@ -146,8 +155,13 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
 
     @extend_schema(
         summary="Finalise a draft statement (operators); it never changes afterwards",
+        description="Refused (400) while the statement's month has not ended; 409 when already finalised.",
         request=None,
-        responses={200: serializers.StatementDetailSerializer, 409: CONFLICT},
+        responses={
+            200: serializers.StatementDetailSerializer,
+            400: OpenApiResponse(description="The month has not ended."),
+            409: CONFLICT,
+        },
     )
     @action(detail=True, methods=["post"], permission_classes=[OperatorPermissions], filterset_class=None)
     def finalise(self, request, pk=None):
@@ -156,6 +170,8 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
             services.finalise_statement(statement, actor=request.user)
         except StatementFinalised as exc:
             raise Conflict(str(exc)) from None
+        except MonthNotEnded as exc:
+            raise exceptions.ValidationError({"period": [str(exc)]}) from None
         return Response(self._detail(statement))
 
     @extend_schema(
@@ -187,7 +203,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
     retrieve=extend_schema(summary="One billing run"),
     create=extend_schema(
         summary="Close a month in the background: meter up to its end, make every project's draft statement",
-        responses={202: serializers.BillingRunSerializer},
+        responses={202: serializers.BillingRunSerializer, 400: OpenApiResponse(description="Bad or unfinished month.")},
     ),
 )
 class BillingRunViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
@@ -200,5 +216,8 @@ class BillingRunViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        run = services.start_close_run(serializer.validated_data["period"], actor=request.user)
+        try:
+            run = services.start_close_run(serializer.validated_data["period"], actor=request.user)
+        except MonthNotEnded as exc:
+            raise exceptions.ValidationError({"period": [str(exc)]}) from None
         return Response(self.get_serializer(run).data, status=status.HTTP_202_ACCEPTED)

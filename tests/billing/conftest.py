@@ -13,7 +13,8 @@ def allocate(db):
     """allocate(project, start, end=None, kind="full", product="H100-80GB", profile="", ...) -> Allocation.
 
     Creates a cluster/node/GPU, an approved request and its pool (one per call unless `pool` is
-    given), and one allocation whose clock runs from `start` to `end`.
+    given), and one allocation whose clock runs from `start` to `end`. The pool's provisioning
+    completed at approval when it is active or released (`provisioned`: a time, or None for never).
     """
     from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
     from pools.models import Allocation, GpuPool, PoolRequest
@@ -35,6 +36,7 @@ def allocate(db):
         request_state="active",
         pool_state="active",
         request_end=None,
+        provisioned="approval",
     ):
         n = next(counter)
         start = at(start) if isinstance(start, str) else start
@@ -57,7 +59,11 @@ def allocate(db):
             pool = GpuPool.objects.create(
                 project=project, request=request, cluster=cluster, name=f"pool-{n}", workload_type="inference"
             )
-            GpuPool.objects.filter(pk=pool.pk).update(state=pool_state)
+            # Provisioning completed at approval unless told otherwise (None: never completed).
+            provisioned_at = start if provisioned == "approval" and pool_state in ("active", "released") else None
+            if isinstance(provisioned, str) and provisioned != "approval":
+                provisioned_at = at(provisioned)
+            GpuPool.objects.filter(pk=pool.pk).update(state=pool_state, provisioned_at=provisioned_at)
         mig = None
         slices = 7
         if kind == "mig":

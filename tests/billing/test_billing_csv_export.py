@@ -13,15 +13,17 @@ pytestmark = pytest.mark.django_db
 
 HEADER = (
     "project,period,statement,state,currency,line_type,pool,kind,product,profile_name,replicas,description,"
-    "hourly_rate,hours,amount,used_amount,idle_amount,unmeasured_amount,sm_activity,energy_kwh,reason"
+    "hourly_rate,hours,amount,used_amount,idle_amount,unmeasured_amount,sm_activity,energy_kwh,reason,usage_period"
 )
 
 
 def test_statement_csv_line_by_line(project, allocate, bob, operator):
     full = allocate(project, "2026-03-10 10:30", "2026-03-10 12:15")
     mig = allocate(project, "2026-03-10 10:00", "2026-03-10 11:00", kind="mig", profile="3g.40gb")
-    failed = allocate(project, "2026-03-10 10:00", "2026-03-10 11:00", request_state="failed", pool_state="failed")
+    failed = allocate(project, "2026-03-10 10:00", "2026-03-10 11:00", request_state="released")
     transition(failed.pool.request, "provisioning", "failed", "2026-03-10 10:05")
+    transition(failed.pool.request, "failed", "provisioning", "2026-03-10 10:35")
+    transition(failed.pool.request, "provisioning", "active", "2026-03-10 10:40")
     services.meter_usage(now=at("2026-03-10 13:00"))
     statement = services.generate_statement(project, month("2026-03"))
     services.add_adjustment(statement, amount=Decimal("-0.50"), reason="Goodwill, ticket 42", actor=operator)
@@ -38,14 +40,14 @@ def test_statement_csv_line_by_line(project, allocate, bob, operator):
     assert rows == [
         HEADER,
         f"team-a,2026-03,{s},draft,EUR,usage,{full.pool.name},full,H100-80GB,,,"
-        f"{full.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.7500,4.38,,,4.38,,,",
+        f"{full.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.7500,4.38,,,4.38,,,,",
         f"team-a,2026-03,{s},draft,EUR,usage,{mig.pool.name},mig,H100-80GB,3g.40gb,,"
-        f"{mig.pool.name}: H100-80GB 3g.40gb @ 1.25/h,1.250000,1.0000,1.25,,,1.25,,,",
+        f"{mig.pool.name}: H100-80GB 3g.40gb @ 1.25/h,1.250000,1.0000,1.25,,,1.25,,,,",
         f"team-a,2026-03,{s},draft,EUR,usage,{failed.pool.name},full,H100-80GB,,,"
-        f"{failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.0000,2.50,,,2.50,,,",
+        f"{failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.0000,2.50,,,2.50,,,,",
         f"team-a,2026-03,{s},draft,EUR,failed_credit,{failed.pool.name},full,H100-80GB,,,"
-        f"Credit (provisioning failed) {failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.0000,-2.50,,,,,,"
-        "provisioning failed",
+        f"Credit (provisioning failed) {failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,0.5000,-1.25,,,,,,"
+        "provisioning failed,",
         f'team-a,2026-03,{s},draft,EUR,adjustment,,,,,,"Adjustment: Goodwill, ticket 42",,0.0000,-0.50,,,,,,'
-        '"Goodwill, ticket 42"',
+        '"Goodwill, ticket 42",',
     ]

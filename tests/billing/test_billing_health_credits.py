@@ -91,12 +91,15 @@ def test_event_recorded_after_metering_is_credited_when_the_statement_is_made(pr
 def test_failed_time_is_not_credited_twice(project, allocate):
     from billing_helpers import transition
 
-    allocation = allocate(project, "2026-03-10 10:00", "2026-03-10 11:00", request_state="failed", pool_state="failed")
+    allocation = allocate(project, "2026-03-10 10:00", "2026-03-10 11:00", request_state="released")
     transition(allocation.pool.request, "provisioning", "failed", "2026-03-10 10:10")
+    transition(allocation.pool.request, "failed", "provisioning", "2026-03-10 10:50")
+    transition(allocation.pool.request, "provisioning", "active", "2026-03-10 10:55")
+    transition(allocation.pool.request, "active", "released", "2026-03-10 11:00")
     _event(allocation.gpu, "2026-03-10 10:00", "2026-03-10 11:00")
 
     services.meter_usage(now=at("2026-03-10 12:00"))
 
     assert list(UsageRecord.objects.values_list("seconds", "failed_credit_seconds", "health_credit_seconds")) == [
-        (3600, 3600, 0)
+        (3600, 2400, 1200)
     ]

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from billing import services
+from billing.models import MonthNotEnded
 from billing.periods import parse_period
 
 
@@ -61,5 +62,8 @@ class Command(BaseCommand):
                 period = parse_period(options["month"])
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
-            statements = services.close_month(period)
+            try:
+                statements = services.close_month(period)
+            except MonthNotEnded as exc:
+                raise CommandError(str(exc)) from None
             self.stdout.write(f"{len(statements)} statement(s) for {period:%Y-%m}")
