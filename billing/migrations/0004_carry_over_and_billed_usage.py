@@ -28,7 +28,7 @@ def stamp_finalised_usage(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("billing", "0002_default_card_and_finalised_triggers"),
+        ("billing", "0003_operator_permissions"),
         ("pools", "0002_pool_provisioning_and_expiry"),
     ]
 
