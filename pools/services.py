@@ -409,7 +409,7 @@ def sweep_provisioning(*, now: dt.datetime | None = None, limit: int = 500) -> l
     )[:limit]:
         with transaction.atomic():
             if not GpuPool.objects.filter(pk=pk, state=PoolState.PROVISIONING, lease_expires_at=lease).update(
-                claimed_by="", lease_expires_at=lease_until()
+                claimed_by="", lease_expires_at=lease_until(now)
             ):
                 continue  # provisioned, failed or swept meanwhile
             why = f"worker lost (claim {claimed_by} expired)" if claimed_by else "not picked up (message lost)"
