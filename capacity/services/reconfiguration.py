@@ -1078,7 +1078,7 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
             # Stamping updated_at claims the re-send and spaces the next one by idle_s().
             if MigReconfiguration.objects.filter(
                 pk=reconf.pk, state=reconf.state, step=reconf.step, updated_at=reconf.updated_at
-            ).update(updated_at=timezone.now()):
+            ).update(updated_at=now):
                 enqueue(reconf, reconf.step)
                 requeued += 1
     if stale or requeued:

@@ -86,9 +86,10 @@ def test_a_dead_workers_claim_is_taken_over_after_its_lease(
         request=pool.request, reason="provisioning re-queued: worker lost (claim dead-worker expired)"
     ).exists()
     with kube_for(sim.clusters["prod"]) as kube:
-        assert kube.get_resource_quota("team-a", f"gpuaas-{pool.pk}")["spec"]["hard"][
-            "requests.nvidia.com/mig-3g.40gb"
-        ] == "2"
+        assert (
+            kube.get_resource_quota("team-a", f"gpuaas-{pool.pk}")["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"]
+            == "2"
+        )
 
 
 def test_the_sweep_leaves_active_failed_and_released_pools_alone(
