@@ -1,6 +1,6 @@
 """The fault suite: real Celery worker processes that SIGKILL themselves at a chosen step.
 
-A worker runs as a subprocess (`celery worker -P solo`, so the task runs in the process that dies)
+Workers run as subprocesses (`celery worker -P solo`, so the task runs in the process that dies)
 against the test database and Redis, with GPUAAS_CRASH_AT naming crash points (gpuaas.leases.
 crash_point) and a marker directory so each point fires once. `drive()` replaces a dead worker with
 a fresh one and runs the sweeps, as beat would, until the workflow is done or the deadline passes.
@@ -45,9 +45,10 @@ def purge(queues: list[str]) -> None:
 
 
 class Workers:
-    """Starts one worker at a time; a worker that died (crash point) is replaced by a fresh one."""
+    """Keeps `alive` workers running (a standby saves a start-up per kill); a dead one is replaced."""
 
-    def __init__(self, tmp_path: Path, queues: list[str], crash_at: list[str]):
+    def __init__(self, tmp_path: Path, queues: list[str], crash_at: list[str], alive: int = 2):
+        self.alive = alive
         self.queues = queues
         self.crash_at = crash_at
         self.markers = tmp_path / "crashed"
@@ -66,12 +67,8 @@ class Workers:
             "GPUAAS_CRASH_MARKER_DIR": str(self.markers),
         }
 
-    @property
-    def current(self) -> subprocess.Popen | None:
-        return self.started[-1] if self.started else None
-
     def ensure_running(self) -> None:
-        if self.current is None or self.current.poll() is not None:
+        while sum(p.poll() is None for p in self.started) < self.alive:
             n = len(self.started)
             log = open(self.logs / f"worker-{n}.log", "wb")  # noqa: SIM115 - closed with the process
             self.started.append(
