@@ -72,6 +72,9 @@ def sweep(*, now: datetime | None = None) -> dict[str, int]:
 
     now = now or timezone.now()
     sent = {"metering": 0, "closes": 0}
+    from .services import watermark
+
+    watermark()  # a fresh installation has no row until metering first runs
     mark = MeteringWatermark.objects.filter(pk=1).values("metered_until", "claimed_by", "lease_expires_at").first()
     lease_free = mark is not None and (mark["lease_expires_at"] is None or mark["lease_expires_at"] < now)
     if lease_free and mark["metered_until"] + HOUR <= floor_hour(now):

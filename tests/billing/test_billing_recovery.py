@@ -68,15 +68,15 @@ def test_a_close_whose_worker_died_is_re_sent_and_finished_once(project, allocat
     BillingRun.objects.filter(pk=run.pk).update(claimed_by="live", lease_expires_at=now + timedelta(seconds=10))
 
     # While its worker heart-beats, nobody else closes the month.
-    assert recovery.sweep(now=now) == {"metering": 0, "closes": 0}
+    assert recovery.sweep(now=now)["closes"] == 0
     assert tasks.close_month_task.run(run_id=run.pk) == 0
     assert Statement.objects.count() == 0
 
     # The worker died: 11 s later its lease has lapsed and the close is sent again, once.
     later = now + timedelta(seconds=11)
-    assert recovery.sweep(now=later) == {"metering": 0, "closes": 1}
-    assert recovery.sweep(now=later) == {"metering": 0, "closes": 0}
-    assert sent == [("close", {"kwargs": {"run_id": run.pk}, "expires": 24 * 3600})]
+    assert recovery.sweep(now=later)["closes"] == 1
+    assert recovery.sweep(now=later)["closes"] == 0
+    assert [s for s in sent if s[0] == "close"] == [("close", {"kwargs": {"run_id": run.pk}, "expires": 24 * 3600})]
     assert tasks.close_month_task.run(run_id=run.pk) == 1
     assert tasks.close_month_task.run(run_id=run.pk) == 0
     run.refresh_from_db()
