@@ -107,3 +107,45 @@ def test_the_sweep_leaves_active_failed_and_released_pools_alone(
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert sweep_provisioning_task() == 0
     assert callbacks == []
+
+
+def test_beat_runs_the_provisioning_sweep_and_the_reconcile(settings):
+    schedule = settings.CELERY_BEAT_SCHEDULE
+    assert schedule["pools-sweep-provisioning"] == {
+        "task": "pools.tasks.sweep_provisioning_task",
+        "schedule": timedelta(seconds=settings.WORKFLOW_SWEEP_S),
+        "options": {"expires": settings.WORKFLOW_SWEEP_S},
+    }
+    assert schedule["pools-reconcile"]["task"] == "pools.tasks.reconcile_pools_task"
+    assert settings.WORKFLOW_LEASE_S + settings.WORKFLOW_SWEEP_S < 60
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_renews_only_its_own_claim(fleet, project, settings):
+    """While the body runs the lease moves forward; a claim taken over by another run is not renewed."""
+    import time
+
+    from gpuaas.leases import Heartbeat
+    from pools.models import PoolRequest
+
+    settings.WORKFLOW_LEASE_S = 2
+    cluster = fleet.cluster("c1")
+    request = PoolRequest.objects.create(project=project, product="H100-80GB", count=1)
+    pool = GpuPool.objects.create(
+        project=project, request=request, cluster=cluster, name="p", workload_type="inference"
+    )
+    assert services.claim_provisioning(pool, token="mine")
+    first = GpuPool.objects.values_list("lease_expires_at", flat=True).get(pk=pool.pk)
+
+    with Heartbeat(GpuPool.objects.filter(pk=pool.pk, claimed_by="mine")):
+        deadline = time.monotonic() + 30
+        while GpuPool.objects.values_list("lease_expires_at", flat=True).get(pk=pool.pk) == first:
+            assert time.monotonic() < deadline, "no heartbeat"
+            time.sleep(0.1)
+    assert GpuPool.objects.get(pk=pool.pk).lease_expires_at > first
+
+    GpuPool.objects.filter(pk=pool.pk).update(claimed_by="other", lease_expires_at=first)
+    with Heartbeat(GpuPool.objects.filter(pk=pool.pk, claimed_by="mine")):
+        time.sleep(1.5)  # two beats' worth
+    assert GpuPool.objects.values_list("claimed_by", "lease_expires_at").get(pk=pool.pk) == ("other", first)
