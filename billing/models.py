@@ -135,6 +135,10 @@ class MeteringWatermark(models.Model):
         null=True, blank=True, help_text="Hours before this had monitoring's final rollups applied (showback)."
     )
     updated_at = models.DateTimeField(auto_now=True)
+    claimed_by = models.CharField(max_length=64, blank=True, help_text="The metering run holding the lease.")
+    lease_expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="A metering run's lease: billing.recovery.sweep() re-enqueues after it."
+    )
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(id=1), name="billing_meteringwatermark_singleton")]
@@ -426,6 +430,10 @@ class BillingRun(models.Model):
     )
     error = models.TextField(blank=True)
     task_id = models.CharField(max_length=64, blank=True)
+    claimed_by = models.CharField(max_length=64, blank=True, help_text="The worker's task running this close.")
+    lease_expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="A running close's lease: billing.recovery.sweep() re-enqueues after it."
+    )
 
     class Meta:
         ordering = ["-started_at", "-id"]

@@ -47,6 +47,7 @@ from django.db.models.functions import Coalesce, TruncMonth
 from django.utils import timezone
 
 from capacity.choices import SpecKind
+from gpuaas.leases import crash_point
 from pools.choices import PoolState, RequestState
 from pools.models import Allocation, GpuPool, PoolRequestTransition, Project
 
@@ -681,6 +682,7 @@ def meter_usage(*, now: datetime | None = None, until: datetime | None = None) -
             if claimed != 1:
                 continue
             result.records += meter_hour(current, book=book)
+            crash_point("metering.hour")  # fault suite: rows inserted, the hour's transaction not committed
         result.hours += 1
         result.hours_done.append(current)
     if result.hours:
@@ -1146,7 +1148,9 @@ def close_month(period: date, *, run: BillingRun | None = None, now: datetime | 
     try:
         ensure_month_ended(period, now=now)
         meter_usage(until=end)
+        crash_point("close.metered")  # fault suite: metered up to the month's end, no statements yet
         statements = generate_statements(period)
+        crash_point("close.statements")  # fault suite: statements written, run not marked succeeded
     except Exception as exc:
         if run is not None:
             BillingRun.objects.filter(pk=run.pk).update(

@@ -699,9 +699,11 @@ class MigReconfigurationQuerySet(models.QuerySet):
         """Reconfigurations that still hold their node (failed ones too: the node stays cordoned)."""
         return self.filter(state__in=self.OPEN_STATES)
 
-    def stale(self, claimed_before):
-        """Running steps whose worker has held the claim since before `claimed_before` (it died)."""
-        return self.filter(state=ReconfigurationState.RUNNING, claimed_at__lt=claimed_before)
+    def stale(self, now):
+        """Running steps whose claim's lease ran out by `now`: their worker died (no heartbeat)."""
+        return self.filter(state=ReconfigurationState.RUNNING).filter(
+            models.Q(lease_expires_at__lt=now) | models.Q(lease_expires_at__isnull=True)
+        )
 
 
 # Forcing a reconfiguration outside the node's maintenance windows (API, admin form, rebalance page).
@@ -738,6 +740,12 @@ class MigReconfiguration(models.Model):
     )
     claim_token = models.CharField(max_length=64, blank=True, editable=False)
     claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The running step's claim lapses then unless its worker renews it.",
+    )
     step_deadline = models.DateTimeField(null=True, blank=True, editable=False)
     was_cordoned = models.BooleanField(null=True, editable=False, help_text="Cordoned before we started.")
     planned_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -112,7 +112,7 @@ def enqueue_reconfiguration_step(
 
 @shared_task(acks_late=True)
 def sweep_reconfigurations_task() -> dict:
-    """Beat: give steps of dead workers back (claims older than the hard time limit) and re-send lost ones."""
+    """Beat: give steps of dead workers back (claims whose lease ran out) and re-send lost ones."""
     from capacity.services.reconfiguration import sweep
 
     return sweep()

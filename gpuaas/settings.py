@@ -313,11 +313,21 @@ def every(seconds: int, task: str) -> dict:
     return {"task": task, "schedule": timedelta(seconds=seconds), "options": {"expires": seconds}}
 
 
+# --- Recovery of long operations (gpuaas/leases.py; docs/reliability.md) -----------------------
+# A claimed workflow step holds a lease that its worker renews every third of it; once a lease runs
+# out (worker SIGKILLed, message lost), the next sweep re-enqueues the work. Recovery takes at most
+# WORKFLOW_LEASE_S + WORKFLOW_SWEEP_S: keep the sum under a minute.
+WORKFLOW_LEASE_S = env_int("WORKFLOW_LEASE_S", 20, minimum=2)
+WORKFLOW_SWEEP_S = env_int("WORKFLOW_SWEEP_S", 30, minimum=1)
+# Level-triggered reconcile of every provisioned pool's Kubernetes objects (quota, labels, namespace).
+POOL_RECONCILE_INTERVAL_S = env_int("POOL_RECONCILE_INTERVAL_S", 60, minimum=1)
+
 # Static beat schedule; `expires` equals the period so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
     "discover-all-clusters": every(DISCOVERY_INTERVAL_S, "capacity.tasks.discover_all_task"),
     # --- billing: meter every complete hour (a no-op until one ends); close last month on the 1st.
     "billing-meter-usage": every(BILLING_METER_INTERVAL_S, "billing.tasks.meter_usage_task"),
+    "billing-sweep": every(WORKFLOW_SWEEP_S, "billing.tasks.sweep_billing_task"),
     "billing-close-month": {
         "task": "billing.tasks.close_month_task",
         "schedule": crontab(minute=30, hour=0, day_of_month=1),
@@ -332,6 +342,8 @@ POOL_EXPIRY_INTERVAL_S = env_int("POOL_EXPIRY_INTERVAL_S", 60, minimum=5)
 CELERY_BEAT_SCHEDULE.update(
     {
         "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
+        "pools-sweep-provisioning": every(WORKFLOW_SWEEP_S, "pools.tasks.sweep_provisioning_task"),
+        "pools-reconcile": every(POOL_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_pools_task"),
     }
 )
 # One OpenAPI enum per choice set of the pools API, whatever the field is called.
@@ -408,7 +420,7 @@ if MIG_RECONFIG_POLL_S * 10 > CELERY_LONGEST_TASK_S:
 MIG_DRAIN_TIMEOUT_S = env_int("MIG_DRAIN_TIMEOUT_S", 900, minimum=10)
 MIG_APPLY_TIMEOUT_S = env_int("MIG_APPLY_TIMEOUT_S", 1200, minimum=10)
 MIG_VERIFY_TIMEOUT_S = env_int("MIG_VERIFY_TIMEOUT_S", 300, minimum=10)
-MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", 60, minimum=10)
+MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", WORKFLOW_SWEEP_S, minimum=1)
 CELERY_BEAT_SCHEDULE.update(
     {
         "capacity-sweep-reconfigurations": every(MIG_RECONFIG_SWEEP_S, "capacity.tasks.sweep_reconfigurations_task"),

@@ -288,6 +288,18 @@ class GpuPool(models.Model):
     task_id = models.CharField(max_length=64, blank=True, editable=False)
     last_attempt_at = models.DateTimeField(null=True, blank=True, editable=False)
     provisioned_at = models.DateTimeField(null=True, blank=True, editable=False)
+    claimed_by = models.CharField(
+        max_length=64, blank=True, editable=False, help_text="The provisioning run holding the pool (task id)."
+    )
+    lease_expires_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="While provisioning: the sweep re-enqueues the pool once this passes (worker died, message lost).",
+    )
+    reconciled_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="Last time the periodic reconcile checked the cluster."
+    )
     deprovisioned_at = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="When quota and node labels were removed after release."
     )

@@ -22,18 +22,20 @@ left with no unit of the project lose the project label; the namespace itself st
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from django.db.models import Q
 from django.utils import timezone
 
-from capacity.adapters.kubernetes import KubernetesClient, KubernetesError, NotFound
+from capacity.adapters.kubernetes import NODE_SELECTOR_ANNOTATION, KubernetesClient, KubernetesError, Node, NotFound
 from capacity.models import Cluster, SpecAndCount
+from gpuaas.leases import Heartbeat, crash_point
 
 from . import services
 from .choices import PoolState
-from .models import LABEL_PREFIX, Allocation, GpuPool, Project
+from .models import LABEL_PREFIX, Allocation, GpuPool, PoolRequestTransition, Project
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +117,7 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
         kube.ensure_namespace(desired.namespace, labels=MANAGED_BY, node_selector=desired.node_selector)
         for name, hard in desired.quotas.items():
             kube.apply_resource_quota(desired.namespace, name, hard, labels=MANAGED_BY)
+        crash_point("provisioning.quotas")  # fault suite: quotas written, node labels not yet
         for name in desired.stale_quotas:
             try:
                 kube.delete_resource_quota(desired.namespace, name)
@@ -137,15 +140,23 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
 def provision_pool(pool: GpuPool, *, task_id: str = "", client_factory=KubernetesClient.for_cluster) -> str:
     """Provision one pool (idempotent): reconcile its project on its cluster, then mark it active.
 
-    Returns the pool's state afterwards. A pool not in provisioning is left alone. A Kubernetes error
-    marks the pool and its request failed with the error as reason (retry: services.retry_provisioning).
-    If the pool was released while this ran, reconciling again removes what this run wrote.
+    Returns the pool's state afterwards. A pool not in provisioning, or claimed by another live run,
+    is left alone. The claim (services.claim_provisioning) holds a lease that a heartbeat renews while
+    Kubernetes is written; if this worker dies, services.sweep_provisioning() re-enqueues the pool once
+    the lease runs out, and the next run re-applies everything (reconcile is idempotent).
+    A Kubernetes error marks the pool and its request failed with the error as reason (retry:
+    services.retry_provisioning). If the pool was released while this ran, reconciling again removes
+    what this run wrote.
     """
-    if not services.bump_attempts(pool, task_id=task_id):
+    token = task_id or f"local-{uuid.uuid4()}"
+    if not services.claim_provisioning(pool, token=token, task_id=task_id):
         pool.refresh_from_db(fields=["state"])
         return pool.state
+    crash_point("provisioning.claimed")
     try:
-        reconcile(pool.project, pool.cluster, client_factory=client_factory)
+        with Heartbeat(GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING, claimed_by=token[:64])):
+            reconcile(pool.project, pool.cluster, client_factory=client_factory)
+        crash_point("provisioning.reconciled")
     except KubernetesError as exc:
         logger.warning("provisioning pool %s failed: %s", pool.pk, exc)
         services.mark_failed(pool, f"Kubernetes: {exc}")
@@ -169,3 +180,114 @@ def deprovision_pool(pool: GpuPool, *, client_factory=KubernetesClient.for_clust
         GpuPool.objects.filter(pk=pool.pk).update(state_reason=f"clean-up failed, will retry: {exc}"[:2000])
         return False
     return True
+
+
+# --- Level-triggered reconcile of provisioned pools ----------------------------------------------
+
+
+def repair_drift(project: Project, cluster: Cluster, kube: KubernetesClient, nodes: dict[str, Node]) -> list[str]:
+    """Compare what the cluster holds for `project` with the database and re-apply only what drifted.
+
+    Reads the namespace and each held pool's quota (`nodes` is the cluster's node list, read once by
+    the caller); writes nothing when nothing drifted. Returns one line per repair. Clean-up of
+    released pools stays with deprovisioning (the label removals it would do are checked here too).
+    """
+    desired = desired_state(project, cluster)
+    repairs: list[str] = []
+    try:
+        meta = kube.get_namespace(desired.namespace).get("metadata") or {}
+    except NotFound:
+        meta = None
+    if meta is None:
+        kube.ensure_namespace(desired.namespace, labels=MANAGED_BY, node_selector=desired.node_selector)
+        repairs.append(f"namespace {desired.namespace} recreated")
+    elif (meta.get("annotations") or {}).get(NODE_SELECTOR_ANNOTATION) != desired.node_selector or any(
+        (meta.get("labels") or {}).get(k) != v for k, v in MANAGED_BY.items()
+    ):
+        kube.patch_namespace(desired.namespace, labels=MANAGED_BY, node_selector=desired.node_selector)
+        repairs.append(f"namespace {desired.namespace}: node selector and labels restored")
+    rewritten: list[str] = []
+    for name, hard in desired.quotas.items():
+        try:
+            current = (kube.get_resource_quota(desired.namespace, name).get("spec") or {}).get("hard") or {}
+        except NotFound:
+            current = None
+        if current != hard:
+            kube.apply_resource_quota(desired.namespace, name, hard, labels=MANAGED_BY)
+            rewritten.append(name)
+            repairs.append(f"quota {desired.namespace}/{name} " + ("recreated" if current is None else "restored"))
+    for node, labels in sorted(desired.node_labels.items()):
+        have = nodes.get(node)
+        if have is None:
+            continue  # a vanished node: discovery reports it, there is nothing to label
+        wrong = {key: value for key, value in labels.items() if have.labels.get(key) != value}
+        if wrong:
+            kube.patch_node_labels(node, wrong)
+            repairs.append(f"node {node}: labels {', '.join(sorted(wrong))} restored")
+    # A pool released while this ran must not keep the quota just rewritten for it.
+    released = GpuPool.objects.filter(
+        pk__in=[int(n.removeprefix("gpuaas-")) for n in rewritten], released_at__isnull=False
+    ).values_list("pk", flat=True)
+    for pk in released:
+        try:
+            kube.delete_resource_quota(desired.namespace, f"gpuaas-{pk}")
+        except NotFound:
+            pass
+    return repairs
+
+
+def reconcile_provisioned(*, client_factory=KubernetesClient.for_cluster) -> dict[str, int]:
+    """Beat (every POOL_RECONCILE_INTERVAL_S): re-apply whatever drifted for every active pool.
+
+    Level-triggered: after a restart, a deleted quota, a node re-registered without its labels or a
+    namespace annotation edited by hand is put back within one period. Per cluster one node list,
+    per project one namespace read and one read per held pool's quota; writes only on drift. Each
+    repair is logged and written to the audit trail of the project's active requests on that
+    cluster. A failing cluster is logged and skipped. Returns counts.
+    """
+    pairs = sorted(
+        set(
+            GpuPool.objects.filter(state=PoolState.ACTIVE, released_at__isnull=True).values_list(
+                "cluster_id", "project_id"
+            )
+        )
+    )
+    result = {"clusters": 0, "projects": 0, "repaired": 0, "errors": 0}
+    by_cluster: dict[int, list[int]] = defaultdict(list)
+    for cluster_id, project_id in pairs:
+        by_cluster[cluster_id].append(project_id)
+    clusters = Cluster.objects.in_bulk(list(by_cluster))
+    projects = Project.objects.in_bulk([p for _, p in pairs])
+    for cluster_id, project_ids in by_cluster.items():
+        cluster = clusters[cluster_id]
+        try:
+            with client_factory(cluster) as kube:
+                nodes = {n.name: n for n in kube.list_nodes()}
+                for project_id in project_ids:
+                    repairs = repair_drift(projects[project_id], cluster, kube, nodes)
+                    result["projects"] += 1
+                    if repairs:
+                        _record_repairs(projects[project_id], cluster, repairs)
+                        result["repaired"] += len(repairs)
+        except KubernetesError as exc:
+            logger.warning("reconcile of cluster %s failed: %s", cluster.name, exc)
+            result["errors"] += 1
+            continue
+        GpuPool.objects.filter(cluster=cluster, state=PoolState.ACTIVE, released_at__isnull=True).update(
+            reconciled_at=timezone.now()
+        )
+        result["clusters"] += 1
+    return result
+
+
+def _record_repairs(project: Project, cluster: Cluster, repairs: list[str]) -> None:
+    now = timezone.now()
+    reason = "reconcile repaired drift: " + "; ".join(repairs)
+    logger.warning("project %s on cluster %s: %s", project.slug, cluster.name, reason)
+    request_ids = GpuPool.objects.filter(
+        project=project, cluster=cluster, state=PoolState.ACTIVE, released_at__isnull=True
+    ).values_list("request_id", flat=True)
+    PoolRequestTransition.objects.bulk_create(
+        PoolRequestTransition(request_id=rid, from_state="active", to_state="active", reason=reason[:4000], at=now)
+        for rid in request_ids
+    )

@@ -16,10 +16,11 @@ import logging
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
+from gpuaas.leases import lease_until
 
 from . import specs, units
 from .choices import PoolState, RequestState
@@ -220,8 +221,13 @@ def _user(actor):
 
 
 def enqueue_provisioning(pool: GpuPool) -> None:
+    """Enqueue provisioning on commit, with a lease: if no worker claims the pool before the lease
+    runs out (message lost, worker dead), sweep_provisioning() enqueues it again."""
     from .tasks import provision_pool_task
 
+    GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING).update(
+        claimed_by="", lease_expires_at=lease_until()
+    )
     provision_pool_task.delay_on_commit(pool.pk)
 
 
@@ -240,7 +246,7 @@ def mark_provisioned(pool: GpuPool) -> bool:
         now = timezone.now()
         if (
             GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING).update(
-                state=PoolState.ACTIVE, state_reason="", provisioned_at=now
+                state=PoolState.ACTIVE, state_reason="", provisioned_at=now, claimed_by="", lease_expires_at=None
             )
             != 1
         ):
@@ -257,7 +263,7 @@ def mark_failed(pool: GpuPool, reason: str) -> bool:
     with transaction.atomic():
         if (
             GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING).update(
-                state=PoolState.FAILED, state_reason=reason
+                state=PoolState.FAILED, state_reason=reason, claimed_by="", lease_expires_at=None
             )
             != 1
         ):
@@ -364,11 +370,59 @@ def revoke_token(token: ApiToken) -> bool:
     return ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
 
 
-def bump_attempts(pool: GpuPool, *, task_id: str = "") -> bool:
-    """Record a provisioning attempt on a pool still provisioning; False when there is nothing to do."""
+def claim_provisioning(pool: GpuPool, *, token: str, task_id: str = "") -> bool:
+    """Claim a provisioning pool for the run `token` and record the attempt; False when another live
+    run holds it or it is no longer provisioning (nothing to do).
+
+    One conditional UPDATE: the pool must be provisioning and unclaimed, already ours (a redelivered
+    task), or held by a run whose lease ran out (its worker died). The claim holds a lease of
+    WORKFLOW_LEASE_S that the running worker renews (gpuaas.leases.Heartbeat).
+    """
+    now = timezone.now()
+    free = Q(claimed_by="") | Q(claimed_by=token) | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
     return (
-        GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING).update(
-            attempts=F("attempts") + 1, last_attempt_at=timezone.now(), task_id=task_id[:64]
+        GpuPool.objects.filter(free, pk=pool.pk, state=PoolState.PROVISIONING).update(
+            claimed_by=token[:64],
+            lease_expires_at=lease_until(now),
+            attempts=F("attempts") + 1,
+            last_attempt_at=now,
+            task_id=task_id[:64],
         )
         == 1
     )
+
+
+def sweep_provisioning(*, now: dt.datetime | None = None, limit: int = 500) -> list[int]:
+    """Re-enqueue provisioning whose lease ran out: its worker died mid-run or its message was lost.
+
+    Beat, every WORKFLOW_SWEEP_S. Each re-send is claimed with a conditional UPDATE on the lease
+    it read (a new lease, claim cleared), so two concurrent sweeps never both re-send a pool, and
+    written to the request's audit trail. Never relies on the broker's redelivery. Returns the pool ids.
+    """
+    now = now or timezone.now()
+    swept = []
+    expired = GpuPool.objects.filter(state=PoolState.PROVISIONING).filter(
+        Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
+    )
+    for pk, request_id, claimed_by, lease in expired.order_by("pk").values_list(
+        "pk", "request_id", "claimed_by", "lease_expires_at"
+    )[:limit]:
+        with transaction.atomic():
+            if not GpuPool.objects.filter(pk=pk, state=PoolState.PROVISIONING, lease_expires_at=lease).update(
+                claimed_by="", lease_expires_at=lease_until(now)
+            ):
+                continue  # provisioned, failed or swept meanwhile
+            why = f"worker lost (claim {claimed_by} expired)" if claimed_by else "not picked up (message lost)"
+            PoolRequestTransition.objects.create(
+                request_id=request_id,
+                from_state=S.PROVISIONING,
+                to_state=S.PROVISIONING,
+                reason=f"provisioning re-queued: {why}",
+                at=now,
+            )
+            from .tasks import provision_pool_task
+
+            provision_pool_task.delay_on_commit(pk)
+        logger.warning("pool %s: provisioning re-queued, %s", pk, why)
+        swept.append(pk)
+    return swept

@@ -44,3 +44,19 @@ def expire_requests_task() -> dict[str, int]:
         deprovision_pool_task.delay(pool_id)
     result["cleanups_enqueued"] = len(stale)
     return result
+
+
+@shared_task(acks_late=True)
+def sweep_provisioning_task() -> int:
+    """Beat (every WORKFLOW_SWEEP_S): re-enqueue provisioning whose lease ran out (worker died, message lost)."""
+    from .services import sweep_provisioning
+
+    return len(sweep_provisioning())
+
+
+@shared_task(acks_late=True)
+def reconcile_pools_task() -> dict[str, int]:
+    """Beat (every POOL_RECONCILE_INTERVAL_S): re-apply quotas, labels and namespaces that drifted."""
+    from .provisioning import reconcile_provisioned
+
+    return reconcile_provisioned()

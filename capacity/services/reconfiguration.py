@@ -26,9 +26,12 @@ Claiming: a step runs only after `UPDATE ... SET state='running', claim_token=<t
 step=<step> AND (state IN ('pending','waiting') OR (state='running' AND claim_token=<task id>))`
 touched one row. A redelivered task (same id, after a worker died: acks_late) re-claims its own step
 and carries on; every step is re-entrant (apply looks at what is already there, cordon and label
-writes are idempotent). A step whose claim outlives the hard task time limit belongs to a dead worker:
-sweep() puts it back to pending. Waiting steps never sleep: they return Wait and are re-enqueued
-with a countdown (MIG_RECONFIG_POLL_S, far below the broker's visibility timeout) until their deadline.
+writes are idempotent). The claim carries a lease (lease_expires_at, WORKFLOW_LEASE_S) that a
+heartbeat thread renews while the step runs (gpuaas.leases.Heartbeat); a running step whose lease
+ran out belongs to a dead worker, and sweep() (beat, every MIG_RECONFIG_SWEEP_S) puts it back to
+pending and re-sends it, without waiting for the broker's redelivery. Waiting steps never sleep:
+they return Wait and are re-enqueued with a countdown (MIG_RECONFIG_POLL_S, far below the broker's
+visibility timeout) until their deadline.
 
 Failure: any error stops the reconfiguration in state failed at that step, with the error stored
 and the node left as it is (cordoned once cordon ran). resume() re-runs the failed step; rollback()
@@ -67,6 +70,7 @@ from capacity.models import (
     NodeCapacity,
     WorkloadProfile,
 )
+from gpuaas.leases import Heartbeat, crash_point, lease_s, lease_until
 
 from . import mig_configs
 
@@ -93,9 +97,9 @@ def step_timeout_s(step: str) -> int | None:
     }.get(step)
 
 
-def stale_claim_s() -> int:
-    """A running claim older than the hard task time limit (plus a margin) belongs to a dead worker."""
-    return int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 1800)) + 60
+def idle_s() -> int:
+    """A pending or waiting step nobody touched for this long lost its message: sweep() re-sends it."""
+    return lease_s() + poll_interval_s()
 
 
 # --- Errors and step results -----------------------------------------------------------------
@@ -601,8 +605,12 @@ def cancel(reconf: MigReconfiguration, *, actor=None) -> MigReconfiguration:
 
 
 def _stamp(**fields) -> dict:
-    """UPDATE ... SET fields plus updated_at (QuerySet.update() skips auto_now; sweep() reads it)."""
+    """UPDATE ... SET fields plus updated_at (QuerySet.update() skips auto_now; sweep() reads it).
+
+    Giving up the claim (claim_token="") ends its lease too."""
     fields["updated_at"] = timezone.now()
+    if fields.get("claim_token") == "":
+        fields["lease_expires_at"] = None
     return fields
 
 
@@ -635,7 +643,9 @@ def run_step(reconf_id: int, step: str, *, token: str, now: datetime | None = No
     else:
         return "stale"
     claimed = MigReconfiguration.objects.filter(condition, pk=reconf_id, step=step).update(
-        **_stamp(state=State.RUNNING, claim_token=token, claimed_at=now, task_id=token[:64])
+        **_stamp(
+            state=State.RUNNING, claim_token=token, claimed_at=now, task_id=token[:64], lease_expires_at=lease_until()
+        )
     )
     if claimed != 1:
         return "busy"
@@ -651,7 +661,9 @@ def run_step(reconf_id: int, step: str, *, token: str, now: datetime | None = No
         audit(reconf, step, Event.INFO, "re-entered after an interrupted run (task redelivered)", task_id=token)
 
     try:
-        result = STEPS[step](reconf, now)
+        with Heartbeat(_owned(reconf, step, token)):
+            result = STEPS[step](reconf, now)
+        crash_point(f"reconfiguration.{step}")  # fault suite: the step's work is done, not yet recorded
     except ReconfigurationError as exc:
         return _fail(reconf, step, token, str(exc), exc.detail)
     except kube.NotFound as exc:
@@ -1033,15 +1045,15 @@ STEPS: dict[str, Callable[[MigReconfiguration, datetime], Advance | Wait]] = {
 
 
 def sweep(now: datetime | None = None) -> dict[str, int]:
-    """Recover lost work (beat, every minute): running claims older than the hard time limit belong
-    to dead workers and go back to pending; pending/waiting steps whose message was lost (nothing
-    updated them for several poll intervals) are enqueued again. Duplicates are harmless: the claim
-    lets one through."""
+    """Recover lost work (beat, every MIG_RECONFIG_SWEEP_S): a running step whose lease ran out
+    belongs to a dead worker and goes back to pending; a pending or waiting step nobody touched for
+    idle_s() (its message was lost, or its worker died before claiming) is enqueued again. Each
+    recovery is claimed with a conditional UPDATE (two sweeps never both re-send a step), and a
+    duplicate message is harmless anyway: the step's claim lets one through.
+    Recovery takes at most WORKFLOW_LEASE_S + MIG_RECONFIG_SWEEP_S after the worker's last heartbeat."""
     now = now or timezone.now()
     stale = 0
-    for reconf in MigReconfiguration.objects.stale(now - timedelta(seconds=stale_claim_s())).select_related(
-        "cluster", "node"
-    ):
+    for reconf in MigReconfiguration.objects.stale(now).select_related("cluster", "node"):
         with transaction.atomic():
             if (
                 MigReconfiguration.objects.filter(
@@ -1057,12 +1069,20 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
                 )
                 enqueue(reconf, reconf.step)
                 stale += 1
-    idle_before = now - timedelta(seconds=max(60, 6 * poll_interval_s()))
+    idle_before = now - timedelta(seconds=idle_s())
     requeued = 0
     for reconf in MigReconfiguration.objects.filter(
         state__in=[State.PENDING, State.WAITING], updated_at__lt=idle_before
     ).select_related("cluster", "node"):
         with transaction.atomic():
-            enqueue(reconf, reconf.step)
-            requeued += 1
+            # Stamping updated_at claims the re-send and spaces the next one by idle_s().
+            if MigReconfiguration.objects.filter(
+                pk=reconf.pk, state=reconf.state, step=reconf.step, updated_at=reconf.updated_at
+            ).update(updated_at=now):
+                enqueue(reconf, reconf.step)
+                requeued += 1
+    if stale or requeued:
+        logger.info(
+            "reconfiguration sweep: %d dead workers' steps re-queued, %d lost messages re-sent", stale, requeued
+        )
     return {"stale_claims": stale, "requeued": requeued}
