@@ -151,7 +151,7 @@ REST_FRAMEWORK = {
         "anon": env_str("API_THROTTLE_ANON", "60/minute"),
         "user": env_str("API_THROTTLE_USER", "6000/minute"),
     },
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "gpuaas.schema.ApiAutoSchema",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 SPECTACULAR_SETTINGS = {

@@ -18,6 +18,7 @@ from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
+from capacity.api.strict import reject_body
 from gpuaas.api import ProjectScopedQuerysetMixin
 from pools.roles import is_operator
 
@@ -44,8 +45,10 @@ FMT = OpenApiParameter(
     "fmt", str, OpenApiParameter.QUERY, enum=["csv", "json"], default="csv", description="Export format."
 )
 EXPORT_RESPONSES = {
-    (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="One row per statement line."),
-    (200, "application/json"): OpenApiResponse(OpenApiTypes.OBJECT, description="Statements with totals and lines."),
+    (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="One row per line (fmt=csv, the default)."),
+    (200, "application/json"): OpenApiResponse(
+        serializers.ExportStatementSerializer(many=True), description="Statements with totals and lines (fmt=json)."
+    ),
 }
 
 
@@ -123,7 +126,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
         return export_response(statements, request.query_params.get("fmt", "csv"))
 
     @extend_schema(summary="Export one statement as CSV or JSON", parameters=[FMT], responses=EXPORT_RESPONSES)
-    @action(detail=True, methods=["get"], url_path="download", filterset_class=None)
+    @action(detail=True, methods=["get"], url_path="download", filterset_class=None, pagination_class=None)
     def download(self, request, pk=None):
         statement = self.get_object()
         return export_response(
@@ -155,6 +158,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
     @action(detail=True, methods=["post"], permission_classes=[IsOperator], filterset_class=None)
     def finalise(self, request, pk=None):
         statement = self.get_object()
+        reject_body(request)
         try:
             services.finalise_statement(statement, actor=request.user)
         except StatementFinalised as exc:

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from django.db import transaction
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from capacity.api.strict import StrictModelSerializer, StrictSerializer, reject_body
 from capacity.choices import ReconfigurationBackend
 from capacity.models import (
     Cluster,
@@ -67,7 +74,7 @@ def _model_errors(instance) -> None:
 # --- Layouts ------------------------------------------------------------------------------------
 
 
-class MigLayoutSerializer(serializers.ModelSerializer):
+class MigLayoutSerializer(StrictModelSerializer):
     config_name = serializers.CharField(read_only=True)
     gpus = serializers.JSONField(
         help_text='{"all": ["3g.40gb", "3g.40gb"]} or {"0": ["7g.80gb"], "1": null}; null = MIG off.'
@@ -125,8 +132,20 @@ class MigLayoutViewSet(viewsets.ModelViewSet):
 # --- Maintenance windows and time-slicing --------------------------------------------------------
 
 
-class MaintenanceWindowSerializer(serializers.ModelSerializer):
+@extend_schema_field(
+    {"type": "string", "pattern": r"^\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?$", "example": "02:00:00"}
+)
+class WallClockTimeField(serializers.TimeField):
+    """A time of day without offset ("02:00:00", UTC by convention). OpenAPI's `format: time` is
+    RFC 3339's full-time, which demands an offset that DRF neither writes nor needs: so a pattern."""
+
+
+class MaintenanceWindowSerializer(StrictModelSerializer):
     open_now = serializers.SerializerMethodField()
+    start_time = WallClockTimeField(required=False, allow_null=True, help_text="Weekly: opens at (UTC).")
+    end_time = WallClockTimeField(
+        required=False, allow_null=True, help_text="Weekly: closes at (UTC); before start = next day."
+    )
 
     class Meta:
         model = MaintenanceWindow
@@ -167,7 +186,7 @@ class MaintenanceWindowViewSet(viewsets.ModelViewSet):
     ordering_fields = ["id", "cluster", "node_group"]
 
 
-class TimeSlicingPolicySerializer(serializers.ModelSerializer):
+class TimeSlicingPolicySerializer(StrictModelSerializer):
     config_key = serializers.CharField(read_only=True)
     memory_isolation = serializers.SerializerMethodField(help_text="Always false: time-slicing shares memory.")
 
@@ -220,6 +239,7 @@ class TimeSlicingPolicyViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def apply(self, request, pk=None):
         policy = self.get_object()
+        reject_body(request)
         with transaction.atomic():
             mig_configs.enqueue_time_slicing(policy.cluster_id)
         return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)
@@ -277,7 +297,7 @@ class MigReconfigurationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ReconfigureSerializer(serializers.Serializer):
+class ReconfigureSerializer(StrictSerializer):
     """Exactly one of layout, named, per_gpu."""
 
     node = serializers.PrimaryKeyRelatedField(queryset=NodeCapacity.objects.present())
@@ -366,6 +386,7 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
 
     def _transition(self, service):
         reconf = self.get_object()
+        reject_body(self.request)
         try:
             result = service(reconf, actor=self.request.user)
         except rc.IllegalTransition as exc:
@@ -483,7 +504,7 @@ class CapacityPlanView(APIView):
         return Response({"current": current, "proposed": proposed})
 
 
-class TakeOfflineRequest(serializers.Serializer):
+class TakeOfflineRequest(StrictSerializer):
     nodes = serializers.PrimaryKeyRelatedField(queryset=NodeCapacity.objects.present(), many=True, required=False)
     gpus = serializers.PrimaryKeyRelatedField(queryset=GpuCapacity.objects.present(), many=True, required=False)
 

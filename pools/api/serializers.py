@@ -6,10 +6,10 @@ import datetime as dt
 
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers
 
+from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from capacity.models import Cluster
 
 from .. import roles, services
@@ -33,7 +33,7 @@ class ProjectSerializer(serializers.ModelSerializer):
         return roles.role_from_annotations(project)
 
 
-class MemberSerializer(serializers.Serializer):
+class MemberSerializer(StrictSerializer):
     user = serializers.IntegerField(read_only=True)
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Role.choices)
@@ -46,7 +46,7 @@ class MemberSerializer(serializers.Serializer):
         return value
 
 
-class RoleSerializer(serializers.Serializer):
+class RoleSerializer(StrictSerializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
@@ -62,7 +62,7 @@ class TransitionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PoolRequestSerializer(serializers.ModelSerializer):
+class PoolRequestSerializer(StrictModelSerializer):
     """A pool request. On create, `project` must be one of yours (else 400 "does not exist"), and
     either `profile_name` or `memory_gib` (and optionally `compute_fraction`) gives the MIG spec.
     `submit: true` submits it at once instead of leaving a draft."""
@@ -70,10 +70,10 @@ class PoolRequestSerializer(serializers.ModelSerializer):
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.none())
     project_slug = serializers.CharField(source="project.slug", read_only=True)
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
-    cluster_name = serializers.CharField(source="cluster.name", read_only=True, default=None)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True, default=None, allow_null=True)
     isolation = serializers.ChoiceField(choices=Isolation.choices, required=False)
-    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     pool = serializers.SerializerMethodField()
     spec = serializers.CharField(source="spec_label", read_only=True)
     tags = serializers.ListField(child=serializers.CharField(max_length=64), required=False, max_length=20)
@@ -131,7 +131,7 @@ class PoolRequestSerializer(serializers.ModelSerializer):
             # Projects you cannot see do not exist, to you: 400 "object does not exist", never a hint.
             self.fields["project"].queryset = roles.projects_for(request.user)
 
-    @extend_schema_field(OpenApiTypes.INT)
+    @extend_schema_field(serializers.IntegerField(allow_null=True, help_text="The pool, once approved; else null."))
     def get_pool(self, obj: PoolRequest) -> int | None:
         pool = getattr(obj, "pool", None)
         return pool.pk if pool is not None else None
@@ -185,11 +185,11 @@ class PoolRequestDetailSerializer(PoolRequestSerializer):
         fields = [*PoolRequestSerializer.Meta.fields, "transitions"]
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(StrictSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
-class RejectSerializer(serializers.Serializer):
+class RejectSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=2000)
 
 
@@ -265,7 +265,7 @@ class AllocationSerializer(serializers.ModelSerializer):
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
     node = serializers.CharField(source="gpu.node.name", read_only=True)
     cluster = serializers.CharField(source="gpu.node.cluster.name", read_only=True)
-    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None)
+    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = Allocation
@@ -294,7 +294,7 @@ class AllocationSerializer(serializers.ModelSerializer):
 # --- API tokens ----------------------------------------------------------------------------------
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
+class ApiTokenSerializer(StrictModelSerializer):
     expires_in_days = serializers.IntegerField(
         write_only=True, required=False, min_value=1, max_value=3650, help_text="Alternative to expires_at."
     )

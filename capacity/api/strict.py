@@ -1,0 +1,60 @@
+"""Write serializers refuse what they do not know: a body key that is not one of the serializer's
+fields is a 400 naming it, instead of being dropped silently (a typo such as `cout: 4` must not
+create a request for the default count).
+
+Lives in capacity, the lowest app, so that every app's API can use it (capacity <- pools <-
+monitoring/billing <- gpuaas). The schema says the same thing: request bodies of these serializers
+carry `additionalProperties: false` (see gpuaas.api.ApiAutoSchema).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+
+UNKNOWN_FIELD = "Unknown field."
+
+
+def unknown_fields(serializer: serializers.Serializer, data) -> list[str]:
+    """Keys of `data` that are none of the serializer's fields (read-only fields are known: a client
+    may send back what it read)."""
+    if not isinstance(data, Mapping):
+        return []
+    return sorted(str(key) for key in data if key not in serializer.fields)
+
+
+class StrictFieldsMixin:
+    """Mix into a Serializer/ModelSerializer (first base) that takes request bodies."""
+
+    def to_internal_value(self, data):
+        unknown = {name: [UNKNOWN_FIELD] for name in unknown_fields(self, data)}
+        try:
+            value = super().to_internal_value(data)
+        except ValidationError as exc:
+            if unknown and isinstance(exc.detail, Mapping):
+                raise ValidationError({**exc.detail, **unknown}) from None
+            raise
+        if unknown:
+            raise ValidationError(unknown)
+        return value
+
+
+class StrictSerializer(StrictFieldsMixin, serializers.Serializer):
+    pass
+
+
+class StrictModelSerializer(StrictFieldsMixin, serializers.ModelSerializer):
+    pass
+
+
+class EmptyBodySerializer(StrictSerializer):
+    """For actions that take no input: any key in the body is unknown."""
+
+
+def reject_body(request) -> None:
+    """400 naming every key of a body sent to an action that takes none."""
+    EmptyBodySerializer(data=request.data if isinstance(request.data, Mapping) else {}).is_valid(
+        raise_exception=True
+    )
