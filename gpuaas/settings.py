@@ -273,6 +273,8 @@ CELERY_BEAT_SCHEDULE = {
 # --- pools: expiry of pool requests (beat entry below; docs/pools.md) -----------------------------
 POOL_EXPIRY_NOTICE_S = env_int("POOL_EXPIRY_NOTICE_S", 3600, minimum=0)
 POOL_EXPIRY_INTERVAL_S = env_int("POOL_EXPIRY_INTERVAL_S", 60, minimum=5)
+# The most units one pool request may ask for (the API answers 400 above it).
+POOL_REQUEST_MAX_UNITS = env_int("POOL_REQUEST_MAX_UNITS", 512, minimum=1)
 CELERY_BEAT_SCHEDULE.update(
     {
         "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),

@@ -8,6 +8,8 @@ reconfiguration that has not failed, a second open reconfiguration of a node) is
 
 from __future__ import annotations
 
+import re
+
 from django.db import transaction
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import (
@@ -132,9 +134,7 @@ class MigLayoutViewSet(viewsets.ModelViewSet):
 # --- Maintenance windows and time-slicing --------------------------------------------------------
 
 
-@extend_schema_field(
-    {"type": "string", "pattern": r"^\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?$", "example": "02:00:00"}
-)
+@extend_schema_field({"type": "string", "pattern": r"^\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?$", "example": "02:00:00"})
 class WallClockTimeField(serializers.TimeField):
     """A time of day without offset ("02:00:00", UTC by convention). OpenAPI's `format: time` is
     RFC 3339's full-time, which demands an offset that DRF neither writes nor needs: so a pattern."""
@@ -297,13 +297,58 @@ class MigReconfigurationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+GPU_INDEX = re.compile(r"0|[1-9][0-9]{0,3}")
+
+
+def _placement_error(entry) -> str | None:
+    """What is wrong with one per_gpu entry: a profile name, or {"profile": name, "start": slice}."""
+    if isinstance(entry, str):
+        return None if entry else "a profile name cannot be empty"
+    if not isinstance(entry, dict):
+        return 'give a profile name or {"profile": name, "start": slice}'
+    if set(entry) != {"profile", "start"}:
+        return 'give exactly "profile" and "start"'
+    if not isinstance(entry["profile"], str) or not entry["profile"]:
+        return '"profile" must be a profile name'
+    if not isinstance(entry["start"], int) or isinstance(entry["start"], bool) or entry["start"] < 0:
+        return '"start" must be a memory slice index (0, 1, ...)'
+    return None
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {
+            "nullable": True,
+            "type": "array",
+            "items": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {
+                        "type": "object",
+                        "properties": {
+                            "profile": {"type": "string", "minLength": 1},
+                            "start": {"type": "integer", "minimum": 0},
+                        },
+                        "required": ["profile", "start"],
+                        "additionalProperties": False,
+                    },
+                ]
+            },
+        },
+    }
+)
+class PerGpuField(serializers.DictField):
+    """GPU index -> a list of profile names or {"profile", "start"} placements, or null (MIG off)."""
+
+
 class ReconfigureSerializer(StrictSerializer):
     """Exactly one of layout, named, per_gpu."""
 
     node = serializers.PrimaryKeyRelatedField(queryset=NodeCapacity.objects.present())
     layout = serializers.PrimaryKeyRelatedField(queryset=MigLayout.objects.all(), required=False, allow_null=True)
     named = serializers.CharField(required=False, allow_blank=True, help_text="A GPU Operator named config.")
-    per_gpu = serializers.DictField(
+    per_gpu = PerGpuField(
         child=serializers.JSONField(allow_null=True),
         required=False,
         help_text='{"0": ["4g.40gb", "3g.40gb"], "1": null}; GPUs not named stay as they are.',
@@ -313,13 +358,16 @@ class ReconfigureSerializer(StrictSerializer):
     force = serializers.BooleanField(default=False)
 
     def validate_per_gpu(self, value):
+        errors = []
         for key, profiles in value.items():
-            if not str(key).isdigit():
-                raise serializers.ValidationError(f"{key!r} is not a GPU index")
-            if profiles is not None and (
-                not isinstance(profiles, list) or not all(isinstance(p, str | dict) for p in profiles)
-            ):
-                raise serializers.ValidationError(f"GPU {key}: give a list of profiles or null")
+            if not GPU_INDEX.fullmatch(str(key)):
+                errors.append(f"{key!r} is not a GPU index (0, 1, 2, ...)")
+            elif profiles is not None and not isinstance(profiles, list):
+                errors.append(f"GPU {key}: give a list of profiles or null")
+            elif profiles is not None:
+                errors += [f"GPU {key}, entry {n}: {e}" for n, p in enumerate(profiles) if (e := _placement_error(p))]
+        if errors:
+            raise serializers.ValidationError(errors)
         return value
 
     def validate(self, attrs):

@@ -1,4 +1,6 @@
-"""Write serializers refuse what they do not know: a body key that is not one of the serializer's
+"""Strict API input, shared by every app's API.
+
+Write serializers refuse what they do not know: a body key that is not one of the serializer's
 fields is a 400 naming it, instead of being dropped silently (a typo such as `cout: 4` must not
 create a request for the default count).
 
@@ -10,7 +12,10 @@ carry `additionalProperties: false` (see gpuaas.api.ApiAutoSchema).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC
 
+from django_filters import fields as filter_fields
+from django_filters import rest_framework as filters
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 
@@ -55,6 +60,27 @@ class EmptyBodySerializer(StrictSerializer):
 
 def reject_body(request) -> None:
     """400 naming every key of a body sent to an action that takes none."""
-    EmptyBodySerializer(data=request.data if isinstance(request.data, Mapping) else {}).is_valid(
-        raise_exception=True
-    )
+    EmptyBodySerializer(data=request.data if isinstance(request.data, Mapping) else {}).is_valid(raise_exception=True)
+
+
+# --- Query filters -------------------------------------------------------------------------------
+
+
+class _UtcIsoDateTimeField(filter_fields.IsoDateTimeField):
+    """django-filter's ISO 8601 field, refusing times that do not exist in UTC: 9999-12-31T23:59-23:00
+    parses (the offset is legal) but is past year 9999 in UTC, which the database query would only
+    find out with an OverflowError (a 500). Offsets outside ±24 h never parse at all."""
+
+    def strptime(self, value, format):
+        parsed = super().strptime(value, format)
+        try:
+            parsed.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise ValueError(f"{value!r} is out of range") from None
+        return parsed
+
+
+class IsoDateTimeFilter(filters.IsoDateTimeFilter):
+    """Use instead of django-filter's: a bad or out-of-range time is a 400 naming the parameter."""
+
+    field_class = _UtcIsoDateTimeField

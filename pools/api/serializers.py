@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
@@ -51,6 +52,8 @@ class RoleSerializer(StrictSerializer):
 
 
 # --- Pool requests -------------------------------------------------------------------------------
+
+TOO_MANY_UNITS = "At most {max_value} units per request (POOL_REQUEST_MAX_UNITS)."
 
 
 class TransitionSerializer(serializers.ModelSerializer):
@@ -122,7 +125,14 @@ class PoolRequestSerializer(StrictModelSerializer):
             "created_at",
             "updated_at",
         ]
-        extra_kwargs = {"count": {"min_value": 1}, "start_at": {"required": False}}
+        extra_kwargs = {
+            "count": {
+                "min_value": 1,
+                "max_value": settings.POOL_REQUEST_MAX_UNITS,
+                "error_messages": {"max_value": TOO_MANY_UNITS},
+            },
+            "start_at": {"required": False},
+        }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -135,6 +145,12 @@ class PoolRequestSerializer(StrictModelSerializer):
     def get_pool(self, obj: PoolRequest) -> int | None:
         pool = getattr(obj, "pool", None)
         return pool.pk if pool is not None else None
+
+    def validate_count(self, count: int) -> int:
+        # Again at run time: the field's max_value (and the schema's maximum) is read at import.
+        if count > settings.POOL_REQUEST_MAX_UNITS:
+            raise serializers.ValidationError(TOO_MANY_UNITS.format(max_value=settings.POOL_REQUEST_MAX_UNITS))
+        return count
 
     def validate_project(self, project: Project) -> Project:
         user = self.context["request"].user
