@@ -49,9 +49,7 @@ def parse_period(text: str) -> date:
     months outside FIRST_PERIOD..LAST_PERIOD (9999-12 has no month after it to end at)."""
     text = text.strip()
     try:
-        if len(text) == 7:
-            return datetime.strptime(text, "%Y-%m").date()
-        parsed = datetime.strptime(text, "%Y-%m-%d").date()
+        parsed = datetime.strptime(text, "%Y-%m" if len(text) == 7 else "%Y-%m-%d").date()
     except ValueError:
         raise ValueError(f"{text!r} is not a month (YYYY-MM)") from None
     if parsed.day != 1:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC
 
+from django.core.exceptions import ValidationError as FormValidationError
 from django_filters import fields as filter_fields
 from django_filters import rest_framework as filters
 from rest_framework import serializers
@@ -71,12 +72,13 @@ class _UtcIsoDateTimeField(filter_fields.IsoDateTimeField):
     parses (the offset is legal) but is past year 9999 in UTC, which the database query would only
     find out with an OverflowError (a 500). Offsets outside ±24 h never parse at all."""
 
-    def strptime(self, value, format):
-        parsed = super().strptime(value, format)
-        try:
-            parsed.astimezone(UTC)
-        except (OverflowError, ValueError):
-            raise ValueError(f"{value!r} is out of range") from None
+    def to_python(self, value):
+        parsed = super().to_python(value)
+        if parsed is not None:
+            try:
+                parsed.astimezone(UTC)
+            except (OverflowError, ValueError):
+                raise FormValidationError(self.error_messages["invalid"], code="invalid") from None
         return parsed
 
 
