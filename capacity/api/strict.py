@@ -21,6 +21,8 @@ from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 
 UNKNOWN_FIELD = "Unknown field."
+# Not data: the CSRF token that the browsable API's HTML forms post along with the fields.
+NOT_FIELDS = frozenset({"csrfmiddlewaretoken"})
 
 
 def unknown_fields(serializer: serializers.Serializer, data) -> list[str]:
@@ -28,7 +30,7 @@ def unknown_fields(serializer: serializers.Serializer, data) -> list[str]:
     may send back what it read)."""
     if not isinstance(data, Mapping):
         return []
-    return sorted(str(key) for key in data if key not in serializer.fields)
+    return sorted(str(key) for key in data if key not in serializer.fields and key not in NOT_FIELDS)
 
 
 class StrictFieldsMixin:

@@ -217,6 +217,15 @@ def test_read_only_fields_sent_back_are_not_unknown(bob, request_body):
     assert PoolRequest.objects.get().state == "draft"
 
 
+def test_the_browsable_api_form_token_is_not_an_unknown_field(bob):
+    # The HTML form of /api/v1/tokens/ posts the CSRF token along with the fields.
+    response = client_for(bob).post(
+        "/api/v1/tokens/", {"name": "laptop", "csrfmiddlewaretoken": "x"}, format="multipart"
+    )
+    assert response.status_code == 201
+    assert list(ApiToken.objects.values_list("name", flat=True)) == ["laptop"]
+
+
 def test_pool_request_actions_refuse_unknown_fields(operator, project):
     pool_request = PoolRequest.objects.create(
         project=project, product="H100-80GB", spec_kind="mig", profile_name="3g.40gb", count=1, state="submitted"
