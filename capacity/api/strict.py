@@ -72,16 +72,18 @@ def reject_body(request) -> None:
 class _UtcIsoDateTimeField(filter_fields.IsoDateTimeField):
     """django-filter's ISO 8601 field, refusing times that do not exist in UTC: 9999-12-31T23:59-23:00
     parses (the offset is legal) but is past year 9999 in UTC, which the database query would only
-    find out with an OverflowError (a 500). Offsets outside ±24 h never parse at all."""
+    find out with an OverflowError (a 500). Offsets outside ±24 h never parse at all. Times go to the
+    database in UTC, since PostgreSQL refuses offsets beyond ±15:59 (another 500)."""
 
     def to_python(self, value):
         parsed = super().to_python(value)
-        if parsed is not None:
-            try:
-                parsed.astimezone(UTC)
-            except (OverflowError, ValueError):
-                raise FormValidationError(self.error_messages["invalid"], code="invalid") from None
-        return parsed
+        if parsed is None:
+            return None
+        try:
+            # In UTC: PostgreSQL refuses offsets beyond ±15:59 that Python (and ISO 8601) allow.
+            return parsed.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise FormValidationError(self.error_messages["invalid"], code="invalid") from None
 
 
 class IsoDateTimeFilter(filters.IsoDateTimeFilter):
