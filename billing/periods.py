@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 
 HOUR = timedelta(hours=1)
+# Months billing can reason about: month_bounds() needs the month after, which must exist (year <= 9999).
+FIRST_PERIOD = date(1970, 1, 1)
+LAST_PERIOD = date(9998, 12, 1)
 
 
 def floor_hour(when: datetime) -> datetime:
@@ -42,16 +45,17 @@ def month_bounds(period: date) -> tuple[datetime, datetime]:
 
 
 def parse_period(text: str) -> date:
-    """Parse a month: "2026-03" or "2026-03-01" -> date(2026, 3, 1); ValueError otherwise."""
+    """Parse a month: "2026-03" or "2026-03-01" -> date(2026, 3, 1); ValueError otherwise, and for
+    months outside FIRST_PERIOD..LAST_PERIOD (9999-12 has no month after it to end at)."""
     text = text.strip()
     try:
-        if len(text) == 7:
-            return datetime.strptime(text, "%Y-%m").date()
-        parsed = datetime.strptime(text, "%Y-%m-%d").date()
+        parsed = datetime.strptime(text, "%Y-%m" if len(text) == 7 else "%Y-%m-%d").date()
     except ValueError:
         raise ValueError(f"{text!r} is not a month (YYYY-MM)") from None
     if parsed.day != 1:
         raise ValueError(f"{text!r} is not the first day of a month")
+    if not FIRST_PERIOD <= parsed <= LAST_PERIOD:
+        raise ValueError(f"{text!r} is out of range ({FIRST_PERIOD:%Y-%m} to {LAST_PERIOD:%Y-%m})")
     return parsed
 
 

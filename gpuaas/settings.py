@@ -197,7 +197,7 @@ REST_FRAMEWORK = {
         "anon": env_str("API_THROTTLE_ANON", "60/minute"),
         "user": env_str("API_THROTTLE_USER", "6000/minute"),
     },
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "gpuaas.schema.ApiAutoSchema",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 SPECTACULAR_SETTINGS = {
@@ -339,6 +339,8 @@ CELERY_BEAT_SCHEDULE = {
 # --- pools: expiry of pool requests (beat entry below; docs/pools.md) -----------------------------
 POOL_EXPIRY_NOTICE_S = env_int("POOL_EXPIRY_NOTICE_S", 3600, minimum=0)
 POOL_EXPIRY_INTERVAL_S = env_int("POOL_EXPIRY_INTERVAL_S", 60, minimum=5)
+# The most units one pool request may ask for (the API answers 400 above it).
+POOL_REQUEST_MAX_UNITS = env_int("POOL_REQUEST_MAX_UNITS", 512, minimum=1)
 CELERY_BEAT_SCHEDULE.update(
     {
         "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),

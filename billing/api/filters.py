@@ -2,6 +2,7 @@
 
 from django_filters import rest_framework as filters
 
+from capacity.api.strict import IsoDateTimeFilter
 from capacity.choices import SpecKind
 
 from ..choices import RunKind, RunStatus, StatementState
@@ -25,8 +26,8 @@ class PeriodFilter(filters.CharFilter):
 
 
 class RateCardFilter(filters.FilterSet):
-    effective_after = filters.IsoDateTimeFilter(field_name="effective_from", lookup_expr="gte")
-    effective_before = filters.IsoDateTimeFilter(field_name="effective_from", lookup_expr="lt")
+    effective_after = IsoDateTimeFilter(field_name="effective_from", lookup_expr="gte")
+    effective_before = IsoDateTimeFilter(field_name="effective_from", lookup_expr="lt")
 
     class Meta:
         model = RateCard
@@ -41,8 +42,8 @@ class UsageRecordFilter(filters.FilterSet):
     kind = filters.ChoiceFilter(choices=SpecKind.choices)
     product = filters.CharFilter()
     profile_name = filters.CharFilter()
-    hour_after = filters.IsoDateTimeFilter(field_name="hour", lookup_expr="gte")
-    hour_before = filters.IsoDateTimeFilter(field_name="hour", lookup_expr="lt")
+    hour_after = IsoDateTimeFilter(field_name="hour", lookup_expr="gte")
+    hour_before = IsoDateTimeFilter(field_name="hour", lookup_expr="lt")
 
     class Meta:
         model = UsageRecord

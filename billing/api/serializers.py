@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from pools.models import Project
 
 from ..models import BillingRun, RateCard, RateCardEntry, Statement, StatementLine, UsageRecord
@@ -110,12 +111,12 @@ class PeriodField(serializers.CharField):
             raise serializers.ValidationError(str(exc)) from None
 
 
-class GenerateStatementSerializer(serializers.Serializer):
+class GenerateStatementSerializer(StrictSerializer):
     project = serializers.SlugRelatedField(slug_field="slug", queryset=Project.objects.all())
     period = PeriodField(help_text='The month, "YYYY-MM" (UTC).')
 
 
-class AdjustmentSerializer(serializers.Serializer):
+class AdjustmentSerializer(StrictSerializer):
     amount = serializers.DecimalField(
         max_digits=14, decimal_places=2, help_text="Positive charges, negative credits; whole cents."
     )
@@ -132,7 +133,7 @@ class AdjustmentSerializer(serializers.Serializer):
         return value.strip()
 
 
-class BillingRunSerializer(serializers.ModelSerializer):
+class BillingRunSerializer(StrictModelSerializer):
     period = PeriodField(write_only=False, help_text='The month to close, "YYYY-MM" (UTC).')
 
     class Meta:
@@ -157,6 +158,61 @@ class BillingRunSerializer(serializers.ModelSerializer):
         data = super().to_representation(instance)
         data["period"] = f"{instance.period:%Y-%m}" if instance.period else None
         return data
+
+
+# --- Export (documentation of billing.exports.to_json: what the JSON export really holds) ----------
+
+EXPORT_LINE_FIELDS = [
+    "project",
+    "period",
+    "statement",
+    "state",
+    "currency",
+    "line_type",
+    "pool",
+    "kind",
+    "product",
+    "profile_name",
+    "replicas",
+    "description",
+    "hourly_rate",
+    "hours",
+    "amount",
+    "used_amount",
+    "idle_amount",
+    "unmeasured_amount",
+    "sm_activity",
+    "energy_kwh",
+    "reason",
+]
+
+
+class ExportLineSerializer(serializers.Serializer):
+    """One line, as the CSV row but typed: every value a string, null where the CSV cell is empty."""
+
+    def get_fields(self):
+        return {name: serializers.CharField(allow_null=True) for name in EXPORT_LINE_FIELDS}
+
+
+class ExportStatementSerializer(serializers.Serializer):
+    """One statement of the JSON export: totals as decimal strings, then its lines."""
+
+    id = serializers.IntegerField()
+    project = serializers.CharField(help_text="Project slug.")
+    period = serializers.CharField(help_text="YYYY-MM")
+    state = serializers.CharField()
+    currency = serializers.CharField()
+    reserved_hours = serializers.CharField(allow_null=True)
+    reserved_amount = serializers.CharField(allow_null=True)
+    credit_amount = serializers.CharField(allow_null=True)
+    adjustment_amount = serializers.CharField(allow_null=True)
+    total_amount = serializers.CharField(allow_null=True)
+    used_amount = serializers.CharField(allow_null=True)
+    idle_amount = serializers.CharField(allow_null=True)
+    unmeasured_amount = serializers.CharField(allow_null=True)
+    energy_kwh = serializers.CharField(allow_null=True)
+    finalised_at = serializers.DateTimeField(allow_null=True)
+    lines = ExportLineSerializer(many=True)
 
 
 class StatementConflictSerializer(serializers.Serializer):

@@ -17,6 +17,7 @@ from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from capacity.api.strict import reject_body
 from gpuaas.api import OperatorPermissions, ProjectScopedQuerysetMixin
 
 from .. import exports, services
@@ -44,8 +45,10 @@ FMT = OpenApiParameter(
     "fmt", str, OpenApiParameter.QUERY, enum=["csv", "json"], default="csv", description="Export format."
 )
 EXPORT_RESPONSES = {
-    (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="One row per statement line."),
-    (200, "application/json"): OpenApiResponse(OpenApiTypes.OBJECT, description="Statements with totals and lines."),
+    (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="One row per line (fmt=csv, the default)."),
+    (200, "application/json"): OpenApiResponse(
+        serializers.ExportStatementSerializer(many=True), description="Statements with totals and lines (fmt=json)."
+    ),
 }
 
 
@@ -129,7 +132,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
         return export_response(statements, request.query_params.get("fmt", "csv"))
 
     @extend_schema(summary="Export one statement as CSV or JSON", parameters=[FMT], responses=EXPORT_RESPONSES)
-    @action(detail=True, methods=["get"], url_path="download", filterset_class=None)
+    @action(detail=True, methods=["get"], url_path="download", filterset_class=None, pagination_class=None)
     def download(self, request, pk=None):
         statement = self.get_object()
         return export_response(
@@ -166,6 +169,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
     @action(detail=True, methods=["post"], permission_classes=[OperatorPermissions], filterset_class=None)
     def finalise(self, request, pk=None):
         statement = self.get_object()
+        reject_body(request)
         try:
             services.finalise_statement(statement, actor=request.user)
         except StatementFinalised as exc:

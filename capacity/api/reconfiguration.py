@@ -9,14 +9,23 @@ second open reconfiguration of a node) is 409.
 
 from __future__ import annotations
 
+import re
+
 from django.db import transaction
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from capacity.api.strict import StrictModelSerializer, StrictSerializer, reject_body
 from capacity.choices import ReconfigurationBackend
 from capacity.models import (
     FORCE_PERMISSION,
@@ -61,7 +70,7 @@ def _model_errors(instance) -> None:
 # --- Layouts ------------------------------------------------------------------------------------
 
 
-class MigLayoutSerializer(serializers.ModelSerializer):
+class MigLayoutSerializer(StrictModelSerializer):
     config_name = serializers.CharField(read_only=True)
     gpus = serializers.JSONField(
         help_text='{"all": ["3g.40gb", "3g.40gb"]} or {"0": ["7g.80gb"], "1": null}; null = MIG off.'
@@ -119,8 +128,18 @@ class MigLayoutViewSet(viewsets.ModelViewSet):
 # --- Maintenance windows and time-slicing --------------------------------------------------------
 
 
-class MaintenanceWindowSerializer(serializers.ModelSerializer):
+@extend_schema_field({"type": "string", "pattern": r"^\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?$", "example": "02:00:00"})
+class WallClockTimeField(serializers.TimeField):
+    """A time of day without offset ("02:00:00", UTC by convention). OpenAPI's `format: time` is
+    RFC 3339's full-time, which demands an offset that DRF neither writes nor needs: so a pattern."""
+
+
+class MaintenanceWindowSerializer(StrictModelSerializer):
     open_now = serializers.SerializerMethodField()
+    start_time = WallClockTimeField(required=False, allow_null=True, help_text="Weekly: opens at (UTC).")
+    end_time = WallClockTimeField(
+        required=False, allow_null=True, help_text="Weekly: closes at (UTC); before start = next day."
+    )
 
     class Meta:
         model = MaintenanceWindow
@@ -161,7 +180,7 @@ class MaintenanceWindowViewSet(viewsets.ModelViewSet):
     ordering_fields = ["id", "cluster", "node_group"]
 
 
-class TimeSlicingPolicySerializer(serializers.ModelSerializer):
+class TimeSlicingPolicySerializer(StrictModelSerializer):
     config_key = serializers.CharField(read_only=True)
     memory_isolation = serializers.SerializerMethodField(help_text="Always false: time-slicing shares memory.")
 
@@ -215,6 +234,7 @@ class TimeSlicingPolicyViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def apply(self, request, pk=None):
         policy = self.get_object()
+        reject_body(request)
         with transaction.atomic():
             mig_configs.enqueue_time_slicing(policy.cluster_id)
         return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)
@@ -272,13 +292,58 @@ class MigReconfigurationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ReconfigureSerializer(serializers.Serializer):
+GPU_INDEX = re.compile(r"0|[1-9][0-9]{0,3}")
+
+
+def _placement_error(entry) -> str | None:
+    """What is wrong with one per_gpu entry: a profile name, or {"profile": name, "start": slice}."""
+    if isinstance(entry, str):
+        return None if entry else "a profile name cannot be empty"
+    if not isinstance(entry, dict):
+        return 'give a profile name or {"profile": name, "start": slice}'
+    if set(entry) != {"profile", "start"}:
+        return 'give exactly "profile" and "start"'
+    if not isinstance(entry["profile"], str) or not entry["profile"]:
+        return '"profile" must be a profile name'
+    if not isinstance(entry["start"], int) or isinstance(entry["start"], bool) or entry["start"] < 0:
+        return '"start" must be a memory slice index (0, 1, ...)'
+    return None
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {
+            "nullable": True,
+            "type": "array",
+            "items": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {
+                        "type": "object",
+                        "properties": {
+                            "profile": {"type": "string", "minLength": 1},
+                            "start": {"type": "integer", "minimum": 0},
+                        },
+                        "required": ["profile", "start"],
+                        "additionalProperties": False,
+                    },
+                ]
+            },
+        },
+    }
+)
+class PerGpuField(serializers.DictField):
+    """GPU index -> a list of profile names or {"profile", "start"} placements, or null (MIG off)."""
+
+
+class ReconfigureSerializer(StrictSerializer):
     """Exactly one of layout, named, per_gpu."""
 
     node = serializers.PrimaryKeyRelatedField(queryset=NodeCapacity.objects.present())
     layout = serializers.PrimaryKeyRelatedField(queryset=MigLayout.objects.all(), required=False, allow_null=True)
     named = serializers.CharField(required=False, allow_blank=True, help_text="A GPU Operator named config.")
-    per_gpu = serializers.DictField(
+    per_gpu = PerGpuField(
         child=serializers.JSONField(allow_null=True),
         required=False,
         help_text='{"0": ["4g.40gb", "3g.40gb"], "1": null}; GPUs not named stay as they are.',
@@ -288,13 +353,16 @@ class ReconfigureSerializer(serializers.Serializer):
     force = serializers.BooleanField(default=False)
 
     def validate_per_gpu(self, value):
+        errors = []
         for key, profiles in value.items():
-            if not str(key).isdigit():
-                raise serializers.ValidationError(f"{key!r} is not a GPU index")
-            if profiles is not None and (
-                not isinstance(profiles, list) or not all(isinstance(p, str | dict) for p in profiles)
-            ):
-                raise serializers.ValidationError(f"GPU {key}: give a list of profiles or null")
+            if not GPU_INDEX.fullmatch(str(key)):
+                errors.append(f"{key!r} is not a GPU index (0, 1, 2, ...)")
+            elif profiles is not None and not isinstance(profiles, list):
+                errors.append(f"GPU {key}: give a list of profiles or null")
+            elif profiles is not None:
+                errors += [f"GPU {key}, entry {n}: {e}" for n, p in enumerate(profiles) if (e := _placement_error(p))]
+        if errors:
+            raise serializers.ValidationError(errors)
         return value
 
     def validate(self, attrs):
@@ -368,6 +436,7 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
 
     def _transition(self, service):
         reconf = self.get_object()
+        reject_body(self.request)
         try:
             result = service(reconf, actor=self.request.user)
         except rc.IllegalTransition as exc:
@@ -486,7 +555,7 @@ class CapacityPlanView(APIView):
         return Response({"current": current, "proposed": proposed})
 
 
-class TakeOfflineRequest(serializers.Serializer):
+class TakeOfflineRequest(StrictSerializer):
     nodes = serializers.PrimaryKeyRelatedField(queryset=NodeCapacity.objects.present(), many=True, required=False)
     gpus = serializers.PrimaryKeyRelatedField(queryset=GpuCapacity.objects.present(), many=True, required=False)
 

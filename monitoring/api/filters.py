@@ -2,6 +2,8 @@
 
 from django_filters import rest_framework as filters
 
+from capacity.api.strict import IsoDateTimeFilter
+
 from ..choices import HealthLevel, HealthRule, IdleState, MetricSource
 from ..models import HealthEvent, IdleReservation, Series
 
@@ -30,8 +32,8 @@ class HealthEventFilter(filters.FilterSet):
     node = filters.CharFilter(field_name="gpu__node__name")
     gpu = filters.CharFilter(field_name="gpu__uuid")
     mig_instance = filters.CharFilter(field_name="mig_instance__uuid")
-    opened_after = filters.IsoDateTimeFilter(field_name="opened_at", lookup_expr="gte")
-    opened_before = filters.IsoDateTimeFilter(field_name="opened_at", lookup_expr="lt")
+    opened_after = IsoDateTimeFilter(field_name="opened_at", lookup_expr="gte")
+    opened_before = IsoDateTimeFilter(field_name="opened_at", lookup_expr="lt")
 
     class Meta:
         model = HealthEvent

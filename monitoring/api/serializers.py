@@ -22,9 +22,9 @@ class SeriesSerializer(serializers.ModelSerializer):
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
     gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
     product = serializers.CharField(source="gpu.catalog_product", read_only=True)
-    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None)
-    profile = serializers.CharField(source="mig_instance.profile.name", read_only=True, default=None)
-    gi_id = serializers.IntegerField(source="mig_instance.gi_id", read_only=True, default=None)
+    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None, allow_null=True)
+    profile = serializers.CharField(source="mig_instance.profile.name", read_only=True, default=None, allow_null=True)
+    gi_id = serializers.IntegerField(source="mig_instance.gi_id", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = Series
@@ -118,8 +118,8 @@ class HealthEventSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="gpu.node.name", read_only=True)
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
     gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
-    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None)
-    profile = serializers.CharField(source="mig_instance.profile.name", read_only=True, default=None)
+    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None, allow_null=True)
+    profile = serializers.CharField(source="mig_instance.profile.name", read_only=True, default=None, allow_null=True)
     is_open = serializers.BooleanField(read_only=True)
 
     class Meta:

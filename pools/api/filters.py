@@ -3,6 +3,7 @@ see already: filtering by another project's id gives an empty list, not an error
 
 from django_filters import rest_framework as filters
 
+from capacity.api.strict import IsoDateTimeFilter
 from capacity.choices import SpecKind
 
 from ..choices import Isolation, PoolState, RequestState, WorkloadType
@@ -28,8 +29,8 @@ class PoolRequestFilter(filters.FilterSet):
     product = filters.CharFilter()
     profile_name = filters.CharFilter()
     cluster = filters.NumberFilter(field_name="cluster_id")
-    created_after = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = PoolRequest

@@ -7,10 +7,10 @@ import datetime as dt
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers
 
+from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from capacity.models import Cluster
 
 from .. import roles, services
@@ -34,7 +34,7 @@ class ProjectSerializer(serializers.ModelSerializer):
         return roles.role_from_annotations(project)
 
 
-class MemberSerializer(serializers.Serializer):
+class MemberSerializer(StrictSerializer):
     user = serializers.IntegerField(read_only=True)
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Role.choices)
@@ -47,11 +47,13 @@ class MemberSerializer(serializers.Serializer):
         return value
 
 
-class RoleSerializer(serializers.Serializer):
+class RoleSerializer(StrictSerializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
 # --- Pool requests -------------------------------------------------------------------------------
+
+TOO_MANY_UNITS = "At most {max_value} units per request (POOL_REQUEST_MAX_UNITS)."
 
 
 class TransitionSerializer(serializers.ModelSerializer):
@@ -63,7 +65,7 @@ class TransitionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PoolRequestSerializer(serializers.ModelSerializer):
+class PoolRequestSerializer(StrictModelSerializer):
     """A pool request. On create, `project` must be one of yours (else 400 "does not exist"), and
     either `profile_name` or `memory_gib` (and optionally `compute_fraction`) gives the MIG spec.
     `submit: true` submits it at once instead of leaving a draft."""
@@ -71,10 +73,10 @@ class PoolRequestSerializer(serializers.ModelSerializer):
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.none())
     project_slug = serializers.CharField(source="project.slug", read_only=True)
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
-    cluster_name = serializers.CharField(source="cluster.name", read_only=True, default=None)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True, default=None, allow_null=True)
     isolation = serializers.ChoiceField(choices=Isolation.choices, required=False)
-    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     pool = serializers.SerializerMethodField()
     spec = serializers.CharField(source="spec_label", read_only=True)
     tags = serializers.ListField(child=serializers.CharField(max_length=64), required=False, max_length=20)
@@ -123,7 +125,14 @@ class PoolRequestSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
         ]
-        extra_kwargs = {"count": {"min_value": 1}, "start_at": {"required": False}}
+        extra_kwargs = {
+            "count": {
+                "min_value": 1,
+                "max_value": settings.POOL_REQUEST_MAX_UNITS,
+                "error_messages": {"max_value": TOO_MANY_UNITS},
+            },
+            "start_at": {"required": False},
+        }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -132,10 +141,16 @@ class PoolRequestSerializer(serializers.ModelSerializer):
             # Projects you cannot see do not exist, to you: 400 "object does not exist", never a hint.
             self.fields["project"].queryset = roles.projects_for(request.user)
 
-    @extend_schema_field(OpenApiTypes.INT)
+    @extend_schema_field(serializers.IntegerField(allow_null=True, help_text="The pool, once approved; else null."))
     def get_pool(self, obj: PoolRequest) -> int | None:
         pool = getattr(obj, "pool", None)
         return pool.pk if pool is not None else None
+
+    def validate_count(self, count: int) -> int:
+        # Again at run time: the field's max_value (and the schema's maximum) is read at import.
+        if count > settings.POOL_REQUEST_MAX_UNITS:
+            raise serializers.ValidationError(TOO_MANY_UNITS.format(max_value=settings.POOL_REQUEST_MAX_UNITS))
+        return count
 
     def validate_project(self, project: Project) -> Project:
         user = self.context["request"].user
@@ -186,11 +201,11 @@ class PoolRequestDetailSerializer(PoolRequestSerializer):
         fields = [*PoolRequestSerializer.Meta.fields, "transitions"]
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(StrictSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
-class RejectSerializer(serializers.Serializer):
+class RejectSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=2000)
 
 
@@ -266,7 +281,7 @@ class AllocationSerializer(serializers.ModelSerializer):
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
     node = serializers.CharField(source="gpu.node.name", read_only=True)
     cluster = serializers.CharField(source="gpu.node.cluster.name", read_only=True)
-    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None)
+    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = Allocation
@@ -295,7 +310,7 @@ class AllocationSerializer(serializers.ModelSerializer):
 # --- API tokens ----------------------------------------------------------------------------------
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
+class ApiTokenSerializer(StrictModelSerializer):
     expires_in_days = serializers.IntegerField(
         write_only=True, required=False, min_value=1, max_value=3650, help_text="Alternative to expires_at."
     )

@@ -20,6 +20,7 @@ from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
+from capacity.api.strict import reject_body
 from gpuaas.api import ProjectScopedQuerysetMixin
 
 from .. import roles, services
@@ -288,6 +289,7 @@ class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.Rea
     @action(detail=True, methods=["post"], filterset_class=None)
     def retry(self, request, pk=None):
         pool = self.get_object()
+        reject_body(request)
         require_operator(request.user, "Only operators retry provisioning.", "pools.change_gpupool")
         services.retry_provisioning(pool, actor=request.user)
         return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
