@@ -30,7 +30,7 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from gpuaas.bench import arg, benchmark
+from .registry import arg, benchmark
 
 BENCH_PREFIX = "bench-discovery-"
 
@@ -104,7 +104,7 @@ def _read_inventories(cluster, server) -> tuple[list, float]:
     from capacity.adapters import nvml
 
     names = [node.name for node in _gpu_nodes(cluster)]
-    with override_settings(NVML_LIBRARY="capacity.benchmarks.snapshot_nvml"):
+    with override_settings(NVML_LIBRARY="benchmarks.capacity.snapshot_nvml"):
         started = time.perf_counter()
         inventories = [nvml.node_inventory(server.cluster_url("scale"), name) for name in names]
         return inventories, time.perf_counter() - started
@@ -211,31 +211,3 @@ def run_discovery_bench(
             small_server.stop()
             _delete_bench_clusters()
     return result
-
-
-# --- MIG planner (capacity/mig/benchmark.py; pure Python, no database) ------------------------------------
-@benchmark(
-    "mig-planner",
-    help="Planner vs exhaustive search on random small cases, and a ~1,000-GPU mixed demand vs first-fit.",
-    arguments=[arg("--cases", type=int, default=500), arg("--seed", type=int, default=20240607)],
-)
-def bench_mig_planner(*, cases: int, seed: int, stdout=None, **_) -> dict:
-    from capacity.mig.benchmark import run_mig_planner_bench
-
-    return run_mig_planner_bench(cases=cases, seed=seed)
-
-
-# --- MIG reconfiguration workflow (capacity/reconfig_benchmark.py; simulator in this process) ----------
-@benchmark(
-    "mig-reconfigure",
-    help="Reconfigure N simulated nodes to all-balanced through every workflow step; seconds and queries per node.",
-    arguments=[
-        arg("--nodes", type=int, default=20),
-        arg("--gpus-per-node", type=int, default=8),
-        arg("--backend", choices=["operator", "agent"], default="operator"),
-    ],
-)
-def bench_mig_reconfigure(*, nodes: int, gpus_per_node: int, backend: str, stdout=None, **_) -> dict:
-    from capacity.reconfig_benchmark import run_mig_reconfigure_bench
-
-    return run_mig_reconfigure_bench(nodes=nodes, gpus_per_node=gpus_per_node, backend=backend)

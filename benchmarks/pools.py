@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from gpuaas.bench import arg, benchmark
+from .registry import arg, benchmark
 
 BENCH_PAGE_SIZE = 50
 LIST_PATHS = ("/api/v1/pool-requests/", "/api/v1/allocations/")
@@ -74,10 +74,9 @@ def build_api_world(projects: int, user_projects: int, *, stdout=None) -> dict:
     from django.contrib.auth.models import Group, Permission
 
     from capacity.models import Cluster, GpuCapacity, NodeCapacity
-
-    from .choices import Role
-    from .models import Allocation, ApiToken, GpuPool, PoolRequest, Project, ProjectGroupObjectPermission
-    from .roles import ROLE_PERMISSIONS, group_name
+    from pools.choices import Role
+    from pools.models import Allocation, ApiToken, GpuPool, PoolRequest, Project, ProjectGroupObjectPermission
+    from pools.roles import ROLE_PERMISSIONS, group_name
 
     started = time.perf_counter()
     User = get_user_model()
@@ -294,8 +293,7 @@ def build_approval_world(requests: int, units: int) -> list[int]:
     from django.contrib.auth import get_user_model
 
     from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
-
-    from .models import PoolRequest, Project
+    from pools.models import PoolRequest, Project
 
     user = get_user_model().objects.create_user("bench-requester")
     cluster = Cluster.objects.create(name="bench", kubeconfig_path="/dev/null")
@@ -350,7 +348,7 @@ def double_allocated() -> int:
     """Units held by more than one active allocation (the constraints should make this impossible)."""
     from django.db.models import Count
 
-    from .models import Allocation
+    from pools.models import Allocation
 
     active = Allocation.objects.active()
     mig = active.filter(mig_instance__isnull=False).values("mig_instance").annotate(n=Count("pk")).filter(n__gt=1)
@@ -371,9 +369,9 @@ def double_allocated() -> int:
 def approvals_benchmark(*, stdout, requests, units, workers, keep_db, **_):
     from django.contrib.auth import get_user_model
 
-    from . import services
-    from .exceptions import DomainError, InsufficientCapacity
-    from .models import GpuPool, PoolRequest
+    from pools import services
+    from pools.exceptions import DomainError, InsufficientCapacity
+    from pools.models import GpuPool, PoolRequest
 
     with bench_database(keep_db):
         ids = build_approval_world(requests, units)

@@ -22,6 +22,8 @@ from unittest import mock
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from .registry import arg, benchmark
+
 BENCH_PREFIX = "bench-reconfig-"
 
 
@@ -129,3 +131,16 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
         "mig_parted_configs": len(document["mig-configs"]),
         "mig_parted_document_s": round(document_s, 4),
     }
+
+
+@benchmark(
+    "mig-reconfigure",
+    help="Reconfigure N simulated nodes to all-balanced through every workflow step; seconds and queries per node.",
+    arguments=[
+        arg("--nodes", type=int, default=20),
+        arg("--gpus-per-node", type=int, default=8),
+        arg("--backend", choices=["operator", "agent"], default="operator"),
+    ],
+)
+def bench_mig_reconfigure(*, nodes: int, gpus_per_node: int, backend: str, stdout=None, **_) -> dict:
+    return run_mig_reconfigure_bench(nodes=nodes, gpus_per_node=gpus_per_node, backend=backend)

@@ -25,7 +25,7 @@ from decimal import Decimal
 
 from django.db import connection, transaction
 
-from gpuaas.bench import arg, benchmark
+from .registry import arg, benchmark
 
 PERIOD = date(2001, 1, 1)
 START = datetime(2001, 1, 1, tzinfo=UTC)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from gpuaas.bench import arg, benchmark
+from .registry import arg, benchmark
 
 PER_NODE = 8
 INTERVAL_S = 30

@@ -14,7 +14,7 @@ import time
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from gpuaas.bench import arg, benchmark
+from .registry import arg, benchmark
 
 CLUSTER = "bench-dashboard"
 LAYOUT = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))
@@ -113,9 +113,8 @@ def _timed(fn, repeat: int) -> tuple[float, int]:
 )
 def run_dashboard_bench(*, stdout=None, nodes: int = 500, repeat: int = 5, **_) -> dict:
     from capacity.models import Cluster, GpuCapacity, MigInstance
-
-    from .fleet import overview
-    from .nodes import node_view
+    from gpuaas.dashboard.fleet import overview
+    from gpuaas.dashboard.nodes import node_view
 
     cluster = Cluster.objects.filter(name=CLUSTER).first()
     if cluster is None:
