@@ -16,6 +16,7 @@ import re
 import secrets
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import requests
 from django.conf import settings
 
 from .registry import arg, benchmark
@@ -115,8 +117,6 @@ def _port_open(port: int) -> bool:
 
 
 def _login(base: str, path: str, username: str, password: str):
-    import requests
-
     session = requests.Session()
     session.get(base + path, timeout=30)
     response = session.post(
@@ -140,8 +140,6 @@ def _count_tasks(log: Path, offset: int) -> int:
 
 
 def _discovery_runs(var_dir: Path) -> int | None:
-    import sqlite3
-
     try:
         with sqlite3.connect(f"file:{var_dir / 'gpuaas.sqlite3'}?mode=ro", uri=True, timeout=30) as db:
             return db.execute("SELECT count(*) FROM capacity_discoveryrun WHERE status = 'succeeded'").fetchone()[0]
@@ -159,8 +157,6 @@ def _discovery_runs(var_dir: Path) -> int | None:
     ],
 )
 def demo_soak(*, minutes: float, interval: float, var_dir: str, stdout) -> dict:
-    import requests
-
     out = stdout.write
     var = Path(var_dir) if var_dir else Path(tempfile.mkdtemp(prefix="gpuaas-soak-"))
     var.mkdir(parents=True, exist_ok=True)
