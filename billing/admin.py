@@ -7,23 +7,19 @@ a finalised statement is read-only (and the database refuses changes anyway).
 from __future__ import annotations
 
 from datetime import timedelta
-from decimal import Decimal
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
-from django.db import connection
 from django.db.models import Count
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpResponse
 from django.utils import timezone
 from django.utils.functional import cached_property
-from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
 
 from pools.roles import operator_can
 
-from . import exports, services
+from . import backends, charts, exports, services
 from .choices import RunKind, StatementState
 from .models import (
     BillingRun,
@@ -255,7 +251,7 @@ class StatementAdmin(admin.ModelAdmin):
 
     @admin.display(description="daily cost (reserved vs used)")
     def daily_cost_chart(self, obj):
-        return daily_chart_svg(services.daily_costs(obj.project_id, obj.period), obj.currency)
+        return charts.daily_chart_svg(charts.daily_costs(obj.project_id, obj.period), obj.currency)
 
     @admin.action(description="Finalise selected drafts (they never change afterwards)", permissions=["finalise"])
     def finalise(self, request, queryset):
@@ -293,68 +289,19 @@ class StatementAdmin(admin.ModelAdmin):
         return response
 
 
-def daily_chart_svg(days: list[dict], currency: str, *, width: int = 720, height: int = 160) -> str:
-    """Inline SVG bars: reserved cost per day (light) with the used part (dark) over it. No scripts, no CDN."""
-    if not days:
-        return "No usage this month."
-    top = max((d["reserved"] for d in days), default=Decimal(0)) or Decimal(1)
-    bar = width / max(len(days), 1)
-    scale = Decimal(height - 20) / top
-    bars = []
-    for i, d in enumerate(days):
-        x = i * bar
-        reserved_h = float(d["reserved"] * scale)
-        used_h = float((d["used"] or 0) * scale)
-        title = f"{d['day']:%Y-%m-%d}: reserved {d['reserved']:.2f}"
-        title += f", used {d['used']:.2f}" if d["used"] is not None else ", used not measured"
-        bars.append(
-            (
-                f"{x + 1:.1f}",
-                f"{height - 14 - reserved_h:.1f}",
-                f"{max(bar - 2, 1):.1f}",
-                f"{reserved_h:.1f}",
-                f"{height - 14 - used_h:.1f}",
-                f"{used_h:.1f}",
-                title,
-                f"{x + bar / 2:.1f}",
-                f"{d['day']:%d}",
-            )
-        )
-    body = format_html_join(
-        "",
-        '<g><title>{6}</title><rect x="{0}" y="{1}" width="{2}" height="{3}" fill="#9ec5e8"></rect>'
-        '<rect x="{0}" y="{4}" width="{2}" height="{5}" fill="#1f6fb2"></rect>'
-        '<text x="{7}" y="158" font-size="9" text-anchor="middle">{8}</text></g>',
-        bars,
-    )
-    legend = format_html(
-        '<text x="4" y="10" font-size="10">max {} {} / day; light = reserved, dark = used</text>',
-        f"{top:.2f}",
-        currency,
-    )
-    return mark_safe(
-        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}">{legend}{body}</svg>'
-    )
-
-
 # --- Usage records ----------------------------------------------------------------------------------
 
 
 class EstimatedCountPaginator(Paginator):
-    """On PostgreSQL an unfiltered changelist uses the planner's row estimate instead of COUNT(*) over millions."""
+    """An unfiltered changelist uses the database's row estimate (PostgreSQL) instead of COUNT(*) over millions."""
 
     @cached_property
     def count(self):
         query = getattr(self.object_list, "query", None)
-        if connection.vendor == "postgresql" and query is not None and not query.where:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [UsageRecord._meta.db_table]
-                )
-                row = cursor.fetchone()
-            if row and row[0] > 10000:
-                return row[0]
+        if query is not None and not query.where:
+            estimate = backends.estimated_rows(UsageRecord._meta.db_table)
+            if estimate is not None and estimate > 10000:
+                return estimate
         return super().count
 
 

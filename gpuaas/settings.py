@@ -209,6 +209,21 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # One OpenAPI enum per choice set, whatever the field is called.
+    "ENUM_NAME_OVERRIDES": {
+        "SpecKindEnum": "capacity.choices.SpecKind",
+        "ReconfigurationStepEnum": "capacity.choices.ReconfigurationStep",
+        "ReconfigurationStateEnum": "capacity.choices.ReconfigurationState",
+        "ReconfigurationBackendEnum": "capacity.choices.ReconfigurationBackend",
+        "ReconfigurationEventEnum": "capacity.choices.ReconfigurationEvent",
+        "RequestStateEnum": "pools.choices.RequestState",
+        "PoolStateEnum": "pools.choices.PoolState",
+        "RoleEnum": "pools.choices.Role",
+        "StatementStateEnum": "billing.choices.StatementState",
+        "LineTypeEnum": "billing.choices.LineType",
+        "BillingRunKindEnum": "billing.choices.RunKind",
+        "BillingRunStatusEnum": "billing.choices.RunStatus",
+    },
 }
 
 # --- Cache (API throttling state) -------------------------------------------------------------
@@ -233,8 +248,7 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"sqla+sqlite:///{EMBEDDED_BROK
 _BROKER_SCHEMES = {"sqla+sqlite", "redis", "rediss", "memory"}
 if CELERY_BROKER_URL.split("://")[0] not in _BROKER_SCHEMES:
     raise ConfigurationError(
-        "CELERY_BROKER_URL must be redis://, rediss:// or sqla+sqlite:///PATH (embedded), "
-        f"got {CELERY_BROKER_URL!r}"
+        f"CELERY_BROKER_URL must be redis://, rediss:// or sqla+sqlite:///PATH (embedded), got {CELERY_BROKER_URL!r}"
     )
 CELERY_LONGEST_TASK_S = 30 * 60
 if CELERY_BROKER_URL.startswith("sqla+sqlite://"):
@@ -264,55 +278,6 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
-DISCOVERY_INTERVAL_S = env_int("DISCOVERY_INTERVAL_S", 60, minimum=5)
-METRICS_INTERVAL_S = env_int("METRICS_INTERVAL_S", 30, minimum=5)
-
-# --- Billing (billing app; docs/billing.md) ---------------------------------------------------
-BILLING_CURRENCY = env_str("BILLING_CURRENCY", "EUR").upper()
-if len(BILLING_CURRENCY) != 3 or not BILLING_CURRENCY.isalpha():
-    raise ConfigurationError(f"BILLING_CURRENCY={BILLING_CURRENCY!r} is not an ISO 4217 code such as EUR")
-
-
-def _gpu_prices(name: str, default: str) -> dict:
-    """Parse "H100-80GB=2.50,H200-141GB=3.20" into {"H100-80GB": Decimal("2.50"), ...}; junk stops start-up."""
-    from decimal import Decimal, InvalidOperation
-
-    prices = {}
-    for item in env_list(name, default.split(",")):
-        product, _, price = item.partition("=")
-        try:
-            value = Decimal(price.strip())
-        except InvalidOperation:
-            value = Decimal(-1)
-        if not product.strip() or not value.is_finite() or value < 0:
-            raise ConfigurationError(f"{name}: {item!r} is not PRODUCT=PRICE (e.g. H100-80GB=2.50)")
-        prices[product.strip()] = value
-    return prices
-
-
-# Full-GPU price per hour by catalog product; MIG and time-slice prices derive from it.
-BILLING_DEFAULT_GPU_HOURLY = _gpu_prices(
-    "BILLING_DEFAULT_GPU_HOURLY", "H100-80GB=2.50,H200-141GB=3.20,A100-80GB=1.60,A100-40GB=1.20,A30-24GB=0.60"
-)
-BILLING_METER_INTERVAL_S = env_int("BILLING_METER_INTERVAL_S", 600, minimum=60)
-# Credits and showback of the last N hours are recomputed after each metering pass.
-BILLING_REFRESH_HOURS = env_int("BILLING_REFRESH_HOURS", 48, minimum=1)
-SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
-    {
-        "StatementStateEnum": "billing.choices.StatementState",
-        "LineTypeEnum": "billing.choices.LineType",
-        "BillingRunKindEnum": "billing.choices.RunKind",
-        "BillingRunStatusEnum": "billing.choices.RunStatus",
-    }
-)
-# --- end billing settings
-
-
-def every(seconds: int, task: str) -> dict:
-    """A beat entry that runs `task` every `seconds` and expires after one period (no backlog piles up)."""
-    return {"task": task, "schedule": timedelta(seconds=seconds), "options": {"expires": seconds}}
-
-
 # --- Recovery of long operations (gpuaas/leases.py; docs/reliability.md) -----------------------
 # A claimed workflow step holds a lease that its worker renews every third of it; once a lease runs
 # out (worker SIGKILLed, message lost), the next sweep re-enqueues the work. Recovery takes at most
@@ -322,44 +287,30 @@ WORKFLOW_SWEEP_S = env_int("WORKFLOW_SWEEP_S", 30, minimum=1)
 # Level-triggered reconcile of every provisioned pool's Kubernetes objects (quota, labels, namespace).
 POOL_RECONCILE_INTERVAL_S = env_int("POOL_RECONCILE_INTERVAL_S", 60, minimum=1)
 
-# Static beat schedule; `expires` equals the period so a backlog never piles up.
-CELERY_BEAT_SCHEDULE = {
-    "discover-all-clusters": every(DISCOVERY_INTERVAL_S, "capacity.tasks.discover_all_task"),
-    # --- billing: meter every complete hour (a no-op until one ends); close last month on the 1st.
-    "billing-meter-usage": every(BILLING_METER_INTERVAL_S, "billing.tasks.meter_usage_task"),
-    "billing-sweep": every(WORKFLOW_SWEEP_S, "billing.tasks.sweep_billing_task"),
-    "billing-close-month": {
-        "task": "billing.tasks.close_month_task",
-        "schedule": crontab(minute=30, hour=0, day_of_month=1),
-        "options": {"expires": 28 * 24 * 3600},
-    },
-    # --- end billing
-}
+# --- Capacity: discovery, MIG reconfiguration, time-slicing (docs/discovery.md, docs/mig.md) -----
+DISCOVERY_INTERVAL_S = env_int("DISCOVERY_INTERVAL_S", 60, minimum=5)
+GPU_OPERATOR_NAMESPACE = env_str("GPU_OPERATOR_NAMESPACE", "gpu-operator")
+# gpuaas's own mig-parted ConfigMap; point the ClusterPolicy's spec.migManager.config.name at it.
+MIG_PARTED_CONFIGMAP = env_str("MIG_PARTED_CONFIGMAP", "gpuaas-mig-parted-config")
+# The device plugin's config ConfigMap (ClusterPolicy spec.devicePlugin.config.name).
+TIME_SLICING_CONFIGMAP = env_str("TIME_SLICING_CONFIGMAP", "time-slicing-config")
+# Waiting steps re-check with this countdown: far below the Redis visibility timeout.
+MIG_RECONFIG_POLL_S = env_int("MIG_RECONFIG_POLL_S", 5, minimum=1)
+if MIG_RECONFIG_POLL_S * 10 > CELERY_LONGEST_TASK_S:
+    raise ConfigurationError("MIG_RECONFIG_POLL_S must stay far below the broker visibility timeout")
+MIG_DRAIN_TIMEOUT_S = env_int("MIG_DRAIN_TIMEOUT_S", 900, minimum=10)
+MIG_APPLY_TIMEOUT_S = env_int("MIG_APPLY_TIMEOUT_S", 1200, minimum=10)
+MIG_VERIFY_TIMEOUT_S = env_int("MIG_VERIFY_TIMEOUT_S", 300, minimum=10)
+MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", WORKFLOW_SWEEP_S, minimum=1)
 
-# --- pools: expiry of pool requests (beat entry below; docs/pools.md) -----------------------------
+# --- Pools: limits and expiry of pool requests (docs/pools.md) ------------------------------------
 POOL_EXPIRY_NOTICE_S = env_int("POOL_EXPIRY_NOTICE_S", 3600, minimum=0)
 POOL_EXPIRY_INTERVAL_S = env_int("POOL_EXPIRY_INTERVAL_S", 60, minimum=5)
 # The most units one pool request may ask for (the API answers 400 above it).
 POOL_REQUEST_MAX_UNITS = env_int("POOL_REQUEST_MAX_UNITS", 512, minimum=1)
-CELERY_BEAT_SCHEDULE.update(
-    {
-        "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
-        "pools-sweep-provisioning": every(WORKFLOW_SWEEP_S, "pools.tasks.sweep_provisioning_task"),
-        "pools-reconcile": every(POOL_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_pools_task"),
-    }
-)
-# One OpenAPI enum per choice set of the pools API, whatever the field is called.
-SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
-    {
-        "RequestStateEnum": "pools.choices.RequestState",
-        "PoolStateEnum": "pools.choices.PoolState",
-        "RoleEnum": "pools.choices.Role",
-        "SpecKindEnum": "capacity.choices.SpecKind",
-    }
-)
-# --- end pools ----------------------------------------------------------------------------------
 
-# --- monitoring: collection, storage, health, idle reservations (docs/monitoring.md) ------------
+# --- Monitoring: collection, storage, health, idle reservations (docs/monitoring.md) ------------
+METRICS_INTERVAL_S = env_int("METRICS_INTERVAL_S", 30, minimum=5)
 
 
 def _int_set(name: str, default: str) -> frozenset[int]:
@@ -397,46 +348,67 @@ MONITORING_SHARE_FACTOR_PCT = env_int("MONITORING_SHARE_FACTOR_PCT", 150, minimu
 MONITORING_EVICT_OVER_SHARE = env_bool("MONITORING_EVICT_OVER_SHARE", False)
 # Bearer token Prometheus must send to /metrics; empty: operators' sessions only (DEBUG opens nothing).
 MONITORING_METRICS_TOKEN = env_str("MONITORING_METRICS_TOKEN", "")
-CELERY_BEAT_SCHEDULE.update(
-    {
-        "monitoring-poll-metrics": every(METRICS_INTERVAL_S, "monitoring.tasks.poll_metrics_task"),
-        "monitoring-rollup": every(MONITORING_ROLLUP_INTERVAL_S, "monitoring.tasks.rollup_metrics_task"),
-        "monitoring-retention": every(MONITORING_RETENTION_INTERVAL_S, "monitoring.tasks.prune_metrics_task"),
-        "monitoring-idle-reservations": every(
-            MONITORING_IDLE_INTERVAL_S, "monitoring.tasks.detect_idle_reservations_task"
-        ),
-    }
-)
-# --- end monitoring -----------------------------------------------------------------------------
 
-# --- capacity: MIG reconfiguration, time-slicing (docs/mig.md) -------------------------------
-GPU_OPERATOR_NAMESPACE = env_str("GPU_OPERATOR_NAMESPACE", "gpu-operator")
-# gpuaas's own mig-parted ConfigMap; point the ClusterPolicy's spec.migManager.config.name at it.
-MIG_PARTED_CONFIGMAP = env_str("MIG_PARTED_CONFIGMAP", "gpuaas-mig-parted-config")
-# The device plugin's config ConfigMap (ClusterPolicy spec.devicePlugin.config.name).
-TIME_SLICING_CONFIGMAP = env_str("TIME_SLICING_CONFIGMAP", "time-slicing-config")
-# Waiting steps re-check with this countdown: far below the Redis visibility timeout.
-MIG_RECONFIG_POLL_S = env_int("MIG_RECONFIG_POLL_S", 5, minimum=1)
-if MIG_RECONFIG_POLL_S * 10 > CELERY_LONGEST_TASK_S:
-    raise ConfigurationError("MIG_RECONFIG_POLL_S must stay far below the broker visibility timeout")
-MIG_DRAIN_TIMEOUT_S = env_int("MIG_DRAIN_TIMEOUT_S", 900, minimum=10)
-MIG_APPLY_TIMEOUT_S = env_int("MIG_APPLY_TIMEOUT_S", 1200, minimum=10)
-MIG_VERIFY_TIMEOUT_S = env_int("MIG_VERIFY_TIMEOUT_S", 300, minimum=10)
-MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", WORKFLOW_SWEEP_S, minimum=1)
-CELERY_BEAT_SCHEDULE.update(
-    {
-        "capacity-sweep-reconfigurations": every(MIG_RECONFIG_SWEEP_S, "capacity.tasks.sweep_reconfigurations_task"),
-    }
+# --- Billing (docs/billing.md) --------------------------------------------------------------------
+BILLING_CURRENCY = env_str("BILLING_CURRENCY", "EUR").upper()
+if len(BILLING_CURRENCY) != 3 or not BILLING_CURRENCY.isalpha():
+    raise ConfigurationError(f"BILLING_CURRENCY={BILLING_CURRENCY!r} is not an ISO 4217 code such as EUR")
+
+
+def _gpu_prices(name: str, default: str) -> dict:
+    """Parse "H100-80GB=2.50,H200-141GB=3.20" into {"H100-80GB": Decimal("2.50"), ...}; junk stops start-up."""
+    from decimal import Decimal, InvalidOperation
+
+    prices = {}
+    for item in env_list(name, default.split(",")):
+        product, _, price = item.partition("=")
+        try:
+            value = Decimal(price.strip())
+        except InvalidOperation:
+            value = Decimal(-1)
+        if not product.strip() or not value.is_finite() or value < 0:
+            raise ConfigurationError(f"{name}: {item!r} is not PRODUCT=PRICE (e.g. H100-80GB=2.50)")
+        prices[product.strip()] = value
+    return prices
+
+
+# Full-GPU price per hour by catalog product; MIG and time-slice prices derive from it.
+BILLING_DEFAULT_GPU_HOURLY = _gpu_prices(
+    "BILLING_DEFAULT_GPU_HOURLY", "H100-80GB=2.50,H200-141GB=3.20,A100-80GB=1.60,A100-40GB=1.20,A30-24GB=0.60"
 )
-SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
-    {
-        "ReconfigurationStepEnum": "capacity.choices.ReconfigurationStep",
-        "ReconfigurationStateEnum": "capacity.choices.ReconfigurationState",
-        "ReconfigurationBackendEnum": "capacity.choices.ReconfigurationBackend",
-        "ReconfigurationEventEnum": "capacity.choices.ReconfigurationEvent",
-    }
-)
-# --- end capacity reconfiguration ---------------------------------------------------------------
+BILLING_METER_INTERVAL_S = env_int("BILLING_METER_INTERVAL_S", 600, minimum=60)
+# Credits and showback of the last N hours are recomputed after each metering pass.
+BILLING_REFRESH_HOURS = env_int("BILLING_REFRESH_HOURS", 48, minimum=1)
+
+
+# --- Periodic jobs ----------------------------------------------------------------------------
+
+
+def every(seconds: int, task: str) -> dict:
+    """A beat entry that runs `task` every `seconds` and expires after one period (no backlog piles up)."""
+    return {"task": task, "schedule": timedelta(seconds=seconds), "options": {"expires": seconds}}
+
+
+# Static beat schedule; `expires` equals the period so a backlog never piles up.
+CELERY_BEAT_SCHEDULE = {
+    "discover-all-clusters": every(DISCOVERY_INTERVAL_S, "capacity.tasks.discover_all_task"),
+    "capacity-sweep-reconfigurations": every(MIG_RECONFIG_SWEEP_S, "capacity.tasks.sweep_reconfigurations_task"),
+    "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
+    "pools-sweep-provisioning": every(WORKFLOW_SWEEP_S, "pools.tasks.sweep_provisioning_task"),
+    "pools-reconcile": every(POOL_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_pools_task"),
+    "monitoring-poll-metrics": every(METRICS_INTERVAL_S, "monitoring.tasks.poll_metrics_task"),
+    "monitoring-rollup": every(MONITORING_ROLLUP_INTERVAL_S, "monitoring.tasks.rollup_metrics_task"),
+    "monitoring-retention": every(MONITORING_RETENTION_INTERVAL_S, "monitoring.tasks.prune_metrics_task"),
+    "monitoring-idle-reservations": every(MONITORING_IDLE_INTERVAL_S, "monitoring.tasks.detect_idle_reservations_task"),
+    # Billing: meter every complete hour (a no-op until one ends); close last month on the 1st.
+    "billing-meter-usage": every(BILLING_METER_INTERVAL_S, "billing.tasks.meter_usage_task"),
+    "billing-sweep": every(WORKFLOW_SWEEP_S, "billing.tasks.sweep_billing_task"),
+    "billing-close-month": {
+        "task": "billing.tasks.close_month_task",
+        "schedule": crontab(minute=30, hour=0, day_of_month=1),
+        "options": {"expires": 28 * 24 * 3600},
+    },
+}
 
 # --- Outside systems ------------------------------------------------------------------------
 # Factory returning a pynvml-compatible library for (api_url, node_name). Production (DEBUG off):

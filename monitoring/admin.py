@@ -327,7 +327,7 @@ class SeriesAdmin(ReadOnlyAdmin):
 
 def _by_bucket(points: list[dict], end) -> list[dict | None]:
     """288 five-minute slots ending at `end`; a slot without a point is a gap."""
-    from .services.rollups import BUCKET, floor
+    from .buckets import BUCKET, floor
 
     last = floor(end, BUCKET["5m"])
     first = last - timedelta(minutes=5 * 287)

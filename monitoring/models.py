@@ -10,6 +10,8 @@ See docs/monitoring.md for the byte budget and retention.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Exists, OuterRef, Q
@@ -247,6 +249,11 @@ class RollupRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.level} rollups complete until {self.complete_until}"
+
+    @classmethod
+    def finished_until(cls, level: str) -> datetime | None:
+        """Buckets of `level` before this time are final; None before the first run."""
+        return cls.objects.filter(level=level).values_list("complete_until", flat=True).first()
 
 
 class MaintenanceRun(models.Model):

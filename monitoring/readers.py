@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import F, FloatField, Max, Q, Sum
@@ -21,13 +21,13 @@ from django.db.models.functions import Cast
 
 from capacity.choices import SpecKind
 
+from . import backends
+from .buckets import BUCKET, GAUGES, floor, plain_number
 from .choices import RollupLevel
-from .models import SAMPLE_COLUMNS, Rollup1h, Rollup5m, RollupRun, Sample, Series
-from .sample_reads import NO_END, sample_rows, samples_sql
-from .services.rollups import BUCKET, GAUGES, floor
+from .models import Rollup1h, Rollup5m, RollupRun, Sample, Series
+from .sample_reads import sample_rows
 
 STEPS = ("raw", "5m", "1h")
-_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
 METRICS = GAUGES  # power_w, sm_active, gpu_util, mem_used_mib, temp_c
 AGGREGATES = ("avg", "max", "min")
 Window = tuple[datetime, datetime | None]
@@ -40,10 +40,6 @@ def auto_step(start: datetime, end: datetime) -> str:
     if span <= timedelta(days=3):
         return "5m"
     return "1h"
-
-
-def _complete_until(level: str) -> datetime | None:
-    return RollupRun.objects.filter(level=level).values_list("complete_until", flat=True).first()
 
 
 def _inside(ts: datetime, windows: list[Window], size: timedelta) -> bool:
@@ -93,7 +89,7 @@ def _bucket_points(series_ids, start, end, step, aggregate, metrics) -> dict[int
     size = BUCKET[step]
     start = floor(start, size)
     model = Rollup5m if step == RollupLevel.FIVE_MINUTES else Rollup1h
-    done = _complete_until(step)
+    done = RollupRun.finished_until(step)
     rolled_end = min(end, done) if done else start
     result: dict[int, list[dict]] = {sid: [] for sid in series_ids}
     if rolled_end > start:
@@ -107,47 +103,9 @@ def _bucket_points(series_ids, start, end, step, aggregate, metrics) -> dict[int
             result[sid].append({"ts": bucket, **dict(zip(metrics, values, strict=True))})
     tail_start = max(start, rolled_end)
     if tail_start < end:
-        for sid, points in _raw_buckets(series_ids, tail_start, end, size, aggregate, metrics).items():
+        for sid, points in backends.raw_buckets(series_ids, tail_start, end, size, aggregate, metrics).items():
             result[sid].extend(points)
     return result
-
-
-def _raw_buckets(series_ids, start, end, size, aggregate, metrics) -> dict[int, list[dict]]:
-    """Aggregate raw samples into buckets (the part the rollup job has not finished yet)."""
-    if connection.vendor == "postgresql":
-        return _raw_buckets_sql(series_ids, start, end, size, aggregate, metrics)
-    grouped: dict[tuple[int, datetime], list] = defaultdict(list)
-    for sid, ts, *values in sample_rows(series_ids, start, end, metrics):
-        grouped[(sid, floor(ts, size))].append(values)
-    pick = {"avg": lambda v: sum(v) / len(v), "max": max, "min": min}[aggregate]
-    result: dict[int, list[dict]] = defaultdict(list)
-    for (sid, bucket), rows_ in sorted(grouped.items()):
-        point = {"ts": bucket}
-        for i, metric in enumerate(metrics):
-            values = [r[i] for r in rows_ if r[i] is not None]
-            point[metric] = pick(values) if values else None
-        result[sid].append(point)
-    return result
-
-
-def _raw_buckets_sql(series_ids, start, end, size, aggregate, metrics) -> dict[int, list[dict]]:
-    columns = ", ".join(f"{aggregate}({m})" for m in metrics)
-    result: dict[int, list[dict]] = defaultdict(list)
-    samples, params = samples_sql(series_ids, start, end, metrics)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH s AS MATERIALIZED ({samples}) "
-            f"SELECT series_id, date_bin(%s, ts, %s), {columns} FROM s GROUP BY 1, 2 ORDER BY 1, 2",
-            [*params, size, _ORIGIN],
-        )
-        for sid, bucket, *values in cursor.fetchall():
-            result[sid].append({"ts": bucket, **{m: _number(v) for m, v in zip(metrics, values, strict=True)}})
-    return result
-
-
-def _number(value):
-    """avg() of an integer column comes back as Decimal: make it a float."""
-    return float(value) if value is not None and not isinstance(value, int | float) else value
 
 
 @dataclass(slots=True)
@@ -181,7 +139,7 @@ def window_stats(series_ids: list[int], start: datetime, end: datetime) -> dict[
         for chunk in _chunks(series_ids):
             result.update(window_stats(chunk, start, end))
         return result
-    done = _complete_until(RollupLevel.FIVE_MINUTES)
+    done = RollupRun.finished_until(RollupLevel.FIVE_MINUTES)
     split = max(start, min(end, done)) if done else start
     acc: dict[int, dict] = defaultdict(lambda: defaultdict(float))
 
@@ -228,7 +186,9 @@ def window_stats(series_ids: list[int], start: datetime, end: datetime) -> dict[
                 r["power_w"] / r["power_n"] if r["power_n"] else None,
             )
     if split < end:
-        samples, params = samples_sql(series_ids, split, end, ("sm_active", "gpu_util", "mem_used_mib", "power_w"))
+        samples, params = backends.samples_sql(
+            series_ids, split, end, ("sm_active", "gpu_util", "mem_used_mib", "power_w")
+        )
         with connection.cursor() as cursor:
             cursor.execute(
                 f"WITH s AS MATERIALIZED ({samples}) SELECT series_id, count(*), "
@@ -237,7 +197,7 @@ def window_stats(series_ids: list[int], start: datetime, end: datetime) -> dict[
                 params,
             )
             for row in cursor.fetchall():
-                add(*(_number(v) for v in row))
+                add(*(plain_number(v) for v in row))
     result = {}
     for sid in series_ids:
         a = acc.get(sid)
@@ -269,31 +229,7 @@ def latest_samples(series_ids: list[int], *, since: datetime) -> dict[int, Sampl
     """The newest sample of each series since `since`."""
     if not series_ids:
         return {}
-    if connection.vendor == "postgresql":
-        others = tuple(c for c in SAMPLE_COLUMNS if c not in ("series_id", "ts"))
-        samples, params = samples_sql(series_ids, since, NO_END, others)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"WITH s AS MATERIALIZED ({samples}) SELECT DISTINCT ON (series_id) * FROM s "
-                "ORDER BY series_id, ts DESC",
-                params,
-            )
-            rows = [
-                Sample(series_id=sid, ts=ts, **dict(zip(others, values, strict=True))) for sid, ts, *values in cursor
-            ]
-        return {row.series_id: row for row in rows}
-    newest = (
-        Sample.objects.filter(series_id__in=series_ids, ts__gte=since)
-        .values("series_id")
-        .annotate(ts=Max("ts"))
-        .values_list("series_id", "ts")
-    )
-    keys = Q()
-    for sid, ts in newest:
-        keys |= Q(series_id=sid, ts=ts)
-    if not keys:
-        return {}
-    return {row.series_id: row for row in Sample.objects.filter(keys)}
+    return backends.latest_samples(series_ids, since=since)
 
 
 def allocation_series(allocations) -> dict[int, int]:
@@ -332,10 +268,7 @@ def pool_utilisation(pool, start: datetime, end: datetime, *, step: str) -> dict
     units = [
         (series[a.pk], a.compute_slices or 1, a.allocated_at, a.released_at) for a in allocations if a.pk in series
     ]
-    if connection.vendor == "postgresql":
-        steps = _pool_steps_sql(units, start, end, step)
-    else:
-        steps = _pool_steps_python(units, start, end, step)
+    steps = backends.pool_steps(units, start, end, step)
     weighted = sum(avg * weight for _, avg, _, weight in steps)
     slices = sum(weight for *_, weight in steps)
     return {
@@ -344,75 +277,3 @@ def pool_utilisation(pool, start: datetime, end: datetime, *, step: str) -> dict
         "sm_active_avg": weighted / slices if slices else None,
         "points": [{"ts": ts, "sm_active": avg, "units": n} for ts, avg, n, _ in steps],
     }
-
-
-def _pool_steps_python(units, start, end, step) -> list[tuple[datetime, float, int, float]]:
-    weights = {sid: w for sid, w, _, _ in units}
-    windows: dict[int, list[Window]] = defaultdict(list)
-    for sid, _, held_from, held_until in units:
-        windows[sid].append((held_from, held_until))
-    points = series_points(list(weights), start, end, step=step, metrics=("sm_active",), windows=windows)
-    by_ts: dict[datetime, list[tuple[float, int]]] = defaultdict(list)
-    for sid, rows in points.items():
-        for p in rows:
-            if p["sm_active"] is not None:
-                by_ts[p["ts"]].append((p["sm_active"], weights[sid]))
-    return [
-        (ts, sum(v * w for v, w in vals) / sum(w for _, w in vals), len(vals), float(sum(w for _, w in vals)))
-        for ts, vals in sorted(by_ts.items())
-    ]
-
-
-_UNITS_CTE = (
-    "WITH u (series_id, w, held_from, held_until) AS "
-    "(SELECT * FROM unnest(%s::int[], %s::int[], %s::timestamptz[], %s::timestamptz[]))"
-)
-
-
-def _pool_steps_sql(units, start, end, step) -> list[tuple[datetime, float, int, float]]:
-    """(ts, weighted avg, units, weight) per step: finished rollups, then raw samples binned in SQL."""
-    if not units:
-        return []
-    params = [[u[0] for u in units], [u[1] for u in units], [u[2] for u in units], [u[3] for u in units]]
-    rows: list[tuple] = []
-    with connection.cursor() as cursor:
-        if step == "raw":
-            samples, samples_params = samples_sql(params[0], start, end, ("sm_active",))
-            cursor.execute(
-                f"{_UNITS_CTE}, s AS MATERIALIZED ({samples}) "
-                "SELECT s.ts, sum(s.sm_active * u.w) / sum(u.w), count(*), sum(u.w) "
-                "FROM s JOIN u ON s.series_id = u.series_id WHERE s.ts >= u.held_from "
-                "AND (u.held_until IS NULL OR s.ts < u.held_until) AND s.sm_active IS NOT NULL "
-                "GROUP BY s.ts ORDER BY s.ts",
-                [*params, *samples_params],
-            )
-            return [(ts, float(avg), n, float(w)) for ts, avg, n, w in cursor.fetchall()]
-        size = BUCKET[step]
-        start = floor(start, size)
-        done = _complete_until(step)
-        rolled_end = min(end, done) if done else start
-        if rolled_end > start:
-            table = (Rollup5m if step == RollupLevel.FIVE_MINUTES else Rollup1h)._meta.db_table
-            cursor.execute(
-                f"{_UNITS_CTE} SELECT r.bucket, sum(r.sm_active_avg * u.w) / sum(u.w), count(*), sum(u.w) "
-                f"FROM {table} r JOIN u ON r.series_id = u.series_id "
-                "WHERE r.bucket >= %s AND r.bucket < %s AND r.bucket >= u.held_from "
-                "AND (u.held_until IS NULL OR r.bucket + %s <= u.held_until) AND r.sm_active_avg IS NOT NULL "
-                "GROUP BY r.bucket ORDER BY r.bucket",
-                [*params, start, rolled_end, size],
-            )
-            rows += cursor.fetchall()
-        tail = max(start, rolled_end)
-        if tail < end:
-            samples, samples_params = samples_sql(params[0], tail, end, ("sm_active",))
-            cursor.execute(
-                f"{_UNITS_CTE}, s AS MATERIALIZED ({samples}), per_unit AS ("
-                "SELECT date_bin(%s, s.ts, %s) AS bucket, avg(s.sm_active) AS v, u.w "
-                "FROM s JOIN u ON s.series_id = u.series_id WHERE s.ts >= u.held_from "
-                "AND (u.held_until IS NULL OR s.ts < u.held_until) AND s.sm_active IS NOT NULL "
-                "GROUP BY 1, s.series_id, u.w) "
-                "SELECT bucket, sum(v * w) / sum(w), count(*), sum(w) FROM per_unit GROUP BY bucket ORDER BY bucket",
-                [*params, *samples_params, size, _ORIGIN],
-            )
-            rows += cursor.fetchall()
-    return [(ts, float(avg), n, float(w)) for ts, avg, n, w in rows]

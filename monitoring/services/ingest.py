@@ -10,14 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from django.conf import settings
-from django.db import connection, transaction
-from psycopg import errors as pg_errors
+from monitoring import backends
+from monitoring.models import SAMPLE_COLUMNS, SAMPLE_PG_TYPES, Series
 
-from monitoring.models import SAMPLE_COLUMNS, SAMPLE_PG_TYPES, Sample, Series
-
-_COLUMNS_SQL = ", ".join(SAMPLE_COLUMNS)
-_STAGE = "monitoring_sample_stage"
 _INDEX = {name: i for i, name in enumerate(SAMPLE_COLUMNS)}
 _INT_LIMITS = {"int2": 32767, "int4": 2147483647}
 
@@ -74,54 +69,9 @@ def ingest_samples(rows: Sequence[tuple], *, optimistic: bool = True) -> None:
     inside a savepoint (the common case: a batch never seen before); if a key already exists the
     savepoint is rolled back and the batch goes through a temporary staging table and
     INSERT ... SELECT ... ON CONFLICT DO NOTHING. `optimistic=False` always takes the staging path.
-    Otherwise (small batches, SQLite): INSERT ... ON CONFLICT DO NOTHING via bulk_create.
+    Otherwise (small batches, SQLite): INSERT ... ON CONFLICT DO NOTHING via bulk_create. The SQL is
+    monitoring.backends'.
     """
     if not rows:
         return
-    if connection.vendor == "postgresql" and len(rows) >= settings.MONITORING_COPY_MIN_ROWS:
-        _ingest_copy(rows, optimistic=optimistic)
-        return
-    with transaction.atomic():
-        _relax_commit()
-        Sample.objects.bulk_create(
-            [Sample(**dict(zip(SAMPLE_COLUMNS, row, strict=True))) for row in rows],
-            ignore_conflicts=True,
-            batch_size=1000,
-        )
-
-
-def _relax_commit() -> None:
-    """Samples are telemetry: unless MONITORING_SYNCHRONOUS_COMMIT, their transaction does not wait for the
-    WAL flush (a crash may lose the last fraction of a second of samples; nothing else is affected)."""
-    if connection.vendor == "postgresql" and not settings.MONITORING_SYNCHRONOUS_COMMIT:
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
-
-
-def _copy(cursor, table: str, rows: Sequence[tuple]) -> None:
-    with cursor.copy(f"COPY {table} ({_COLUMNS_SQL}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(SAMPLE_PG_TYPES)
-        for row in rows:
-            copy.write_row(row)
-
-
-def _ingest_copy(rows: Sequence[tuple], *, optimistic: bool) -> None:
-    table = Sample._meta.db_table
-    with transaction.atomic(), connection.cursor() as cursor:
-        _relax_commit()
-        if optimistic:
-            try:
-                with transaction.atomic():
-                    _copy(cursor, table, rows)
-                return
-            except pg_errors.UniqueViolation:
-                pass  # some keys exist: the savepoint is rolled back, take the conflict-tolerant path
-        cursor.execute(
-            f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGE} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-        )
-        _copy(cursor, _STAGE, rows)
-        cursor.execute(
-            f"INSERT INTO {table} ({_COLUMNS_SQL}) SELECT {_COLUMNS_SQL} FROM {_STAGE} "
-            "ON CONFLICT (ts, series_id) DO NOTHING"
-        )
-        cursor.execute(f"TRUNCATE {_STAGE}")
+    backends.insert_samples(rows, optimistic=optimistic)

@@ -14,17 +14,14 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from monitoring import backends
 from monitoring.models import Rollup1h, Rollup5m, Sample
 
 
 def delete_older_than(model, column: str, cutoff: datetime, *, batch: int, max_batches: int) -> int:
     """Delete rows of `model` with `column` < cutoff, `batch` rows per transaction; rows deleted."""
     table = model._meta.db_table
-    key = "ctid" if connection.vendor == "postgresql" else "rowid"
-    if connection.vendor == "postgresql":
-        sql = f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {column} < %s LIMIT %s))"
-    else:
-        sql = f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {column} < %s LIMIT %s)"
+    sql = backends.delete_batch_sql(table, column)
     deleted = 0
     for _ in range(max_batches):
         with transaction.atomic(), connection.cursor() as cursor:

@@ -87,7 +87,7 @@ class FakeLibrary:
 
 def test_not_supported_means_unavailable_and_the_session_always_shuts_down(settings, monkeypatch):
     library = FakeLibrary()
-    monkeypatch.setattr(nvml, "load_library", lambda api_url, node: library)
+    monkeypatch.setattr(nvml.sessions, "load_library", lambda api_url, node: library)
     inventory = nvml.node_inventory("", "n1")
     (gpu,) = inventory.gpus
     assert (inventory.driver_version, inventory.cuda_version) == ("", "12.4")
@@ -97,7 +97,7 @@ def test_not_supported_means_unavailable_and_the_session_always_shuts_down(setti
 
 
 def test_init_failures_and_bad_factories_are_nvml_errors(settings, monkeypatch):
-    monkeypatch.setattr(nvml, "load_library", lambda api_url, node: FakeLibrary(fail_init=True))
+    monkeypatch.setattr(nvml.sessions, "load_library", lambda api_url, node: FakeLibrary(fail_init=True))
     with pytest.raises(nvml.NvmlError, match="nvmlInit on n1 failed"):
         nvml.node_inventory("", "n1")
     monkeypatch.undo()

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.mig_planner import BIG_DEMAND, BIG_PRODUCT, exhaustive_fewest_gpus, run_mig_planner_bench
 from capacity.mig import planner
-from capacity.mig.benchmark import BIG_DEMAND, BIG_PRODUCT, exhaustive_fewest_gpus, run_mig_planner_bench
 from capacity.mig.catalog import PRODUCTS
 from capacity.mig.layout import Placement, free_placements, free_score, validate_layout
 from capacity.mig.planner import GpuState, first_fit, plan_fewest_gpus, plan_onto_gpus

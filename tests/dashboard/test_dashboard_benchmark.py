@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuaas.dashboard.benchmarks import run_dashboard_bench
+from benchmarks.dashboard import run_dashboard_bench
 
 pytestmark = pytest.mark.django_db
 

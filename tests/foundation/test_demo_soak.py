@@ -3,7 +3,7 @@
 import pytest
 from django.urls import resolve
 
-from gpuaas.benchmarks import SOAK_PAGES, SoakTally
+from benchmarks.demo_soak import SOAK_PAGES, SoakTally
 
 
 def test_every_soak_page_is_a_routed_url_with_a_known_client():
@@ -11,8 +11,14 @@ def test_every_soak_page_is_a_routed_url_with_a_known_client():
         assert who in {"anon", "operator", "member", "token", "metrics"}, name
         resolve(path)  # raises Resolver404 for a page that does not exist
     paths = {path for _, _, path in SOAK_PAGES}
-    assert {"/admin/login/", "/admin/dashboard/", "/admin/dashboard/data.json", "/projects/vision/",
-            "/api/docs/", "/metrics"} <= paths
+    assert {
+        "/admin/login/",
+        "/admin/dashboard/",
+        "/admin/dashboard/data.json",
+        "/projects/vision/",
+        "/api/docs/",
+        "/metrics",
+    } <= paths
     assert sum(1 for _, who, _ in SOAK_PAGES if who == "token") >= 5
 
 
@@ -23,7 +29,8 @@ def test_result_counts_a_restarted_worker_as_one_crash_and_one_restart():
     tally.record("dashboard", False, "HTTP 502")
     tally.record("metrics", True)
     tally.supervisor = {
-        "crashes": 1, "restarts": 1,
+        "crashes": 1,
+        "restarts": 1,
         "programs": {"worker": {"crashes": 1, "restarts": 1}, "web": {"crashes": 0, "restarts": 0}},
     }
     result = tally.result()

@@ -8,6 +8,7 @@ from django.db import connection
 from monitoring_helpers import T0, every
 
 from monitoring import readers, sample_reads
+from monitoring.backends import postgresql as pg
 from monitoring.models import Sample
 from monitoring.services.ingest import ingest_samples, sample_row
 
@@ -39,9 +40,9 @@ def plain(ids, start, end, columns):
 def read_mode(request, monkeypatch):
     """probe: key lookups; many-series / many-times: past a limit, the range is scanned instead."""
     if request.param == "many-series":
-        monkeypatch.setattr(sample_reads, "MAX_PROBED_SERIES", 2)
+        monkeypatch.setattr(pg, "MAX_PROBED_SERIES", 2)
     if request.param == "many-times":
-        monkeypatch.setattr(sample_reads, "MAX_SLOTS", 3)
+        monkeypatch.setattr(pg, "MAX_SLOTS", 3)
     return request.param
 
 
@@ -68,9 +69,9 @@ def test_no_series_or_an_empty_range_read_nothing(samples):
 @pytest.mark.postgres
 def test_sample_slots_are_the_distinct_times_in_the_range(samples):
     expected = sorted({ts for ts in Sample.objects.filter(ts__gte=START, ts__lt=END).values_list("ts", flat=True)})
-    assert sample_reads.sample_slots(START, END) == expected
+    assert pg.sample_slots(START, END) == expected
     assert len(expected) == 12  # 6 poll times plus series 7's 6 odd ones
-    assert sample_reads.sample_slots(END + timedelta(days=1)) == []
+    assert pg.sample_slots(END + timedelta(days=1)) == []
 
 
 @pytest.mark.postgres
@@ -78,13 +79,13 @@ def test_a_few_series_are_read_by_key_probes_and_many_by_a_range_scan(samples):
     """The query plans behind the choice: key lookups for a few series, no lookups past the limit."""
 
     def plan(ids):
-        sql, params = sample_reads.samples_sql(ids, START, END, ("sm_active",))
+        sql, params = pg.samples_sql(ids, START, END, ("sm_active",))
         with connection.cursor() as cursor:
             cursor.execute(f"EXPLAIN {sql}", params)
             return "\n".join(line for (line,) in cursor.fetchall())
 
     assert "Index Cond: ((ts = t.ts) AND (series_id = i.id))" in plan([3, 7])
-    assert "t.ts" not in plan(list(range(sample_reads.MAX_PROBED_SERIES + 1)))
+    assert "t.ts" not in plan(list(range(pg.MAX_PROBED_SERIES + 1)))
 
 
 def test_latest_samples_are_the_newest_per_series_since(samples, read_mode):

@@ -1,29 +1,17 @@
 """`python manage.py bench NAME [options]`: run a registered benchmark, print one JSON line last."""
 
 import json
-from importlib import import_module
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gpuaas.bench import REGISTRY
-
-APPS = ("capacity", "pools", "billing", "monitoring", "gpuaas.dashboard", "gpuaas")
-
-
-def _load() -> None:
-    for app in APPS:
-        try:
-            import_module(f"{app}.benchmarks")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{app}.benchmarks":
-                raise
+from benchmarks.registry import REGISTRY, load
 
 
 class Command(BaseCommand):
     help = "Run a benchmark; its figures are printed as one JSON object on the last line."
 
     def create_parser(self, prog_name, subcommand, **kwargs):
-        _load()
+        load()
         return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser):

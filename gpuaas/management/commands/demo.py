@@ -35,9 +35,9 @@ def purge_delivered_messages(broker_url: str) -> int:
     broker that is not an embedded SQLite file, or has no table yet, is left alone.
     """
     prefix = "sqla+sqlite:///"
-    if not broker_url.startswith(prefix) or not Path(broker_url[len(prefix):]).exists():
+    if not broker_url.startswith(prefix) or not Path(broker_url[len(prefix) :]).exists():
         return 0
-    with sqlite3.connect(broker_url[len(prefix):], timeout=30) as db:
+    with sqlite3.connect(broker_url[len(prefix) :], timeout=30) as db:
         try:
             return db.execute("DELETE FROM kombu_message WHERE visible = 0").rowcount
         except sqlite3.OperationalError as exc:
@@ -80,9 +80,7 @@ class Command(BaseCommand):
         self.stdout.write(f"{time.strftime('%H:%M:%S')} {line}")
 
     def _program(self, name: str, *argv: str, log: str) -> Program:
-        return self.supervisor.add(
-            Program(name, [sys.executable, *argv], settings.VAR_DIR / "logs" / log), start=True
-        )
+        return self.supervisor.add(Program(name, [sys.executable, *argv], settings.VAR_DIR / "logs" / log), start=True)
 
     def _run(self, no_serve: bool, sim_port: int, web_port: int) -> None:
         from gpuaas import demo_world
@@ -92,8 +90,18 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         out.write(f"2/5 simulated cluster: starting on 127.0.0.1:{sim_port}")
         kube_dir = settings.VAR_DIR / "simcluster"
-        self._program("simcluster", "-m", "simcluster", "--scenario", "demo", "--port", str(sim_port),
-                      "--kubeconfig-dir", str(kube_dir), log="simcluster.log")
+        self._program(
+            "simcluster",
+            "-m",
+            "simcluster",
+            "--scenario",
+            "demo",
+            "--port",
+            str(sim_port),
+            "--kubeconfig-dir",
+            str(kube_dir),
+            log="simcluster.log",
+        )
         self._wait_for_port(sim_port, "simulator (see var/logs/simcluster.log)")
         out.write("3/5 clusters: registering and discovering")
         logins = demo_world.seed(kube_dir=Path(kube_dir), stdout=out)
@@ -101,10 +109,36 @@ class Command(BaseCommand):
         if no_serve:
             return
         out.write("4/5 worker and beat: starting (logs in var/logs/)")
-        self._program("worker", "-m", "celery", "-A", "gpuaas", "worker", "-Q", queues, "--pool", "threads",
-                      "--concurrency", "4", "-l", "INFO", log="celery.log")
-        self._program("beat", "-m", "celery", "-A", "gpuaas", "beat", "-l", "INFO",
-                      "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME, log="beat.log")
+        self._program(
+            "worker",
+            "-m",
+            "celery",
+            "-A",
+            "gpuaas",
+            "worker",
+            "-Q",
+            queues,
+            "--pool",
+            "threads",
+            "--concurrency",
+            "4",
+            "-l",
+            "INFO",
+            log="celery.log",
+        )
+        self._program(
+            "beat",
+            "-m",
+            "celery",
+            "-A",
+            "gpuaas",
+            "beat",
+            "-l",
+            "INFO",
+            "--schedule",
+            settings.CELERY_BEAT_SCHEDULE_FILENAME,
+            log="beat.log",
+        )
         out.write("5/5 web server: starting")
         self._program("web", "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload", log="web.log")
         self._wait_for_port(web_port, "web server (see var/logs/web.log)")
@@ -115,8 +149,10 @@ class Command(BaseCommand):
         out.write(f"  Project view:       {base}/projects/         login {logins['member']}")
         out.write(f"  API docs:           {base}/api/docs/")
         out.write(f"  Kubeconfigs:        {kube_dir}/")
-        out.write("\nA process that stops is restarted (see var/logs/). Ctrl-C stops the web server, the worker, "
-                  "beat and the simulator.")
+        out.write(
+            "\nA process that stops is restarted (see var/logs/). Ctrl-C stops the web server, the worker, "
+            "beat and the simulator."
+        )
         next_cleanup = time.monotonic() + BROKER_CLEANUP_S
 
         def housekeeping() -> None:

@@ -12,8 +12,10 @@ import time
 from functools import cache
 from itertools import product as cartesian
 
-from .catalog import PRODUCTS, Product, get_product
-from .planner import clear_caches, first_fit, plan_fewest_gpus
+from capacity.mig.catalog import PRODUCTS, Product, get_product
+from capacity.mig.planner import clear_caches, first_fit, plan_fewest_gpus
+
+from .registry import arg, benchmark
 
 # A mix where first-fit visibly wastes GPUs: it pairs the 3g instances (6 of 7 compute slices) and
 # strands slice 7 on the 2g/1g GPUs, while the best plan puts a 3g at slice 4 beside 2g/1g instances.
@@ -110,3 +112,12 @@ def _fits(product_key: str, names: tuple[str, ...]) -> bool:
         return False
 
     return place(0, frozenset())
+
+
+@benchmark(
+    "mig-planner",
+    help="Planner vs exhaustive search on random small cases, and a ~1,000-GPU mixed demand vs first-fit.",
+    arguments=[arg("--cases", type=int, default=500), arg("--seed", type=int, default=20240607)],
+)
+def bench_mig_planner(*, cases: int, seed: int, stdout=None, **_) -> dict:
+    return run_mig_planner_bench(cases=cases, seed=seed)

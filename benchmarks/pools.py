@@ -23,10 +23,25 @@ import time
 from unittest import mock
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.core.wsgi import get_wsgi_application
 from django.db import connection, connections
+from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+from rest_framework.throttling import SimpleRateThrottle
+from waitress import create_server
 
-from gpuaas.bench import arg, benchmark
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
+from pools import services
+from pools.choices import Role
+from pools.exceptions import DomainError, InsufficientCapacity
+from pools.models import Allocation, ApiToken, GpuPool, PoolRequest, Project, ProjectGroupObjectPermission
+from pools.roles import ROLE_PERMISSIONS, group_name
+
+from .loadgen import hammer
+from .registry import arg, benchmark
 
 BENCH_PAGE_SIZE = 50
 LIST_PATHS = ("/api/v1/pool-requests/", "/api/v1/allocations/")
@@ -70,14 +85,6 @@ def _percentile(values: list[float], q: float) -> float:
 def build_api_world(projects: int, user_projects: int, *, stdout=None) -> dict:
     """PROJECTS projects, each with an admin, a held request (pool + one full-GPU allocation) and a
     submitted one; the member belongs to USER_PROJECTS of them. Bulk inserts throughout."""
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Group, Permission
-
-    from capacity.models import Cluster, GpuCapacity, NodeCapacity
-
-    from .choices import Role
-    from .models import Allocation, ApiToken, GpuPool, PoolRequest, Project, ProjectGroupObjectPermission
-    from .roles import ROLE_PERMISSIONS, group_name
 
     started = time.perf_counter()
     User = get_user_model()
@@ -188,7 +195,6 @@ def build_api_world(projects: int, user_projects: int, *, stdout=None) -> dict:
 
 def measure_queries(key: str) -> dict[int, int]:
     """Queries per list request (the most over both lists) at page sizes 10 and 100, token auth included."""
-    from rest_framework.test import APIClient
 
     client = APIClient(SERVER_NAME="127.0.0.1")  # an allowed host outside the test runner
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
@@ -206,8 +212,6 @@ def measure_queries(key: str) -> dict[int, int]:
 
 
 def _load(port: int, key: str, clients: int, seconds: float) -> tuple[list[float], int]:
-    from .loadgen import hammer
-
     paths = [f"{p}?page_size={BENCH_PAGE_SIZE}" for p in LIST_PATHS]
     headers = {"Authorization": f"Bearer {key}", "Accept": "application/json"}
     with multiprocessing.get_context("spawn").Pool(clients) as workers:
@@ -230,10 +234,6 @@ def _load(port: int, key: str, clients: int, seconds: float) -> tuple[list[float
     ],
 )
 def api_benchmark(*, stdout, projects, user_projects, seconds, rounds, clients, threads, keep_db, **_):
-    from django.core.wsgi import get_wsgi_application
-    from rest_framework.throttling import SimpleRateThrottle
-    from waitress import create_server
-
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "queue depth" is the point of a load test
     if user_projects > projects:
         raise ValueError("--user-projects cannot exceed --projects")
@@ -291,11 +291,6 @@ def api_benchmark(*, stdout, projects, user_projects, seconds, rounds, clients, 
 def build_approval_world(requests: int, units: int) -> list[int]:
     """UNITS free 1g.10gb MIG instances (seven per H100, eight GPUs per node) and REQUESTS submitted
     single-unit requests over 20 projects; returns the request ids in creation order."""
-    from django.contrib.auth import get_user_model
-
-    from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
-
-    from .models import PoolRequest, Project
 
     user = get_user_model().objects.create_user("bench-requester")
     cluster = Cluster.objects.create(name="bench", kubeconfig_path="/dev/null")
@@ -348,9 +343,6 @@ def build_approval_world(requests: int, units: int) -> list[int]:
 
 def double_allocated() -> int:
     """Units held by more than one active allocation (the constraints should make this impossible)."""
-    from django.db.models import Count
-
-    from .models import Allocation
 
     active = Allocation.objects.active()
     mig = active.filter(mig_instance__isnull=False).values("mig_instance").annotate(n=Count("pk")).filter(n__gt=1)
@@ -369,12 +361,6 @@ def double_allocated() -> int:
     ],
 )
 def approvals_benchmark(*, stdout, requests, units, workers, keep_db, **_):
-    from django.contrib.auth import get_user_model
-
-    from . import services
-    from .exceptions import DomainError, InsufficientCapacity
-    from .models import GpuPool, PoolRequest
-
     with bench_database(keep_db):
         ids = build_approval_world(requests, units)
         operator = get_user_model().objects.create_superuser("bench-operator", "", "x")

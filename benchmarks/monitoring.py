@@ -27,7 +27,15 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from gpuaas.bench import arg, benchmark
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
+from monitoring import readers
+from monitoring.choices import RollupLevel
+from monitoring.models import SAMPLE_COLUMNS, SAMPLE_PG_TYPES, Rollup1h, Rollup5m, RollupRun, Sample, Series
+from monitoring.services.ingest import ingest_samples
+from monitoring.services.rollups import rollup_1h, rollup_5m
+from pools.models import Allocation, GpuPool, PoolRequest, Project
+
+from .registry import arg, benchmark
 
 PER_NODE = 8
 INTERVAL_S = 30
@@ -76,9 +84,6 @@ class Bench:
     # --- fleet ---------------------------------------------------------------------------------
 
     def build(self) -> None:
-        from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
-        from monitoring.models import Series
-
         profile = MigProfile.objects.get(product="H100-80GB", name="1g.10gb")
         placements = {p.start: p for p in profile.valid_placements.all()}
         self.cluster = Cluster.objects.create(name=f"bench-ingest-{self.tag}", kubeconfig_path="/dev/null")
@@ -173,10 +178,6 @@ class Bench:
     # --- the run -------------------------------------------------------------------------------
 
     def run(self, *, minutes: int, query_series: int) -> dict:
-        from monitoring.models import Rollup1h, Rollup5m, Sample
-        from monitoring.services.ingest import ingest_samples
-        from monitoring.services.rollups import rollup_1h, rollup_5m
-
         self.tables_were_empty = not any(m.objects.exists() for m in (Sample, Rollup5m, Rollup1h))
         started = time.monotonic()
         self.build()
@@ -255,14 +256,10 @@ class Bench:
         }
 
     def _mig_gpu_of(self) -> dict[int, int]:
-        from capacity.models import MigInstance
-
         gpu_of = dict(MigInstance.objects.filter(gpu__node__cluster=self.cluster).values_list("id", "gpu_id"))
         return {sid: gpu_of[mig_id] for sid, mig_id in self.mig_series}
 
     def _gpu_node(self) -> dict[int, int]:
-        from capacity.models import GpuCapacity
-
         return dict(GpuCapacity.objects.filter(node__cluster=self.cluster).values_list("id", "node_id"))
 
     def sizes(self) -> dict:
@@ -277,7 +274,6 @@ class Bench:
     @contextmanager
     def floor_table(self):
         """An unindexed copy of the sample table; yields `copy(rows)`: one raw binary COPY per call."""
-        from monitoring.models import SAMPLE_COLUMNS, SAMPLE_PG_TYPES
 
         table = f"bench_copy_floor_{self.tag}"
         with connection.cursor() as cursor:
@@ -298,12 +294,6 @@ class Bench:
 
     def pool_query(self, n_series: int, start: datetime) -> dict:
         """24 h of raw samples for n MIG series, their rollups, then one pool of 8 of them read at 5 m."""
-        from monitoring import readers
-        from monitoring.choices import RollupLevel
-        from monitoring.models import RollupRun, Sample
-        from monitoring.services.ingest import ingest_samples
-        from monitoring.services.rollups import rollup_5m
-        from pools.models import Allocation, GpuPool, PoolRequest, Project
 
         chosen = self.mig_series[:n_series]
         end = start + timedelta(hours=24)
@@ -325,8 +315,6 @@ class Bench:
         t0 = time.perf_counter()
         rollup_5m(start, end)
         rollup_24h_s = time.perf_counter() - t0
-
-        from capacity.models import MigInstance
 
         self.project = Project.objects.create(
             name=f"bench {self.tag}", slug=f"bench-{self.tag}", namespace=f"bench-{self.tag}"
@@ -389,8 +377,6 @@ class Bench:
 
     def cleanup(self) -> None:
         """Remove everything the run created, with plain SQL (no ORM cascade through other apps' tables)."""
-        from monitoring.choices import RollupLevel
-        from monitoring.models import RollupRun
 
         if self.saved_rollup_state is not None:
             existed, until = self.saved_rollup_state

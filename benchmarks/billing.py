@@ -25,7 +25,16 @@ from decimal import Decimal
 
 from django.db import connection, transaction
 
-from gpuaas.bench import arg, benchmark
+from billing import services
+from billing.models import MeteringWatermark, Statement, UsageRecord
+from billing.periods import HOUR, month_bounds
+from billing.rates import spec_key
+from billing.services import PriceBook
+from capacity.choices import SpecKind
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
+from pools.models import Allocation, GpuPool, PoolRequest, Project
+
+from .registry import arg, benchmark
 
 PERIOD = date(2001, 1, 1)
 START = datetime(2001, 1, 1, tzinfo=UTC)
@@ -80,10 +89,6 @@ def run_billing_bench(*, stdout, allocations: int = 5000, days: int = 30, projec
 
 
 def _measure(world: _World, days: int, stdout) -> dict:
-    from billing import services
-    from billing.models import MeteringWatermark, Statement, UsageRecord
-    from billing.periods import HOUR, month_bounds
-
     hour = START + timedelta(days=days)
     MeteringWatermark.objects.update_or_create(pk=1, defaults={"metered_until": hour})
     t0 = time.perf_counter()
@@ -129,14 +134,10 @@ def _measure(world: _World, days: int, stdout) -> dict:
 
 
 def _save_watermark():
-    from billing.models import MeteringWatermark
-
     return MeteringWatermark.objects.filter(pk=1).values_list("metered_until", flat=True).first()
 
 
 def _restore_watermark(value) -> None:
-    from billing.models import MeteringWatermark
-
     if value is None:
         MeteringWatermark.objects.filter(pk=1).delete()
     else:
@@ -153,9 +154,6 @@ class _World:
         self.allocation_ids: list[int] = []
 
     def build(self, *, allocations: int, projects: int) -> None:
-        from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
-        from pools.models import Allocation, GpuPool, PoolRequest, Project
-
         with transaction.atomic():
             cluster = Cluster.objects.create(name=f"bench-billing-{self.tag}", kubeconfig_path="/dev/null")
             self.cluster_id = cluster.pk
@@ -242,9 +240,6 @@ class _World:
 
     def backfill(self, days: int) -> int:
         """days x 24 full hours per allocation, in one INSERT ... SELECT; returns the rows written."""
-        from billing.rates import spec_key
-        from billing.services import PriceBook
-        from capacity.choices import SpecKind
 
         book = PriceBook()
         card = book.card_at(START)

@@ -14,16 +14,18 @@ import time
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from gpuaas.bench import arg, benchmark
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity, WorkloadProfile
+from gpuaas.dashboard.fleet import overview
+from gpuaas.dashboard.nodes import node_view
+from pools.models import Allocation, GpuPool, PoolRequest, Project
+
+from .registry import arg, benchmark
 
 CLUSTER = "bench-dashboard"
 LAYOUT = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))
 
 
 def _build(nodes: int) -> None:
-    from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity, WorkloadProfile
-    from pools.models import Allocation, GpuPool, PoolRequest, Project
-
     cluster = Cluster.objects.create(name=CLUSTER, kubeconfig_path="/dev/null", status="ok")
     project, _ = Project.objects.get_or_create(slug="bench", defaults={"name": "Bench", "namespace": "bench"})
     request = PoolRequest.objects.create(project=project, name="bench", count=1, state="active")
@@ -112,11 +114,6 @@ def _timed(fn, repeat: int) -> tuple[float, int]:
     arguments=[arg("--nodes", type=int, default=500), arg("--repeat", type=int, default=5)],
 )
 def run_dashboard_bench(*, stdout=None, nodes: int = 500, repeat: int = 5, **_) -> dict:
-    from capacity.models import Cluster, GpuCapacity, MigInstance
-
-    from .fleet import overview
-    from .nodes import node_view
-
     cluster = Cluster.objects.filter(name=CLUSTER).first()
     if cluster is None:
         started = time.perf_counter()

@@ -30,22 +30,28 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from gpuaas.bench import arg, benchmark
+from capacity.adapters import nvml
+from capacity.adapters.kubernetes import KubernetesClient
+from capacity.models import (
+    Cluster,
+    DiscoveryRun,
+    GpuCapacity,
+    MigInstance,
+    NodeCapacity,
+    SpecAndCount,
+    WorkloadProfile,
+)
+from capacity.services.discovery import INVENTORY_NONE, discover_cluster, is_gpu_node
+from capacity.services.inventory import reconcile_inventory
+from simcluster import SimServer, library_for_node, load_scenario
+
+from .registry import arg, benchmark
 
 BENCH_PREFIX = "bench-discovery-"
 
 
 def _delete_rows(clusters) -> None:
     """Remove the mirrored rows of benchmark clusters (children first: the foreign keys protect)."""
-    from capacity.models import (
-        Cluster,
-        DiscoveryRun,
-        GpuCapacity,
-        MigInstance,
-        NodeCapacity,
-        SpecAndCount,
-        WorkloadProfile,
-    )
 
     if isinstance(clusters, Cluster):
         clusters = Cluster.objects.filter(pk=clusters.pk)
@@ -59,7 +65,6 @@ def _delete_rows(clusters) -> None:
 
 def _delete_bench_clusters() -> int:
     """Remove every earlier benchmark cluster with its rows."""
-    from capacity.models import Cluster
 
     clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
     _delete_rows(clusters)
@@ -68,22 +73,17 @@ def _delete_bench_clusters() -> int:
 
 def snapshot_nvml(api_url: str, node_name: str):
     """NVML_LIBRARY for the benchmark: the fake NVML reading one snapshot per node read (not per call)."""
-    from simcluster import library_for_node
 
     return library_for_node(api_url, node_name, max_age=3600.0)
 
 
 def _serve(nodes: int, gpus_per_node: int, kube_dir: Path):
-    from simcluster import SimServer, load_scenario
-
     state = load_scenario("scale", nodes=nodes, gpus_per_node=gpus_per_node).build(mig_manager_delay=3600)
     server = SimServer(state).start()
     return server, server.write_kubeconfigs(kube_dir / str(nodes))["scale"]
 
 
 def _list_parse_s(cluster) -> float:
-    from capacity.adapters.kubernetes import KubernetesClient
-
     started = time.perf_counter()
     with KubernetesClient.for_cluster(cluster) as client:
         client.list_nodes()
@@ -92,19 +92,15 @@ def _list_parse_s(cluster) -> float:
 
 
 def _gpu_nodes(cluster):
-    from capacity.adapters.kubernetes import KubernetesClient
-    from capacity.services.discovery import is_gpu_node
-
     with KubernetesClient.for_cluster(cluster) as client:
         return [node for node in client.list_nodes() if is_gpu_node(node)]
 
 
 def _read_inventories(cluster, server) -> tuple[list, float]:
     """Every GPU node's NVML inventory through the fake NVML, and how long that took."""
-    from capacity.adapters import nvml
 
     names = [node.name for node in _gpu_nodes(cluster)]
-    with override_settings(NVML_LIBRARY="capacity.benchmarks.snapshot_nvml"):
+    with override_settings(NVML_LIBRARY="benchmarks.capacity.snapshot_nvml"):
         started = time.perf_counter()
         inventories = [nvml.node_inventory(server.cluster_url("scale"), name) for name in names]
         return inventories, time.perf_counter() - started
@@ -112,8 +108,6 @@ def _read_inventories(cluster, server) -> tuple[list, float]:
 
 def _first_sync(cluster, inventories) -> dict:
     """Time discovery (Kubernetes part) and the reconcile of the pre-read inventories into an empty mirror."""
-    from capacity.services.discovery import INVENTORY_NONE, discover_cluster
-    from capacity.services.inventory import reconcile_inventory
 
     _delete_rows(cluster)
     started = time.perf_counter()
@@ -127,8 +121,6 @@ def _first_sync(cluster, inventories) -> dict:
 
 
 def _resync(cluster_id: int) -> tuple[float, int]:
-    from capacity.services.discovery import INVENTORY_NONE, discover_cluster
-
     with CaptureQueriesContext(connection) as queries:
         started = time.perf_counter()
         outcome = discover_cluster(cluster_id, inventory=INVENTORY_NONE)
@@ -153,8 +145,6 @@ def _resync(cluster_id: int) -> tuple[float, int]:
 def run_discovery_bench(
     *, stdout, nodes: int, gpus_per_node: int, small_nodes: int, repeat: int, first_repeat: int
 ) -> dict:
-    from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
-
     removed = _delete_bench_clusters()
     stamp = time.strftime("%Y%m%d%H%M%S")
     with tempfile.TemporaryDirectory() as tmp:
@@ -211,31 +201,3 @@ def run_discovery_bench(
             small_server.stop()
             _delete_bench_clusters()
     return result
-
-
-# --- MIG planner (capacity/mig/benchmark.py; pure Python, no database) ------------------------------------
-@benchmark(
-    "mig-planner",
-    help="Planner vs exhaustive search on random small cases, and a ~1,000-GPU mixed demand vs first-fit.",
-    arguments=[arg("--cases", type=int, default=500), arg("--seed", type=int, default=20240607)],
-)
-def bench_mig_planner(*, cases: int, seed: int, stdout=None, **_) -> dict:
-    from capacity.mig.benchmark import run_mig_planner_bench
-
-    return run_mig_planner_bench(cases=cases, seed=seed)
-
-
-# --- MIG reconfiguration workflow (capacity/reconfig_benchmark.py; simulator in this process) ----------
-@benchmark(
-    "mig-reconfigure",
-    help="Reconfigure N simulated nodes to all-balanced through every workflow step; seconds and queries per node.",
-    arguments=[
-        arg("--nodes", type=int, default=20),
-        arg("--gpus-per-node", type=int, default=8),
-        arg("--backend", choices=["operator", "agent"], default="operator"),
-    ],
-)
-def bench_mig_reconfigure(*, nodes: int, gpus_per_node: int, backend: str, stdout=None, **_) -> dict:
-    from capacity.reconfig_benchmark import run_mig_reconfigure_bench
-
-    return run_mig_reconfigure_bench(nodes=nodes, gpus_per_node=gpus_per_node, backend=backend)

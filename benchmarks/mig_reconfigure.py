@@ -22,21 +22,28 @@ from unittest import mock
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from capacity.mig.catalog import PRODUCTS
+from capacity.models import (
+    Cluster,
+    DiscoveryRun,
+    GpuCapacity,
+    MigInstance,
+    MigReconfiguration,
+    NodeCapacity,
+    SpecAndCount,
+    WorkloadProfile,
+)
+from capacity.services import mig_configs
+from capacity.services import reconfiguration as rc
+from capacity.services.discovery import discover_cluster
+from simcluster import SimServer, SimState, gpuoperator
+
+from .registry import arg, benchmark
+
 BENCH_PREFIX = "bench-reconfig-"
 
 
 def _delete_bench_clusters() -> None:
-    from capacity.models import (
-        Cluster,
-        DiscoveryRun,
-        GpuCapacity,
-        MigInstance,
-        MigReconfiguration,
-        NodeCapacity,
-        SpecAndCount,
-        WorkloadProfile,
-    )
-
     clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
     MigReconfiguration.objects.filter(cluster__in=clusters).delete()  # steps cascade
     WorkloadProfile.objects.filter(cluster__in=clusters).delete()
@@ -49,9 +56,6 @@ def _delete_bench_clusters() -> None:
 
 
 def _build(name: str, nodes: int, gpus_per_node: int):
-    from capacity.mig.catalog import PRODUCTS
-    from simcluster import SimState, gpuoperator
-
     state = SimState(seed=11, mig_manager_delay=3600)
     cluster = state.add_cluster(name)
     product = PRODUCTS["H100-80GB"]
@@ -67,12 +71,6 @@ def _build(name: str, nodes: int, gpus_per_node: int):
 
 
 def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -> dict:
-    from capacity.models import Cluster, NodeCapacity
-    from capacity.services import mig_configs
-    from capacity.services import reconfiguration as rc
-    from capacity.services.discovery import discover_cluster
-    from simcluster import SimServer
-
     _delete_bench_clusters()
     name = f"{BENCH_PREFIX}{nodes}-{backend}"
     # The steps are called here, one after the other: nothing goes to the broker.
@@ -129,3 +127,16 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
         "mig_parted_configs": len(document["mig-configs"]),
         "mig_parted_document_s": round(document_s, 4),
     }
+
+
+@benchmark(
+    "mig-reconfigure",
+    help="Reconfigure N simulated nodes to all-balanced through every workflow step; seconds and queries per node.",
+    arguments=[
+        arg("--nodes", type=int, default=20),
+        arg("--gpus-per-node", type=int, default=8),
+        arg("--backend", choices=["operator", "agent"], default="operator"),
+    ],
+)
+def bench_mig_reconfigure(*, nodes: int, gpus_per_node: int, backend: str, stdout=None, **_) -> dict:
+    return run_mig_reconfigure_bench(nodes=nodes, gpus_per_node=gpus_per_node, backend=backend)

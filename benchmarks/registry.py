@@ -1,4 +1,4 @@
-"""Registry behind `python manage.py bench NAME`: each app's benchmarks.py registers its benchmarks.
+"""Registry behind `python manage.py bench NAME`: each module of this package registers its benchmarks.
 
 A benchmark is a function taking the parsed options and returning a dict; the command prints it
 as one JSON object on the last line.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import import_module
 
 
 @dataclass
@@ -33,3 +34,13 @@ def benchmark(name: str, help: str, arguments: list[tuple[tuple, dict]] | None =
 
 def arg(*args, **kwargs) -> tuple[tuple, dict]:
     return args, kwargs
+
+
+MODULES = ("capacity", "mig_planner", "mig_reconfigure", "pools", "billing", "monitoring", "dashboard", "demo_soak")
+
+
+def load() -> dict[str, Benchmark]:
+    """Import every benchmark module (each registers itself); the registry by name."""
+    for module in MODULES:
+        import_module(f"{__package__}.{module}")
+    return REGISTRY

@@ -16,6 +16,7 @@ import re
 import secrets
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -23,9 +24,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import requests
 from django.conf import settings
 
-from gpuaas.bench import arg, benchmark
+from .registry import arg, benchmark
 
 # (name, who, path): who is "anon", "operator" (admin session), "member" (project session),
 # "token" (API bearer token of the operator) or "metrics" (MONITORING_METRICS_TOKEN).
@@ -90,7 +92,8 @@ class SoakTally:
             "restarts": self.supervisor.get("restarts", 0),
             "crashes_by_process": {
                 name: p["crashes"] for name, p in self.supervisor.get("programs", {}).items() if p["crashes"]
-            } | ({"demo": 1} if self.demo_died else {}),
+            }
+            | ({"demo": 1} if self.demo_died else {}),
             "requests": self.requests,
             "failed_requests": failed,
             "failed_by_page": dict(sorted(self.failures.items())),
@@ -114,8 +117,6 @@ def _port_open(port: int) -> bool:
 
 
 def _login(base: str, path: str, username: str, password: str):
-    import requests
-
     session = requests.Session()
     session.get(base + path, timeout=30)
     response = session.post(
@@ -139,8 +140,6 @@ def _count_tasks(log: Path, offset: int) -> int:
 
 
 def _discovery_runs(var_dir: Path) -> int | None:
-    import sqlite3
-
     try:
         with sqlite3.connect(f"file:{var_dir / 'gpuaas.sqlite3'}?mode=ro", uri=True, timeout=30) as db:
             return db.execute("SELECT count(*) FROM capacity_discoveryrun WHERE status = 'succeeded'").fetchone()[0]
@@ -158,8 +157,6 @@ def _discovery_runs(var_dir: Path) -> int | None:
     ],
 )
 def demo_soak(*, minutes: float, interval: float, var_dir: str, stdout) -> dict:
-    import requests
-
     out = stdout.write
     var = Path(var_dir) if var_dir else Path(tempfile.mkdtemp(prefix="gpuaas-soak-"))
     var.mkdir(parents=True, exist_ok=True)
@@ -179,9 +176,20 @@ def demo_soak(*, minutes: float, interval: float, var_dir: str, stdout) -> dict:
     out(f"soak: demo in {var} (web 127.0.0.1:{web_port}, simulator {sim_port}); output in {var}/logs/demo.out")
     with open(var / "logs" / "demo.out", "ab") as demo_out:
         demo = subprocess.Popen(
-            [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "demo",
-             "--web-port", str(web_port), "--sim-port", str(sim_port)],
-            cwd=settings.BASE_DIR, env=env, stdout=demo_out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                str(Path(settings.BASE_DIR) / "manage.py"),
+                "demo",
+                "--web-port",
+                str(web_port),
+                "--sim-port",
+                str(sim_port),
+            ],
+            cwd=settings.BASE_DIR,
+            env=env,
+            stdout=demo_out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 600
@@ -196,8 +204,12 @@ def demo_soak(*, minutes: float, interval: float, var_dir: str, stdout) -> dict:
             "member": _login(base, "/accounts/login/", "member", member_pw),
         }
         op = sessions["operator"]
-        response = op.post(base + "/api/v1/tokens/", json={"name": "demo-soak"}, timeout=30,
-                           headers={"X-CSRFToken": op.cookies["csrftoken"], "Referer": base + "/api/v1/tokens/"})
+        response = op.post(
+            base + "/api/v1/tokens/",
+            json={"name": "demo-soak"},
+            timeout=30,
+            headers={"X-CSRFToken": op.cookies["csrftoken"], "Referer": base + "/api/v1/tokens/"},
+        )
         response.raise_for_status()
         headers = {
             "token": {"Authorization": f"Bearer {response.json()['key']}"},
@@ -217,8 +229,10 @@ def demo_soak(*, minutes: float, interval: float, var_dir: str, stdout) -> dict:
                     tally.record(name, False, type(exc).__name__)
             status = json.loads((var / "demo-status.json").read_text())
             if status.get("crashes", 0) != tally.supervisor.get("crashes", 0):
-                out(f"soak: {time.strftime('%H:%M:%S')} supervisor counts {status['crashes']} crash(es), "
-                    f"{status['restarts']} restart(s): {status['programs']}")
+                out(
+                    f"soak: {time.strftime('%H:%M:%S')} supervisor counts {status['crashes']} crash(es), "
+                    f"{status['restarts']} restart(s): {status['programs']}"
+                )
             tally.supervisor = status
             if demo.poll() is not None:
                 tally.demo_died, tally.demo_exit = True, demo.returncode
@@ -245,7 +259,9 @@ def demo_soak(*, minutes: float, interval: float, var_dir: str, stdout) -> dict:
     result = tally.result()
     for line in tally.first_failures:
         out(f"soak: failed {line}")
-    out(f"soak: {result['rounds']} rounds, {result['requests']} requests, {result['failed_requests']} failed, "
+    out(
+        f"soak: {result['rounds']} rounds, {result['requests']} requests, {result['failed_requests']} failed, "
         f"{result['crashes']} crash(es), {result['restarts']} restart(s), {result['tasks_processed']} tasks done; "
-        f"demo stopped with status {tally.demo_exit}")
+        f"demo stopped with status {tally.demo_exit}"
+    )
     return result

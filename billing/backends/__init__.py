@@ -1,0 +1,15 @@
+"""Where PostgreSQL and SQLite need different SQL on billing's hot paths: one module per backend, chosen once.
+
+Business code calls these functions and never asks which database it runs on.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from . import postgresql, sqlite
+
+_backend = postgresql if connection.vendor == "postgresql" else sqlite
+
+insert_usage_records = _backend.insert_usage_records
+estimated_rows = _backend.estimated_rows

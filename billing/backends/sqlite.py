@@ -1,0 +1,18 @@
+"""SQLite (development and some tests): the ORM's own statements; no row estimates."""
+
+from __future__ import annotations
+
+from ..models import UsageRecord
+
+
+def insert_usage_records(columns: tuple[str, ...], rows: list[tuple]) -> None:
+    """bulk_create(ignore_conflicts=True): the same INSERT ... ON CONFLICT DO NOTHING."""
+    UsageRecord.objects.bulk_create(
+        [UsageRecord(**dict(zip(columns, row, strict=True))) for row in rows],
+        batch_size=2000,
+        ignore_conflicts=True,
+    )
+
+
+def estimated_rows(table: str) -> int | None:
+    return None

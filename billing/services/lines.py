@@ -1,0 +1,263 @@
+"""Statement lines from usage records: which records a period's statements bill, grouped and priced.
+
+Amounts are never rounded before statement lines; each line is rounded once to cents
+(round_money), and a statement's totals are sums of its lines, so it always adds up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, date, datetime
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.db.models import DecimalField, ExpressionWrapper, F, OuterRef, Q, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, TruncMonth
+from django.utils import timezone
+
+from .. import rates
+from ..choices import LineType, StatementState
+from ..models import CENTS, HOUR_S, LINE_ORDER, Statement, StatementLine, UsageRecord
+from ..periods import month_bounds
+
+HOURS_PLACES = Decimal("0.0001")
+SM_PLACES = Decimal("0.0001")
+MONEY = DecimalField(max_digits=28, decimal_places=10)
+
+
+def round_money(value: Decimal) -> Decimal:
+    """The only rounding billing does: a statement line's amount, to cents, half up."""
+    return Decimal(value).quantize(CENTS, rounding=ROUND_HALF_UP)
+
+
+def usage_totals(period: date, *, project_ids: list[int] | None = None):
+    """One GROUP BY over the month's unbilled records: per project, pool, spec and rate, the seconds a line needs.
+
+    The rate is part of the group, so money is rate x summed seconds, computed exactly in Python
+    (lines_for); the database only adds integers, plus seconds x SM activity and energy.
+    """
+    start, end = month_bounds(period)
+    records = UsageRecord.objects.filter(hour__gte=start, hour__lt=end, billed_on__isnull=True)
+    if project_ids is not None:
+        records = records.filter(project_id__in=project_ids)
+    return usage_keys(records)
+
+
+def usage_keys(records):
+    """Per project, pool, spec and rate: the summed seconds, credits and measurements of `records`."""
+    return _grouped(records, "project_id", "pool_id", "kind", "product", "profile_name", "replicas", "hourly_rate")
+
+
+def _grouped(records, *keys):
+    return (
+        records.values(*keys)
+        .annotate(
+            total_seconds=Sum("seconds"),
+            failed_seconds=Sum("failed_credit_seconds"),
+            health_seconds=Sum("health_credit_seconds"),
+            measured_seconds=Sum("seconds", filter=Q(sm_activity__isnull=False)),
+            sm_seconds=Sum(ExpressionWrapper(F("seconds") * F("sm_activity"), output_field=MONEY)),
+            energy=Sum("energy_kwh"),
+        )
+        .order_by()
+    )
+
+
+# ---- Which statement bills which usage record -------------------------------------------------
+#
+# Every record is billed exactly once. A record of month M goes on its project's M statement while
+# that one is a draft. Once a statement is finalised, finalise_statement() stamps the records it
+# billed (UsageRecord.billed_on), in the same transaction as it writes the lines from exactly those
+# records. A record metered later into a finalised month (a late allocation, a pool whose
+# provisioning completed late, metering that caught up) has no stamp: it goes on the project's next
+# statement that is not finalised, as a carry-over line naming its month, and is stamped when that
+# statement is finalised. Stamping is `UPDATE ... WHERE billed_on IS NULL`, so two finalisations
+# never bill a record twice, and regenerating never bills anything twice.
+
+
+def carry_sources(period: date, *, project_ids: list[int] | None = None) -> dict[date, list[int]]:
+    """Per earlier month: the projects whose unbilled usage of that month goes on their `period` statement.
+
+    A month's usage is carried over when its statement is finalised. It goes on the project's next
+    statement that is not finalised: `period`'s, unless a draft statement lies between the two
+    (that draft takes it). Months with no statement at all are passed over.
+    """
+    statements = Statement.objects.filter(period__lt=period)
+    if project_ids is not None:
+        statements = statements.filter(project_id__in=project_ids)
+    by_project: dict[int, list[tuple[date, str]]] = defaultdict(list)
+    for project_id, month, state in statements.order_by("project_id", "-period").values_list(
+        "project_id", "period", "state"
+    ):
+        by_project[project_id].append((month, state))
+    sources: dict[date, list[int]] = defaultdict(list)
+    for project_id, months in by_project.items():
+        for month, state in months:  # newest first: stop at the first draft
+            if state != StatementState.FINALISED:
+                break
+            sources[month].append(project_id)
+    return {month: sorted(pids) for month, pids in sorted(sources.items())}
+
+
+def billed_scope(period: date, project_ids: list[int] | None, sources: dict[date, list[int]]) -> Q:
+    """Records `period`'s statements bill: the month's own, and the months carried over (`sources`)."""
+    start, end = month_bounds(period)
+    scope = Q(hour__gte=start, hour__lt=end)
+    if project_ids is not None:
+        scope &= Q(project_id__in=project_ids)
+    for month, pids in sources.items():
+        month_start_, month_end = month_bounds(month)
+        scope |= Q(project_id__in=pids, hour__gte=month_start_, hour__lt=month_end)
+    return scope
+
+
+def billable_records(period: date, *, project_ids: list[int] | None = None, sources=None):
+    """The unbilled records that `period`'s statements bill now (own month and carry-overs)."""
+    if sources is None:
+        sources = carry_sources(period, project_ids=project_ids)
+    return UsageRecord.objects.filter(billed_scope(period, project_ids, sources), billed_on__isnull=True)
+
+
+def statement_rows(records, period: date, *, carries: bool = True) -> list[dict]:
+    """Grouped records with the month each group was metered in ("usage_period": None for `period` itself).
+
+    `carries=False` (no carry-over months in scope) groups without the month, which is cheaper.
+    """
+    if not carries:
+        rows = list(usage_keys(records))
+        for row in rows:
+            row["usage_period"] = None
+        return rows
+    rows = list(
+        _grouped(
+            records.annotate(usage_month=TruncMonth("hour", tzinfo=UTC)),
+            "project_id",
+            "usage_month",
+            "pool_id",
+            "kind",
+            "product",
+            "profile_name",
+            "replicas",
+            "hourly_rate",
+        )
+    )
+    for row in rows:
+        month = row.pop("usage_month")
+        month = month.astimezone(UTC).date() if isinstance(month, datetime) else month
+        row["usage_period"] = None if month == period else month
+    rows.sort(key=lambda r: (r["project_id"], r["usage_period"] or date.min, r["pool_id"]))
+    return rows
+
+
+def as_decimal(value) -> Decimal:
+    return Decimal(0) if value is None else Decimal(value)
+
+
+def _hours(seconds) -> Decimal:
+    return (as_decimal(seconds) / HOUR_S).quantize(HOURS_PLACES, rounding=ROUND_HALF_UP)
+
+
+def lines_for(statement_id: int | None, row: dict, pool_name: str) -> list[StatementLine]:
+    """The usage line of a group and its credit lines; a carry-over group (row["usage_period"]) says its month."""
+    spec = rates.spec_key(row["kind"], row["product"], row["profile_name"], row["replicas"])
+    rate = as_decimal(row["hourly_rate"])
+    carried = row.get("usage_period")
+    label = f"{pool_name}: {spec.label()} @ {rate.normalize():f}/h"
+    prefix = f"carry-over from {carried:%Y-%m}: " if carried else ""
+    common = dict(
+        statement_id=statement_id,
+        pool_id=row["pool_id"],
+        kind=spec.kind,
+        product=spec.product,
+        profile_name=spec.profile_name,
+        replicas=spec.replicas,
+        hourly_rate=rate,
+        usage_period=carried,
+    )
+    seconds, measured_seconds = as_decimal(row["total_seconds"]), as_decimal(row["measured_seconds"])
+    amount = round_money(rate * seconds / HOUR_S)
+    unmeasured = round_money(rate * (seconds - measured_seconds) / HOUR_S)
+    used = idle = sm = None
+    if measured_seconds:
+        used = round_money(rate * as_decimal(row["sm_seconds"]) / HOUR_S)
+        idle = amount - used - unmeasured  # the remainder: used + idle + unmeasured = amount, to the cent
+        sm = (as_decimal(row["sm_seconds"]) / measured_seconds).quantize(SM_PLACES, rounding=ROUND_HALF_UP)
+    usage_type = LineType.CARRY_OVER if carried else LineType.USAGE
+    lines = [
+        StatementLine(
+            line_type=usage_type,
+            position=LINE_ORDER[usage_type],
+            description=(prefix + label)[:200],
+            hours=_hours(row["total_seconds"]),
+            amount=amount,
+            used_amount=used,
+            idle_amount=idle,
+            unmeasured_amount=unmeasured,
+            sm_activity=sm,
+            energy_kwh=row["energy"],
+            **common,
+        )
+    ]
+    for line_type, seconds_key, why in (
+        (LineType.FAILED_CREDIT, "failed_seconds", "provisioning failed"),
+        (LineType.HEALTH_CREDIT, "health_seconds", "critical health event"),
+    ):
+        if row[seconds_key]:
+            lines.append(
+                StatementLine(
+                    line_type=line_type,
+                    position=LINE_ORDER[line_type],
+                    description=f"{prefix}Credit ({why}) {label}"[:200],
+                    hours=_hours(row[seconds_key]),
+                    amount=-round_money(rate * as_decimal(row[seconds_key]) / HOUR_S),
+                    reason=why,
+                    **common,
+                )
+            )
+    return lines
+
+
+def draft_lines(period: date, *, project_ids: list[int] | None = None):
+    """Unsaved statement lines of the period's own usage so far, per usage group: (row, lines) with row["project_id"].
+
+    The same own-month lines generate_statements() would write now (before carry-overs and
+    adjustments): the dashboard's month-to-date costs read them.
+    """
+    for row in usage_totals(period, project_ids=project_ids):
+        yield row, lines_for(None, row, "")
+
+
+def _line_sum(field: str, *line_types: str, default: Decimal | None = None):
+    """Subquery: the sum of `field` over a statement's lines (of `line_types`), for an UPDATE of statements."""
+    lines = StatementLine.objects.filter(statement=OuterRef("pk"))
+    if line_types:
+        lines = lines.filter(line_type__in=line_types)
+    output = StatementLine._meta.get_field(field)
+    total = Subquery(lines.order_by().values("statement").annotate(v=Sum(field)).values("v")[:1], output_field=output)
+    return total if default is None else Coalesce(total, Value(default), output_field=output)
+
+
+def refresh_totals(statement_ids: list[int]) -> int:
+    """Set the totals of these draft statements from their lines, in one UPDATE; returns rows updated.
+
+    Totals are sums of the (already rounded) lines, so a statement always adds up. Reserved figures
+    include carry-over lines (reserved usage of an earlier month billed here). Finalised statements
+    are left alone (and the database would refuse anyway).
+    """
+    usage, credits, adjustment = (
+        [LineType.USAGE, LineType.CARRY_OVER],
+        [LineType.FAILED_CREDIT, LineType.HEALTH_CREDIT],
+        [LineType.ADJUSTMENT],
+    )
+    zero = Decimal(0)
+    return Statement.objects.filter(pk__in=statement_ids, state=StatementState.DRAFT).update(
+        reserved_hours=_line_sum("hours", *usage, default=zero),
+        reserved_amount=_line_sum("amount", *usage, default=zero),
+        credit_amount=_line_sum("amount", *credits, default=zero),
+        adjustment_amount=_line_sum("amount", *adjustment, default=zero),
+        total_amount=_line_sum("amount", default=zero),
+        used_amount=_line_sum("used_amount", *usage),
+        idle_amount=_line_sum("idle_amount", *usage),
+        unmeasured_amount=_line_sum("unmeasured_amount", *usage, default=zero),
+        energy_kwh=_line_sum("energy_kwh", *usage),
+        generated_at=timezone.now(),
+    )

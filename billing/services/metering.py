@@ -1,0 +1,244 @@
+"""Hourly metering: each UTC hour of an allocation becomes one UsageRecord holding the seconds its clock ran.
+
+- Nothing is metered for a pool until its provisioning has completed (GpuPool.provisioned_at, or
+  an active pool); then the clock starts at Allocation.allocated_at (set by the approval): the
+  hours since approval are backfilled. A pool whose provisioning never completes is never billed.
+- The rate is the card in force at the start of each hour (PriceBook).
+- Hours are claimed one at a time through the MeteringWatermark row, so metering catches up after
+  any downtime and two workers never meter the same hour.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, F, Min, OuterRef, Q
+from django.utils import timezone
+
+from gpuaas.leases import crash_point
+from pools.choices import PoolState
+from pools.models import Allocation
+
+from .. import backends, measurements
+from ..models import MeteringWatermark, UsageRecord
+from ..periods import HOUR, floor_hour
+from .clock import Unit, failed_windows, health_windows, hour_figures, units_of
+from .credits import refresh_credits, refresh_measurements
+from .intervals import Interval
+from .rate_cards import PriceBook
+
+# An allocation created late (allocated_at backdated to its approval), or whose pool finished
+# provisioning late, is backfilled when it has no record yet and started (or finished provisioning)
+# at most this long before the hour being metered.
+LATE_ALLOCATION_WINDOW = timedelta(days=31)
+
+RECORD_COLUMNS = (
+    "allocation_id",
+    "hour",
+    "project_id",
+    "pool_id",
+    "kind",
+    "product",
+    "profile_name",
+    "replicas",
+    "seconds",
+    "failed_credit_seconds",
+    "health_credit_seconds",
+    "hourly_rate",
+    "rate_card_id",
+    "sm_activity",
+    "energy_kwh",
+)
+
+
+def _records_for(units_hours: list[tuple[Unit, datetime]], book: PriceBook, until: datetime) -> list[tuple]:
+    """Rows (RECORD_COLUMNS order) for each (allocation, hour) in which the clock ran."""
+    if not units_hours:
+        return []
+    units = list({u.id: u for u, _ in units_hours}.values())
+    first = min(h for _, h in units_hours)
+    failed = failed_windows(units, until)
+    health = health_windows(units, first, until)
+    final = measurements.final_until()
+    by_hour: dict[datetime, list[Unit]] = defaultdict(list)
+    for unit, hour in units_hours:
+        by_hour[hour].append(unit)
+    rows = []
+    no_windows: list[Interval] = []
+    for hour, hour_units in sorted(by_hour.items()):
+        card = book.card_at(hour)
+        card_id = card.pk if card else None
+        figures = {
+            u.id: hour_figures(u, hour, failed.get(u.request_id, no_windows), health.get(u.id, no_windows))
+            for u in hour_units
+        }
+        billed = [u for u in hour_units if figures[u.id].seconds > 0]
+        measured = {}
+        if final is not None and hour < final:
+            measured = measurements.measured_use(
+                [
+                    measurements.MeteredUnit(
+                        u.id, u.gpu_id, u.mig_instance_id, u.kind, u.share(), figures[u.id].seconds
+                    )
+                    for u in billed
+                ],
+                hour,
+            )
+        for unit in billed:
+            spec, f, m = unit.spec, figures[unit.id], measured.get(unit.id)
+            rows.append(
+                (
+                    unit.id,
+                    hour,
+                    unit.project_id,
+                    unit.pool_id,
+                    spec.kind,
+                    spec.product,
+                    spec.profile_name,
+                    spec.replicas,
+                    f.seconds,
+                    f.failed,
+                    f.health,
+                    book.price(card, spec, unit.compute_slices),
+                    card_id,
+                    m.sm_activity if m else None,
+                    m.energy_kwh if m else None,
+                )
+            )
+    return rows
+
+
+def insert_records(rows: list[tuple]) -> None:
+    """INSERT ... ON CONFLICT (allocation, hour) DO NOTHING: a row already metered is never written twice.
+
+    Rows are in RECORD_COLUMNS order; billing.backends writes them in one statement per chunk.
+    """
+    if rows:
+        backends.insert_usage_records(RECORD_COLUMNS, rows)
+
+
+# Billing waits for provisioning: a pool is metered once its provisioning has completed
+# (provisioned_at set; an active pool has completed it too), then from approval (allocated_at).
+# A pool still provisioning (a worker died mid-way) or whose provisioning failed and never
+# completed is never metered.
+PROVISIONED = Q(pool__provisioned_at__isnull=False) | Q(pool__state=PoolState.ACTIVE)
+
+
+def meter_hour(hour: datetime, *, book: PriceBook | None = None) -> int:
+    """Write the UsageRecords of one UTC hour; returns the rows offered for insert.
+
+    Covers every allocation of a provisioned pool (PROVISIONED) whose clock ran in
+    [hour, hour + 1 h), plus allocations that have no record at all yet although they started before
+    `hour` (created late with a backdated allocated_at, or whose provisioning completed only now):
+    those are backfilled from their first hour, i.e. from approval. Idempotent: rows go in with
+    INSERT ... ON CONFLICT DO NOTHING on (allocation, hour), so a retry or a concurrent run adds
+    nothing twice. Takes no locks itself; meter_usage serialises hours through the watermark.
+    """
+    book = book or PriceBook()
+    end = hour + HOUR
+    running = (
+        Allocation.objects.filter(PROVISIONED, allocated_at__lt=end)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=hour))
+        .filter(Q(pool__request__end_at__isnull=True) | Q(pool__request__end_at__gt=hour))
+    )
+    units_hours = [(u, hour) for u in units_of(running) if u.clock(hour, end)]
+    recent = hour - LATE_ALLOCATION_WINDOW
+    late = (
+        Allocation.objects.filter(PROVISIONED, allocated_at__lt=hour)
+        .filter(Q(allocated_at__gte=recent) | Q(pool__provisioned_at__gte=recent))
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=F("allocated_at")))
+        .filter(~Exists(UsageRecord.objects.filter(allocation=OuterRef("pk"))))
+    )
+    seen = {(u.id, h) for u, h in units_hours}
+    for unit in units_of(late):
+        units_hours.extend((unit, h) for h in unit.hours(hour) if (unit.id, h) not in seen)
+    rows = _records_for(units_hours, book, end)
+    insert_records(rows)
+    return len(rows)
+
+
+def _watermark_start() -> datetime:
+    first = Allocation.objects.aggregate(first=Min("allocated_at"))["first"]
+    return floor_hour(first or timezone.now())
+
+
+def watermark() -> MeteringWatermark:
+    try:
+        return MeteringWatermark.objects.get(pk=1)
+    except MeteringWatermark.DoesNotExist:
+        pass
+    try:
+        with transaction.atomic():
+            return MeteringWatermark.objects.create(pk=1, metered_until=_watermark_start())
+    except IntegrityError:  # another worker created it first
+        return MeteringWatermark.objects.get(pk=1)
+
+
+@dataclass
+class MeterResult:
+    hours: int = 0
+    records: int = 0
+    metered_until: datetime | None = None
+    hours_done: list[datetime] = field(default_factory=list)
+
+
+def meter_usage(*, now: datetime | None = None, until: datetime | None = None) -> MeterResult:
+    """Meter every complete UTC hour from the watermark up to `until` (default: the start of the current hour).
+
+    Catches up after any downtime, hour by hour. Each hour is claimed with a conditional UPDATE of
+    the watermark row (metered_until = H -> H + 1 h, must touch one row) in the same transaction as
+    its inserts: two workers never meter the same hour, a crash rolls the claim back, and the
+    (allocation, hour) unique constraint backs this up. Then refreshes credits and showback for
+    the open period. Safe to run at any time, any number of times at once.
+    """
+    now = now or timezone.now()
+    limit = floor_hour(until or now)
+    result = MeterResult()
+    book = PriceBook()
+    watermark()
+    while True:
+        current = MeteringWatermark.objects.values_list("metered_until", flat=True).get(pk=1)
+        if current + HOUR > limit:
+            result.metered_until = current
+            break
+        with transaction.atomic():
+            claimed = MeteringWatermark.objects.filter(pk=1, metered_until=current).update(
+                metered_until=current + HOUR, updated_at=timezone.now()
+            )
+            if claimed != 1:
+                continue
+            result.records += meter_hour(current, book=book)
+            crash_point("metering.hour")  # fault suite: rows inserted, the hour's transaction not committed
+        result.hours += 1
+        result.hours_done.append(current)
+    if result.hours:
+        lookback = max(result.metered_until - timedelta(hours=settings.BILLING_REFRESH_HOURS), result.hours_done[0])
+        refresh_credits(lookback, result.metered_until)
+    catch_up_measurements()
+    return result
+
+
+def catch_up_measurements(*, max_hours: int | None = None) -> int:
+    """Measure every metered hour whose rollups became final since the last pass; returns rows filled.
+
+    Progress is MeteringWatermark.measured_until (hours before it had their final rollups applied),
+    so each hour is looked at once after monitoring finalised it, at most `max_hours` per call
+    (default BILLING_REFRESH_HOURS). Idempotent; two workers at once only repeat harmless work.
+    """
+    final = measurements.final_until()
+    if final is None:
+        return 0
+    mark = watermark()
+    upto = min(floor_hour(final), mark.metered_until)
+    max_hours = max_hours or settings.BILLING_REFRESH_HOURS
+    start = mark.measured_until or upto - max_hours * HOUR
+    if start >= upto:
+        return 0
+    stop = min(upto, start + max_hours * HOUR)
+    filled = refresh_measurements(start, stop)
+    MeteringWatermark.objects.filter(pk=1, measured_until=mark.measured_until).update(measured_until=stop)
+    return filled

@@ -1,0 +1,186 @@
+"""Inventory: what discovery reads from one node's NVML (GPUs, MIG devices with their placements, processes).
+
+A GPU lost at any step (NVML_ERROR_GPU_IS_LOST) comes back with health "lost" and nothing else
+about it is trusted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sessions import (
+    MIB,
+    GpuLost,
+    NvmlError,
+    NvmlSession,
+    as_text,
+    is_nvml_error,
+    session,
+)
+
+HEALTH_OK = "ok"
+HEALTH_LOST = "lost"
+
+
+@dataclass(slots=True)
+class ProcessInfo:
+    pid: int
+    used_memory_mib: int | None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    pod_uid: str | None = None
+
+
+@dataclass(slots=True)
+class MigDeviceInfo:
+    """One MIG device: a compute instance in a GPU instance, with its GI placement."""
+
+    index: int
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile_id: int | None
+    placement_start: int | None
+    placement_size: int | None
+    memory_mib: int | None
+    processes: list[ProcessInfo] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GpuInfo:
+    index: int
+    health: str
+    uuid: str | None = None
+    name: str = ""
+    serial: str | None = None
+    pci_bus_id: str | None = None
+    memory_mib: int | None = None
+    mig_current: bool = False
+    mig_pending: bool = False
+    mig_devices: list[MigDeviceInfo] = field(default_factory=list)
+    processes: list[ProcessInfo] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def lost(self) -> bool:
+        return self.health == HEALTH_LOST
+
+
+@dataclass(slots=True)
+class NodeInventory:
+    node_name: str
+    driver_version: str = ""
+    cuda_version: str = ""
+    gpus: list[GpuInfo] = field(default_factory=list)
+
+
+def _cuda_version(raw: Any) -> str:
+    """12040 -> "12.4" (nvmlSystemGetCudaDriverVersion returns major*1000 + minor*10)."""
+    if raw is None:
+        return ""
+    raw = int(raw)
+    return f"{raw // 1000}.{(raw % 1000) // 10}"
+
+
+def read_processes(s: NvmlSession, handle: Any) -> list[ProcessInfo]:
+    procs = s.optional("nvmlDeviceGetComputeRunningProcesses", handle) or []
+    out = []
+    for p in procs:
+        used = getattr(p, "usedGpuMemory", None)
+        gi = getattr(p, "gpuInstanceId", None)
+        ci = getattr(p, "computeInstanceId", None)
+        out.append(
+            ProcessInfo(
+                pid=int(p.pid),
+                used_memory_mib=None if used is None else int(used) // MIB,
+                gpu_instance_id=None if gi is None or gi == 0xFFFFFFFF else int(gi),
+                compute_instance_id=None if ci is None or ci == 0xFFFFFFFF else int(ci),
+                pod_uid=s.pod_uid_for_pid(int(p.pid)),
+            )
+        )
+    return out
+
+
+def _mig_devices(s: NvmlSession, handle: Any) -> list[MigDeviceInfo]:
+    """Walk the MIG device handles; each GI id maps to its profile and placement through the GI."""
+    count = s.optional("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
+    placements: dict[int, tuple[int | None, int | None, int | None]] = {}
+    devices = []
+    for i in range(int(count)):
+        mig = s.optional("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+        if mig is None:  # an empty slot: NotFound
+            continue
+        gi_id = int(s.call("nvmlDeviceGetGpuInstanceId", mig))
+        ci_id = int(s.call("nvmlDeviceGetComputeInstanceId", mig))
+        if gi_id not in placements:
+            gi = s.optional("nvmlDeviceGetGpuInstanceById", handle, gi_id)
+            info = s.optional("nvmlGpuInstanceGetInfo", gi) if gi is not None else None
+            placements[gi_id] = (
+                (int(info.profileId), int(info.placement.start), int(info.placement.size))
+                if info is not None
+                else (None, None, None)
+            )
+        profile_id, start, size = placements[gi_id]
+        memory = s.optional("nvmlDeviceGetMemoryInfo", mig)
+        devices.append(
+            MigDeviceInfo(
+                index=i,
+                uuid=as_text(s.call("nvmlDeviceGetUUID", mig)) or "",
+                gpu_instance_id=gi_id,
+                compute_instance_id=ci_id,
+                profile_id=profile_id,
+                placement_start=start,
+                placement_size=size,
+                memory_mib=None if memory is None else int(memory.total) // MIB,
+                processes=read_processes(s, mig),
+            )
+        )
+    return devices
+
+
+def gpu_info(s: NvmlSession, index: int) -> GpuInfo:
+    """One GPU by index; a GPU that is lost (at any step) comes back as GpuInfo(health="lost")."""
+    gpu = GpuInfo(index=index, health=HEALTH_OK)
+    try:
+        handle = s.call("nvmlDeviceGetHandleByIndex", index)
+        gpu.uuid = as_text(s.call("nvmlDeviceGetUUID", handle))
+        gpu.name = as_text(s.optional("nvmlDeviceGetName", handle)) or ""
+        gpu.serial = as_text(s.optional("nvmlDeviceGetSerial", handle))
+        pci = s.optional("nvmlDeviceGetPciInfo", handle)
+        gpu.pci_bus_id = as_text(pci.busId) if pci is not None else None
+        memory = s.optional("nvmlDeviceGetMemoryInfo", handle)
+        gpu.memory_mib = None if memory is None else int(memory.total) // MIB
+        mode = s.optional("nvmlDeviceGetMigMode", handle)
+        if mode is not None:
+            gpu.mig_current, gpu.mig_pending = bool(mode[0]), bool(mode[1])
+        if gpu.mig_current:
+            gpu.mig_devices = _mig_devices(s, handle)
+        else:
+            gpu.processes = read_processes(s, handle)
+    except GpuLost as exc:
+        gpu.health = HEALTH_LOST
+        gpu.error = f"GPU is lost ({exc})"
+        gpu.mig_devices = []
+        gpu.processes = []
+    return gpu
+
+
+def node_inventory(api_url: str, node_name: str) -> NodeInventory:
+    """Everything discovery needs from one node's NVML: GPUs, MIG devices with placements, processes."""
+    with session(api_url, node_name) as s:
+        try:
+            inventory = NodeInventory(
+                node_name=node_name,
+                driver_version=as_text(s.optional("nvmlSystemGetDriverVersion")) or "",
+                cuda_version=_cuda_version(s.optional("nvmlSystemGetCudaDriverVersion")),
+            )
+            count = int(s.call("nvmlDeviceGetCount"))
+        except GpuLost as exc:
+            raise NvmlError(f"{node_name}: {exc}") from None
+        except Exception as exc:
+            if is_nvml_error(exc):
+                raise NvmlError(f"{node_name}: {exc}") from None
+            raise
+        inventory.gpus = [gpu_info(s, i) for i in range(count)]
+        return inventory
