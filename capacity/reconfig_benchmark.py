@@ -69,14 +69,14 @@ def _build(name: str, nodes: int, gpus_per_node: int):
 def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -> dict:
     from capacity.models import Cluster, NodeCapacity
     from capacity.services import mig_configs
-    from capacity.services import reconfiguration as rc
     from capacity.services.discovery import discover_cluster
+    from operations import reconfiguration as rc
     from simcluster import SimServer
 
     _delete_bench_clusters()
     name = f"{BENCH_PREFIX}{nodes}-{backend}"
     # The steps are called here, one after the other: nothing goes to the broker.
-    no_broker = mock.patch("capacity.tasks.enqueue_reconfiguration_step")
+    no_broker = mock.patch("operations.tasks.enqueue_reconfiguration_step")
     no_broker.start()
     state = _build(name, nodes, gpus_per_node)
     server = SimServer(state).start()
