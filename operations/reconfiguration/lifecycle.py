@@ -59,7 +59,7 @@ def create(
                 backend=backend,
                 drain=drain,
                 force=force,
-                created_by=actor if getattr(actor, "pk", None) else None,
+                created_by=user_or_none(actor),
             )
             audit(
                 reconf,

@@ -13,6 +13,7 @@ from capacity.models import MigReconfiguration, MigReconfigurationStep
 
 
 def audit(reconf, step: str, event: str, message: str = "", *, detail=None, task_id: str = "", actor=None):
+    """One MigReconfigurationStep row (`reconf`: the row or its id); the admin and the API show these."""
     return MigReconfigurationStep.objects.create(
         reconfiguration_id=reconf.pk if hasattr(reconf, "pk") else reconf,
         step=step,
@@ -45,4 +46,5 @@ def stamp(**fields) -> dict:
 
 
 def user_or_none(actor):
+    """The acting user to record, or None for the system (an AnonymousUser or a missing actor)."""
     return actor if getattr(actor, "pk", None) else None
