@@ -34,8 +34,8 @@ from capacity.models import (
     WorkloadProfile,
 )
 from capacity.services import mig_configs
-from capacity.services import reconfiguration as rc
 from capacity.services.discovery import discover_cluster
+from operations import reconfiguration as rc
 from simcluster import SimServer, SimState, gpuoperator
 
 from .registry import arg, benchmark
@@ -74,7 +74,7 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
     _delete_bench_clusters()
     name = f"{BENCH_PREFIX}{nodes}-{backend}"
     # The steps are called here, one after the other: nothing goes to the broker.
-    no_broker = mock.patch("capacity.tasks.enqueue_reconfiguration_step")
+    no_broker = mock.patch("operations.tasks.enqueue_reconfiguration_step")
     no_broker.start()
     state = _build(name, nodes, gpus_per_node)
     server = SimServer(state).start()

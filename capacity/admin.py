@@ -1,28 +1,43 @@
-"""Operator console for capacity. The cluster owns these facts: everything but Cluster is read-only.
+"""Operator console for capacity. The cluster owns these facts: the mirror is read-only.
 
-Discovery keeps the mirror current; "Discover now" on clusters queues a run at once.
+Discovery keeps the mirror current; "Discover now" on clusters queues a run at once. Operators edit
+only what gpuaas decides: clusters, MIG layouts, maintenance windows and time-slicing policies. The
+GPU and node pages show the MIG layout pictures; MIG reconfigurations have their console in
+operations/admin.py.
 """
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from .adapters import kubernetes as kube
 from .choices import MigInstanceState
+from .mig.catalog import PRODUCTS
+from .mig.layout import validate_layout
+from .mig_picture import gpu_layout_html, gpu_picture, legend_html, node_pictures
 from .models import (
     Cluster,
     DiscoveryRun,
     GpuCapacity,
+    MaintenanceWindow,
     MigInstance,
+    MigLayout,
     MigPlacement,
     MigProfile,
+    MigReconfiguration,
     NodeCapacity,
     SpecAndCount,
+    TimeSlicingPolicy,
     WorkloadProfile,
 )
+from .services import mig_configs
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -44,6 +59,24 @@ def _count(queryset, group_by: str):
         Subquery(queryset.order_by().values(group_by).annotate(n=Count("pk")).values("n"), output_field=IntegerField()),
         0,
     )
+
+
+class PictureFieldsetMixin:
+    """One more computed read-only field (`picture_field`, a method of the admin) in its own fieldset
+    at the end of the change page: the MIG layout pictures of GPUs and nodes."""
+
+    picture_field: str
+    picture_label: str
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*super().get_readonly_fields(request, obj), self.picture_field]
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = [
+            (name, {**opts, "fields": [f for f in opts["fields"] if f != self.picture_field]})
+            for name, opts in super().get_fieldsets(request, obj)
+        ]
+        return [*fieldsets, (self.picture_label, {"fields": [self.picture_field]})]
 
 
 class ClusterForm(forms.ModelForm):
@@ -212,7 +245,7 @@ class NodeStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(NodeCapacity)
-class NodeCapacityAdmin(ReadOnlyAdmin):
+class NodeCapacityAdmin(PictureFieldsetMixin, ReadOnlyAdmin):
     list_display = [
         "name",
         "cluster",
@@ -252,9 +285,35 @@ class NodeCapacityAdmin(ReadOnlyAdmin):
     def mig_instance_count(self, obj):
         return obj._migs
 
+    picture_field, picture_label = "mig_layout_pictures", "MIG layouts"
+
+    @admin.display(description="MIG layouts")
+    def mig_layout_pictures(self, obj):
+        """A "Reconfigure MIG" button, the open reconfiguration if any, and each GPU's layout."""
+        if obj is None or not obj.pk:
+            return "-"
+        link = format_html(
+            '<p><a class="button" href="{}?node={}">Reconfigure MIG on this node</a></p>',
+            reverse("admin:capacity_migreconfiguration_add"),
+            obj.pk,
+        )
+        open_ = MigReconfiguration.objects.open().filter(node=obj).first()
+        note = (
+            format_html(
+                '<p>Open reconfiguration: <a href="{}">#{} ({}/{})</a></p>',
+                reverse("admin:capacity_migreconfiguration_change", args=[open_.pk]),
+                open_.pk,
+                open_.step,
+                open_.state,
+            )
+            if open_
+            else ""
+        )
+        return format_html("{}{}{}", link, note, node_pictures(obj))
+
 
 @admin.register(GpuCapacity)
-class GpuCapacityAdmin(ReadOnlyAdmin):
+class GpuCapacityAdmin(PictureFieldsetMixin, ReadOnlyAdmin):
     list_display = [
         "uuid",
         "node",
@@ -277,6 +336,11 @@ class GpuCapacityAdmin(ReadOnlyAdmin):
     list_select_related = ["node__cluster"]
     search_fields = ["uuid", "serial", "node__name", "pci_bus_id"]
     show_full_result_count = False
+    picture_field, picture_label = "mig_layout_picture", "MIG layout"
+
+    @admin.display(description="MIG layout")
+    def mig_layout_picture(self, obj):
+        return gpu_picture(obj) if obj is not None and obj.pk else "-"
 
 
 @admin.register(MigProfile)
@@ -342,7 +406,115 @@ class WorkloadProfileAdmin(ReadOnlyAdmin):
         return obj.gpu.uuid if obj.gpu_id else ""
 
 
-# --- MIG reconfiguration, layouts, maintenance windows, time-slicing -------------------------------
-# Registers its own admins and re-registers the GPU and node admins above as subclasses that add the
-# MIG layout pictures (capacity/admin_reconfig.py).
-from . import admin_reconfig  # noqa: E402, F401
+# --- MIG layouts, maintenance windows and time-slicing ------------------------------------------------
+
+TIME_SLICING_WARNING = (
+    "Time-slicing has NO memory isolation: every replica sees and can exhaust the whole GPU's memory, "
+    "and a crash or an out-of-memory error in one pod can take the others down. Use MIG where isolation matters."
+)
+
+
+class MigLayoutForm(forms.ModelForm):
+    product = forms.ChoiceField(choices=[(k, k) for k in PRODUCTS])
+
+    class Meta:
+        model = MigLayout
+        fields = ["name", "product", "gpus", "description"]
+        widgets = {"gpus": forms.Textarea(attrs={"rows": 4, "cols": 80})}
+
+
+@admin.register(MigLayout)
+class MigLayoutAdmin(admin.ModelAdmin):
+    form = MigLayoutForm
+    list_display = ["name", "product", "config_name", "summary", "updated_at"]
+    list_filter = ["product"]
+    search_fields = ["name", "description"]
+    readonly_fields = ["config_name", "mig_parted_entries", "pictures"]
+
+    @admin.display(description="layout")
+    def summary(self, obj):
+        return "; ".join(f"{k}: {'MIG off' if v is None else ','.join(v) or 'empty'}" for k, v in obj.gpus.items())
+
+    @admin.display(description="mig-parted entries (as written to the ConfigMap)")
+    def mig_parted_entries(self, obj):
+        if not obj.pk:
+            return "-"
+        text = mig_configs.dump_yaml({obj.config_name: mig_configs.entries_for_targets(obj.product, obj.gpus)})
+        return format_html("<pre>{}</pre>", text)
+
+    @admin.display(description="picture")
+    def pictures(self, obj):
+        if not obj.pk:
+            return "-"
+        out = []
+        for key, names in obj.gpus.items():
+            if names is None:
+                out.append(gpu_layout_html(obj.product, [], mig=False, title=f"GPU {key}"))
+                continue
+            result = validate_layout(obj.product, names)
+            placements = [dict(p.to_dict(), state="planned") for p in result.placements]
+            out.append(gpu_layout_html(obj.product, placements, title=f"GPU {key}"))
+        return format_html("{}{}", legend_html(), mark_safe("".join(out)))
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        mig_configs.publish()
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        mig_configs.publish()
+
+
+# --- Maintenance windows and time-slicing --------------------------------------------------------
+
+
+@admin.register(MaintenanceWindow)
+class MaintenanceWindowAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "cluster", "node_group", "name", "enabled", "open_now"]
+    list_filter = ["cluster", "enabled"]
+    list_select_related = ["cluster"]
+    search_fields = ["name", "node_group", "cluster__name"]
+
+    @admin.display(description="open now", boolean=True)
+    def open_now(self, obj):
+        return obj.is_open(timezone.now())
+
+
+class TimeSlicingPolicyForm(forms.ModelForm):
+    class Meta:
+        model = TimeSlicingPolicy
+        fields = ["cluster", "node_group", "replicas", "rename_by_default", "fail_requests_greater_than_one", "enabled"]
+        help_texts = {"replicas": "Pods per GPU (tier-3 slots per GPU). " + TIME_SLICING_WARNING}
+
+
+@admin.register(TimeSlicingPolicy)
+class TimeSlicingPolicyAdmin(admin.ModelAdmin):
+    form = TimeSlicingPolicyForm
+    list_display = ["__str__", "config_key", "replicas", "tier3_slots", "enabled", "applied_at", "nodes_labelled"]
+    list_filter = ["cluster", "enabled"]
+    list_select_related = ["cluster"]
+    search_fields = ["node_group", "cluster__name"]
+    readonly_fields = ["isolation_warning", "config_key", "applied_at", "nodes_labelled", "last_error"]
+    actions = ["apply_to_cluster"]
+
+    @admin.display(description="memory isolation")
+    def isolation_warning(self, obj):
+        return format_html('<strong style="color:#ba2121">{}</strong>', TIME_SLICING_WARNING)
+
+    @admin.display(description="tier-3 slots")
+    def tier3_slots(self, obj):
+        gpus = GpuCapacity.objects.present().filter(node__cluster_id=obj.cluster_id)
+        if obj.node_group:
+            gpus = gpus.filter(node__node_group=obj.node_group)
+        return gpus.count() * obj.replicas
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        messages.warning(request, TIME_SLICING_WARNING)
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    @admin.action(description="Write the ConfigMap and label the nodes", permissions=["change"])
+    def apply_to_cluster(self, request, queryset):
+        clusters = sorted(set(queryset.values_list("cluster_id", flat=True)))
+        for cluster_id in clusters:
+            mig_configs.enqueue_time_slicing(cluster_id)
+        self.message_user(request, ngettext("%d cluster queued.", "%d clusters queued.", len(clusters)) % len(clusters))

@@ -79,43 +79,8 @@ def enqueue_inventory(cluster_id: int, cluster_name: str, node_names: list[str])
         )
 
 
-# --- MIG reconfiguration, time-slicing (capacity.services.reconfiguration, .mig_configs) -------------
-# Each workflow step is one task run; waiting steps re-enqueue themselves with a countdown far below
-# the Redis visibility timeout, and the node-agent apply goes to the node's own queue.
-
-# A step message older than this is dropped; sweep_reconfigurations_task re-enqueues lost steps.
-RECONFIGURATION_STEP_EXPIRES_S = 10 * 60
-
-
-@shared_task(bind=True, acks_late=True)
-def reconfiguration_step_task(self, reconfiguration_id: int, step: str) -> str:
-    """Run one step of a MIG reconfiguration. Idempotent: the step is claimed with a conditional
-    UPDATE (a stale or duplicate message does nothing) and re-entered when this same task is
-    redelivered after a worker died."""
-    from capacity.services.reconfiguration import run_step
-
-    return run_step(reconfiguration_id, step, token=self.request.id or "local")
-
-
-def enqueue_reconfiguration_step(
-    reconfiguration_id: int, step: str, *, cluster: str, node: str, backend: str, countdown: int | None = None
-) -> None:
-    """Send one step (call after commit). Steps that read or write the node's NVML run on its agent's
-    queue, node_queue(cluster, node): verify (rediscovery) always, apply on the agent backend."""
-    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
-    if countdown:
-        options["countdown"] = countdown
-    if step == "verify" or (step == "apply" and backend == "agent"):
-        options["queue"] = node_queue(cluster, node)
-    reconfiguration_step_task.apply_async((reconfiguration_id, step), **options)
-
-
-@shared_task(acks_late=True)
-def sweep_reconfigurations_task() -> dict:
-    """Beat: give steps of dead workers back (claims whose lease ran out) and re-send lost ones."""
-    from capacity.services.reconfiguration import sweep
-
-    return sweep()
+# --- Time-slicing and the mig-parted ConfigMap (capacity.services.mig_configs) ----------------------
+# The MIG reconfiguration tasks live in operations.tasks (under their old capacity.tasks.* names).
 
 
 @shared_task(acks_late=True)

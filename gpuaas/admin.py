@@ -1,18 +1,14 @@
-"""Mount the GPU dashboard in the admin: /admin/dashboard/... ahead of the admin's own URLs.
+"""The admin site: Django's, with the GPU dashboard mounted at /admin/dashboard/... ahead of its own URLs.
 
-The default admin site is kept (every app registers on it); its get_urls() is wrapped so the
-dashboard pages live under the admin's login, permissions and look.
+It is the default `admin.site` (gpuaas.apps.GpuaasAdminConfig), so every app registers on it as
+usual and the dashboard pages live under the admin's login, permissions and look.
 """
 
 from django.contrib import admin
 
 from .dashboard.admin_views import urlpatterns as dashboard_urlpatterns
 
-_admin_get_urls = admin.site.get_urls
 
-
-def _get_urls():
-    return dashboard_urlpatterns(admin.site) + _admin_get_urls()
-
-
-admin.site.get_urls = _get_urls
+class GpuaasAdminSite(admin.AdminSite):
+    def get_urls(self):
+        return dashboard_urlpatterns(self) + super().get_urls()

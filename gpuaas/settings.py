@@ -47,7 +47,7 @@ if not DEBUG and not ALLOWED_HOSTS:
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "gpuaas.apps.GpuaasAdminConfig",  # django.contrib.admin with gpuaas.admin.GpuaasAdminSite as admin.site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "axes",
     "capacity",
     "pools",
+    "operations",
     "billing",
     "monitoring",
     "gpuaas",

@@ -9,7 +9,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from .api import router
 
 # Each app's api/urls.py registers its viewsets on the shared router and may add extra paths.
-_api_modules = [import_module(f"{app}.api.urls") for app in ("capacity", "pools", "billing", "monitoring")]
+API_APPS = ("capacity", "pools", "operations", "billing", "monitoring")
+_api_modules = [import_module(f"{app}.api.urls") for app in API_APPS]
 api_extra = [p for module in _api_modules for p in getattr(module, "urlpatterns", [])]
 
 urlpatterns = [

@@ -365,6 +365,14 @@ def pools_awaiting_cleanup(*, older_than_s: int = 300):
 # --- API tokens ----------------------------------------------------------------------------------
 
 
+def move_mig_allocation(allocation: Allocation, *, from_instance, to_instance) -> bool:
+    """Point a MIG allocation at an equivalent instance (same GPU, profile and start) that replaced its
+    own, as a MIG reconfiguration does when it recreates instances. A conditional UPDATE: False when
+    the allocation no longer holds `from_instance` (someone moved it first). The partial unique
+    constraint on active allocations refuses a second holder of `to_instance` (IntegrityError)."""
+    return Allocation.objects.filter(pk=allocation.pk, mig_instance=from_instance).update(mig_instance=to_instance) == 1
+
+
 def revoke_token(token: ApiToken) -> bool:
     """Revoke a token; False if it was revoked already (idempotent)."""
     return ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1

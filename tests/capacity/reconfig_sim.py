@@ -119,7 +119,7 @@ def drive(sim: Sim | None, reconf, *, max_calls: int = 20) -> list[str]:
     When apply waits on the operator path, the simulated MIG manager runs once (it never fires on
     its own in these tests). Returns the outcomes, in order.
     """
-    from capacity.tasks import reconfiguration_step_task
+    from operations.tasks import reconfiguration_step_task
 
     outcomes = []
     for _ in range(max_calls):

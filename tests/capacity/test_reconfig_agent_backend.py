@@ -4,8 +4,8 @@ import pytest
 from reconfig_sim import allocate, drive, gpu_row, node_row, start_sim
 
 from capacity.models import MigInstance, WorkloadProfile
-from capacity.services import reconfiguration as rc
-from capacity.tasks import reconfiguration_step_task
+from operations import reconfiguration as rc
+from operations.tasks import reconfiguration_step_task
 
 pytestmark = pytest.mark.django_db
 

@@ -5,8 +5,8 @@ from reconfig_sim import allocate, gpu_row, node_row, start_sim
 from rest_framework.test import APIClient
 
 from capacity.models import MaintenanceWindow, MigLayout, MigReconfiguration, TimeSlicingPolicy
-from capacity.services import reconfiguration as rc
-from capacity.tasks import reconfiguration_step_task
+from operations import reconfiguration as rc
+from operations.tasks import reconfiguration_step_task
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,9 @@ from reconfig_sim import drive, node_row, start_sim
 from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
 from capacity.models import MigReconfiguration
-from capacity.services import reconfiguration as rc
-from capacity.tasks import reconfiguration_step_task
+from operations import reconfiguration as rc
+from operations.reconfiguration import steps
+from operations.tasks import reconfiguration_step_task
 from simcluster import hardware
 
 pytestmark = pytest.mark.django_db
@@ -98,7 +99,7 @@ def test_nvml_insufficient_resources_fails_apply_and_resume_finishes(sim, monkey
 
 
 def test_verify_times_out_when_rediscovery_never_shows_the_plan(sim, monkeypatch):
-    monkeypatch.setattr(rc, "rediscover", lambda reconf: None)  # discovery lags: the rows stay as they were
+    monkeypatch.setattr(steps, "rediscover", lambda reconf: None)  # discovery lags: the rows stay as they were
     reconf = rc.create(node_row("gpu-a"), {"0": ["7g.80gb"]}, backend="agent", force=True)
     run_until(reconf, "verify")
 

@@ -6,9 +6,10 @@ import pytest
 from django.utils import timezone
 from reconfig_sim import node_row, start_sim
 
+from capacity.choices import ReconfigurationStep as Step
 from capacity.models import MigReconfiguration
-from capacity.services import reconfiguration as rc
-from capacity.tasks import reconfiguration_step_task
+from operations import reconfiguration as rc
+from operations.tasks import reconfiguration_step_task
 
 pytestmark = pytest.mark.django_db
 
@@ -36,18 +37,18 @@ def test_recovery_is_bounded_by_lease_plus_sweep_period_under_a_minute(settings)
 def test_a_claim_gets_a_lease_and_gives_it_up_with_the_claim(sim, sent, django_capture_on_commit_callbacks):
     reconf = rc.create(node_row("gpu-a"), {"1": ["7g.80gb"]}, force=True)
     seen = {}
-    original = rc.STEPS[rc.Step.PLAN]
+    original = rc.STEPS[Step.PLAN]
 
     def spy(reconf_row, now):
         seen.update(MigReconfiguration.objects.filter(pk=reconf_row.pk).values("state", "lease_expires_at").get())
         return original(reconf_row, now)
 
-    rc.STEPS[rc.Step.PLAN] = spy
+    rc.STEPS[Step.PLAN] = spy
     try:
         before = timezone.now()
         assert reconfiguration_step_task(reconf.pk, "plan") == "advanced"
     finally:
-        rc.STEPS[rc.Step.PLAN] = original
+        rc.STEPS[Step.PLAN] = original
     assert seen["state"] == "running"
     assert seen["lease_expires_at"] >= before + timedelta(seconds=20)
     reconf.refresh_from_db()

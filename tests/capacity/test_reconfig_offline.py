@@ -3,7 +3,7 @@
 import pytest
 from reconfig_sim import allocate, gpu_row, node_row, start_sim
 
-from capacity.services.maintenance import take_offline_check
+from operations.maintenance import take_offline_check
 
 pytestmark = pytest.mark.django_db
 

@@ -5,8 +5,8 @@ import yaml
 from reconfig_sim import drive, gpu_row, node_row, start_sim
 
 from capacity.models import MigLayout, MigReconfigurationStep
-from capacity.services import reconfiguration as rc
-from capacity.tasks import reconfiguration_step_task
+from operations import reconfiguration as rc
+from operations.tasks import reconfiguration_step_task
 from simcluster.gpuoperator import GPUAAS_MIG_CONFIGMAP, mig_config_source, parse_mig_parted
 
 pytestmark = pytest.mark.django_db

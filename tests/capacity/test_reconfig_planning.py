@@ -8,6 +8,7 @@ from reconfig_sim import allocate, drive, gpu_row, start_sim
 
 from capacity.models import MaintenanceWindow, MigReconfiguration
 from capacity.services import planning
+from operations import rebalancing
 from pools.models import PoolRequest, Project
 
 pytestmark = pytest.mark.django_db
@@ -88,7 +89,7 @@ def test_rebalance_proposes_layouts_from_the_periods_demand(sim):
         cluster=sim.cluster, starts_at=now + timedelta(days=1), ends_at=now + timedelta(days=1, hours=2)
     )
 
-    proposal = planning.propose_rebalance(sim.cluster, "H100-80GB", days=30)
+    proposal = rebalancing.propose_rebalance(sim.cluster, "H100-80GB", days=30)
 
     assert proposal.requested == {"1g.10gb": 6, "3g.40gb": 2}
     assert proposal.used == {}
@@ -118,7 +119,7 @@ def test_rebalance_counts_instances_monitoring_saw_busy(sim):
         series = Series.objects.create(gpu=instance.gpu, mig_instance=instance)
         Rollup1h.objects.create(series=series, bucket=now - timedelta(hours=2), samples=120, sm_active_max=40.0)
 
-    proposal = planning.propose_rebalance(sim.cluster, "H100-80GB", days=30)
+    proposal = rebalancing.propose_rebalance(sim.cluster, "H100-80GB", days=30)
     assert proposal.used == {"3g.40gb": 2, "7g.80gb": 1}
     assert proposal.demand == {"3g.40gb": 2, "7g.80gb": 1}
     assert proposal.targets_by_node() == {}  # the layout already serves what is used
@@ -130,9 +131,11 @@ def test_rebalance_reconfigurations_run_in_the_window(sim):
     MaintenanceWindow.objects.create(
         cluster=sim.cluster, starts_at=now - timedelta(hours=1), ends_at=now + timedelta(hours=1)
     )
-    proposal = planning.propose_rebalance(sim.cluster, "H100-80GB", days=30)
+    proposal = rebalancing.propose_rebalance(sim.cluster, "H100-80GB", days=30)
 
-    created, refused = planning.create_rebalance_reconfigurations(proposal, backend="agent", drain=False, force=False)
+    created, refused = rebalancing.create_rebalance_reconfigurations(
+        proposal, backend="agent", drain=False, force=False
+    )
 
     assert refused == {}
     assert [r.node.name for r in created] == ["gpu-a"]

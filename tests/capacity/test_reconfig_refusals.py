@@ -8,8 +8,8 @@ from django.utils import timezone
 from reconfig_sim import allocate, drive, gpu_row, node_row, start_sim
 
 from capacity.models import MaintenanceWindow, MigReconfiguration, MigReconfigurationStep
-from capacity.services import reconfiguration as rc
-from capacity.tasks import reconfiguration_step_task
+from operations import reconfiguration as rc
+from operations.tasks import reconfiguration_step_task
 
 pytestmark = pytest.mark.django_db
 

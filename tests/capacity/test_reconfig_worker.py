@@ -5,7 +5,7 @@ import time
 import pytest
 from reconfig_sim import node_row, start_sim
 
-from capacity.services import reconfiguration as rc
+from operations import reconfiguration as rc
 
 pytestmark = [
     pytest.mark.postgres,

@@ -4,8 +4,8 @@ import pytest
 from conftest import drive
 from reconfig_sim import node_row, start_sim
 
-from capacity.services import reconfiguration as rc
 from gpuaas.celery import node_queue
+from operations import reconfiguration as rc
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 

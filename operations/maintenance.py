@@ -19,11 +19,12 @@ from django.db.models import Count, Q
 
 from capacity.choices import GpuHealth, SpecKind
 from capacity.models import GpuCapacity, MigInstance, NodeCapacity
+from pools.models import Allocation
 
 
 @dataclass
 class HitAllocation:
-    allocation: object  # pools.Allocation
+    allocation: Allocation
     unit: str  # "H100-80GB 3g.40gb", "H100-80GB full GPU", "H100-80GB time-slice"
     movable: bool
 
@@ -81,8 +82,6 @@ def _label(key: tuple) -> str:
 
 def take_offline_check(*, gpus=(), nodes=()) -> OfflineCheck:
     """What going offline would hit (see module docstring). `gpus`/`nodes`: rows or primary keys."""
-    from pools.models import Allocation
-
     gpu_ids = {getattr(g, "pk", g) for g in gpus}
     node_ids = {getattr(n, "pk", n) for n in nodes}
     down = list(
@@ -128,8 +127,6 @@ def _allocation_key(allocation) -> tuple:
 
 def _free_units(cluster_ids: set[int], excluded_gpu_ids: set[int]) -> Counter:
     """Free units by key on usable GPUs of `cluster_ids` outside `excluded_gpu_ids`."""
-    from pools.models import Allocation
-
     usable = (
         GpuCapacity.objects.present()
         .filter(node__cluster_id__in=cluster_ids, health__in=[GpuHealth.OK, GpuHealth.WARNING])

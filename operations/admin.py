@@ -1,11 +1,11 @@
-"""Operator console for MIG layouts, reconfigurations, maintenance windows and time-slicing.
+"""Operator console for MIG reconfigurations, and the staff pages for planning maintenance.
 
-Imported at the end of capacity/admin.py. Besides its own models it re-registers the GPU and node
-admins as subclasses that add the MIG layout pictures, and mounts three staff pages through
-MigReconfigurationAdmin.get_urls(): capacity plan, take-offline check and rebalancing proposal.
 Reconfiguring happens on the add page: a form, then a confirmation page with the impact (pods to
 evict, allocations touched, slots before and after), then the reconfiguration is created and its
 first step enqueued on commit. State fields are read-only; actions call the services.
+MigReconfigurationAdmin.get_urls() mounts three staff pages: capacity plan, take-offline check and
+rebalancing proposal. (Layouts, maintenance windows, time-slicing and the MIG pictures on the GPU
+and node pages are capacity's: capacity/admin.py.)
 """
 
 from __future__ import annotations
@@ -19,149 +19,31 @@ from django.db import transaction
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
-from gpuaas.admin_permissions import OperatorActionsMixin
-from pools.roles import require_operator_perms
-
-from .adapters import kubernetes as kube
-from .choices import ReconfigurationBackend
-from .mig.catalog import PRODUCTS
-from .mig.layout import parse_layout
-from .mig_picture import gpu_layout_html, gpu_picture, legend_html, node_pictures
-from .models import (
+from capacity.adapters import kubernetes as kube
+from capacity.admin import TIME_SLICING_WARNING
+from capacity.choices import ReconfigurationBackend
+from capacity.mig.catalog import PRODUCTS
+from capacity.mig.layout import parse_layout
+from capacity.mig_picture import gpu_layout_html, legend_html
+from capacity.models import (
     FORCE_PERMISSION,
     Cluster,
     GpuCapacity,
-    MaintenanceWindow,
     MigLayout,
     MigReconfiguration,
     MigReconfigurationStep,
     NodeCapacity,
-    TimeSlicingPolicy,
 )
-from .services import maintenance, mig_configs, planning
-from .services import reconfiguration as rc
+from capacity.services import mig_configs, planning
+from gpuaas.admin_permissions import OperatorActionsMixin
+from pools.roles import require_operator_perms
 
-TIME_SLICING_WARNING = (
-    "Time-slicing has NO memory isolation: every replica sees and can exhaust the whole GPU's memory, "
-    "and a crash or an out-of-memory error in one pod can take the others down. Use MIG where isolation matters."
-)
-
-
-# --- Layouts ------------------------------------------------------------------------------------
-
-
-class MigLayoutForm(forms.ModelForm):
-    product = forms.ChoiceField(choices=[(k, k) for k in PRODUCTS])
-
-    class Meta:
-        model = MigLayout
-        fields = ["name", "product", "gpus", "description"]
-        widgets = {"gpus": forms.Textarea(attrs={"rows": 4, "cols": 80})}
-
-
-@admin.register(MigLayout)
-class MigLayoutAdmin(admin.ModelAdmin):
-    form = MigLayoutForm
-    list_display = ["name", "product", "config_name", "summary", "updated_at"]
-    list_filter = ["product"]
-    search_fields = ["name", "description"]
-    readonly_fields = ["config_name", "mig_parted_entries", "pictures"]
-
-    @admin.display(description="layout")
-    def summary(self, obj):
-        return "; ".join(f"{k}: {'MIG off' if v is None else ','.join(v) or 'empty'}" for k, v in obj.gpus.items())
-
-    @admin.display(description="mig-parted entries (as written to the ConfigMap)")
-    def mig_parted_entries(self, obj):
-        if not obj.pk:
-            return "-"
-        text = mig_configs.dump_yaml({obj.config_name: mig_configs.entries_for_targets(obj.product, obj.gpus)})
-        return format_html("<pre>{}</pre>", text)
-
-    @admin.display(description="picture")
-    def pictures(self, obj):
-        if not obj.pk:
-            return "-"
-        from .mig.layout import validate_layout
-
-        out = []
-        for key, names in obj.gpus.items():
-            if names is None:
-                out.append(gpu_layout_html(obj.product, [], mig=False, title=f"GPU {key}"))
-                continue
-            result = validate_layout(obj.product, names)
-            placements = [dict(p.to_dict(), state="planned") for p in result.placements]
-            out.append(gpu_layout_html(obj.product, placements, title=f"GPU {key}"))
-        return format_html("{}{}", legend_html(), mark_safe("".join(out)))
-
-    def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        mig_configs.publish()
-
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        mig_configs.publish()
-
-
-# --- Maintenance windows and time-slicing --------------------------------------------------------
-
-
-@admin.register(MaintenanceWindow)
-class MaintenanceWindowAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "cluster", "node_group", "name", "enabled", "open_now"]
-    list_filter = ["cluster", "enabled"]
-    list_select_related = ["cluster"]
-    search_fields = ["name", "node_group", "cluster__name"]
-
-    @admin.display(description="open now", boolean=True)
-    def open_now(self, obj):
-        return obj.is_open(timezone.now())
-
-
-class TimeSlicingPolicyForm(forms.ModelForm):
-    class Meta:
-        model = TimeSlicingPolicy
-        fields = ["cluster", "node_group", "replicas", "rename_by_default", "fail_requests_greater_than_one", "enabled"]
-        help_texts = {"replicas": "Pods per GPU (tier-3 slots per GPU). " + TIME_SLICING_WARNING}
-
-
-@admin.register(TimeSlicingPolicy)
-class TimeSlicingPolicyAdmin(admin.ModelAdmin):
-    form = TimeSlicingPolicyForm
-    list_display = ["__str__", "config_key", "replicas", "tier3_slots", "enabled", "applied_at", "nodes_labelled"]
-    list_filter = ["cluster", "enabled"]
-    list_select_related = ["cluster"]
-    search_fields = ["node_group", "cluster__name"]
-    readonly_fields = ["isolation_warning", "config_key", "applied_at", "nodes_labelled", "last_error"]
-    actions = ["apply_to_cluster"]
-
-    @admin.display(description="memory isolation")
-    def isolation_warning(self, obj):
-        return format_html('<strong style="color:#ba2121">{}</strong>', TIME_SLICING_WARNING)
-
-    @admin.display(description="tier-3 slots")
-    def tier3_slots(self, obj):
-        gpus = GpuCapacity.objects.present().filter(node__cluster_id=obj.cluster_id)
-        if obj.node_group:
-            gpus = gpus.filter(node__node_group=obj.node_group)
-        return gpus.count() * obj.replicas
-
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        messages.warning(request, TIME_SLICING_WARNING)
-        return super().changeform_view(request, object_id, form_url, extra_context)
-
-    @admin.action(description="Write the ConfigMap and label the nodes", permissions=["change"])
-    def apply_to_cluster(self, request, queryset):
-        clusters = sorted(set(queryset.values_list("cluster_id", flat=True)))
-        for cluster_id in clusters:
-            mig_configs.enqueue_time_slicing(cluster_id)
-        self.message_user(request, ngettext("%d cluster queued.", "%d clusters queued.", len(clusters)) % len(clusters))
-
+from . import maintenance, rebalancing
+from . import reconfiguration as rc
 
 # --- Reconfigurations ----------------------------------------------------------------------------
 
@@ -492,14 +374,14 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
         created, refused = [], {}
         if form.is_valid():
             data = form.cleaned_data
-            proposal = planning.propose_rebalance(data["cluster"], data["product"], days=data["days"])
+            proposal = rebalancing.propose_rebalance(data["cluster"], data["product"], days=data["days"])
             if request.method == "POST" and "create" in request.POST:
                 # Queuing reconfigurations is an add; forcing them outside the window needs its own permission.
                 require_operator_perms(
                     request.user, "capacity.add_migreconfiguration", *([FORCE_PERMISSION] if data["force"] else [])
                 )
                 with transaction.atomic():
-                    created, refused = planning.create_rebalance_reconfigurations(
+                    created, refused = rebalancing.create_rebalance_reconfigurations(
                         proposal, backend=data["backend"], drain=data["drain"], force=data["force"], actor=request.user
                     )
                 self.message_user(
@@ -550,67 +432,3 @@ class RebalanceForm(forms.Form):
 
     def clean_backend(self):
         return self.cleaned_data.get("backend") or ReconfigurationBackend.AGENT
-
-
-# --- The MIG pictures on the GPU and node pages ---------------------------------------------------
-
-
-def _with_picture(base, field: str, render, label: str):
-    """A subclass of a registered ModelAdmin with one more read-only field, shown in its own fieldset."""
-
-    def get_readonly_fields(self, request, obj=None):
-        return [*super(cls, self).get_readonly_fields(request, obj), field]
-
-    def get_fieldsets(self, request, obj=None):
-        fieldsets = [
-            (name, {**opts, "fields": [f for f in opts["fields"] if f != field]})
-            for name, opts in super(cls, self).get_fieldsets(request, obj)
-        ]
-        return [*fieldsets, (label, {"fields": [field]})]
-
-    def picture(self, obj):
-        return render(obj) if obj is not None and obj.pk else "-"
-
-    picture.short_description = label
-    cls = type(
-        base.__name__,
-        (base,),
-        {
-            "__module__": __name__,
-            "get_readonly_fields": get_readonly_fields,
-            "get_fieldsets": get_fieldsets,
-            field: picture,
-        },
-    )
-    return cls
-
-
-def _node_page(node):
-    link = format_html(
-        '<p><a class="button" href="{}?node={}">Reconfigure MIG on this node</a></p>',
-        reverse("admin:capacity_migreconfiguration_add"),
-        node.pk,
-    )
-    open_ = MigReconfiguration.objects.open().filter(node=node).first()
-    note = (
-        format_html(
-            '<p>Open reconfiguration: <a href="{}">#{} ({}/{})</a></p>',
-            reverse("admin:capacity_migreconfiguration_change", args=[open_.pk]),
-            open_.pk,
-            open_.step,
-            open_.state,
-        )
-        if open_
-        else ""
-    )
-    return format_html("{}{}{}", link, note, node_pictures(node))
-
-
-for _model, _field, _render, _label in (
-    (GpuCapacity, "mig_layout_picture", gpu_picture, "MIG layout"),
-    (NodeCapacity, "mig_layout_pictures", _node_page, "MIG layouts"),
-):
-    if admin.site.is_registered(_model):
-        _base = type(admin.site._registry[_model])
-        admin.site.unregister(_model)
-        admin.site.register(_model, _with_picture(_base, _field, _render, _label))

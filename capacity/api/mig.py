@@ -1,0 +1,288 @@
+"""Operator API for capacity's MIG and time-slicing settings: layouts, maintenance windows,
+time-slicing policies, and the capacity plan (effective slots per tier, now and proposed).
+
+Operators only (staff holding each action's model permission): these act on shared hardware, so
+anyone else gets 403. Bad input is 400 with field messages. Reconfiguring a node, the take-offline
+check and rebalancing span capacity and pools: operations/api.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from capacity.api.strict import StrictModelSerializer, reject_body
+from capacity.models import Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
+from capacity.services import mig_configs, planning
+from gpuaas.api import OperatorPermissions
+
+
+def _model_errors(instance) -> None:
+    """Run the model's clean() and turn its ValidationError into a DRF 400 with field messages."""
+    try:
+        instance.clean()
+    except ValidationError as exc:
+        raise serializers.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages) from None
+
+
+# --- Layouts ------------------------------------------------------------------------------------
+
+
+class MigLayoutSerializer(StrictModelSerializer):
+    config_name = serializers.CharField(read_only=True)
+    gpus = serializers.JSONField(
+        help_text='{"all": ["3g.40gb", "3g.40gb"]} or {"0": ["7g.80gb"], "1": null}; null = MIG off.'
+    )
+
+    class Meta:
+        model = MigLayout
+        fields = ["id", "name", "product", "gpus", "description", "config_name", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def validate(self, attrs):
+        instance = MigLayout(**{**({} if self.instance is None else _fields(self.instance)), **attrs})
+        _model_errors(instance)
+        attrs["product"] = instance.product
+        return attrs
+
+
+def _fields(instance: MigLayout) -> dict:
+    return {"name": instance.name, "product": instance.product, "gpus": instance.gpus, "pk": instance.pk}
+
+
+class MigLayoutFilter(filters.FilterSet):
+    class Meta:
+        model = MigLayout
+        fields = ["product", "name"]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Custom MIG layouts"),
+    create=extend_schema(summary="Add a custom MIG layout (written to gpuaas's mig-parted ConfigMap)"),
+)
+class MigLayoutViewSet(viewsets.ModelViewSet):
+    queryset = MigLayout.objects.order_by("product", "name")
+    serializer_class = MigLayoutSerializer
+    permission_classes = [OperatorPermissions]
+    filterset_class = MigLayoutFilter
+    ordering_fields = ["name", "product", "updated_at"]
+
+    def perform_create(self, serializer):
+        with transaction.atomic():
+            serializer.save()
+            mig_configs.publish()
+
+    def perform_update(self, serializer):
+        with transaction.atomic():
+            serializer.save()
+            mig_configs.publish()
+
+    def perform_destroy(self, instance):
+        with transaction.atomic():
+            instance.delete()
+            mig_configs.publish()
+
+
+# --- Maintenance windows and time-slicing --------------------------------------------------------
+
+
+@extend_schema_field({"type": "string", "pattern": r"^\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?$", "example": "02:00:00"})
+class WallClockTimeField(serializers.TimeField):
+    """A time of day without offset ("02:00:00", UTC by convention). OpenAPI's `format: time` is
+    RFC 3339's full-time, which demands an offset that DRF neither writes nor needs: so a pattern."""
+
+
+class MaintenanceWindowSerializer(StrictModelSerializer):
+    open_now = serializers.SerializerMethodField()
+    start_time = WallClockTimeField(required=False, allow_null=True, help_text="Weekly: opens at (UTC).")
+    end_time = WallClockTimeField(
+        required=False, allow_null=True, help_text="Weekly: closes at (UTC); before start = next day."
+    )
+
+    class Meta:
+        model = MaintenanceWindow
+        fields = [
+            "id",
+            "cluster",
+            "node_group",
+            "name",
+            "weekday",
+            "start_time",
+            "end_time",
+            "starts_at",
+            "ends_at",
+            "enabled",
+            "open_now",
+        ]
+
+    def get_open_now(self, obj) -> bool:
+        return obj.is_open()
+
+    def validate(self, attrs):
+        current = {} if self.instance is None else {f: getattr(self.instance, f) for f in self.Meta.fields[1:-1]}
+        _model_errors(MaintenanceWindow(**{**current, **attrs}))
+        return attrs
+
+
+class MaintenanceWindowFilter(filters.FilterSet):
+    class Meta:
+        model = MaintenanceWindow
+        fields = ["cluster", "node_group", "enabled"]
+
+
+class MaintenanceWindowViewSet(viewsets.ModelViewSet):
+    queryset = MaintenanceWindow.objects.select_related("cluster").order_by("cluster_id", "node_group", "id")
+    serializer_class = MaintenanceWindowSerializer
+    permission_classes = [OperatorPermissions]
+    filterset_class = MaintenanceWindowFilter
+    ordering_fields = ["id", "cluster", "node_group"]
+
+
+class TimeSlicingPolicySerializer(StrictModelSerializer):
+    config_key = serializers.CharField(read_only=True)
+    memory_isolation = serializers.SerializerMethodField(help_text="Always false: time-slicing shares memory.")
+
+    class Meta:
+        model = TimeSlicingPolicy
+        fields = [
+            "id",
+            "cluster",
+            "node_group",
+            "replicas",
+            "rename_by_default",
+            "fail_requests_greater_than_one",
+            "enabled",
+            "config_key",
+            "memory_isolation",
+            "applied_at",
+            "nodes_labelled",
+            "last_error",
+        ]
+        read_only_fields = ["applied_at", "nodes_labelled", "last_error"]
+
+    def get_memory_isolation(self, obj) -> bool:
+        return False
+
+
+class TimeSlicingPolicyFilter(filters.FilterSet):
+    class Meta:
+        model = TimeSlicingPolicy
+        fields = ["cluster", "node_group", "enabled"]
+
+
+class TimeSlicingQueuedSerializer(serializers.Serializer):
+    queued = serializers.BooleanField()
+
+
+class TimeSlicingPolicyViewSet(viewsets.ModelViewSet):
+    """Time-slicing per node group. Replicas are tier-3 slots; there is NO memory isolation between them."""
+
+    queryset = TimeSlicingPolicy.objects.select_related("cluster").order_by("cluster_id", "node_group")
+    serializer_class = TimeSlicingPolicySerializer
+    permission_classes = [OperatorPermissions]
+    operator_perms = {"apply": ("capacity.change_timeslicingpolicy",)}
+    filterset_class = TimeSlicingPolicyFilter
+    ordering_fields = ["id", "cluster", "node_group"]
+
+    @extend_schema(
+        summary="Write the device-plugin ConfigMap key and label the group's nodes (queued)",
+        request=None,
+        responses={202: TimeSlicingQueuedSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def apply(self, request, pk=None):
+        policy = self.get_object()
+        reject_body(request)
+        with transaction.atomic():
+            mig_configs.enqueue_time_slicing(policy.cluster_id)
+        return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)
+
+
+# --- Capacity plan ---------------------------------------------------------------------------------
+
+
+class SlotTierSerializer(serializers.Serializer):
+    slots = serializers.IntegerField()
+    by_spec = serializers.DictField(child=serializers.IntegerField())
+    replicas = serializers.IntegerField(required=False)
+
+
+class PlanGroupSerializer(serializers.Serializer):
+    product = serializers.CharField()
+    gpus = serializers.IntegerField()
+    use = serializers.ChoiceField(choices=["mig", "timeslice", "full"])
+    layout = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    replicas = serializers.IntegerField(allow_null=True)
+    tiers = serializers.DictField(child=SlotTierSerializer(), help_text='Keys: "1" (MIG), "3" (time-slicing), "full".')
+
+
+class CurrentPlanSerializer(serializers.Serializer):
+    gpus = serializers.IntegerField()
+    groups = PlanGroupSerializer(many=True)
+    totals = serializers.DictField(child=SlotTierSerializer())
+
+
+class ProposedPlanSerializer(serializers.Serializer):
+    product = serializers.CharField()
+    gpus = serializers.IntegerField()
+    tiers = serializers.DictField(child=SlotTierSerializer())
+    layout = serializers.ListField(child=serializers.DictField())
+
+
+class CapacityPlanSerializer(serializers.Serializer):
+    current = CurrentPlanSerializer()
+    proposed = ProposedPlanSerializer(allow_null=True)
+
+
+class CapacityPlanQuery(serializers.Serializer):
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False)
+    node_group = serializers.CharField(required=False)
+    product = serializers.CharField(required=False)
+    gpus = serializers.IntegerField(min_value=0, required=False)
+    layout = serializers.CharField(required=False, help_text="Per-GPU layout, e.g. 4g.40gb,3g.40gb")
+    replicas = serializers.IntegerField(min_value=2, required=False)
+
+    def validate(self, attrs):
+        if (attrs.get("layout") or attrs.get("replicas")) and not (attrs.get("product") and "gpus" in attrs):
+            raise serializers.ValidationError({"product": "A proposal needs product and gpus."})
+        return attrs
+
+
+class CapacityPlanView(APIView):
+    """Effective slots per tier, now (discovered) and for a proposed layout or replica count."""
+
+    permission_classes = [OperatorPermissions]
+    operator_perms = {"get": ("capacity.view_nodecapacity",)}
+
+    @extend_schema(
+        summary="Effective slots per tier (current and proposed)",
+        parameters=[
+            OpenApiParameter("cluster", int, required=False),
+            OpenApiParameter("node_group", str, required=False),
+            OpenApiParameter("product", str, required=False, description="Proposal: catalog key, e.g. H100-80GB"),
+            OpenApiParameter("gpus", int, required=False, description="Proposal: number of GPUs"),
+            OpenApiParameter("layout", str, required=False, description="Proposal: per-GPU MIG layout"),
+            OpenApiParameter("replicas", int, required=False, description="Proposal: time-slice replicas"),
+        ],
+        responses=CapacityPlanSerializer,
+    )
+    def get(self, request):
+        query = CapacityPlanQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = query.validated_data
+        current = planning.current_capacity_plan(cluster=data.get("cluster"), node_group=data.get("node_group"))
+        proposed = None
+        if data.get("product") and "gpus" in data:
+            try:
+                proposed = planning.proposed_capacity_plan(
+                    data["product"], data["gpus"], layout=data.get("layout"), timeslice_replicas=data.get("replicas")
+                )
+            except (ValueError, KeyError) as exc:
+                raise serializers.ValidationError({"layout": [str(exc).strip('"')]}) from None
+        return Response({"current": current, "proposed": proposed})

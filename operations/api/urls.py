@@ -1,0 +1,13 @@
+"""REST routes of the operations app, registered on the shared router (gpuaas/api.py)."""
+
+from django.urls import path
+
+from gpuaas.api import router
+
+from . import planning, reconfiguration
+
+router.register("mig-reconfigurations", reconfiguration.MigReconfigurationViewSet, basename="mig-reconfiguration")
+urlpatterns = [
+    path("take-offline/", planning.TakeOfflineView.as_view(), name="take-offline"),
+    path("rebalance/", planning.RebalanceView.as_view(), name="rebalance"),
+]

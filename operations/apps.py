@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+
+
+class OperationsConfig(AppConfig):
+    """Workflows that span capacity and pools: MIG reconfiguration, take-offline checks, rebalancing.
+
+    No models of its own: it writes capacity's reconfiguration tables and asks pools' services to
+    move allocations. capacity and pools never import it.
+    """
+
+    name = "operations"
+    default_auto_field = "django.db.models.BigAutoField"

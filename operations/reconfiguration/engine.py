@@ -1,0 +1,215 @@
+"""The engine: claim a step, run it under a lease, record what happened and send the next one.
+
+run_step() is what the step task calls; sweep() is what beat calls to recover lost work.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from capacity.adapters import kubernetes as kube
+from capacity.choices import ReconfigurationEvent as Event
+from capacity.choices import ReconfigurationState as State
+from capacity.choices import ReconfigurationStep as Step
+from capacity.models import MigReconfiguration, MigReconfigurationStep
+from gpuaas.leases import Heartbeat, crash_point, lease_s, lease_until
+
+from .outcomes import Advance, ReconfigurationError, Wait
+from .records import audit, enqueue, stamp
+from .steps import STEPS
+
+logger = logging.getLogger(__name__)
+
+ORDER = [Step.PLAN, Step.CHECK, Step.CORDON, Step.DRAIN, Step.APPLY, Step.VERIFY, Step.UNCORDON, Step.DONE]
+
+
+def _setting(name: str, default: int) -> int:
+    return int(getattr(settings, name, default))
+
+
+def poll_interval_s() -> int:
+    """Countdown of a waiting step's next check; keep it far below the Redis visibility timeout."""
+    return _setting("MIG_RECONFIG_POLL_S", 5)
+
+
+def step_timeout_s(step: str) -> int | None:
+    return {
+        Step.DRAIN: _setting("MIG_DRAIN_TIMEOUT_S", 900),
+        Step.APPLY: _setting("MIG_APPLY_TIMEOUT_S", 1200),
+        Step.VERIFY: _setting("MIG_VERIFY_TIMEOUT_S", 300),
+    }.get(step)
+
+
+def idle_s() -> int:
+    """A pending or waiting step nobody touched for this long lost its message: sweep() re-sends it."""
+    return lease_s() + poll_interval_s()
+
+
+def run_step(reconf_id: int, step: str, *, token: str, now: datetime | None = None) -> str:
+    """Claim `step` of the reconfiguration and run it once; returns what happened.
+
+    "gone" (no such row), "stale" (the reconfiguration is at another step or closed), "busy"
+    (another task holds the claim), "advanced", "waiting", "failed". Safe to call again with the
+    same token after an interruption: the claim is re-taken and the step re-entered.
+    """
+    now = now or timezone.now()
+    row = MigReconfiguration.objects.filter(pk=reconf_id).values("step", "state", "claim_token").first()
+    if row is None:
+        return "gone"
+    if row["step"] != step:
+        return "stale"
+    if row["state"] in (State.PENDING, State.WAITING):
+        condition = Q(state=row["state"])
+    elif row["state"] == State.RUNNING and row["claim_token"] == token:
+        condition = Q(state=State.RUNNING, claim_token=token)
+    elif row["state"] == State.RUNNING:
+        return "busy"
+    else:
+        return "stale"
+    claimed = MigReconfiguration.objects.filter(condition, pk=reconf_id, step=step).update(
+        **stamp(
+            state=State.RUNNING, claim_token=token, claimed_at=now, task_id=token[:64], lease_expires_at=lease_until()
+        )
+    )
+    if claimed != 1:
+        return "busy"
+    timeout = step_timeout_s(step)
+    if timeout is not None:
+        MigReconfiguration.objects.filter(pk=reconf_id, step_deadline__isnull=True).update(
+            step_deadline=now + timedelta(seconds=timeout)
+        )
+    reconf = MigReconfiguration.objects.select_related("cluster", "node", "layout").get(pk=reconf_id)
+    if row["state"] == State.PENDING:
+        audit(reconf, step, Event.STARTED, task_id=token)
+    elif row["state"] == State.RUNNING:
+        audit(reconf, step, Event.INFO, "re-entered after an interrupted run (task redelivered)", task_id=token)
+
+    try:
+        with Heartbeat(_owned(reconf, step, token)):
+            result = STEPS[step](reconf, now)
+        crash_point(f"reconfiguration.{step}")  # fault suite: the step's work is done, not yet recorded
+    except ReconfigurationError as exc:
+        return _fail(reconf, step, token, str(exc), exc.detail)
+    except kube.NotFound as exc:
+        return _fail(reconf, step, token, f"{reconf.node.name} or an object it needs is gone from the cluster: {exc}")
+    except kube.KubernetesError as exc:
+        return _fail(reconf, step, token, f"Kubernetes: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # a bug or an outside error: stop visibly, never half-silently
+        logger.exception("reconfiguration #%s step %s failed", reconf_id, step)
+        return _fail(reconf, step, token, f"{type(exc).__name__}: {exc}")
+
+    if isinstance(result, Wait):
+        return _wait(reconf, step, token, result, now)
+    return _advance(reconf, step, token, result, now)
+
+
+def _owned(reconf, step, token):
+    return MigReconfiguration.objects.filter(pk=reconf.pk, step=step, state=State.RUNNING, claim_token=token)
+
+
+def _advance(reconf, step, token, result: Advance, now) -> str:
+    following = result.jump or ORDER[ORDER.index(step) + 1]
+    done = following == Step.DONE
+    fields = {
+        MigReconfiguration.STEP_TIMESTAMPS[step]: now,
+        "step": following,
+        "state": State.SUCCEEDED if done else State.PENDING,
+        "claim_token": "",
+        "claimed_at": None,
+        "step_deadline": None,
+        **result.updates,
+    }
+    if done:
+        fields["finished_at"] = now
+    with transaction.atomic():
+        if _owned(reconf, step, token).update(**stamp(**fields)) != 1:
+            return "busy"
+        detail = dict(result.detail)
+        if result.jump:
+            detail["jump_to"] = result.jump
+        audit(reconf, step, Event.COMPLETED, result.message, detail=detail, task_id=token)
+        if not done:
+            enqueue(reconf, following)
+    return "advanced"
+
+
+def _wait(reconf, step, token, result: Wait, now) -> str:
+    reconf.refresh_from_db(fields=["step_deadline"])
+    deadline = reconf.step_deadline
+    if deadline is not None and now >= deadline:
+        return _fail(reconf, step, token, f"timed out after {step_timeout_s(step)} s: {result.message}", result.detail)
+    with transaction.atomic():
+        if _owned(reconf, step, token).update(**stamp(state=State.WAITING, claim_token="", claimed_at=None)) != 1:
+            return "busy"
+        last = MigReconfigurationStep.objects.filter(reconfiguration=reconf, step=step).order_by("-at", "-id").first()
+        if last is None or last.event != Event.WAITING or last.message != result.message:
+            audit(reconf, step, Event.WAITING, result.message, detail=result.detail, task_id=token)
+        enqueue(reconf, step, countdown=poll_interval_s())
+    return "waiting"
+
+
+def _fail(reconf, step, token, message: str, detail: dict | None = None) -> str:
+    with transaction.atomic():
+        if (
+            _owned(reconf, step, token).update(
+                **stamp(state=State.FAILED, failed_step=step, error=message, claim_token="", claimed_at=None)
+            )
+            != 1
+        ):
+            return "busy"
+        audit(reconf, step, Event.FAILED, message, detail=detail, task_id=token)
+    logger.warning("reconfiguration #%s failed at %s: %s", reconf.pk, step, message)
+    return "failed"
+
+
+# --- Sweeping lost work ----------------------------------------------------------------------
+
+
+def sweep(now: datetime | None = None) -> dict[str, int]:
+    """Recover lost work (beat, every MIG_RECONFIG_SWEEP_S): a running step whose lease ran out
+    belongs to a dead worker and goes back to pending; a pending or waiting step nobody touched for
+    idle_s() (its message was lost, or its worker died before claiming) is enqueued again. Each
+    recovery is claimed with a conditional UPDATE (two sweeps never both re-send a step), and a
+    duplicate message is harmless anyway: the step's claim lets one through.
+    Recovery takes at most WORKFLOW_LEASE_S + MIG_RECONFIG_SWEEP_S after the worker's last heartbeat."""
+    now = now or timezone.now()
+    stale = 0
+    for reconf in MigReconfiguration.objects.stale(now).select_related("cluster", "node"):
+        with transaction.atomic():
+            if (
+                MigReconfiguration.objects.filter(
+                    pk=reconf.pk, state=State.RUNNING, claim_token=reconf.claim_token
+                ).update(**stamp(state=State.PENDING, claim_token="", claimed_at=None))
+                == 1
+            ):
+                audit(
+                    reconf,
+                    reconf.step,
+                    Event.INFO,
+                    f"worker lost (claim {reconf.claim_token or '-'} expired); step re-queued",
+                )
+                enqueue(reconf, reconf.step)
+                stale += 1
+    idle_before = now - timedelta(seconds=idle_s())
+    requeued = 0
+    for reconf in MigReconfiguration.objects.filter(
+        state__in=[State.PENDING, State.WAITING], updated_at__lt=idle_before
+    ).select_related("cluster", "node"):
+        with transaction.atomic():
+            # Stamping updated_at claims the re-send and spaces the next one by idle_s().
+            if MigReconfiguration.objects.filter(
+                pk=reconf.pk, state=reconf.state, step=reconf.step, updated_at=reconf.updated_at
+            ).update(updated_at=now):
+                enqueue(reconf, reconf.step)
+                requeued += 1
+    if stale or requeued:
+        logger.info(
+            "reconfiguration sweep: %d dead workers' steps re-queued, %d lost messages re-sent", stale, requeued
+        )
+    return {"stale_claims": stale, "requeued": requeued}

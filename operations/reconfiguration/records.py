@@ -1,0 +1,50 @@
+"""How a reconfiguration records itself: the audit trail, the stamped conditional UPDATE, the next message.
+
+Every module of the state machine writes through these, so the trail (MigReconfigurationStep rows)
+and updated_at (which sweep() reads) are kept the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from capacity.models import MigReconfiguration, MigReconfigurationStep
+
+
+def audit(reconf, step: str, event: str, message: str = "", *, detail=None, task_id: str = "", actor=None):
+    """One MigReconfigurationStep row (`reconf`: the row or its id); the admin and the API show these."""
+    return MigReconfigurationStep.objects.create(
+        reconfiguration_id=reconf.pk if hasattr(reconf, "pk") else reconf,
+        step=step,
+        event=event,
+        message=message[:4000],
+        detail=detail or {},
+        task_id=(task_id or "")[:64],
+        actor=actor,
+    )
+
+
+def enqueue(reconf: MigReconfiguration, step: str, *, countdown: int | None = None) -> None:
+    """Send the step's task after commit: the apply step of the agent backend goes to the node's queue."""
+    from operations.tasks import enqueue_reconfiguration_step  # tasks import this package: the one cycle
+
+    pk, cluster, node, backend = reconf.pk, reconf.cluster.name, reconf.node.name, reconf.backend
+    transaction.on_commit(
+        lambda: enqueue_reconfiguration_step(pk, step, cluster=cluster, node=node, backend=backend, countdown=countdown)
+    )
+
+
+def stamp(**fields) -> dict:
+    """UPDATE ... SET fields plus updated_at (QuerySet.update() skips auto_now; sweep() reads it).
+
+    Giving up the claim (claim_token="") ends its lease too."""
+    fields["updated_at"] = timezone.now()
+    if fields.get("claim_token") == "":
+        fields["lease_expires_at"] = None
+    return fields
+
+
+def user_or_none(actor):
+    """The acting user to record, or None for the system (an AnonymousUser or a missing actor)."""
+    return actor if getattr(actor, "pk", None) else None

@@ -1,0 +1,328 @@
+"""The steps: plan, check, cordon, drain, apply (operator or agent backend), verify, uncordon.
+
+Each takes the reconfiguration and the time and returns Advance or Wait, or raises
+ReconfigurationError; the engine claims, runs and records them. Every step is re-entrant: a
+redelivered task runs it again over what its first run already did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from django.conf import settings
+
+from capacity.adapters import kubernetes as kube
+from capacity.adapters import nvml
+from capacity.choices import ReconfigurationBackend as Backend
+from capacity.choices import ReconfigurationEvent as Event
+from capacity.choices import ReconfigurationStep as Step
+from capacity.mig.catalog import get_product
+from capacity.models import GPUAAS_CONFIG_PREFIX, MigInstance, MigReconfiguration, NodeCapacity
+from capacity.services import inventory, mig_configs
+from pools.models import Allocation
+from pools.services import move_mig_allocation
+
+from .outcomes import Advance, ReconfigurationError, Refused, Wait
+from .plan import (
+    GpuPlan,
+    affected_gpus,
+    assess,
+    current_layouts,
+    gpu_pods,
+    placement_set,
+    plan_node,
+    profile_counts,
+    slot_counts,
+)
+from .records import audit
+
+
+def step_plan(reconf: MigReconfiguration, now: datetime) -> Advance:
+    node = reconf.node
+    if node.is_gone:
+        raise ReconfigurationError(f"{node} is gone (discovery no longer sees it)")
+    plans = plan_node(node, reconf.target, reconf.backend)
+    product = next((p.product for p in plans.values() if p.product), "")
+    affected = affected_gpus(node, plans, reconf.backend)
+    plan = {
+        "product": product,
+        "gpus": {str(i): p.to_dict() for i, p in plans.items()},
+        "changed": [i for i, p in plans.items() if p.changed],
+        "affected": affected,
+    }
+    updates = {"plan": plan}
+    if not reconf.previous:
+        updates["previous"] = {
+            "config": node.mig_config,
+            "gpus": {str(i): {"mig": p.before_mig, "placements": p.before} for i, p in plans.items()},
+        }
+    detail = {"slots_before": slot_counts(plans, after=False), "slots_after": slot_counts(plans, after=True)}
+    if not plan["changed"]:
+        return Advance("nothing to change: the GPUs already have the target layout", detail, updates, Step.UNCORDON)
+    changes = "; ".join(
+        f"GPU {i}: {_describe(plans[i].before_mig, plans[i].before)} -> {_describe(plans[i].after_mig, plans[i].after)}"
+        for i in plan["changed"]
+    )
+    return Advance(changes, detail, updates)
+
+
+def _describe(mig: bool, placements: list[dict]) -> str:
+    if not mig:
+        return "MIG off"
+    if not placements:
+        return "MIG on, empty"
+    return ",".join(f"{p['profile']}@{p['start']}" for p in placements)
+
+
+def step_check(reconf: MigReconfiguration, now: datetime) -> Advance:
+    node = NodeCapacity.objects.get(pk=reconf.node_id)
+    if node.is_gone:
+        raise ReconfigurationError(f"{node} is gone (discovery no longer sees it)")
+    plans = {int(k): _gpu_plan(int(k), v, reconf.plan.get("product", "")) for k, v in reconf.plan["gpus"].items()}
+    impact = assess(
+        node, reconf.target, backend=reconf.backend, drain=reconf.drain, force=reconf.force, now=now, plans=plans
+    )
+    if impact.refusals:
+        raise Refused("; ".join(impact.refusals), {"allocations": [a.pk for a in impact.allocations]})
+    with mig_configs.client_for(reconf.cluster) as client:
+        client.get_node(node.name)
+    notes = []
+    if impact.allocations:
+        notes.append(f"{len(impact.allocations)} allocation(s) on affected GPUs: their pods will be evicted")
+    notes.append("inside a maintenance window" if impact.window_open else "outside maintenance windows (forced)")
+    return Advance("; ".join(notes), {"allocations": [a.pk for a in impact.allocations]})
+
+
+def _gpu_plan(index: int, data: dict, product: str) -> GpuPlan:
+    return GpuPlan(index, product, data["before_mig"], data["before"], data["mig"], data["placements"])
+
+
+def step_cordon(reconf: MigReconfiguration, now: datetime) -> Advance:
+    with mig_configs.client_for(reconf.cluster) as client:
+        current = client.get_node(reconf.node.name)
+        if reconf.was_cordoned is None:
+            # Recorded before cordoning, so a re-run after a crash cannot mistake our cordon for the operator's.
+            MigReconfiguration.objects.filter(pk=reconf.pk, was_cordoned__isnull=True).update(
+                was_cordoned=current.unschedulable
+            )
+        if current.unschedulable:
+            return Advance("the node was already cordoned")
+        client.cordon(reconf.node.name)
+    return Advance("node cordoned")
+
+
+def step_drain(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
+    blocked = []
+    with mig_configs.client_for(reconf.cluster) as client:
+        client.get_node(reconf.node.name)  # a vanished node has no pods either: do not mistake that for drained
+        pods = gpu_pods(client, reconf.node, backend=reconf.backend, affected=reconf.plan.get("affected", []))
+        if reconf.drain:
+            for pod in pods:
+                if pod.deleted:
+                    continue
+                try:
+                    client.evict_pod(pod.namespace, pod.name, grace_period_s=_eviction_grace())
+                except kube.TooManyRequests:
+                    blocked.append(f"{pod.namespace}/{pod.name}")
+                except kube.NotFound:
+                    continue
+            pods = gpu_pods(client, reconf.node, backend=reconf.backend, affected=reconf.plan.get("affected", []))
+    if not pods:
+        return Advance("no GPU pods left on the affected GPUs")
+    names = [f"{p.namespace}/{p.name}" for p in pods]
+    how = "evicting" if reconf.drain else "waiting for them to finish (drain not chosen)"
+    message = f"{len(pods)} GPU pod(s) still running, {how}: {', '.join(names[:10])}"
+    if blocked:
+        message += f"; a PodDisruptionBudget blocks {', '.join(blocked[:10])}"
+    return Wait(message, {"pods": names})
+
+
+def _eviction_grace() -> int | None:
+    value = getattr(settings, "MIG_EVICTION_GRACE_S", None)
+    return None if value is None else int(value)
+
+
+def step_apply(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
+    if reconf.backend == Backend.AGENT:
+        return _apply_agent(reconf)
+    return _apply_operator(reconf)
+
+
+def config_name_for(reconf: MigReconfiguration, current_label: str) -> str:
+    """The mig.config value to set: the named config or layout asked for when it still means our
+    target and differs from the label now; otherwise gpuaas-r<id> (-<attempt> after a resume), so
+    the MIG manager always sees a changed label."""
+    source = reconf.source
+    if not reconf.attempts and source and source != current_label:
+        if mig_configs.is_named_config(source):
+            return source
+        layout = reconf.layout
+        if layout is not None and source == layout.config_name:
+            indices = [int(k) for k in reconf.target]
+            if {str(i): v for i, v in layout.targets_for(indices).items()} == reconf.target:
+                return source
+    suffix = f"-{reconf.attempts}" if reconf.attempts else ""
+    return f"{GPUAAS_CONFIG_PREFIX}r{reconf.pk}{suffix}"
+
+
+def _apply_operator(reconf: MigReconfiguration) -> Advance | Wait:
+    node_name = reconf.node.name
+    with mig_configs.client_for(reconf.cluster) as client:
+        labels = client.get_node(node_name).labels
+        current = labels.get(mig_configs.MIG_CONFIG_LABEL, "")
+        if not reconf.config_name:
+            reconf.config_name = config_name_for(reconf, current)
+            MigReconfiguration.objects.filter(pk=reconf.pk, config_name="").update(config_name=reconf.config_name)
+            audit(
+                reconf, Step.APPLY, Event.INFO, f"config {reconf.config_name} chosen (label was {current or 'unset'})"
+            )
+        if current != reconf.config_name:
+            mig_configs.write_mig_parted_config(reconf.cluster, client)
+            client.patch_node_labels(
+                node_name, {mig_configs.MIG_CONFIG_LABEL: reconf.config_name, mig_configs.MIG_STATE_LABEL: "pending"}
+            )
+            return Wait(f"set {mig_configs.MIG_CONFIG_LABEL}={reconf.config_name}; MIG manager pending")
+    state = labels.get(mig_configs.MIG_STATE_LABEL, "")
+    if state == "success":
+        return Advance(f"MIG manager applied {reconf.config_name} ({mig_configs.MIG_STATE_LABEL}=success)")
+    if state == "failed":
+        raise ReconfigurationError(
+            f"the GPU Operator MIG manager failed to apply {reconf.config_name} ({mig_configs.MIG_STATE_LABEL}=failed)"
+        )
+    return Wait(f"{mig_configs.MIG_STATE_LABEL}={state or 'unset'}")
+
+
+def _apply_agent(reconf: MigReconfiguration) -> Advance:
+    product = get_product(reconf.plan["product"])
+    done = {}
+    try:
+        with nvml.session(kube.api_url_for(reconf.cluster), reconf.node.name) as session:
+            for index in reconf.plan["changed"]:
+                gpu = reconf.plan["gpus"][str(index)]
+                wanted = [(product.profile(p["profile"]), int(p["start"])) for p in gpu["placements"]]
+                done[str(index)] = nvml.apply_gpu_layout(
+                    session, index, product, mig_enabled=gpu["mig"], instances=wanted
+                )
+    except nvml.LayoutError as exc:
+        raise ReconfigurationError(f"NVML: {exc}", {"applied": done}) from None
+    except nvml.NvmlError as exc:
+        raise ReconfigurationError(f"NVML: {exc}", {"applied": done}) from None
+    summary = "; ".join(
+        f"GPU {i}: {len(r['destroyed'])} destroyed, {len(r['created'])} created, {len(r['kept'])} kept"
+        for i, r in done.items()
+    )
+    return Advance(f"NVML applied the plan ({summary})", {"applied": done})
+
+
+def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
+    if reconf.backend == Backend.OPERATOR:
+        with mig_configs.client_for(reconf.cluster) as client:
+            labels = client.get_node(reconf.node.name).labels
+        config, state = labels.get(mig_configs.MIG_CONFIG_LABEL), labels.get(mig_configs.MIG_STATE_LABEL)
+        if config != reconf.config_name:
+            raise ReconfigurationError(
+                f"{mig_configs.MIG_CONFIG_LABEL} is {config!r}, not {reconf.config_name!r}: someone changed it"
+            )
+        if state == "failed":
+            raise ReconfigurationError(f"{mig_configs.MIG_STATE_LABEL}=failed for {config}")
+        if state != "success":
+            return Wait(f"{mig_configs.MIG_STATE_LABEL}={state or 'unset'}")
+    error = rediscover(reconf)
+    if error:
+        return Wait(f"rediscovery of {reconf.node.name} failed: {error}")
+    layouts = current_layouts(reconf.node)
+    mismatches, observed = [], {}
+    for key, gpu in reconf.plan["gpus"].items():
+        index = int(key)
+        if index not in layouts:
+            raise ReconfigurationError(f"GPU {index} is no longer present on {reconf.node}")
+        row, placements, _ = layouts[index]
+        observed[key] = placements
+        if row.mig_mode_current != gpu["mig"]:
+            mismatches.append(
+                f"GPU {index}: MIG {'on' if row.mig_mode_current else 'off'}, planned {_describe(gpu['mig'], [])}"
+            )
+            continue
+        if reconf.backend == Backend.AGENT:
+            if placement_set(placements) != placement_set(gpu["placements"]):
+                mismatches.append(
+                    f"GPU {index}: {_describe(True, placements)}, planned {_describe(True, gpu['placements'])}"
+                )
+        elif profile_counts(placements) != profile_counts(gpu["placements"]):
+            mismatches.append(
+                f"GPU {index}: {_describe(True, placements)}, planned {_describe(True, gpu['placements'])}"
+            )
+    if mismatches:
+        return Wait("rediscovery does not show the plan yet: " + "; ".join(mismatches), {"observed": observed})
+    updates = {}
+    moved = [k for k, g in reconf.plan["gpus"].items() if placement_set(observed[k]) != placement_set(g["placements"])]
+    if moved:  # operator path: mig-parted chose other starts for the same profiles
+        plan = dict(reconf.plan)
+        plan["gpus"] = {k: {**g, "placements": observed[k]} if k in moved else g for k, g in plan["gpus"].items()}
+        updates["plan"] = plan
+    message = "rediscovery shows the planned instances"
+    if moved:
+        message += f" (mig-parted placed GPU {', '.join(moved)} differently; recorded)"
+    notes = reattach_allocations(reconf)
+    return Advance(message, {"observed": observed, "allocations": notes}, updates)
+
+
+def rediscover(reconf: MigReconfiguration) -> str:
+    """Refresh the node's GpuCapacity/MigInstance rows from its NVML (the discovery inventory, run here on
+    the node's own queue); returns the NVML error, "" if it worked."""
+    result = inventory.inventory_node(reconf.cluster_id, reconf.node.name, api_url=kube.api_url_for(reconf.cluster))
+    return result.errors.get(reconf.node.name, "")
+
+
+def reattach_allocations(reconf: MigReconfiguration) -> list[str]:
+    """Point active MIG allocations whose instance is gone at the new instance of the same profile at the
+    same start on the same GPU (the unit is equivalent). Allocations left without one are reported.
+    The allocation is re-pointed by pools (pools.services.move_mig_allocation), which owns the table."""
+    notes = []
+    orphans = (
+        Allocation.objects.active()
+        .filter(gpu__node_id=reconf.node_id, mig_instance__isnull=False)
+        .exclude(mig_instance__state="active")
+        .select_related("mig_instance__profile")
+        .order_by("id")
+    )
+    for allocation in orphans:
+        old = allocation.mig_instance
+        replacement = (
+            MigInstance.objects.active()
+            .filter(gpu_id=allocation.gpu_id, profile_id=old.profile_id, placement_start=old.placement_start)
+            .exclude(pk__in=Allocation.objects.active().filter(mig_instance__isnull=False).values("mig_instance"))
+            .first()
+        )
+        if replacement is not None and move_mig_allocation(allocation, from_instance=old, to_instance=replacement):
+            notes.append(f"allocation #{allocation.pk} moved to the new {old.profile.name} at {old.placement_start}")
+        else:
+            notes.append(
+                f"allocation #{allocation.pk}: its {old.profile.name} at {old.placement_start} is gone and no "
+                f"equivalent instance exists; release or move it"
+            )
+    for note in notes:
+        audit(reconf, Step.VERIFY, Event.INFO, note)
+    return notes
+
+
+def step_uncordon(reconf: MigReconfiguration, now: datetime) -> Advance:
+    reconf.refresh_from_db(fields=["was_cordoned"])
+    if reconf.was_cordoned is not False:
+        why = "it was cordoned before gpuaas started" if reconf.was_cordoned else "gpuaas never cordoned it"
+        return Advance(f"node left as it was ({why})")
+    with mig_configs.client_for(reconf.cluster) as client:
+        client.uncordon(reconf.node.name)
+    return Advance("node uncordoned")
+
+
+STEPS: dict[str, Callable[[MigReconfiguration, datetime], Advance | Wait]] = {
+    Step.PLAN: step_plan,
+    Step.CHECK: step_check,
+    Step.CORDON: step_cordon,
+    Step.DRAIN: step_drain,
+    Step.APPLY: step_apply,
+    Step.VERIFY: step_verify,
+    Step.UNCORDON: step_uncordon,
+}

@@ -1,0 +1,49 @@
+"""Celery tasks of the operations app: thin wrappers that load ids and call services.
+
+MIG reconfiguration: each workflow step is one task run; waiting steps re-enqueue themselves with a
+countdown far below the Redis visibility timeout, and the steps that read or write the node's NVML
+go to its agent's queue.
+
+The tasks keep the names they had in capacity.tasks: queued messages, the beat entry
+(CELERY_BEAT_SCHEDULE "capacity-sweep-reconfigurations") and running node agents name them.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from gpuaas.celery import node_queue
+
+# A step message older than this is dropped; sweep_reconfigurations_task re-enqueues lost steps.
+RECONFIGURATION_STEP_EXPIRES_S = 10 * 60
+
+
+@shared_task(name="capacity.tasks.reconfiguration_step_task", bind=True, acks_late=True)
+def reconfiguration_step_task(self, reconfiguration_id: int, step: str) -> str:
+    """Run one step of a MIG reconfiguration. Idempotent: the step is claimed with a conditional
+    UPDATE (a stale or duplicate message does nothing) and re-entered when this same task is
+    redelivered after a worker died."""
+    from operations.reconfiguration import run_step  # the package enqueues through this module
+
+    return run_step(reconfiguration_id, step, token=self.request.id or "local")
+
+
+def enqueue_reconfiguration_step(
+    reconfiguration_id: int, step: str, *, cluster: str, node: str, backend: str, countdown: int | None = None
+) -> None:
+    """Send one step (call after commit). Steps that read or write the node's NVML run on its agent's
+    queue, node_queue(cluster, node): verify (rediscovery) always, apply on the agent backend."""
+    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
+    if countdown:
+        options["countdown"] = countdown
+    if step == "verify" or (step == "apply" and backend == "agent"):
+        options["queue"] = node_queue(cluster, node)
+    reconfiguration_step_task.apply_async((reconfiguration_id, step), **options)
+
+
+@shared_task(name="capacity.tasks.sweep_reconfigurations_task", acks_late=True)
+def sweep_reconfigurations_task() -> dict:
+    """Beat: give steps of dead workers back (claims whose lease ran out) and re-send lost ones."""
+    from operations.reconfiguration import sweep  # the package enqueues through this module
+
+    return sweep()
