@@ -9,11 +9,21 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import models
-from django.db.models import Count, Q, Sum
+from django.db.models import Case, CharField, Count, Exists, F, OuterRef, Q, Subquery, Sum, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from . import credentials
-from .choices import ClusterStatus, DiscoveryStatus, GpuHealth, MigInstanceState, MigStrategy, SpecKind, Tier
+from .choices import (
+    Availability,
+    ClusterStatus,
+    DiscoveryStatus,
+    GpuHealth,
+    MigInstanceState,
+    MigStrategy,
+    SpecKind,
+    Tier,
+)
 
 
 class Cluster(models.Model):
@@ -149,15 +159,110 @@ class NodeCapacity(models.Model):
         return self.gone_at is not None
 
 
+# --- Unit availability: the one definition approval, take-offline, the planner hints and the dashboard use.
+# A unit is a MIG instance, or a GPU with MIG off (a time-sliced GPU's replicas are counted by
+# GpuCapacityQuerySet.with_free_replicas()). It is free when none of the states before FREE in
+# choices.Availability applies. Each state is written once, as the Q a unit must satisfy to escape
+# it: free() filters on them all (plain WHERE terms the planner can turn into anti-joins) and
+# annotate_availability() names the first one that fails.
+
+# nvidia.com/mig.config.state values of a node in the middle of a MIG change: its instances may vanish.
+UNSETTLED_MIG_STATES = ("pending", "rebooting")
+USABLE_HEALTH = (GpuHealth.OK, GpuHealth.WARNING)
+
+
+def _host_conditions(gpu: str = "") -> dict[str, Q]:
+    """What the GPU at path `gpu` ("" or "gpu__") and its node must satisfy to escape each withholding state."""
+    return {
+        Availability.RECONFIGURING: ~Q(**{f"{gpu}node__mig_config_state__in": UNSETTLED_MIG_STATES}),
+        Availability.CORDONED: Q(**{f"{gpu}node__ready": True, f"{gpu}node__cordoned": False}),
+        Availability.WITHHELD: Q(**{f"{gpu}health__in": USABLE_HEALTH}),
+    }
+
+
+def _active_allocations(model):
+    """pools' active allocations of units of `model`, found through the `allocations` reverse relation.
+
+    pools sits above capacity, so capacity never imports it: the related model is the one pools
+    declared with related_name="allocations", and its own active() says what "active" means.
+    """
+    return model._meta.get_field("allocations").related_model.objects.active()
+
+
+def _availability(conditions: dict[str, Q], reserved: Exists, in_use: Q) -> Case:
+    whens = [When(in_use, then=Value(Availability.IN_USE)), When(reserved, then=Value(Availability.RESERVED))]
+    whens += [When(~ok, then=Value(state)) for state, ok in conditions.items()]
+    return Case(*whens, default=Value(Availability.FREE), output_field=CharField())
+
+
 class GpuCapacityQuerySet(models.QuerySet):
     def present(self):
         return self.filter(lost_at__isnull=True, node__gone_at__isnull=True)
 
     def healthy(self):
-        return self.present().filter(health__in=[GpuHealth.OK, GpuHealth.WARNING])
+        return self.present().filter(health__in=USABLE_HEALTH)
 
     def for_cluster(self, cluster):
         return self.filter(node__cluster=cluster)
+
+    def usable(self):
+        """Present GPUs that could host units now: healthy, on a ready, uncordoned node not mid MIG change."""
+        return self.present().filter(*_host_conditions().values())
+
+    def units(self):
+        """Present GPUs that are units themselves (MIG off); a MIG GPU's units are its MigInstances."""
+        return self.present().filter(mig_mode_current=False)
+
+    def _unit_conditions(self) -> dict[str, Q]:
+        conditions = _host_conditions()
+        conditions[Availability.RECONFIGURING] &= Q(mig_mode_pending=False)  # MIG being switched on
+        return conditions
+
+    def _reserved(self) -> Exists:
+        """An active allocation holds the GPU whole, or one of its time-slice replicas."""
+        return Exists(_active_allocations(self.model).filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
+
+    def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
+        if busy_devices is None:
+            busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+        in_use = Q(Exists(WorkloadProfile.objects.running().filter(gpu=OuterRef("pk"))))
+        return in_use | Q(uuid__in=sorted(busy_devices)) if busy_devices else in_use
+
+    def annotate_availability(self, busy_devices: frozenset[str] | None = None):
+        """`availability` (choices.Availability) of each GPU as a whole-GPU unit, and `reserved` (held).
+
+        Meaningful for GPUs with MIG off (units()); a MIG GPU's units are its instances. `reserved` is
+        true whenever an active allocation holds the unit, also when it is in use.
+        `busy_devices`: WorkloadProfile.objects.running().multi_device_uuids(), when the caller has it.
+        """
+        reserved = self._reserved()
+        availability = _availability(self._unit_conditions(), reserved, self._in_use(busy_devices))
+        return self.annotate(availability=availability, reserved=reserved)
+
+    def free(self, busy_devices: frozenset[str] | None = None):
+        """Whole GPUs approval may take: availability FREE, as plain filters."""
+        return self.units().filter(*self._unit_conditions().values(), ~self._reserved(), ~self._in_use(busy_devices))
+
+    def with_free_replicas(self):
+        """Time-sliced GPUs with a replica no active allocation holds, annotated `free` (replicas not held).
+
+        Replicas are handed out by count, so running workloads do not withhold one: which replica a
+        pod uses is not known.
+        """
+        held = (
+            _active_allocations(self.model)
+            .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
+            .order_by()
+            .values("gpu")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return (
+            self.units()
+            .filter(*self._unit_conditions().values(), node__timeslice_replicas__gt=1)
+            .annotate(free=F("node__timeslice_replicas") - Coalesce(Subquery(held), 0))
+            .filter(free__gt=0)
+        )
 
 
 class GpuCapacity(models.Model):
@@ -259,6 +364,33 @@ class MigPlacement(models.Model):
 class MigInstanceQuerySet(models.QuerySet):
     def active(self):
         return self.filter(state=MigInstanceState.ACTIVE, gpu__lost_at__isnull=True)
+
+    def present(self):
+        return self.active().filter(gpu__node__gone_at__isnull=True)
+
+    def _unit_conditions(self) -> dict[str, Q]:
+        conditions = _host_conditions("gpu__")
+        conditions[Availability.RECONFIGURING] &= Q(gpu__mig_mode_current=True)  # MIG being switched off
+        return conditions
+
+    def _reserved(self) -> Exists:
+        return Exists(_active_allocations(self.model).filter(mig_instance=OuterRef("pk")))
+
+    def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
+        if busy_devices is None:
+            busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+        in_use = Q(Exists(WorkloadProfile.objects.running().filter(mig_instance=OuterRef("pk"))))
+        return in_use | Q(uuid__in=sorted(busy_devices)) if busy_devices else in_use
+
+    def annotate_availability(self, busy_devices: frozenset[str] | None = None):
+        """Present instances with `availability` and `reserved`, as GpuCapacityQuerySet.annotate_availability()."""
+        reserved = self._reserved()
+        availability = _availability(self._unit_conditions(), reserved, self._in_use(busy_devices))
+        return self.present().annotate(availability=availability, reserved=reserved)
+
+    def free(self, busy_devices: frozenset[str] | None = None):
+        """Instances approval may take: availability FREE, as plain filters."""
+        return self.present().filter(*self._unit_conditions().values(), ~self._reserved(), ~self._in_use(busy_devices))
 
 
 class MigInstance(models.Model):
@@ -387,6 +519,17 @@ class SpecAndCount(models.Model):
 class WorkloadProfileQuerySet(models.QuerySet):
     def running(self):
         return self.filter(ended_at__isnull=True)
+
+    def multi_device_uuids(self) -> frozenset[str]:
+        """GPU and MIG UUIDs held by pods given several devices of one resource. One query.
+
+        Such a pod is one row whose gpu / mig_instance is its first device; the others appear only in
+        `device_ids` (a time-slice replica as `<uuid>::<n>`, reduced here to the device).
+        """
+        uuids: set[str] = set()
+        for ids in self.filter(count__gt=1).values_list("device_ids", flat=True):
+            uuids.update(device_id.split("::")[0] for device_id in ids or ())
+        return frozenset(uuids)
 
 
 class WorkloadProfile(models.Model):
