@@ -22,7 +22,8 @@ from django.db import connection
 from django.db.models import Count, Q, Sum
 
 from capacity.choices import Availability, SpecKind, Tier
-from capacity.mig.catalog import find_product
+from capacity.mig.catalog import PRODUCTS, find_product
+from capacity.mig.planner import GpuState, plan_onto_gpus
 from capacity.models import Cluster, GpuCapacity, MigInstance
 
 from .models import Allocation, PoolRequest
@@ -289,8 +290,6 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
     Allocated instances and instances with running workloads stay where they are; only the layout
     of the remaining slices may change. Returns None when no reconfiguration adds a unit.
     """
-    from capacity.mig.planner import GpuState, plan_onto_gpus
-
     gpus = GpuCapacity.objects.usable().filter(_tier_q(request, ()), mig_mode_current=True)
     if request.product:
         gpus = gpus.filter(catalog_product=request.product)
@@ -342,6 +341,4 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
 
 
 def _products_with_profile(profile_name: str) -> list[str]:
-    from capacity.mig.catalog import PRODUCTS
-
     return [key for key, product in PRODUCTS.items() if profile_name in product.by_name]

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from capacity.mig.share import mig_share
-from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
+from capacity.models import USABLE_HEALTH, Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from pools.choices import RequestState
 from pools.models import PoolRequest
 
@@ -141,7 +141,7 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
         .annotate(
             total=Count("pk"),
             mig_enabled=Count("pk", filter=Q(mig_mode_current=True)),
-            unhealthy=Count("pk", filter=~Q(health__in=["ok", "warning"])),
+            unhealthy=Count("pk", filter=~Q(health__in=USABLE_HEALTH)),
         )
         .order_by()
     }
