@@ -539,10 +539,15 @@ class WorkloadProfile(models.Model):
     namespace = models.CharField(max_length=63)
     pod_name = models.CharField(max_length=253)
     pod_uid = models.CharField(max_length=64)
-    node = models.ForeignKey(NodeCapacity, null=True, blank=True, on_delete=models.PROTECT, related_name="workloads")
-    gpu = models.ForeignKey(GpuCapacity, null=True, blank=True, on_delete=models.PROTECT, related_name="workloads")
+    # By name: the unit querysets read running workloads, so the unit models' module imports this one.
+    node = models.ForeignKey(
+        "capacity.NodeCapacity", null=True, blank=True, on_delete=models.PROTECT, related_name="workloads"
+    )
+    gpu = models.ForeignKey(
+        "capacity.GpuCapacity", null=True, blank=True, on_delete=models.PROTECT, related_name="workloads"
+    )
     mig_instance = models.ForeignKey(
-        MigInstance, null=True, blank=True, on_delete=models.PROTECT, related_name="workloads"
+        "capacity.MigInstance", null=True, blank=True, on_delete=models.PROTECT, related_name="workloads"
     )
     device_ids = models.JSONField(default=list, blank=True)
     resource_name = models.CharField(max_length=100)
@@ -586,6 +591,8 @@ from .choices import (  # noqa: E402
     ReconfigurationState,
     ReconfigurationStep,
 )
+from .mig.catalog import get_product  # noqa: E402
+from .mig.layout import validate_layout  # noqa: E402
 
 # gpuaas-owned mig-parted configs and device-plugin keys carry this prefix; nothing else is touched.
 GPUAAS_CONFIG_PREFIX = "gpuaas-"
@@ -633,9 +640,6 @@ class MigLayout(models.Model):
         return {i: wanted[i] for i in gpu_indices if i in wanted}
 
     def clean(self) -> None:
-        from .mig.catalog import get_product
-        from .mig.layout import validate_layout
-
         try:
             product = get_product(self.product)
         except KeyError as exc:
