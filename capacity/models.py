@@ -171,7 +171,7 @@ UNSETTLED_MIG_STATES = ("pending", "rebooting")
 USABLE_HEALTH = (GpuHealth.OK, GpuHealth.WARNING)
 
 
-def _host_conditions(gpu: str = "") -> dict[str, Q]:
+def host_conditions(gpu: str = "") -> dict[str, Q]:
     """What the GPU at path `gpu` ("" or "gpu__") and its node must satisfy to escape each withholding state."""
     return {
         Availability.RECONFIGURING: ~Q(**{f"{gpu}node__mig_config_state__in": UNSETTLED_MIG_STATES}),
@@ -180,7 +180,7 @@ def _host_conditions(gpu: str = "") -> dict[str, Q]:
     }
 
 
-def _active_allocations(model):
+def active_allocations(model):
     """pools' active allocations of units of `model`, found through the `allocations` reverse relation.
 
     pools sits above capacity, so capacity never imports it: the related model is the one pools
@@ -189,7 +189,7 @@ def _active_allocations(model):
     return model._meta.get_field("allocations").related_model.objects.active()
 
 
-def _availability(conditions: dict[str, Q], reserved: Exists, in_use: Q) -> Case:
+def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q) -> Case:
     whens = [When(in_use, then=Value(Availability.IN_USE)), When(reserved, then=Value(Availability.RESERVED))]
     whens += [When(~ok, then=Value(state)) for state, ok in conditions.items()]
     return Case(*whens, default=Value(Availability.FREE), output_field=CharField())
@@ -207,20 +207,20 @@ class GpuCapacityQuerySet(models.QuerySet):
 
     def usable(self):
         """Present GPUs that could host units now: healthy, on a ready, uncordoned node not mid MIG change."""
-        return self.present().filter(*_host_conditions().values())
+        return self.present().filter(*host_conditions().values())
 
     def units(self):
         """Present GPUs that are units themselves (MIG off); a MIG GPU's units are its MigInstances."""
         return self.present().filter(mig_mode_current=False)
 
     def _unit_conditions(self) -> dict[str, Q]:
-        conditions = _host_conditions()
+        conditions = host_conditions()
         conditions[Availability.RECONFIGURING] &= Q(mig_mode_pending=False)  # MIG being switched on
         return conditions
 
     def _reserved(self) -> Exists:
         """An active allocation holds the GPU whole, or one of its time-slice replicas."""
-        return Exists(_active_allocations(self.model).filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
+        return Exists(active_allocations(self.model).filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
 
     def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
         if busy_devices is None:
@@ -236,7 +236,7 @@ class GpuCapacityQuerySet(models.QuerySet):
         `busy_devices`: WorkloadProfile.objects.running().multi_device_uuids(), when the caller has it.
         """
         reserved = self._reserved()
-        availability = _availability(self._unit_conditions(), reserved, self._in_use(busy_devices))
+        availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices))
         return self.annotate(availability=availability, reserved=reserved)
 
     def free(self, busy_devices: frozenset[str] | None = None):
@@ -250,7 +250,7 @@ class GpuCapacityQuerySet(models.QuerySet):
         pod uses is not known.
         """
         held = (
-            _active_allocations(self.model)
+            active_allocations(self.model)
             .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
             .order_by()
             .values("gpu")
@@ -369,12 +369,12 @@ class MigInstanceQuerySet(models.QuerySet):
         return self.active().filter(gpu__node__gone_at__isnull=True)
 
     def _unit_conditions(self) -> dict[str, Q]:
-        conditions = _host_conditions("gpu__")
+        conditions = host_conditions("gpu__")
         conditions[Availability.RECONFIGURING] &= Q(gpu__mig_mode_current=True)  # MIG being switched off
         return conditions
 
     def _reserved(self) -> Exists:
-        return Exists(_active_allocations(self.model).filter(mig_instance=OuterRef("pk")))
+        return Exists(active_allocations(self.model).filter(mig_instance=OuterRef("pk")))
 
     def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
         if busy_devices is None:
@@ -385,7 +385,7 @@ class MigInstanceQuerySet(models.QuerySet):
     def annotate_availability(self, busy_devices: frozenset[str] | None = None):
         """Present instances with `availability` and `reserved`, as GpuCapacityQuerySet.annotate_availability()."""
         reserved = self._reserved()
-        availability = _availability(self._unit_conditions(), reserved, self._in_use(busy_devices))
+        availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices))
         return self.present().annotate(availability=availability, reserved=reserved)
 
     def free(self, busy_devices: frozenset[str] | None = None):
