@@ -6,11 +6,10 @@ meter all derive prices here, so they can never disagree.
 The rule (docs/billing.md, "Rate derivation"):
 
 - full GPU: the card's price for the product;
-- MIG profile: full price x max(compute share, memory share), where compute share =
-  profile compute slices / the product's compute slices (7; A30: 4) and memory share = profile
-  memory slices / the product's memory slices (8; A30: 4). A slice is charged for the larger
-  fraction of the GPU it withholds from everyone else: two 3g.40gb on an H100 fill all 8 memory
-  slices, so each costs 1/2 (not 3/7) and a fully carved GPU earns its full price;
+- MIG profile: full price x the profile's share of the GPU (capacity.mig.share.mig_share:
+  max(compute share, memory share), the fraction of the GPU it withholds from everyone else; two
+  3g.40gb on an H100 fill all 8 memory slices, so each costs 1/2, not 3/7, and a fully carved GPU
+  earns its full price);
 - time-slice replica: full price / replicas of that GPU.
 
 Derived prices are rounded once, to PRICE_PLACES, when they are written into a card: the stored
@@ -23,7 +22,8 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 
-from capacity.mig.catalog import PRODUCTS, find_product
+from capacity.mig.catalog import PRODUCTS
+from capacity.mig.share import mig_share  # the one GPU-share rule (billing.services uses unit_share)
 
 PRICE_PLACES = Decimal("0.000001")
 FULL, MIG, TIMESLICE = "full", "mig", "timeslice"
@@ -54,27 +54,6 @@ def spec_key(kind: str, product: str, profile_name: str = "", replicas: int = 1)
         profile_name=profile_name if kind == MIG else "",
         replicas=max(1, int(replicas or 1)) if kind == TIMESLICE else 1,
     )
-
-
-def mig_share(product: str, profile_name: str, compute_slices: int | None = None) -> Fraction:
-    """The fraction of a GPU a MIG profile withholds: max(compute share, memory share).
-
-    A profile unknown to the catalog falls back to compute_slices / the product's compute slices
-    (7 when the product is unknown too), which is the weight Allocation.compute_slices carries.
-    """
-    catalog_product = find_product(product) if product else None
-    if catalog_product is not None:
-        profile = catalog_product.by_name.get(profile_name) or catalog_product.by_name.get(
-            profile_name.replace(".me", "+me")
-        )
-        if profile is not None:
-            return max(
-                Fraction(profile.compute_slices, catalog_product.compute_slices),
-                Fraction(profile.memory_slices, catalog_product.memory_slices),
-            )
-    total = catalog_product.compute_slices if catalog_product is not None else 7
-    slices = compute_slices if compute_slices else total
-    return min(Fraction(1), Fraction(slices, total))
 
 
 def quantize_price(value: Fraction | Decimal) -> Decimal:

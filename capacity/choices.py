@@ -44,6 +44,21 @@ class MigInstanceState(models.TextChoices):
     GONE = "gone", "Gone"
 
 
+class Availability(models.TextChoices):
+    """Where a unit (MIG instance, whole GPU) stands for approval; the first state that applies wins.
+
+    Only FREE units can be approved. The order is the one `annotate_availability()` checks in: a
+    unit that is held or busy says so even on a cordoned node, because that is what its user sees.
+    """
+
+    IN_USE = "in_use", "In use"
+    RESERVED = "reserved", "Reserved"
+    RECONFIGURING = "reconfiguring", "Mid-reconfiguration"
+    CORDONED = "cordoned", "Cordoned or not ready"
+    WITHHELD = "withheld", "Withheld (health)"
+    FREE = "free", "Free"
+
+
 class DiscoveryStatus(models.TextChoices):
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"

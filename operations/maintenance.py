@@ -4,7 +4,8 @@ take_offline_check() answers whether the remaining capacity still covers every a
 if the given GPUs (and every GPU of the given nodes) go offline, and lists what would be hit: each
 allocation on those units, and whether it could move to a free equivalent unit elsewhere in the
 same cluster (same product and MIG profile, a whole GPU of the same product, or a free time-slice
-replica of the same product), on a present, healthy GPU of a schedulable node not going down.
+replica of the same product) not going down. Free means what approval means (MigInstance.objects.free(),
+GpuCapacity.objects.free() and .with_free_replicas()).
 
 Read-only: nothing is locked or written. Matching is by counts per equivalent unit (every unit of
 one kind serves any allocation of that kind), so the answer is exact for "could all move".
@@ -15,10 +16,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Q
+from django.db.models import Q
 
-from capacity.choices import GpuHealth, SpecKind
-from capacity.models import GpuCapacity, MigInstance, NodeCapacity
+from capacity.choices import SpecKind
+from capacity.models import GpuCapacity, MigInstance, WorkloadProfile
 from pools.models import Allocation
 
 
@@ -126,32 +127,25 @@ def _allocation_key(allocation) -> tuple:
 
 
 def _free_units(cluster_ids: set[int], excluded_gpu_ids: set[int]) -> Counter:
-    """Free units by key on usable GPUs of `cluster_ids` outside `excluded_gpu_ids`."""
-    usable = (
-        GpuCapacity.objects.present()
-        .filter(node__cluster_id__in=cluster_ids, health__in=[GpuHealth.OK, GpuHealth.WARNING])
-        .filter(node__in=NodeCapacity.objects.schedulable())
-        .exclude(pk__in=excluded_gpu_ids)
-    )
+    """Free units by key (the approval's definition: .free(), .with_free_replicas()) outside `excluded_gpu_ids`."""
+    busy = WorkloadProfile.objects.running().multi_device_uuids()
     free: Counter = Counter()
-    held_instances = Allocation.objects.active().filter(mig_instance__isnull=False).values("mig_instance")
     instances = (
-        MigInstance.objects.active()
-        .filter(gpu__in=usable)
-        .exclude(pk__in=held_instances)
+        MigInstance.objects.free(busy)
+        .filter(gpu__node__cluster_id__in=cluster_ids)
+        .exclude(gpu_id__in=excluded_gpu_ids)
         .values_list("gpu__node__cluster_id", "profile__product", "profile__name")
     )
     for cluster_id, product, profile in instances:
         free[_unit_key(cluster_id, SpecKind.MIG, product, profile)] += 1
-    held = Allocation.objects.active().filter(mig_instance__isnull=True)
-    whole = usable.filter(mig_mode_current=False).annotate(
-        held=Count("allocations", filter=Q(allocations__in=held), distinct=True)
+    whole = (
+        GpuCapacity.objects.free(busy)
+        .filter(node__cluster_id__in=cluster_ids, node__timeslice_replicas__lte=1)
+        .exclude(pk__in=excluded_gpu_ids)
     )
     for gpu in whole.select_related("node"):
-        product = _product(gpu)
-        replicas = gpu.node.timeslice_replicas
-        if replicas > 1:
-            free[_unit_key(gpu.node.cluster_id, SpecKind.TIMESLICE, product)] += max(0, replicas - gpu.held)
-        elif gpu.held == 0:
-            free[_unit_key(gpu.node.cluster_id, SpecKind.FULL, product)] += 1
+        free[_unit_key(gpu.node.cluster_id, SpecKind.FULL, _product(gpu))] += 1
+    sliced = GpuCapacity.objects.with_free_replicas().filter(node__cluster_id__in=cluster_ids)
+    for gpu in sliced.exclude(pk__in=excluded_gpu_ids).select_related("node"):
+        free[_unit_key(gpu.node.cluster_id, SpecKind.TIMESLICE, _product(gpu))] += gpu.free
     return free

@@ -1,7 +1,8 @@
 """Free units and how approval takes them: MIG instances, full GPUs and time-slice replicas.
 
-A unit is free when it sits on a healthy, present GPU of a schedulable node, matches the request
-(kind, product, profile, tier, cluster), holds no active Allocation and runs no workload.
+A unit is a candidate when it is free (MigInstance.objects.free(), GpuCapacity.objects.free() and
+.with_free_replicas(): the one definition of availability, capacity.choices.Availability) and
+matches the request (kind, product, profile, tier, cluster).
 
 Taking units (take_units) must run inside the approval's transaction. On PostgreSQL the candidate
 rows (MigInstance or GpuCapacity) are locked with SELECT ... FOR UPDATE SKIP LOCKED, in one order,
@@ -18,19 +19,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Q, Sum
 
-from capacity.choices import GpuHealth, SpecKind, Tier
-from capacity.mig.catalog import find_product
-from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
+from capacity.choices import Availability, SpecKind, Tier
+from capacity.mig.catalog import PRODUCTS, find_product
+from capacity.mig.planner import GpuState, plan_onto_gpus
+from capacity.models import Cluster, GpuCapacity, MigInstance
 
 from .models import Allocation, PoolRequest
 
 TIMESLICE_RESOURCE = "nvidia.com/gpu"
 FULL_RESOURCE = "nvidia.com/gpu"
-# Nodes in the middle of a MIG change: their instances may vanish under us.
-UNSETTLED_MIG_STATES = ("pending", "rebooting")
 
 
 @dataclass(frozen=True)
@@ -46,20 +45,6 @@ class Unit:
     compute_slices: int
     node_name: str
     cluster_id: int
-
-
-def _usable_gpu(prefix: str = "") -> Q:
-    """Healthy, present GPU on a present, ready, uncordoned node that is not mid MIG change."""
-    p = prefix
-    return Q(
-        **{
-            f"{p}lost_at__isnull": True,
-            f"{p}health__in": [GpuHealth.OK, GpuHealth.WARNING],
-            f"{p}node__gone_at__isnull": True,
-            f"{p}node__ready": True,
-            f"{p}node__cordoned": False,
-        }
-    ) & ~Q(**{f"{p}node__mig_config_state__in": UNSETTLED_MIG_STATES})
 
 
 def _product_q(product: str, prefix: str = "") -> Q:
@@ -80,72 +65,36 @@ def _tier_q(request: PoolRequest, allowed: tuple[str, ...], prefix: str = "") ->
     return Q(**{f"{prefix}node__tier__in": sorted(tiers)})
 
 
-def _devices_of_multi_device_pods() -> set[str]:
-    """UUIDs (GPU- or MIG-) used by running pods holding several devices of one resource.
-
-    WorkloadProfile keeps one row per (pod, resource) and points at its first device only; the others
-    are in `device_ids` (replica ids `<uuid>::<n>` reduced to the device). They are busy too.
-    """
-    uuids: set[str] = set()
-    for ids in WorkloadProfile.objects.running().filter(count__gt=1).values_list("device_ids", flat=True):
-        uuids.update(device_id.split("::")[0] for device_id in ids or ())
-    return uuids
-
-
 def mig_candidates(request: PoolRequest):
-    """Active MIG instances of the requested profile (and product) that are free."""
-    allocated = Allocation.objects.active().filter(mig_instance=OuterRef("pk"))
-    busy = WorkloadProfile.objects.running().filter(mig_instance=OuterRef("pk"))
-    queryset = MigInstance.objects.active().filter(
-        _usable_gpu("gpu__"),
-        _tier_q(request, (), "gpu__"),
-        gpu__mig_mode_current=True,
-        profile__name=request.profile_name,
-    )
+    """Free MIG instances (MigInstance.objects.free()) of the requested profile, product, tier and cluster."""
+    queryset = MigInstance.objects.free().filter(_tier_q(request, (), "gpu__"), profile__name=request.profile_name)
     if request.product:
         queryset = queryset.filter(profile__product=request.product)
     if request.cluster_id:
         queryset = queryset.filter(gpu__node__cluster_id=request.cluster_id)
-    return queryset.filter(~Exists(allocated), ~Exists(busy)).exclude(uuid__in=_devices_of_multi_device_pods())
+    return queryset
 
 
 def full_candidates(request: PoolRequest):
-    """Non-MIG GPUs on nodes without time-slicing, of the training tier or untiered, that are free."""
-    allocated = Allocation.objects.active().filter(gpu=OuterRef("pk"))
-    busy = WorkloadProfile.objects.running().filter(gpu=OuterRef("pk"))
-    queryset = GpuCapacity.objects.filter(
-        _usable_gpu(),
+    """Free whole GPUs on nodes without time-slicing, of the training tier or untiered."""
+    queryset = GpuCapacity.objects.free().filter(
         _product_q(request.product),
         Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
-        mig_mode_current=False,
-        mig_mode_pending=False,
         node__timeslice_replicas__lte=1,
     )
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
-    return queryset.filter(~Exists(allocated), ~Exists(busy)).exclude(uuid__in=_devices_of_multi_device_pods())
+    return queryset
 
 
 def timeslice_candidates(request: PoolRequest):
-    """Non-MIG GPUs on time-sliced nodes with at least one replica not held, annotated `free`."""
-    held = (
-        Allocation.objects.active()
-        .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
-        .order_by()
-        .values("gpu")
-        .annotate(n=Count("pk"))
-        .values("n")
-    )
-    queryset = GpuCapacity.objects.filter(
-        _usable_gpu(),
-        _product_q(request.product),
-        _tier_q(request, (Tier.DEVELOPMENT,)),
-        mig_mode_current=False,
-        node__timeslice_replicas__gt=1,
+    """GPUs of time-sliced nodes with at least one replica not held, annotated `free`."""
+    queryset = GpuCapacity.objects.with_free_replicas().filter(
+        _product_q(request.product), _tier_q(request, (Tier.DEVELOPMENT,))
     )
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
-    return queryset.annotate(free=F("node__timeslice_replicas") - Coalesce(Subquery(held), 0)).filter(free__gt=0)
+    return queryset
 
 
 def free_by_cluster(request: PoolRequest) -> dict[int, int]:
@@ -341,9 +290,7 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
     Allocated instances and instances with running workloads stay where they are; only the layout
     of the remaining slices may change. Returns None when no reconfiguration adds a unit.
     """
-    from capacity.mig.planner import GpuState, plan_onto_gpus
-
-    gpus = GpuCapacity.objects.filter(_usable_gpu(), _tier_q(request, ()), mig_mode_current=True)
+    gpus = GpuCapacity.objects.usable().filter(_tier_q(request, ()), mig_mode_current=True)
     if request.product:
         gpus = gpus.filter(catalog_product=request.product)
     else:
@@ -355,15 +302,12 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
         return None
     instances: dict[int, list[tuple[str, int]]] = defaultdict(list)
     pinned: dict[int, set[int]] = defaultdict(set)
-    active = MigInstance.objects.active().filter(gpu__in=[g.pk for g in rows])
-    in_use = Q(Exists(Allocation.objects.active().filter(mig_instance=OuterRef("pk")))) | Q(
-        Exists(WorkloadProfile.objects.running().filter(mig_instance=OuterRef("pk")))
-    )
-    for gpu_id, name, start, used in active.annotate(used=in_use).values_list(
-        "gpu_id", "profile__name", "placement_start", "used"
+    instances_of_rows = MigInstance.objects.annotate_availability().filter(gpu__in=[g.pk for g in rows])
+    for gpu_id, name, start, availability in instances_of_rows.values_list(
+        "gpu_id", "profile__name", "placement_start", "availability"
     ):
         instances[gpu_id].append((name, start))
-        if used:
+        if availability in (Availability.RESERVED, Availability.IN_USE):
             pinned[gpu_id].add(start)
     groups: dict[tuple[int, str], list[GpuCapacity]] = defaultdict(list)
     for gpu in rows:
@@ -397,6 +341,4 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
 
 
 def _products_with_profile(profile_name: str) -> list[str]:
-    from capacity.mig.catalog import PRODUCTS
-
     return [key for key, product in PRODUCTS.items() if profile_name in product.by_name]

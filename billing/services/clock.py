@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
 
-from capacity.choices import SpecKind
+from capacity.mig.share import unit_share
 from pools.choices import PoolState, RequestState
 from pools.models import PoolRequestTransition
 
@@ -87,11 +87,9 @@ class Unit:
         return rates.spec_key(self.kind, self.product, self.profile_name, self.replicas)
 
     def share(self) -> Fraction:
-        if self.kind == SpecKind.MIG:
-            return rates.mig_share(self.product, self.profile_name, self.compute_slices)
-        if self.kind == SpecKind.TIMESLICE:
-            return Fraction(1, self.replicas)
-        return Fraction(1)
+        return unit_share(
+            self.kind, self.product, self.profile_name, compute_slices=self.compute_slices, replicas=self.replicas
+        )
 
     def clock(self, start: datetime, end: datetime) -> list[Interval]:
         """Where the clock ran within [start, end)."""

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
-from fractions import Fraction
 
 from django.db.models import Q
 
-from capacity.choices import SpecKind
+from capacity.mig.share import unit_share
 from pools.choices import PoolState, RequestState
 from pools.models import Allocation, PoolRequestTransition
 
-from .. import measurements, rates
+from .. import measurements
 from ..models import UsageRecord
 from .clock import failed_windows, health_windows, hour_figures, units_of
 
@@ -104,7 +103,7 @@ def refresh_measurements(start: datetime, end: datetime) -> int:
                 r["allocation__gpu_id"],
                 r["allocation__mig_instance_id"],
                 r["kind"],
-                _share(r["kind"], r["product"], r["profile_name"], r["replicas"]),
+                unit_share(r["kind"], r["product"], r["profile_name"], replicas=r["replicas"]),
                 r["seconds"],
             )
             for r in rows
@@ -118,9 +117,3 @@ def refresh_measurements(start: datetime, end: datetime) -> int:
     return len(changed)
 
 
-def _share(kind: str, product: str, profile_name: str, replicas: int) -> Fraction:
-    if kind == SpecKind.MIG:
-        return rates.mig_share(product, profile_name)
-    if kind == SpecKind.TIMESLICE:
-        return Fraction(1, replicas)
-    return Fraction(1)

@@ -80,7 +80,7 @@ def urlpatterns(admin_site) -> list:
         return _json(cluster_view_data(cluster, request.GET.get("page", 1)))
 
     def gpu_page(request, pk: int):
-        gpu = get_object_or_404(GpuCapacity.objects.select_related("node__cluster"), pk=pk)
+        gpu = get_object_or_404(GpuCapacity.objects.annotate_availability().select_related("node__cluster"), pk=pk)
         return _page(
             request,
             admin_site,
@@ -92,7 +92,7 @@ def urlpatterns(admin_site) -> list:
         )
 
     def gpu_data(request, pk: int):
-        gpu = get_object_or_404(GpuCapacity.objects.select_related("node__cluster"), pk=pk)
+        gpu = get_object_or_404(GpuCapacity.objects.annotate_availability().select_related("node__cluster"), pk=pk)
         return _json(gpu_view_data(gpu))
 
     def wrap(view):

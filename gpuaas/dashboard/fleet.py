@@ -1,6 +1,6 @@
 """Fleet-wide reads: cluster cards and the profile distribution, as SQL aggregates.
 
-Units are counted in the database, grouped by (cluster, product, compute slices, bound, allocated),
+Units are counted in the database, grouped by (cluster, product, profile, availability, reserved),
 so the number of queries stays fixed however many GPUs the fleet holds.
 """
 
@@ -15,26 +15,13 @@ from django.db.models import Count, Q
 from django.urls import reverse
 from django.utils import timezone
 
-from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+from capacity.mig.share import mig_share
+from capacity.models import USABLE_HEALTH, Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from pools.choices import RequestState
 from pools.models import PoolRequest
 
 from . import sources
-from .status import (
-    FULL,
-    SHAPE_LABELS,
-    SHAPES,
-    STATUSES,
-    UnitStatus,
-    extra_bound_units,
-    gpu_allocated,
-    gpu_bound,
-    gpu_share,
-    mig_allocated,
-    mig_bound,
-    shape_of,
-    status_of,
-)
+from .status import FULL, SHAPE_LABELS, SHAPES, STATUSES, UnitStatus, shape_of, status_of
 
 
 @dataclass(frozen=True)
@@ -50,23 +37,33 @@ class UnitGroup:
     gpus: Fraction  # the units' size in GPUs, summed
 
 
-def unit_groups(cluster_ids: list[int] | None = None) -> list[UnitGroup]:
-    """Every present unit, counted by cluster, product, shape and status. Three to five queries."""
-    extra = extra_bound_units()
-    mig = MigInstance.objects.active().filter(gpu__node__gone_at__isnull=True)
-    full = GpuCapacity.objects.present().filter(mig_mode_current=False)
+def unit_groups(cluster_ids: list[int] | None = None, busy_devices: frozenset[str] | None = None) -> list[UnitGroup]:
+    """Every present unit, counted by cluster, product, shape and status. Three queries.
+
+    Status is the unit's availability (the approval's definition); `busy_devices` as in
+    GpuCapacityQuerySet.annotate_availability().
+    """
+    if busy_devices is None:
+        busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+    mig = MigInstance.objects.annotate_availability(busy_devices)
+    full = GpuCapacity.objects.units().annotate_availability(busy_devices)
     if cluster_ids is not None:
         mig = mig.filter(gpu__node__cluster_id__in=cluster_ids)
         full = full.filter(node__cluster_id__in=cluster_ids)
     mig_rows = (
-        mig.annotate(bound=mig_bound(extra), held=mig_allocated())
-        .values("gpu__node__cluster_id", "gpu__catalog_product", "profile__compute_slices", "bound", "held")
+        mig.values(
+            "gpu__node__cluster_id",
+            "gpu__catalog_product",
+            "profile__name",
+            "profile__compute_slices",
+            "availability",
+            "reserved",
+        )
         .annotate(n=Count("pk"))
         .order_by()
     )
     full_rows = (
-        full.annotate(bound=gpu_bound(extra), held=gpu_allocated())
-        .values("node__cluster_id", "catalog_product", "bound", "held")
+        full.values("node__cluster_id", "catalog_product", "availability", "reserved")
         .annotate(n=Count("pk"))
         .order_by()
     )
@@ -79,10 +76,10 @@ def unit_groups(cluster_ids: list[int] | None = None) -> list[UnitGroup]:
                 cluster_id=row["gpu__node__cluster_id"],
                 product=product,
                 shape=shape_of(slices),
-                status=status_of(row["bound"], row["held"]),
-                allocated=bool(row["held"]),
+                status=status_of(row["availability"]),
+                allocated=bool(row["reserved"]),
                 count=row["n"],
-                gpus=gpu_share(product, slices) * row["n"],
+                gpus=mig_share(product, row["profile__name"], slices) * row["n"],
             )
         )
     for row in full_rows:
@@ -91,8 +88,8 @@ def unit_groups(cluster_ids: list[int] | None = None) -> list[UnitGroup]:
                 cluster_id=row["node__cluster_id"],
                 product=row["catalog_product"],
                 shape=FULL,
-                status=status_of(row["bound"], row["held"]),
-                allocated=bool(row["held"]),
+                status=status_of(row["availability"]),
+                allocated=bool(row["reserved"]),
                 count=row["n"],
                 gpus=Fraction(row["n"]),
             )
@@ -123,9 +120,9 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
     """One card per cluster: nodes, GPUs, MIG instances, units by status, GPUs allocated and free.
 
     Allocated and free are measured in GPUs so clusters carved differently compare at a glance: a
-    MIG instance weighs its compute slices over the GPU's (a 3g of an H100 is 3/7 of a GPU), a whole
-    GPU weighs 1. Free = present GPUs - allocated, so uncarved MIG slices count as free. Two queries
-    besides `groups`.
+    unit weighs its share of the GPU (capacity.mig.share: a 3g.40gb of an H100 is 1/2, the larger of
+    3/7 compute and 4/8 memory, as billing charges it), a whole GPU weighs 1. Free = present GPUs -
+    allocated, so uncarved MIG slices count as free. Two queries besides `groups`.
     """
     ids = [c.pk for c in clusters]
     nodes = {
@@ -144,7 +141,7 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
         .annotate(
             total=Count("pk"),
             mig_enabled=Count("pk", filter=Q(mig_mode_current=True)),
-            unhealthy=Count("pk", filter=~Q(health__in=["ok", "warning"])),
+            unhealthy=Count("pk", filter=~Q(health__in=USABLE_HEALTH)),
         )
         .order_by()
     }

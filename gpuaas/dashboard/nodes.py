@@ -11,6 +11,7 @@ from collections import defaultdict
 from django.core.paginator import Paginator
 from django.urls import reverse
 
+from capacity.choices import Availability
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from pools.models import Allocation
 
@@ -53,11 +54,13 @@ def _holders(gpus: list[GpuCapacity], instances: list[MigInstance], gpu_ids) -> 
     return allocations, workloads
 
 
-def _unit(key: tuple[int, int | None], allocations: dict, workloads: dict, metrics: dict) -> dict:
+def _unit(key: tuple[int, int | None], availability: str, allocations: dict, workloads: dict, metrics: dict) -> dict:
     allocation = allocations.get(key)
     workload = workloads.get(key)
     return {
-        "status": status_of(workload is not None, allocation is not None),
+        "status": status_of(availability),
+        "availability": availability,
+        "availability_label": Availability(availability).label,
         "project": allocation["project__slug"] if allocation else None,
         "pool": allocation["pool__name"] if allocation else None,
         "pool_id": allocation["pool_id"] if allocation else None,
@@ -66,15 +69,22 @@ def _unit(key: tuple[int, int | None], allocations: dict, workloads: dict, metri
     }
 
 
-def describe_gpus(gpus: list[GpuCapacity], scope=None) -> list[dict]:
+def describe_gpus(gpus: list[GpuCapacity], scope=None, busy_devices: frozenset[str] | None = None) -> list[dict]:
     """GPU tiles with their units (the whole GPU, or each active MIG instance at its placement).
 
-    Six queries for any number of GPUs (instances, allocations, workloads, metrics, health events).
+    `gpus` come from GpuCapacity.objects.annotate_availability(). Six queries for any number of GPUs
+    (instances, allocations, workloads, metrics, health events, and multi-device pods unless
+    `busy_devices` is given, as in annotate_availability()). A unit's status is its availability,
+    the approval's definition.
     """
     # `scope`: the same GPUs as a subquery, cheaper to send than hundreds of ids in every query.
     gpu_ids = [g.pk for g in gpus] if scope is None else scope
+    if busy_devices is None:
+        busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
     instances: dict[int, list[MigInstance]] = defaultdict(list)
-    active = list(MigInstance.objects.active().filter(gpu_id__in=gpu_ids).select_related("profile"))
+    active = list(
+        MigInstance.objects.annotate_availability(busy_devices).filter(gpu_id__in=gpu_ids).select_related("profile")
+    )
     for instance in active:
         instances[instance.gpu_id].append(instance)
     allocations, workloads = _holders(gpus, active, gpu_ids)
@@ -115,12 +125,12 @@ def describe_gpus(gpus: list[GpuCapacity], scope=None) -> list[dict]:
                         "multiprocessors": profile.multiprocessors,
                         "gi_id": instance.gi_id,
                         "ci_id": instance.ci_id,
-                        **_unit((gpu.pk, instance.pk), allocations, workloads, metrics),
+                        **_unit((gpu.pk, instance.pk), instance.availability, allocations, workloads, metrics),
                     }
                 )
         else:
             tile["unit"] = {"shape": FULL, "shape_label": SHAPE_LABELS[FULL]} | _unit(
-                (gpu.pk, None), allocations, workloads, metrics
+                (gpu.pk, None), gpu.availability, allocations, workloads, metrics
             )
         tiles.append(tile)
     return tiles
@@ -132,12 +142,13 @@ def node_view(cluster: Cluster, page_number: int | str = 1) -> dict:
     page = Paginator(nodes, NODES_PER_PAGE).get_page(page_number)
     page_nodes = list(page.object_list)
     on_page = GpuCapacity.objects.present().filter(node_id__in=[node.pk for node in page_nodes])
-    gpus = list(on_page.order_by("node_id", "index"))
+    busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+    gpus = list(on_page.annotate_availability(busy_devices).order_by("node_id", "index"))
     tiles_by_node: dict[int, list[dict]] = defaultdict(list)
     gpu_node = {gpu.pk: gpu.node_id for gpu in gpus}
-    for tile in describe_gpus(gpus, on_page.values("pk")):
+    for tile in describe_gpus(gpus, on_page.values("pk"), busy_devices):
         tiles_by_node[gpu_node[tile["id"]]].append(tile)
-    groups = unit_groups([cluster.pk])
+    groups = unit_groups([cluster.pk], busy_devices)
     health = sources.health_counters([cluster.pk])
     return {
         "cluster": {"id": cluster.pk, "name": cluster.name, "status": cluster.status},

@@ -26,6 +26,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from capacity.choices import SpecKind
+from capacity.mig.share import unit_share
 from capacity.models import Cluster
 from monitoring.choices import HealthLevel, HealthRule, IdleState
 from monitoring.models import HealthEvent, IdleReservation, Rollup5m, Sample, Series
@@ -338,13 +339,13 @@ def gpu_series(gpu) -> dict:
 
 
 def _unit_share(allocation) -> Fraction:
-    from billing.rates import mig_share
-
-    if allocation.kind == SpecKind.MIG:
-        return mig_share(allocation.product, allocation.profile_name, allocation.compute_slices)
-    if allocation.kind == SpecKind.TIMESLICE:
-        return Fraction(1, max(1, allocation.gpu.node.timeslice_replicas))
-    return Fraction(1)
+    return unit_share(
+        allocation.kind,
+        allocation.product,
+        allocation.profile_name,
+        compute_slices=allocation.compute_slices,
+        replicas=allocation.gpu.node.timeslice_replicas,
+    )
 
 
 def _held_through(bucket, held) -> bool:
@@ -359,7 +360,7 @@ def pool_series(pool) -> dict:
     SM activity is monitoring's pool utilisation (monitoring.readers.pool_utilisation): the
     compute-slice-weighted mean of the pool's MIG and full-GPU units, each counted only while the
     pool held it; the same figure the monitoring API gives. Power is each unit's GPU power times the
-    unit's share of that GPU (billing.rates.mig_share; 1/replicas for time-slicing), summed over the
+    unit's share of that GPU (capacity.mig.share.unit_share), summed over the
     units while held, which is how billing attributes energy (DCGM reports power per GPU only).
     """
     from monitoring import readers

@@ -142,9 +142,10 @@ def _hold(project, instance):
 
 def _dashboard_in_use(pool) -> int:
     """The pool's units that the operator dashboard shows In Use (a running workload bound to the unit)."""
-    from gpuaas.dashboard.status import mig_bound
+    from capacity.choices import Availability
 
-    return MigInstance.objects.filter(allocations__pool=pool).annotate(bound=mig_bound()).filter(bound=True).count()
+    units = MigInstance.objects.annotate_availability().filter(allocations__pool=pool)
+    return units.filter(availability=Availability.IN_USE).count()
 
 
 def test_a_workload_found_before_its_project_existed_is_attributed_on_the_next_discovery(sim):

@@ -3,6 +3,7 @@
 import pytest
 from dashboard_world import H100, _gpu, _node
 
+from capacity.choices import Availability
 from capacity.models import WorkloadProfile
 from gpuaas.dashboard.status import shape_of, status_of
 
@@ -10,10 +11,12 @@ pytestmark = pytest.mark.django_db
 
 
 def test_status_and_shape_rules():
-    assert [status_of(True, True), status_of(True, False), status_of(False, True), status_of(False, False)] == [
-        "in_use",
+    assert [status_of(a) for a in Availability] == [
         "in_use",
         "ready",
+        "unavailable",
+        "unavailable",
+        "unavailable",
         "available",
     ]
     assert [shape_of(1), shape_of(7), shape_of(None)] == ["1g", "7g", "full"]
@@ -36,7 +39,7 @@ def test_a_two_gpu_pod_puts_both_gpus_in_use(client, operator, world, project):
     )
     client.force_login(operator)
     beta = client.get("/admin/dashboard/data.json").json()["clusters"][1]
-    assert beta["units"] == {"in_use": 2, "ready": 0, "available": 3, "total": 5}
+    assert beta["units"] == {"in_use": 2, "ready": 0, "available": 3, "unavailable": 0, "total": 5}
     nodes = client.get(f"/admin/dashboard/clusters/{world.beta.pk}/data.json").json()["nodes"]
     b3 = next(n for n in nodes if n["name"] == "b3")
     assert [(g["unit"]["status"], g["unit"]["workload"]) for g in b3["gpus"]] == [

@@ -20,9 +20,10 @@
   var STATUS = {
     in_use: { label: "In Use", icon: "\u25CF" },
     ready: { label: "Ready", icon: "\u25D0" },
-    available: { label: "Available", icon: "\u25CB" }
+    available: { label: "Available", icon: "\u25CB" },
+    unavailable: { label: "Unavailable", icon: "\u2298" }
   };
-  var STATUS_ORDER = ["in_use", "ready", "available"];
+  var STATUS_ORDER = ["in_use", "ready", "available", "unavailable"];
   var SHAPE_LABEL = { "1g": "1g", "2g": "2g", "3g": "3g", "4g": "4g", "7g": "7g", full: "Full" };
   var LINE_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"];
   var LINE_DASHES = [[], [6, 3], [2, 2], [8, 3, 2, 3], [12, 4], [3, 6]];
@@ -470,7 +471,8 @@
   function unitText(unit) {
     var st = STATUS[unit.status];
     return (unit.profile || "Full GPU") + (unit.start !== undefined ? " at slice " + unit.start + ", size " + unit.size : "") +
-      ": " + st.label + (unit.project ? ", held by " + unit.project + " / " + unit.pool : "") +
+      ": " + st.label + (unit.status === "unavailable" ? " (" + unit.availability_label + ")" : "") +
+      (unit.project ? ", held by " + unit.project + " / " + unit.pool : "") +
       (unit.workload ? ", running " + unit.workload : "");
   }
 

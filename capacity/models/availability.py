@@ -1,0 +1,42 @@
+"""The one definition of unit availability, shared by the GPU and MIG-instance querysets."""
+
+from __future__ import annotations
+
+from django.db.models import Case, CharField, Exists, Q, Value, When
+
+from ..choices import Availability, GpuHealth
+
+# --- Unit availability: the one definition approval, take-offline, the planner hints and the dashboard use.
+# A unit is a MIG instance, or a GPU with MIG off (a time-sliced GPU's replicas are counted by
+# GpuCapacityQuerySet.with_free_replicas()). It is free when none of the states before FREE in
+# choices.Availability applies. Each state is written once, as the Q a unit must satisfy to escape
+# it: free() filters on them all (plain WHERE terms the planner can turn into anti-joins) and
+# annotate_availability() names the first one that fails.
+
+# nvidia.com/mig.config.state values of a node in the middle of a MIG change: its instances may vanish.
+UNSETTLED_MIG_STATES = ("pending", "rebooting")
+USABLE_HEALTH = (GpuHealth.OK, GpuHealth.WARNING)
+
+
+def host_conditions(gpu: str = "") -> dict[str, Q]:
+    """What the GPU at path `gpu` ("" or "gpu__") and its node must satisfy to escape each withholding state."""
+    return {
+        Availability.RECONFIGURING: ~Q(**{f"{gpu}node__mig_config_state__in": UNSETTLED_MIG_STATES}),
+        Availability.CORDONED: Q(**{f"{gpu}node__ready": True, f"{gpu}node__cordoned": False}),
+        Availability.WITHHELD: Q(**{f"{gpu}health__in": USABLE_HEALTH}),
+    }
+
+
+def active_allocations(model):
+    """pools' active allocations of units of `model`, found through the `allocations` reverse relation.
+
+    pools sits above capacity, so capacity never imports it: the related model is the one pools
+    declared with related_name="allocations", and its own active() says what "active" means.
+    """
+    return model._meta.get_field("allocations").related_model.objects.active()
+
+
+def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q) -> Case:
+    whens = [When(in_use, then=Value(Availability.IN_USE)), When(reserved, then=Value(Availability.RESERVED))]
+    whens += [When(~ok, then=Value(state)) for state, ok in conditions.items()]
+    return Case(*whens, default=Value(Availability.FREE), output_field=CharField())

@@ -1,0 +1,71 @@
+"""Clusters and their discovery runs."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+from .. import credentials
+from ..choices import ClusterStatus, DiscoveryStatus
+
+
+class Cluster(models.Model):
+    """A registered Kubernetes cluster. Credentials are a kubeconfig path or an encrypted kubeconfig."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    api_endpoint = models.CharField(max_length=500, blank=True, help_text="Informational; the kubeconfig decides.")
+    kubeconfig_path = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Kubeconfig path on the gpuaas hosts (a reference, not a secret).",
+    )
+    kubeconfig_context = models.CharField(max_length=200, blank=True)
+    in_cluster = models.BooleanField(default=False, help_text="Use the pod's service account (gpuaas runs inside).")
+    encrypted_kubeconfig = models.TextField(blank=True, editable=False)
+    dcgm_exporter_url = models.CharField(
+        max_length=500, blank=True, help_text="Optional DCGM exporter endpoint(s) to scrape, comma-separated."
+    )
+    status = models.CharField(max_length=16, choices=ClusterStatus, default=ClusterStatus.NEW, editable=False)
+    last_discovery_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_success_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_error = models.TextField(blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if not (self.kubeconfig_path or self.in_cluster or self.encrypted_kubeconfig):
+            raise ValidationError({"kubeconfig_path": "Give a kubeconfig path, an uploaded kubeconfig or in-cluster."})
+
+    def set_kubeconfig(self, text: str) -> None:
+        """Store a kubeconfig encrypted; the plain text never reaches the database."""
+        self.encrypted_kubeconfig = credentials.encrypt(text)
+
+    def kubeconfig_text(self) -> str | None:
+        return credentials.decrypt(self.encrypted_kubeconfig) if self.encrypted_kubeconfig else None
+
+
+class DiscoveryRun(models.Model):
+    """One discovery pass over a cluster: the admin and API read this, never Celery's results."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="discovery_runs")
+    status = models.CharField(max_length=16, choices=DiscoveryStatus, default=DiscoveryStatus.RUNNING)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    nodes_seen = models.PositiveIntegerField(default=0)
+    gpus_seen = models.PositiveIntegerField(default=0)
+    nodes_gone = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "-started_at"], name="capacity_discoveryrun_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster} @ {self.started_at:%Y-%m-%d %H:%M:%S} ({self.status})"

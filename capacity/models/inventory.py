@@ -1,0 +1,203 @@
+"""GPU nodes and GPUs (the seed's NodeCapacity and GpuCapacity), with whole-GPU availability."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from ..choices import Availability, GpuHealth, MigInstanceState, MigStrategy, Tier
+from .availability import USABLE_HEALTH, active_allocations, availability_case, host_conditions
+from .clusters import Cluster
+from .workloads import WorkloadProfile
+
+
+class NodeCapacityQuerySet(models.QuerySet):
+    def present(self):
+        return self.filter(gone_at__isnull=True)
+
+    def for_cluster(self, cluster):
+        return self.filter(cluster=cluster)
+
+    def schedulable(self):
+        return self.present().filter(ready=True, cordoned=False)
+
+    def with_counts(self):
+        return self.annotate(
+            gpus_present=Count("gpus", filter=Q(gpus__lost_at__isnull=True), distinct=True),
+            mig_instances=Count("gpus__mig_instances", filter=Q(gpus__mig_instances__state="active"), distinct=True),
+        )
+
+
+class NodeCapacity(models.Model):
+    """A GPU node of a cluster: the seed's NodeCapacity. Never deleted: a vanished node is marked gone."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="nodes")
+    name = models.CharField(max_length=253)
+    gpu_product = models.CharField(max_length=100, blank=True, help_text="nvidia.com/gpu.product as GFD labels it.")
+    gpu_count = models.PositiveSmallIntegerField(default=0, help_text="Physical GPUs (nvidia.com/gpu.count).")
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+    tier = models.CharField(max_length=8, choices=Tier, blank=True, default=Tier.NONE)
+    node_group = models.CharField(max_length=100, blank=True, help_text="Label gpuaas.io/node-group.")
+    mig_strategy = models.CharField(max_length=8, choices=MigStrategy, default=MigStrategy.NONE)
+    mig_config = models.CharField(max_length=100, blank=True, help_text="nvidia.com/mig.config")
+    mig_config_state = models.CharField(max_length=16, blank=True, help_text="nvidia.com/mig.config.state")
+    timeslice_replicas = models.PositiveSmallIntegerField(default=1)
+    ready = models.BooleanField(default=False)
+    cordoned = models.BooleanField(default=False)
+    labels = models.JSONField(default=dict, blank=True)
+    capacity = models.JSONField(default=dict, blank=True, help_text="Physical: status.capacity.")
+    allocatable = models.JSONField(default=dict, blank=True, help_text="Logical: status.allocatable.")
+    resource_version = models.CharField(max_length=64, blank=True)
+    fingerprint = models.CharField(
+        max_length=32,
+        blank=True,
+        editable=False,
+        help_text="Hash of what discovery read from the node; an equal hash means nothing to write.",
+    )
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now, help_text="When discovery last wrote the row.")
+    gone_at = models.DateTimeField(null=True, blank=True)
+
+    objects = NodeCapacityQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["cluster_id", "name"]
+        verbose_name = "node capacity"
+        verbose_name_plural = "node capacities"
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="capacity_nodecapacity_unique_cluster_name"),
+        ]
+        indexes = [models.Index(fields=["cluster", "gone_at"], name="capacity_node_cluster_gone")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}" if self.cluster_id else self.name
+
+    @property
+    def queue(self) -> str:
+        from gpuaas.celery import node_queue
+
+        return node_queue(self.cluster.name, self.name)
+
+    @property
+    def is_gone(self) -> bool:
+        return self.gone_at is not None
+
+
+class GpuCapacityQuerySet(models.QuerySet):
+    def present(self):
+        return self.filter(lost_at__isnull=True, node__gone_at__isnull=True)
+
+    def healthy(self):
+        return self.present().filter(health__in=USABLE_HEALTH)
+
+    def for_cluster(self, cluster):
+        return self.filter(node__cluster=cluster)
+
+    def usable(self):
+        """Present GPUs that could host units now: healthy, on a ready, uncordoned node not mid MIG change."""
+        return self.present().filter(*host_conditions().values())
+
+    def units(self):
+        """Present GPUs that are units themselves (MIG off); a MIG GPU's units are its MigInstances."""
+        return self.present().filter(mig_mode_current=False)
+
+    def _unit_conditions(self) -> dict[str, Q]:
+        conditions = host_conditions()
+        conditions[Availability.RECONFIGURING] &= Q(mig_mode_pending=False)  # MIG being switched on
+        return conditions
+
+    def _reserved(self) -> Exists:
+        """An active allocation holds the GPU whole, or one of its time-slice replicas."""
+        return Exists(active_allocations(self.model).filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
+
+    def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
+        if busy_devices is None:
+            busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+        in_use = Q(Exists(WorkloadProfile.objects.running().filter(gpu=OuterRef("pk"))))
+        return in_use | Q(uuid__in=sorted(busy_devices)) if busy_devices else in_use
+
+    def annotate_availability(self, busy_devices: frozenset[str] | None = None):
+        """`availability` (choices.Availability) of each GPU as a whole-GPU unit, and `reserved` (held).
+
+        Meaningful for GPUs with MIG off (units()); a MIG GPU's units are its instances. `reserved` is
+        true whenever an active allocation holds the unit, also when it is in use.
+        `busy_devices`: WorkloadProfile.objects.running().multi_device_uuids(), when the caller has it.
+        """
+        reserved = self._reserved()
+        availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices))
+        return self.annotate(availability=availability, reserved=reserved)
+
+    def free(self, busy_devices: frozenset[str] | None = None):
+        """Whole GPUs approval may take: availability FREE, as plain filters."""
+        return self.units().filter(*self._unit_conditions().values(), ~self._reserved(), ~self._in_use(busy_devices))
+
+    def with_free_replicas(self):
+        """Time-sliced GPUs with a replica no active allocation holds, annotated `free` (replicas not held).
+
+        Replicas are handed out by count, so running workloads do not withhold one: which replica a
+        pod uses is not known.
+        """
+        held = (
+            active_allocations(self.model)
+            .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
+            .order_by()
+            .values("gpu")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return (
+            self.units()
+            .filter(*self._unit_conditions().values(), node__timeslice_replicas__gt=1)
+            .annotate(free=F("node__timeslice_replicas") - Coalesce(Subquery(held), 0))
+            .filter(free__gt=0)
+        )
+
+
+class GpuCapacity(models.Model):
+    """One physical GPU: the seed's GpuCapacity. A GPU that falls off the bus is marked lost, not deleted."""
+
+    node = models.ForeignKey(NodeCapacity, on_delete=models.PROTECT, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    # Unique through Meta.constraints, not unique=True: PostgreSQL then builds no extra LIKE index,
+    # which discovery would maintain for every one of tens of thousands of rows.
+    uuid = models.CharField(max_length=64)
+    product = models.CharField(max_length=100, help_text="NVML device name, e.g. NVIDIA H100 80GB HBM3.")
+    catalog_product = models.CharField(max_length=32, blank=True, help_text="MIG catalog key, e.g. H100-80GB.")
+    memory_mib = models.PositiveIntegerField(default=0)
+    mig_mode_current = models.BooleanField(default=False)
+    mig_mode_pending = models.BooleanField(default=False)
+    health = models.CharField(max_length=16, choices=GpuHealth, default=GpuHealth.OK)
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_version = models.CharField(max_length=16, blank=True)
+    serial = models.CharField(max_length=32, blank=True)
+    pci_bus_id = models.CharField(max_length=32, blank=True)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    lost_at = models.DateTimeField(null=True, blank=True)
+
+    objects = GpuCapacityQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        verbose_name = "GPU capacity"
+        verbose_name_plural = "GPU capacities"
+        constraints = [
+            models.UniqueConstraint(fields=["uuid"], name="capacity_gpucapacity_unique_uuid"),
+            models.UniqueConstraint(
+                fields=["node", "index"],
+                condition=Q(lost_at__isnull=True),
+                name="capacity_gpucapacity_unique_node_index",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node} GPU {self.index} ({self.uuid})"
+
+    def mig_layout(self):
+        """Active MIG instances with their placements, in slice order: the GPU's MIG picture."""
+        return (
+            self.mig_instances.filter(state=MigInstanceState.ACTIVE)
+            .select_related("profile")
+            .order_by("placement_start")
+        )

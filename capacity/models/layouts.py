@@ -1,0 +1,130 @@
+"""Custom MIG layouts and time-slicing policies, written into the GPU Operator's ConfigMaps."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+from ..mig.catalog import get_product
+from ..mig.layout import validate_layout
+from .clusters import Cluster
+
+# gpuaas-owned mig-parted configs and device-plugin keys carry this prefix; nothing else is touched.
+GPUAAS_CONFIG_PREFIX = "gpuaas-"
+
+_layout_name = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "Lower-case letters, digits, '-' and '.' (it becomes a label value)."
+)
+
+
+class MigLayout(models.Model):
+    """A custom MIG layout for one product, written into gpuaas's mig-parted ConfigMap as `gpuaas-<name>`.
+
+    `gpus` is either {"all": [profiles]} (one layout for every GPU) or {"<index>": [profiles], ...}
+    (only the listed GPUs change). A list of profiles means MIG on with those instances ([] = MIG on,
+    no instances); null means MIG off.
+    """
+
+    name = models.CharField(max_length=50, unique=True, validators=[_layout_name])
+    product = models.CharField(max_length=32, help_text="MIG catalog key, e.g. H100-80GB.")
+    gpus = models.JSONField(
+        default=dict,
+        help_text='{"all": ["3g.40gb", "3g.40gb"]} or {"0": ["7g.80gb"], "1": ["1g.10gb", "1g.10gb"]}; null = MIG off.',
+    )
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["product", "name"]
+        verbose_name = "MIG layout"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.product})"
+
+    @property
+    def config_name(self) -> str:
+        """The mig-parted config name, i.e. the value of the node label nvidia.com/mig.config."""
+        return GPUAAS_CONFIG_PREFIX + self.name
+
+    def targets_for(self, gpu_indices) -> dict[int, list[str] | None]:
+        """Target profiles per GPU index of a node with `gpu_indices`; GPUs not covered are left out."""
+        if "all" in self.gpus:
+            return {int(i): _copy_profiles(self.gpus["all"]) for i in gpu_indices}
+        wanted = {int(k): _copy_profiles(v) for k, v in self.gpus.items()}
+        return {i: wanted[i] for i in gpu_indices if i in wanted}
+
+    def clean(self) -> None:
+        try:
+            product = get_product(self.product)
+        except KeyError as exc:
+            raise ValidationError({"product": exc.args[0]}) from None
+        self.product = product.key
+        if not isinstance(self.gpus, dict) or not self.gpus:
+            raise ValidationError({"gpus": 'Give {"all": [...]} or per-GPU lists like {"0": [...]}.'})
+        keys = set(self.gpus)
+        if "all" in keys and len(keys) > 1:
+            raise ValidationError({"gpus": '"all" cannot be combined with per-GPU entries.'})
+        errors = []
+        for key, profiles in sorted(self.gpus.items()):
+            if key != "all" and not (isinstance(key, str) and key.isdigit() and int(key) < 64):
+                errors.append(f"{key!r} is not a GPU index")
+                continue
+            if profiles is None:
+                continue
+            if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+                errors.append(f"GPU {key}: give a list of profile names or null")
+                continue
+            result = validate_layout(product, profiles)
+            if not result.valid:
+                errors.append(f"GPU {key}: {result.reason}")
+        if errors:
+            raise ValidationError({"gpus": errors})
+
+
+def _copy_profiles(value):
+    return None if value is None else list(value)
+
+
+class TimeSlicingPolicy(models.Model):
+    """Time-slicing for a node group: every GPU advertised as `replicas` nvidia.com/gpu (tier-3 slots).
+
+    Written into the device plugin's ConfigMap (key `config_key`) and selected by the node label
+    nvidia.com/device-plugin.config. Time-slicing has NO memory isolation: replicas share the GPU's memory.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="time_slicing_policies")
+    node_group = models.CharField(max_length=100, blank=True, help_text="Empty = every node of the cluster.")
+    replicas = models.PositiveSmallIntegerField(
+        default=4, validators=[MinValueValidator(2), MaxValueValidator(64)], help_text="Pods per GPU, e.g. 4."
+    )
+    rename_by_default = models.BooleanField(
+        default=False, help_text="Advertise nvidia.com/gpu.shared instead of nvidia.com/gpu."
+    )
+    fail_requests_greater_than_one = models.BooleanField(default=True)
+    enabled = models.BooleanField(default=True)
+    applied_at = models.DateTimeField(null=True, blank=True, editable=False)
+    nodes_labelled = models.PositiveIntegerField(default=0, editable=False)
+    last_error = models.TextField(blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster_id", "node_group"]
+        verbose_name = "time-slicing policy"
+        verbose_name_plural = "time-slicing policies"
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "node_group"], name="capacity_timeslicingpolicy_unique_group"),
+            models.CheckConstraint(condition=Q(replicas__gte=2), name="capacity_timeslicingpolicy_replicas_gte_2"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.node_group or '*'}: {self.replicas}x time-slicing"
+
+    @property
+    def config_key(self) -> str:
+        """Key in the device-plugin ConfigMap; the replica count is in the name so a change relabels nodes."""
+        group = self.node_group or "all"
+        safe = "".join(c if c.isalnum() or c in "-." else "-" for c in group.lower()).strip("-.") or "group"
+        return f"{GPUAAS_CONFIG_PREFIX}{safe}-x{self.replicas}"
