@@ -40,7 +40,7 @@ from capacity.models import (
 )
 from capacity.services import maintenance, mig_configs, planning
 from capacity.services import reconfiguration as rc
-from gpuaas.api import OperatorPermissions
+from gpuaas.scopes import Scope
 from pools.roles import operator_can
 
 
@@ -105,7 +105,7 @@ class MigLayoutFilter(filters.FilterSet):
 class MigLayoutViewSet(viewsets.ModelViewSet):
     queryset = MigLayout.objects.order_by("product", "name")
     serializer_class = MigLayoutSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_class = MigLayoutFilter
     ordering_fields = ["name", "product", "updated_at"]
 
@@ -175,7 +175,7 @@ class MaintenanceWindowFilter(filters.FilterSet):
 class MaintenanceWindowViewSet(viewsets.ModelViewSet):
     queryset = MaintenanceWindow.objects.select_related("cluster").order_by("cluster_id", "node_group", "id")
     serializer_class = MaintenanceWindowSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_class = MaintenanceWindowFilter
     ordering_fields = ["id", "cluster", "node_group"]
 
@@ -221,7 +221,7 @@ class TimeSlicingPolicyViewSet(viewsets.ModelViewSet):
 
     queryset = TimeSlicingPolicy.objects.select_related("cluster").order_by("cluster_id", "node_group")
     serializer_class = TimeSlicingPolicySerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {"apply": ("capacity.change_timeslicingpolicy",)}
     filterset_class = TimeSlicingPolicyFilter
     ordering_fields = ["id", "cluster", "node_group"]
@@ -397,7 +397,7 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
         MigReconfiguration.objects.select_related("node").prefetch_related("steps").order_by("-created_at", "-id")
     )
     serializer_class = MigReconfigurationSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {
         "resume": ("capacity.change_migreconfiguration",),
         "rollback": ("capacity.change_migreconfiguration",),
@@ -524,7 +524,7 @@ class CapacityPlanQuery(serializers.Serializer):
 class CapacityPlanView(APIView):
     """Effective slots per tier, now (discovered) and for a proposed layout or replica count."""
 
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {"get": ("capacity.view_nodecapacity",)}
 
     @extend_schema(
@@ -592,7 +592,7 @@ class TakeOfflineSerializer(serializers.Serializer):
 class TakeOfflineView(APIView):
     """Would the remaining capacity cover every allocation if these GPUs or nodes went down?"""
 
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {"post": ("capacity.view_nodecapacity", "pools.view_allocation")}
 
     @extend_schema(summary="Take-offline check", request=TakeOfflineRequest, responses=TakeOfflineSerializer)
@@ -642,7 +642,7 @@ class RebalanceSerializer(serializers.Serializer):
 class RebalanceView(APIView):
     """The layout to apply in the next maintenance window, from the last period's demand."""
 
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {"get": ("capacity.view_migreconfiguration",)}
 
     @extend_schema(

@@ -1,13 +1,13 @@
 """The project view for project members, outside the admin: /projects/ (login required, session auth).
 
-Scoped with pools.roles.projects_for(user): another project's page or pool is a 404, never a 403.
+Every view declares its scope with gpuaas.scopes.scoped() (sign-in enforced there); project pages
+read through pools.roles.projects_for(user): another project's page or pool is a 404, never a 403.
 """
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -21,14 +21,17 @@ from pools.models import Allocation, ApiToken, GpuPool
 from pools.roles import projects_for
 from pools.services import revoke_token
 
+from ..scopes import Scope, scoped
 from . import projects, sources
 from .admin_views import DASHBOARD_PERMISSIONS
 from .forms import ApiTokenForm, PoolRequestForm
 
 LOGIN_URL = reverse_lazy("login")
-member_required = login_required(login_url=LOGIN_URL)
+member_required = scoped(Scope.PROJECT)  # signed in; the rows come from projects_for(user)
+own_user_required = scoped(Scope.OWN_USER)  # signed in; only request.user's rows
 
 
+@scoped(Scope.PUBLIC)
 def home(request):
     """The front door: sign in (anonymous), the GPU dashboard (operators), the project view (members)."""
     if not request.user.is_authenticated:
@@ -161,7 +164,7 @@ def _offers(draft) -> dict:
 
 
 @never_cache
-@member_required
+@own_user_required
 @require_http_methods(["GET", "POST"])
 def tokens(request):
     """The user's own API tokens: create one (its key is shown on this response only) and list them."""
@@ -175,7 +178,7 @@ def tokens(request):
 
 
 @never_cache
-@member_required
+@own_user_required
 @require_http_methods(["GET", "POST"])
 def token_revoke(request, pk: int):
     """GET asks for confirmation; POST revokes (idempotent). Another user's token is a 404."""
@@ -198,12 +201,14 @@ project_urlpatterns = [
 account_urlpatterns = [
     path(
         "accounts/login/",
-        auth_views.LoginView.as_view(
-            template_name="projects/login.html", next_page=reverse_lazy("home"), redirect_authenticated_user=True
+        scoped(Scope.PUBLIC)(
+            auth_views.LoginView.as_view(
+                template_name="projects/login.html", next_page=reverse_lazy("home"), redirect_authenticated_user=True
+            )
         ),
         name="login",
     ),
     path("accounts/tokens/", tokens, name="tokens"),
     path("accounts/tokens/<int:pk>/revoke/", token_revoke, name="token_revoke"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(next_page=LOGIN_URL), name="logout"),
+    path("accounts/logout/", scoped(Scope.PUBLIC)(auth_views.LogoutView.as_view(next_page=LOGIN_URL)), name="logout"),
 ]
