@@ -13,7 +13,7 @@ from functools import wraps
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 
 from pools.roles import operator_can, require_operator_perms
 
@@ -34,15 +34,16 @@ def is_signed_in(user) -> bool:
     return bool(user and user.is_authenticated and user.is_active)
 
 
-def scoped(scope: str, *perms: str, or_if=None, refused=None):
+def scoped(scope: str, *perms: str, credential=None, refused=None):
     """Declare and enforce a plain view's scope (the plain-view half of the choke point).
 
     PROJECT, OWN_USER and SIGNED_IN send anonymous callers to the sign-in page; the view then reads
     its rows through pools.roles.projects_for / `user=request.user`, so another project's page is a
-    404. OPERATOR needs operator_can(user, *perms) (403 otherwise) or `or_if(request)` (an
-    alternative credential, e.g. the /metrics scrape token); `refused(request)`, when given, answers
-    a refused caller instead of the 403. PUBLIC checks nothing. Sets `view.scope`, which wrappers
-    built with functools.wraps (admin_view, never_cache, ...) carry outwards.
+    404. OPERATOR needs operator_can(user, *perms) (403 otherwise); `credential(request)` checks an
+    alternative one (the /metrics scrape token): True or False decides, None means none was presented.
+    `refused(request)`, when given, answers a refused caller instead of the 403. PUBLIC checks
+    nothing. Sets `view.scope`, which wrappers built with functools.wraps (admin_view, never_cache,
+    ...) carry outwards.
     """
     if scope not in Scope.ALL:
         raise ImproperlyConfigured(f"Unknown scope {scope!r}: use one of {', '.join(Scope.ALL)}")
@@ -54,10 +55,14 @@ def scoped(scope: str, *perms: str, or_if=None, refused=None):
         def wrapped(request, *args, **kwargs):
             user = request.user
             if scope == Scope.OPERATOR:
-                if not (operator_can(user, *perms) or (or_if is not None and or_if(request))):
+                presented = None if credential is None else credential(request)
+                allowed = operator_can(user, *perms) if presented is None else presented
+                if not allowed:
                     if refused is not None:
                         return refused(request)
-                    require_operator_perms(user, *perms)
+                    if presented is None:
+                        require_operator_perms(user, *perms)  # raises, naming the permissions
+                    raise PermissionDenied("The credential presented was refused.")
             elif scope != Scope.PUBLIC and not is_signed_in(user):
                 return redirect_to_login(request.get_full_path(), settings.LOGIN_URL)
             return view(request, *args, **kwargs)

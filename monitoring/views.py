@@ -15,13 +15,13 @@ from .exposition import exposition
 METRICS_PERMISSION = "monitoring.view_series"
 
 
-def _scrape_token(request: HttpRequest) -> bool:
-    """Bearer MONITORING_METRICS_TOKEN, when one is set. DEBUG opens nothing."""
+def _scrape_token(request: HttpRequest) -> bool | None:
+    """Whether the Bearer token is MONITORING_METRICS_TOKEN; None when none is set or presented. DEBUG opens nothing."""
     token = settings.MONITORING_METRICS_TOKEN
     header = request.headers.get("Authorization", "")
-    return bool(token and header.startswith("Bearer ")) and hmac.compare_digest(
-        header.removeprefix("Bearer ").strip(), token
-    )
+    if not (token and header.startswith("Bearer ")):
+        return None
+    return hmac.compare_digest(header.removeprefix("Bearer ").strip(), token)
 
 
 def _ask_for_credentials(request: HttpRequest) -> HttpResponse:
@@ -32,7 +32,7 @@ def _ask_for_credentials(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@scoped(Scope.OPERATOR, METRICS_PERMISSION, or_if=_scrape_token, refused=_ask_for_credentials)
+@scoped(Scope.OPERATOR, METRICS_PERMISSION, credential=_scrape_token, refused=_ask_for_credentials)
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition of pool, project and health gauges (monitoring/exposition.py).
 
