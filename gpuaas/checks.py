@@ -61,10 +61,10 @@ def _drf_scopes(route: Route) -> None:
             route.problems.append(f"declares scope {scope!r} but does not use {SCOPE_MIXINS[scope].__name__}")
 
 
-def routes() -> list[Route]:
-    """Every URL pattern with the scopes it declares and what is wrong with them."""
+def routes(urlconf=None) -> list[Route]:
+    """Every URL pattern (of ROOT_URLCONF, or `urlconf`) with the scopes it declares and what is wrong with them."""
     found = []
-    for path, name, namespace, callback in _walk(get_resolver()):
+    for path, name, namespace, callback in _walk(get_resolver(urlconf)):
         route = Route(path, name, namespace, callback)
         view_class = getattr(callback, "cls", None)
         if isinstance(view_class, type) and issubclass(view_class, APIView):

@@ -13,7 +13,7 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse, reverse_lazy
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods
 
 from capacity.models import Cluster
 from pools import roles, units
@@ -84,12 +84,14 @@ def _overview(request, scope, project=None):
     )
 
 
+@require_GET
 @member_required
 def project_list(request):
     """All the user's projects: their pools as cards, their requests and this month's costs."""
     return _overview(request, projects.visible_projects(request.user))
 
 
+@require_GET
 @member_required
 def project_detail(request, slug: str):
     project = _scoped_project(request.user, slug)
@@ -101,6 +103,7 @@ def _scoped_pool(user, slug: str, pk: int) -> GpuPool:
     return get_object_or_404(GpuPool.objects.select_related("project", "cluster", "request"), pk=pk, project=project)
 
 
+@require_GET
 @member_required
 def pool_detail(request, slug: str, pk: int):
     """A pool's card with two tabs: Allocation (its units by node) and Monitoring (SM activity and power)."""
@@ -119,6 +122,7 @@ def pool_detail(request, slug: str, pk: int):
     )
 
 
+@require_GET
 @never_cache
 @member_required
 def pool_series(request, slug: str, pk: int):
