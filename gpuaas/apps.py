@@ -7,6 +7,9 @@ class GpuaasConfig(AppConfig):
 
     name = "gpuaas"
 
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  registers the declared-scope check (it imports the API, so not at import)
+
 
 class GpuaasAdminConfig(admin_apps.AdminConfig):
     """django.contrib.admin with gpuaas's site (the dashboard mounted in it) as the default `admin.site`.

@@ -183,7 +183,7 @@ REST_FRAMEWORK = {
         "pools.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["gpuaas.permissions.DeclaredScope"],  # refuses a view that declares no scope
     "DEFAULT_PAGINATION_CLASS": "gpuaas.api.Pagination",
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [

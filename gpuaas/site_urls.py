@@ -5,11 +5,12 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from .dashboard.project_views import account_urlpatterns, home, project_urlpatterns
+from .scopes import Scope, scoped
 
 urlpatterns = [
     path("", home, name="home"),
     # Browsers ask for /favicon.ico on every page that names none (the admin's pages).
-    path("favicon.ico", RedirectView.as_view(url=static("gpuaas/favicon.svg"), permanent=True)),
+    path("favicon.ico", scoped(Scope.PUBLIC)(RedirectView.as_view(url=static("gpuaas/favicon.svg"), permanent=True))),
     path("projects/", include((project_urlpatterns, "projects"))),
     *account_urlpatterns,
     path("metrics", include("monitoring.urls")),

@@ -7,17 +7,37 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from .api import router
+from .permissions import DeclaredScope
+from .scopes import Scope
 
 # Each app's api/urls.py registers its viewsets on the shared router and may add extra paths.
 API_APPS = ("capacity", "pools", "operations", "billing", "monitoring")
 _api_modules = [import_module(f"{app}.api.urls") for app in API_APPS]
 api_extra = [p for module in _api_modules for p in getattr(module, "urlpatterns", [])]
 
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI schema, public as before (drf-spectacular's own views set AllowAny)."""
+
+    scope = Scope.PUBLIC
+    permission_classes = [DeclaredScope]
+
+
+class SwaggerView(SpectacularSwaggerView):
+    scope = Scope.PUBLIC
+    permission_classes = [DeclaredScope]
+
+
+class RedocView(SpectacularRedocView):
+    scope = Scope.PUBLIC
+    permission_classes = [DeclaredScope]
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_extra + router.urls)),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path("api/schema/", SchemaView.as_view(), name="schema"),
+    path("api/docs/", SwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("api/redoc/", RedocView.as_view(url_name="schema"), name="redoc"),
     path("", include("gpuaas.site_urls")),
 ]

@@ -2,7 +2,8 @@
 
 Visibility comes from ProjectScopedQuerysetMixin: members see their own projects' usage and
 statements, another project's statement is a 404; operators (staff) see the fleet. Only operators
-generate, finalise and adjust statements and close months. A finalised statement is a 409.
+generate, finalise and adjust statements and close months (scope=Scope.OPERATOR). Rate cards are
+prices, readable by every signed-in user. A finalised statement is a 409.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.api.strict import reject_body
-from gpuaas.api import OperatorPermissions, ProjectScopedQuerysetMixin
+from gpuaas.permissions import ProjectScopedQuerysetMixin
+from gpuaas.scopes import Scope
 
 from .. import exports, services
 from ..models import (
@@ -73,6 +75,8 @@ def export_response(statements, fmt: str) -> HttpResponse:
 )
 class RateCardViewSet(viewsets.ReadOnlyModelViewSet):
     """Prices are public to every signed-in user; cards are made in the admin."""
+
+    scope = Scope.SIGNED_IN
 
     queryset = RateCard.objects.prefetch_related(
         Prefetch("entries", queryset=RateCardEntry.objects.order_by("product", "kind", "profile_name", "replicas"))
@@ -145,7 +149,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
         request=serializers.GenerateStatementSerializer,
         responses={200: serializers.StatementDetailSerializer, 409: CONFLICT},
     )
-    @action(detail=False, methods=["post"], permission_classes=[OperatorPermissions], filterset_class=None)
+    @action(detail=False, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
     def generate(self, request):
         serializer = serializers.GenerateStatementSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -166,7 +170,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
             409: CONFLICT,
         },
     )
-    @action(detail=True, methods=["post"], permission_classes=[OperatorPermissions], filterset_class=None)
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
     def finalise(self, request, pk=None):
         statement = self.get_object()
         reject_body(request)
@@ -183,7 +187,7 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
         request=serializers.AdjustmentSerializer,
         responses={201: serializers.StatementLineSerializer},
     )
-    @action(detail=True, methods=["post"], permission_classes=[OperatorPermissions], filterset_class=None)
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
     def adjust(self, request, pk=None):
         statement = self.get_object()
         serializer = serializers.AdjustmentSerializer(data=request.data)
@@ -214,7 +218,7 @@ class BillingRunViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     queryset = BillingRun.objects.order_by("-started_at", "-id")
     serializer_class = serializers.BillingRunSerializer
     filterset_class = filters.BillingRunFilter
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     ordering_fields = ["started_at"]
 
     def create(self, request, *args, **kwargs):

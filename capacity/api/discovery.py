@@ -17,7 +17,7 @@ from rest_framework.response import Response
 
 from capacity.choices import MigInstanceState, SpecKind, Tier
 from capacity.models import Cluster, DiscoveryRun, GpuCapacity, MigInstance, NodeCapacity, SpecAndCount
-from gpuaas.api import OperatorPermissions
+from gpuaas.scopes import Scope
 
 
 def _count(queryset, group_by: str):
@@ -211,7 +211,7 @@ class ClusterViewSet(viewsets.ReadOnlyModelViewSet):
     """Registered clusters with their discovery status and present node/GPU counts."""
 
     serializer_class = ClusterSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_fields = ["status"]
     ordering_fields = ["name", "last_success_at"]
 
@@ -229,7 +229,7 @@ class DiscoveryRunViewSet(viewsets.ReadOnlyModelViewSet):
     """Discovery runs, newest first: what each pass saw and why it failed."""
 
     serializer_class = DiscoveryRunSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_class = RunFilter
     queryset = DiscoveryRun.objects.select_related("cluster").order_by("-started_at", "-id")
 
@@ -238,7 +238,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     """GPU nodes (gone ones included; filter gone=false for the present fleet)."""
 
     serializer_class = NodeSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_class = NodeFilter
     ordering_fields = ["name", "gpu_product", "tier"]
 
@@ -258,7 +258,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
     """Physical GPUs as the node agents' NVML inventory reports them (lost ones kept, with lost_at)."""
 
     serializer_class = GpuSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_class = GpuFilter
     queryset = GpuCapacity.objects.select_related("node__cluster").order_by(
         "node__cluster__name", "node__name", "index"
@@ -269,7 +269,7 @@ class SpecViewSet(viewsets.ReadOnlyModelViewSet):
     """What each node offers, by extended resource; `totals` sums them for the present fleet."""
 
     serializer_class = SpecSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_class = SpecFilter
     queryset = SpecAndCount.objects.select_related("node__cluster").order_by(
         "node__cluster__name", "node__name", "kind"

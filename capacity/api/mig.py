@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from capacity.api.strict import StrictModelSerializer, reject_body
 from capacity.models import Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
 from capacity.services import mig_configs, planning
-from gpuaas.api import OperatorPermissions
+from gpuaas.scopes import Scope
 
 
 def _model_errors(instance) -> None:
@@ -69,7 +69,7 @@ class MigLayoutFilter(filters.FilterSet):
 class MigLayoutViewSet(viewsets.ModelViewSet):
     queryset = MigLayout.objects.order_by("product", "name")
     serializer_class = MigLayoutSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_class = MigLayoutFilter
     ordering_fields = ["name", "product", "updated_at"]
 
@@ -139,7 +139,7 @@ class MaintenanceWindowFilter(filters.FilterSet):
 class MaintenanceWindowViewSet(viewsets.ModelViewSet):
     queryset = MaintenanceWindow.objects.select_related("cluster").order_by("cluster_id", "node_group", "id")
     serializer_class = MaintenanceWindowSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     filterset_class = MaintenanceWindowFilter
     ordering_fields = ["id", "cluster", "node_group"]
 
@@ -185,7 +185,7 @@ class TimeSlicingPolicyViewSet(viewsets.ModelViewSet):
 
     queryset = TimeSlicingPolicy.objects.select_related("cluster").order_by("cluster_id", "node_group")
     serializer_class = TimeSlicingPolicySerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {"apply": ("capacity.change_timeslicingpolicy",)}
     filterset_class = TimeSlicingPolicyFilter
     ordering_fields = ["id", "cluster", "node_group"]
@@ -257,7 +257,7 @@ class CapacityPlanQuery(serializers.Serializer):
 class CapacityPlanView(APIView):
     """Effective slots per tier, now (discovered) and for a proposed layout or replica count."""
 
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {"get": ("capacity.view_nodecapacity",)}
 
     @extend_schema(

@@ -13,8 +13,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from capacity.models import Cluster, GpuCapacity
-from pools.roles import operator_required
 
+from ..scopes import Scope, scoped
 from . import fleet, nodes, sources
 
 REFRESH_S = 15
@@ -96,7 +96,7 @@ def urlpatterns(admin_site) -> list:
         return _json(gpu_view_data(gpu))
 
     def wrap(view):
-        return admin_site.admin_view(operator_required(*DASHBOARD_PERMISSIONS)(view))
+        return admin_site.admin_view(scoped(Scope.OPERATOR, *DASHBOARD_PERMISSIONS)(view))
 
     return [
         path("dashboard/", wrap(overview_page), name="gpuaas_dashboard"),

@@ -1,19 +1,19 @@
 """The project view for project members, outside the admin: /projects/ (login required, session auth).
 
-Scoped with pools.roles.projects_for(user): another project's page or pool is a 404, never a 403.
+Every view declares its scope with gpuaas.scopes.scoped() (sign-in enforced there); project pages
+read through pools.roles.projects_for(user): another project's page or pool is a 404, never a 403.
 """
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse, reverse_lazy
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods
 
 from capacity.models import Cluster
 from pools import roles, units
@@ -21,14 +21,17 @@ from pools.models import Allocation, ApiToken, GpuPool
 from pools.roles import projects_for
 from pools.services import revoke_token
 
+from ..scopes import Scope, scoped
 from . import projects, sources
 from .admin_views import DASHBOARD_PERMISSIONS
 from .forms import ApiTokenForm, PoolRequestForm
 
 LOGIN_URL = reverse_lazy("login")
-member_required = login_required(login_url=LOGIN_URL)
+member_required = scoped(Scope.PROJECT)  # signed in; the rows come from projects_for(user)
+own_user_required = scoped(Scope.OWN_USER)  # signed in; only request.user's rows
 
 
+@scoped(Scope.PUBLIC)
 def home(request):
     """The front door: sign in (anonymous), the GPU dashboard (operators), the project view (members)."""
     if not request.user.is_authenticated:
@@ -81,12 +84,14 @@ def _overview(request, scope, project=None):
     )
 
 
+@require_GET
 @member_required
 def project_list(request):
     """All the user's projects: their pools as cards, their requests and this month's costs."""
     return _overview(request, projects.visible_projects(request.user))
 
 
+@require_GET
 @member_required
 def project_detail(request, slug: str):
     project = _scoped_project(request.user, slug)
@@ -98,6 +103,7 @@ def _scoped_pool(user, slug: str, pk: int) -> GpuPool:
     return get_object_or_404(GpuPool.objects.select_related("project", "cluster", "request"), pk=pk, project=project)
 
 
+@require_GET
 @member_required
 def pool_detail(request, slug: str, pk: int):
     """A pool's card with two tabs: Allocation (its units by node) and Monitoring (SM activity and power)."""
@@ -116,6 +122,7 @@ def pool_detail(request, slug: str, pk: int):
     )
 
 
+@require_GET
 @never_cache
 @member_required
 def pool_series(request, slug: str, pk: int):
@@ -161,7 +168,7 @@ def _offers(draft) -> dict:
 
 
 @never_cache
-@member_required
+@own_user_required
 @require_http_methods(["GET", "POST"])
 def tokens(request):
     """The user's own API tokens: create one (its key is shown on this response only) and list them."""
@@ -175,7 +182,7 @@ def tokens(request):
 
 
 @never_cache
-@member_required
+@own_user_required
 @require_http_methods(["GET", "POST"])
 def token_revoke(request, pk: int):
     """GET asks for confirmation; POST revokes (idempotent). Another user's token is a 404."""
@@ -198,12 +205,14 @@ project_urlpatterns = [
 account_urlpatterns = [
     path(
         "accounts/login/",
-        auth_views.LoginView.as_view(
-            template_name="projects/login.html", next_page=reverse_lazy("home"), redirect_authenticated_user=True
+        scoped(Scope.PUBLIC)(
+            auth_views.LoginView.as_view(
+                template_name="projects/login.html", next_page=reverse_lazy("home"), redirect_authenticated_user=True
+            )
         ),
         name="login",
     ),
     path("accounts/tokens/", tokens, name="tokens"),
     path("accounts/tokens/<int:pk>/revoke/", token_revoke, name="token_revoke"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(next_page=LOGIN_URL), name="logout"),
+    path("accounts/logout/", scoped(Scope.PUBLIC)(auth_views.LogoutView.as_view(next_page=LOGIN_URL)), name="logout"),
 ]

@@ -4,7 +4,9 @@ Visibility: operators (staff) read everything. A project member reads the series
 instances and full GPUs their projects hold or held, and only the points inside their own
 allocation windows; time-sliced GPUs are shared, so their GPU-level series are operator-only.
 Health events are visible to the projects that held an affected unit while the event was open.
-Anything else is not found (404) or absent from lists.
+Anything else is not found (404) or absent from lists. Every view is project-scoped through
+ProjectScopedQuerysetMixin; series and health events set project_lookup = None, so the models'
+QuerySet.visible_to(user) decides.
 """
 
 from __future__ import annotations
@@ -16,21 +18,13 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.choices import SpecKind
-from gpuaas.api import ProjectScopedQuerysetMixin
+from gpuaas.permissions import ProjectScopedQuerysetMixin
 from pools.models import Allocation, GpuPool
 from pools.roles import projects_for, sees_all_projects
 
 from .. import readers
 from ..models import HealthEvent, IdleReservation, Series
 from . import filters, serializers
-
-
-class VisibleToUserMixin:
-    """Scope through the model's `visible_to(user)` queryset method: these rows reach projects
-    through allocations (a unit held for a while), not through a project foreign key."""
-
-    def get_queryset(self):
-        return super().get_queryset().visible_to(self.request.user)
 
 
 def allocation_windows(user, series: Series) -> list[readers.Window] | None:
@@ -58,7 +52,8 @@ RANGE_PARAMETERS = [
     list=extend_schema(summary="Metric series I may read (GPUs and MIG instances)"),
     retrieve=extend_schema(summary="One metric series"),
 )
-class SeriesViewSet(VisibleToUserMixin, viewsets.ReadOnlyModelViewSet):
+class SeriesViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
+    project_lookup = None  # rows reach projects through allocations: Series.objects.visible_to(user)
     queryset = Series.objects.select_related("gpu__node__cluster", "mig_instance__profile").order_by("id")
     serializer_class = serializers.SeriesSerializer
     filterset_class = filters.SeriesFilter
@@ -182,7 +177,8 @@ def open_events_of_pool(pool) -> int:
     list=extend_schema(summary="Health events on GPUs and MIG instances I may see"),
     retrieve=extend_schema(summary="One health event"),
 )
-class HealthEventViewSet(VisibleToUserMixin, viewsets.ReadOnlyModelViewSet):
+class HealthEventViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
+    project_lookup = None  # rows reach projects through allocations: HealthEvent.objects.visible_to(user)
     queryset = HealthEvent.objects.select_related("gpu__node__cluster", "mig_instance__profile").order_by(
         "-opened_at", "-id"
     )

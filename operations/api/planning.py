@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from capacity.api.strict import StrictSerializer
 from capacity.mig.catalog import get_product
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
-from gpuaas.api import OperatorPermissions
+from gpuaas.scopes import Scope
 from operations import maintenance, rebalancing
 
 
@@ -55,7 +55,7 @@ class TakeOfflineSerializer(serializers.Serializer):
 class TakeOfflineView(APIView):
     """Would the remaining capacity cover every allocation if these GPUs or nodes went down?"""
 
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {"post": ("capacity.view_nodecapacity", "pools.view_allocation")}
 
     @extend_schema(summary="Take-offline check", request=TakeOfflineRequest, responses=TakeOfflineSerializer)
@@ -103,7 +103,7 @@ class RebalanceSerializer(serializers.Serializer):
 class RebalanceView(APIView):
     """The layout to apply in the next maintenance window, from the last period's demand."""
 
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {"get": ("capacity.view_migreconfiguration",)}
 
     @extend_schema(

@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from capacity.api.strict import StrictSerializer, reject_body
 from capacity.choices import ReconfigurationBackend
 from capacity.models import FORCE_PERMISSION, MigLayout, MigReconfiguration, MigReconfigurationStep, NodeCapacity
-from gpuaas.api import OperatorPermissions
+from gpuaas.scopes import Scope
 from operations import reconfiguration as rc
 from pools.roles import operator_can
 
@@ -192,7 +192,7 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
         MigReconfiguration.objects.select_related("node").prefetch_related("steps").order_by("-created_at", "-id")
     )
     serializer_class = MigReconfigurationSerializer
-    permission_classes = [OperatorPermissions]
+    scope = Scope.OPERATOR
     operator_perms = {
         "resume": ("capacity.change_migreconfiguration",),
         "rollback": ("capacity.change_migreconfiguration",),

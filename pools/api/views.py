@@ -1,10 +1,12 @@
 """Self-service API: my projects and their members, pool requests, pools, allocations, API tokens.
 
-Visibility comes from ProjectScopedQuerysetMixin (gpuaas/api.py): another project's object is not
-found (404). What a visible object allows depends on the caller's role there: viewers read, members
+Visibility comes from ProjectScopedQuerysetMixin (gpuaas/permissions.py, the API's one choke point): another
+project's object is not found (404).
+What a visible object allows depends on the caller's role there: viewers read, members
 request capacity, project admins also manage members and release; operators (staff holding the
 model permissions, e.g. the Operators group) do what their permissions say, and only they approve,
-reject (pools.approve_poolrequest) and retry (pools.change_gpupool). A refused action on a visible
+reject (pools.approve_poolrequest) and retry (pools.change_gpupool): those actions declare
+scope=Scope.OPERATOR. A refused action on a visible
 object is a 403 and changes nothing. Illegal state changes and capacity shortages are 409 (DomainError).
 """
 
@@ -17,11 +19,11 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from capacity.api.strict import reject_body
-from gpuaas.api import ProjectScopedQuerysetMixin
+from gpuaas.permissions import OwnUserQuerysetMixin, ProjectScopedQuerysetMixin
+from gpuaas.scopes import Scope
 
 from .. import roles, services
 from ..exceptions import DomainError
@@ -45,14 +47,11 @@ class DomainErrorsAs409:
 
 
 def require_project_perm(user, project_id: int, perm: str, message: str) -> None:
-    """403 unless `user` holds `perm` on the project, or globally as an operator (roles.projects_for)."""
+    """403 unless `user`'s role on a project they can see allows `perm` (or an operator holds it globally).
+
+    Not a second scope check: the object was found through the scoped queryset; this is what the role allows.
+    """
     if not roles.projects_for(user, perm).filter(pk=project_id).exists():
-        raise exceptions.PermissionDenied(message)
-
-
-def require_operator(user, message: str, *perms: str) -> None:
-    """403 unless `user` is an operator holding the model permissions `perms` (roles.operator_can)."""
-    if not roles.operator_can(user, *perms):
         raise exceptions.PermissionDenied(message)
 
 
@@ -173,6 +172,7 @@ class PoolRequestViewSet(
     serializer_class = serializers.PoolRequestSerializer
     filterset_class = filters.PoolRequestFilter
     ordering_fields = ["created_at", "id", "state", "start_at", "end_at"]
+    operator_perms = {"approve": ("pools.approve_poolrequest",), "reject": ("pools.approve_poolrequest",)}
 
     def get_queryset(self):
         queryset = super().get_queryset()
@@ -233,10 +233,9 @@ class PoolRequestViewSet(
         request=serializers.ApproveSerializer,
         responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
     )
-    @action(detail=True, methods=["post"], filterset_class=None)
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
     def approve(self, request, pk=None):
         obj = self.get_object()
-        require_operator(request.user, "Only operators approve requests.", "pools.approve_poolrequest")
         data = self._reason(serializers.ApproveSerializer)
         services.approve(obj, actor=request.user, reason=data["reason"], cluster=data.get("cluster"))
         return Response(self._detail(obj))
@@ -246,10 +245,9 @@ class PoolRequestViewSet(
         request=serializers.RejectSerializer,
         responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
     )
-    @action(detail=True, methods=["post"], filterset_class=None)
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
     def reject(self, request, pk=None):
         obj = self.get_object()
-        require_operator(request.user, "Only operators reject requests.", "pools.approve_poolrequest")
         services.reject(obj, actor=request.user, reason=self._reason(serializers.RejectSerializer)["reason"])
         return Response(self._detail(obj))
 
@@ -277,6 +275,7 @@ class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.Rea
     serializer_class = serializers.GpuPoolSerializer
     filterset_class = filters.GpuPoolFilter
     ordering_fields = ["created_at", "id", "name", "state"]
+    operator_perms = {"retry": ("pools.change_gpupool",)}
 
     def get_queryset(self):
         return super().get_queryset().with_card()
@@ -286,11 +285,10 @@ class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.Rea
         request=None,
         responses={200: serializers.GpuPoolSerializer, 409: CONFLICT},
     )
-    @action(detail=True, methods=["post"], filterset_class=None)
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
     def retry(self, request, pk=None):
         pool = self.get_object()
         reject_body(request)
-        require_operator(request.user, "Only operators retry provisioning.", "pools.change_gpupool")
         services.retry_provisioning(pool, actor=request.user)
         return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
 
@@ -319,6 +317,7 @@ class AllocationViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSe
     destroy=extend_schema(summary="Revoke one of my API tokens"),
 )
 class ApiTokenViewSet(
+    OwnUserQuerysetMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
@@ -329,12 +328,11 @@ class ApiTokenViewSet(
 
     queryset = ApiToken.objects.all()
     serializer_class = serializers.ApiTokenSerializer
-    permission_classes = [IsAuthenticated]
     filterset_class = None
     ordering_fields = ["created_at", "id"]
 
     def get_queryset(self):
-        return super().get_queryset().filter(user=self.request.user).order_by("-created_at", "-id")
+        return super().get_queryset().order_by("-created_at", "-id")
 
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
