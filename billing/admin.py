@@ -21,7 +21,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from pools.roles import operator_can
+from tenancy.roles import operator_can
 
 from . import exports, services
 from .choices import RunKind, StatementState

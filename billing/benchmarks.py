@@ -154,7 +154,8 @@ class _World:
 
     def build(self, *, allocations: int, projects: int) -> None:
         from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
-        from pools.models import Allocation, GpuPool, PoolRequest, Project
+        from pools.models import Allocation, GpuPool, PoolRequest
+        from tenancy.models import Project
 
         with transaction.atomic():
             cluster = Cluster.objects.create(name=f"bench-billing-{self.tag}", kubeconfig_path="/dev/null")

@@ -49,7 +49,8 @@ from django.utils import timezone
 from capacity.choices import SpecKind
 from gpuaas.leases import crash_point
 from pools.choices import PoolState, RequestState
-from pools.models import Allocation, GpuPool, PoolRequestTransition, Project
+from pools.models import Allocation, GpuPool, PoolRequestTransition
+from tenancy.models import Project
 
 from . import measurements, rates
 from .choices import LineType, RunKind, RunStatus, StatementState

@@ -25,7 +25,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from gpuaas.admin_permissions import OperatorActionsMixin
-from pools.roles import require_operator_perms
+from tenancy.roles import require_operator_perms
 
 from .adapters import kubernetes as kube
 from .choices import ReconfigurationBackend

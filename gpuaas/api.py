@@ -24,7 +24,7 @@ class ProjectScopedQuerysetMixin:
     project_lookup = "project"
 
     def get_queryset(self):
-        from pools.roles import project_ids_for
+        from tenancy.roles import project_ids_for
 
         queryset = super().get_queryset()
         ids = project_ids_for(self.request.user)
@@ -41,7 +41,7 @@ class OperatorPermissions(BasePermission):
     POST `add_`, PUT/PATCH `change_`, DELETE `delete_` of the view's queryset model. A view sets
     `operator_perms = {"<action or method>": ("app.codename", ...)}` for custom actions and for
     APIViews without a model. Staff without the permission get 403; anonymous callers 401.
-    The Operators group (pools.roles.operators_group) holds every operator permission.
+    The Operators group (tenancy.roles.operators_group) holds every operator permission.
     """
 
     message = "Operators only: your account lacks the permission this action needs (the Operators group has it)."
@@ -72,6 +72,6 @@ class OperatorPermissions(BasePermission):
         return (f"{model._meta.app_label}.{verb}_{model._meta.model_name}",)
 
     def has_permission(self, request, view) -> bool:
-        from pools.roles import operator_can
+        from tenancy.roles import operator_can
 
         return operator_can(request.user, *self.required(request, view))

@@ -29,9 +29,10 @@ from capacity.services.discovery import INVENTORY_INLINE, discover_cluster
 from gpuaas.celery import node_queue
 from pools import services as pool_services
 from pools.choices import Isolation, RequestState, WorkloadType
-from pools.models import Allocation, GpuPool, PoolRequest, Project
+from pools.models import Allocation, GpuPool, PoolRequest
 from pools.provisioning import provision_pool
-from pools.roles import operators_group, set_role
+from tenancy.models import Project
+from tenancy.roles import operators_group, set_role
 
 OPERATOR = ("operator", os.environ.get("GPUAAS_DEMO_OPERATOR_PASSWORD", "operator-demo-pw"))
 MEMBER = ("member", os.environ.get("GPUAAS_DEMO_MEMBER_PASSWORD", "member-demo-pw"))

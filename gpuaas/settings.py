@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "guardian",
     "axes",
+    "tenancy",
     "capacity",
     "pools",
     "billing",
@@ -179,7 +180,7 @@ X_FRAME_OPTIONS = "DENY"
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "pools.authentication.ApiTokenAuthentication",
+        "tenancy.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -233,8 +234,7 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"sqla+sqlite:///{EMBEDDED_BROK
 _BROKER_SCHEMES = {"sqla+sqlite", "redis", "rediss", "memory"}
 if CELERY_BROKER_URL.split("://")[0] not in _BROKER_SCHEMES:
     raise ConfigurationError(
-        "CELERY_BROKER_URL must be redis://, rediss:// or sqla+sqlite:///PATH (embedded), "
-        f"got {CELERY_BROKER_URL!r}"
+        f"CELERY_BROKER_URL must be redis://, rediss:// or sqla+sqlite:///PATH (embedded), got {CELERY_BROKER_URL!r}"
     )
 CELERY_LONGEST_TASK_S = 30 * 60
 if CELERY_BROKER_URL.startswith("sqla+sqlite://"):
@@ -353,7 +353,7 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
     {
         "RequestStateEnum": "pools.choices.RequestState",
         "PoolStateEnum": "pools.choices.PoolState",
-        "RoleEnum": "pools.choices.Role",
+        "RoleEnum": "tenancy.choices.Role",
         "SpecKindEnum": "capacity.choices.SpecKind",
     }
 )

@@ -303,7 +303,8 @@ class Bench:
         from monitoring.models import RollupRun, Sample
         from monitoring.services.ingest import ingest_samples
         from monitoring.services.rollups import rollup_5m
-        from pools.models import Allocation, GpuPool, PoolRequest, Project
+        from pools.models import Allocation, GpuPool, PoolRequest
+        from tenancy.models import Project
 
         chosen = self.mig_series[:n_series]
         end = start + timedelta(hours=24)

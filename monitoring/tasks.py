@@ -116,8 +116,8 @@ def reconcile_project_task(project_id: int, cluster_id: int) -> bool:
     """After a single unit was released: make the project's quota and labels match (idempotent)."""
     from capacity.adapters.kubernetes import KubernetesError
     from capacity.models import Cluster
-    from pools.models import Project
     from pools.provisioning import reconcile
+    from tenancy.models import Project
 
     project = Project.objects.filter(pk=project_id).first()
     cluster = Cluster.objects.filter(pk=cluster_id).first()

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
-from pools.roles import operator_can
+from tenancy.roles import operator_can
 
 from .exposition import exposition
 

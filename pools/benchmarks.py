@@ -74,10 +74,11 @@ def build_api_world(projects: int, user_projects: int, *, stdout=None) -> dict:
     from django.contrib.auth.models import Group, Permission
 
     from capacity.models import Cluster, GpuCapacity, NodeCapacity
+    from tenancy.choices import Role
+    from tenancy.models import ApiToken, Project, ProjectGroupObjectPermission
+    from tenancy.roles import ROLE_PERMISSIONS, group_name
 
-    from .choices import Role
-    from .models import Allocation, ApiToken, GpuPool, PoolRequest, Project, ProjectGroupObjectPermission
-    from .roles import ROLE_PERMISSIONS, group_name
+    from .models import Allocation, GpuPool, PoolRequest
 
     started = time.perf_counter()
     User = get_user_model()
@@ -86,7 +87,7 @@ def build_api_world(projects: int, user_projects: int, *, stdout=None) -> dict:
         [Project(name=f"Project {i}", slug=f"p{i:05d}", namespace=f"p{i:05d}") for i in range(projects)], batch
     )
     perms = {
-        p.codename: p for p in Permission.objects.filter(content_type__app_label="pools", content_type__model="project")
+        p.codename: p for p in Permission.objects.filter(content_type__app_label="tenancy", content_type__model="project")
     }
     # Every project has an admin group; the member's projects also a member group (role_group's shape).
     groups = Group.objects.bulk_create(
@@ -294,8 +295,9 @@ def build_approval_world(requests: int, units: int) -> list[int]:
     from django.contrib.auth import get_user_model
 
     from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
+    from tenancy.models import Project
 
-    from .models import PoolRequest, Project
+    from .models import PoolRequest
 
     user = get_user_model().objects.create_user("bench-requester")
     cluster = Cluster.objects.create(name="bench", kubeconfig_path="/dev/null")

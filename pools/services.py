@@ -21,11 +21,12 @@ from django.utils import timezone
 
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
 from gpuaas.leases import lease_until
+from tenancy.models import Project
 
 from . import specs, units
 from .choices import PoolState, RequestState
 from .exceptions import DomainError, IllegalTransition, InsufficientCapacity
-from .models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition, Project
+from .models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
 
 logger = logging.getLogger(__name__)
 
@@ -360,14 +361,6 @@ def pools_awaiting_cleanup(*, older_than_s: int = 300):
     """Released pools whose Kubernetes clean-up has not succeeded yet (for the periodic sweep)."""
     cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
     return GpuPool.objects.filter(released_at__lte=cutoff, deprovisioned_at__isnull=True)
-
-
-# --- API tokens ----------------------------------------------------------------------------------
-
-
-def revoke_token(token: ApiToken) -> bool:
-    """Revoke a token; False if it was revoked already (idempotent)."""
-    return ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
 
 
 def claim_provisioning(pool: GpuPool, *, token: str, task_id: str = "") -> bool:

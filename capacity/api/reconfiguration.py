@@ -41,7 +41,7 @@ from capacity.models import (
 from capacity.services import maintenance, mig_configs, planning
 from capacity.services import reconfiguration as rc
 from gpuaas.api import OperatorPermissions
-from pools.roles import operator_can
+from tenancy.roles import operator_can
 
 
 class Conflict(exceptions.APIException):

@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from capacity.models import Cluster, GpuCapacity
-from pools.roles import operator_required
+from tenancy.roles import operator_required
 
 from . import fleet, nodes, sources
 

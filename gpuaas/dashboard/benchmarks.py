@@ -22,7 +22,8 @@ LAYOUT = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))
 
 def _build(nodes: int) -> None:
     from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity, WorkloadProfile
-    from pools.models import Allocation, GpuPool, PoolRequest, Project
+    from pools.models import Allocation, GpuPool, PoolRequest
+    from tenancy.models import Project
 
     cluster = Cluster.objects.create(name=CLUSTER, kubeconfig_path="/dev/null", status="ok")
     project, _ = Project.objects.get_or_create(slug="bench", defaults={"name": "Bench", "namespace": "bench"})

@@ -421,7 +421,7 @@ def month_costs(project_ids: list[int] | None = None) -> dict:
     from billing.choices import LineType
     from billing.periods import month_start
     from billing.services import draft_lines
-    from pools.models import Project
+    from tenancy.models import Project
 
     period = month_start(timezone.now())
     totals: dict[int, dict] = {}

@@ -5,7 +5,7 @@ from django.contrib.admin import helpers
 from django.urls import reverse
 
 from pools.models import GpuPool, PoolRequest
-from pools.roles import role_of
+from tenancy.roles import role_of
 
 pytestmark = pytest.mark.django_db
 QUEUE = reverse("admin:pools_poolrequest_changelist")
@@ -83,7 +83,7 @@ def test_pool_pages_and_retry_action(admin_client, fleet, make_request, operator
 
 
 def test_membership_page_sets_roles(admin_client, project, bob, django_user_model):
-    url = reverse("admin:pools_project_members", args=[project.pk])
+    url = reverse("admin:tenancy_project_members", args=[project.pk])
     page = admin_client.get(url)
     assert page.status_code == 200 and b"bob" in page.content
     dana = django_user_model.objects.create_user("dana")
