@@ -116,10 +116,11 @@ def legend_html() -> SafeString:
 
 def gpu_picture(gpu) -> SafeString:
     """The picture of one GpuCapacity row as discovered: active instances, allocated ones solid."""
-    from pools.models import Allocation
-
-    instances = list(gpu.mig_layout())
-    held = set(Allocation.objects.active().filter(mig_instance__in=instances).values_list("mig_instance_id", flat=True))
+    layout = gpu.mig_layout()
+    instances = list(layout)
+    # Held = an unreleased allocation on it, read through the reverse relation: capacity imports no
+    # app above it (the pools app owns Allocation and its rules).
+    held = set(layout.filter(allocations__released_at__isnull=True).values_list("pk", flat=True))
     placements = [
         {
             "profile": i.profile.name,

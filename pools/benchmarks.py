@@ -87,7 +87,8 @@ def build_api_world(projects: int, user_projects: int, *, stdout=None) -> dict:
         [Project(name=f"Project {i}", slug=f"p{i:05d}", namespace=f"p{i:05d}") for i in range(projects)], batch
     )
     perms = {
-        p.codename: p for p in Permission.objects.filter(content_type__app_label="tenancy", content_type__model="project")
+        p.codename: p
+        for p in Permission.objects.filter(content_type__app_label="tenancy", content_type__model="project")
     }
     # Every project has an admin group; the member's projects also a member group (role_group's shape).
     groups = Group.objects.bulk_create(

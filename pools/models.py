@@ -18,6 +18,7 @@ from django.utils import timezone
 from capacity.choices import SpecKind, Tier
 from tenancy.models import Project
 
+from .cards import utilisation_expression
 from .choices import Isolation, PoolState, RequestState, WorkloadType
 
 
@@ -144,8 +145,6 @@ class GpuPoolQuerySet(models.QuerySet):
         Correlated subqueries rather than JOIN + COUNT(DISTINCT): the joins would multiply rows by
         allocations x workloads, and each subquery reads one pool's handful of allocations by index.
         """
-        from .cards import utilisation_expression
-
         active = Allocation.objects.active().filter(pool=models.OuterRef("pk")).order_by()
         busy = active.in_use()
 
