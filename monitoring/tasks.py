@@ -109,22 +109,3 @@ def evict_over_share_task(violation_id: int) -> str | None:
     from monitoring.services.timeslice import evict_over_share
 
     return evict_over_share(violation_id)
-
-
-@shared_task(acks_late=True)
-def reconcile_project_task(project_id: int, cluster_id: int) -> bool:
-    """After a single unit was released: make the project's quota and labels match (idempotent)."""
-    from capacity.adapters.kubernetes import KubernetesError
-    from capacity.models import Cluster
-    from pools.provisioning import reconcile
-    from tenancy.models import Project
-
-    project = Project.objects.filter(pk=project_id).first()
-    cluster = Cluster.objects.filter(pk=cluster_id).first()
-    if project is None or cluster is None:
-        return False
-    try:
-        reconcile(project, cluster)
-    except KubernetesError as exc:
-        raise reconcile_project_task.retry(exc=exc, countdown=60, max_retries=5) from None
-    return True
