@@ -16,6 +16,8 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from capacity.choices import SpecKind
+from pools.models import Allocation
+from tenancy.roles import projects_for, sees_all_projects
 
 from .choices import HealthLevel, HealthRule, IdleProposal, IdleState, MetricSource, RollupLevel, ShareState
 
@@ -29,9 +31,6 @@ class RealField(models.FloatField):
 
 def _allocations_of(user):
     """Allocations (any time) of the projects `user` may view, as a queryset usable in subqueries."""
-    from pools.models import Allocation
-    from tenancy.roles import projects_for
-
     return Allocation.objects.filter(project__in=projects_for(user).values("pk"))
 
 
@@ -48,8 +47,6 @@ class SeriesQuerySet(models.QuerySet):
         Time-sliced GPUs are shared between projects, so their GPU-level series are operator-only.
         Points outside the allocation windows are removed by the readers (monitoring/readers.py).
         """
-        from tenancy.roles import sees_all_projects
-
         if sees_all_projects(user):
             return self
         allocations = _allocations_of(user)
@@ -317,8 +314,6 @@ class HealthEventQuerySet(models.QuerySet):
         A GPU-level event (no MIG instance) concerns every project holding any unit on that GPU; a
         MIG-level event only the project holding that instance. One EXISTS subquery, no JOIN fan-out.
         """
-        from tenancy.roles import sees_all_projects
-
         if sees_all_projects(user):
             return self
         overlapping = _allocations_of(user).filter(
@@ -392,8 +387,6 @@ class IdleReservationQuerySet(models.QuerySet):
         return self.filter(state=IdleState.OPEN)
 
     def visible_to(self, user):
-        from tenancy.roles import projects_for, sees_all_projects
-
         if sees_all_projects(user):
             return self
         return self.filter(allocation__project__in=projects_for(user).values("pk"))

@@ -14,6 +14,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from capacity.models import Cluster, NodeCapacity
 from gpuaas.celery import node_queue
 
 
@@ -24,7 +25,6 @@ def _slot_time(slot: int | None) -> datetime | None:
 @shared_task(acks_late=True)
 def poll_metrics_task() -> dict[str, int]:
     """Beat: queue this period's NVML polls (per node) and DCGM scrapes (per cluster)."""
-    from capacity.models import Cluster, NodeCapacity
     from monitoring.services.collect import poll_slot
 
     slot = int(poll_slot().timestamp())

@@ -16,6 +16,7 @@ from django.db.models.lookups import LessThan
 from django.utils import timezone
 
 from capacity.choices import SpecKind, Tier
+from capacity.models import WorkloadProfile
 from tenancy.models import Project
 
 from .cards import utilisation_expression
@@ -246,8 +247,6 @@ class AllocationQuerySet(models.QuerySet):
         is counted per (project, node, resource): when the project runs N such devices on that node,
         its first N units there (in allocation order) are in use.
         """
-        from capacity.models import WorkloadProfile
-
         here = {
             "project": models.OuterRef("project"),
             "resource_name": models.OuterRef("resource_name"),

@@ -23,6 +23,7 @@ from django.db.models import Q
 
 from capacity.adapters import kubernetes as kube
 from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
+from tenancy.models import Project
 
 from . import bulk
 
@@ -97,8 +98,6 @@ class DeviceResolver:
 
 def sync_workloads(cluster: Cluster, pods: list[kube.Pod], node_ids: dict[str, int], now: datetime) -> WorkloadResult:
     """Mirror the cluster's GPU pods into WorkloadProfile rows; `pods` must be the complete list."""
-    from tenancy.models import Project
-
     result = WorkloadResult()
     desired: dict[tuple[str, str], tuple[kube.Pod, int, list[str]]] = {}
     for pod in pods:
