@@ -40,7 +40,7 @@ class ProjectAdmin(GuardedModelAdmin):
     def get_queryset(self, request):
         # A Subquery, not JOIN + COUNT: the changelist stays one row per project however many pools.
         # Pools are read through Project's reverse relation (`pools`, the pools app's GpuPool): tenancy
-        # is the bottom layer and imports no app; unreleased pools are the held ones (GpuPool...held()).
+        # is the bottom layer and imports no app. Held = not released, as GpuPool.objects.held().
         held = (
             Project.objects.filter(pk=OuterRef("pk"), pools__released_at__isnull=True)
             .order_by()
