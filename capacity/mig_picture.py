@@ -119,8 +119,9 @@ def gpu_picture(gpu) -> SafeString:
     layout = gpu.mig_layout()
     instances = list(layout)
     # Held = an unreleased allocation on it, read through the reverse relation: capacity imports no
-    # app above it (the pools app owns Allocation and its rules).
-    held = set(layout.filter(allocations__released_at__isnull=True).values_list("pk", flat=True))
+    # app above it. One filter() call, so both conditions apply to the same allocation (inner join).
+    active = layout.filter(allocations__isnull=False, allocations__released_at__isnull=True)
+    held = set(active.values_list("pk", flat=True))
     placements = [
         {
             "profile": i.profile.name,
