@@ -24,6 +24,7 @@ lint: $(STAMP)
 # Development targets run with DEBUG=1 (production defaults are safe: DEBUG off needs SECRET_KEY etc.).
 # `manage.py demo` sets DEBUG=1 and per-install keys itself (gpuaas/demo_env.py); pytest uses gpuaas.settings_test.
 test: $(STAMP) lint
+	$(VENV)/bin/lint-imports
 	DEBUG=1 $(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
 

@@ -32,7 +32,8 @@ from billing.rates import spec_key
 from billing.services import PriceBook
 from capacity.choices import SpecKind
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
-from pools.models import Allocation, GpuPool, PoolRequest, Project
+from pools.models import Allocation, GpuPool, PoolRequest
+from tenancy.models import Project
 
 from .registry import arg, benchmark
 

@@ -17,7 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity, WorkloadProfile
 from gpuaas.dashboard.fleet import overview
 from gpuaas.dashboard.nodes import node_view
-from pools.models import Allocation, GpuPool, PoolRequest, Project
+from pools.models import Allocation, GpuPool, PoolRequest
+from tenancy.models import Project
 
 from .registry import arg, benchmark
 

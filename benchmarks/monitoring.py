@@ -33,7 +33,8 @@ from monitoring.choices import RollupLevel
 from monitoring.models import SAMPLE_COLUMNS, SAMPLE_PG_TYPES, Rollup1h, Rollup5m, RollupRun, Sample, Series
 from monitoring.services.ingest import ingest_samples
 from monitoring.services.rollups import rollup_1h, rollup_5m
-from pools.models import Allocation, GpuPool, PoolRequest, Project
+from pools.models import Allocation, GpuPool, PoolRequest
+from tenancy.models import Project
 
 from .registry import arg, benchmark
 

@@ -35,10 +35,11 @@ from waitress import create_server
 
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
 from pools import services
-from pools.choices import Role
 from pools.exceptions import DomainError, InsufficientCapacity
-from pools.models import Allocation, ApiToken, GpuPool, PoolRequest, Project, ProjectGroupObjectPermission
-from pools.roles import ROLE_PERMISSIONS, group_name
+from pools.models import Allocation, GpuPool, PoolRequest
+from tenancy.choices import Role
+from tenancy.models import ApiToken, Project, ProjectGroupObjectPermission
+from tenancy.roles import ROLE_PERMISSIONS, group_name
 
 from .loadgen import hammer
 from .registry import arg, benchmark
@@ -93,7 +94,8 @@ def build_api_world(projects: int, user_projects: int, *, stdout=None) -> dict:
         [Project(name=f"Project {i}", slug=f"p{i:05d}", namespace=f"p{i:05d}") for i in range(projects)], batch
     )
     perms = {
-        p.codename: p for p in Permission.objects.filter(content_type__app_label="pools", content_type__model="project")
+        p.codename: p
+        for p in Permission.objects.filter(content_type__app_label="tenancy", content_type__model="project")
     }
     # Every project has an admin group; the member's projects also a member group (role_group's shape).
     groups = Group.objects.bulk_create(

@@ -17,7 +17,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 from django.utils.functional import cached_property
 
-from pools.roles import operator_can
+from tenancy.roles import operator_can
 
 from . import backends, charts, exports, services
 from .choices import RunKind, StatementState

@@ -29,6 +29,9 @@ from fractions import Fraction
 
 from django.db.models import Q
 
+from monitoring.choices import HealthLevel, RollupLevel
+from monitoring.models import HealthEvent, Rollup1h, RollupRun, Series
+
 HOUR = timedelta(hours=1)
 SM_PLACES = Decimal("0.0001")
 KWH_PLACES = Decimal("0.000001")
@@ -53,31 +56,15 @@ class Measured:
 HealthKey = tuple[int, int | None]
 
 
-def source_ready() -> bool:
-    """True when monitoring's rollups can be read (showback refreshes are skipped otherwise)."""
-    try:
-        from monitoring.models import Rollup1h  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def final_until() -> datetime | None:
     """Hourly rollups of buckets before this instant are final (monitoring's RollupRun); None = none yet."""
-    if not source_ready():
-        return None
-    from monitoring.choices import RollupLevel
-    from monitoring.models import RollupRun
-
     return RollupRun.objects.filter(level=RollupLevel.HOUR).values_list("complete_until", flat=True).first()
 
 
 def measured_use(units: list[MeteredUnit], hour: datetime) -> dict[int, Measured]:
     """Average SM activity and energy of each unit over one hour, from monitoring's hourly rollups."""
-    if not units or not source_ready():
+    if not units:
         return {}
-    from monitoring.models import Rollup1h, Series
-
     final = final_until()
     if final is None or hour >= final:
         return {}
@@ -137,11 +124,6 @@ def critical_health_windows(gpu_ids, start: datetime, end: datetime) -> dict[Hea
     so the meter asks for all of them rather than sending thousands of ids).
     """
     if gpu_ids is not None and not gpu_ids:
-        return {}
-    try:
-        from monitoring.choices import HealthLevel
-        from monitoring.models import HealthEvent
-    except ImportError:
         return {}
     events = HealthEvent.objects.filter(level=HealthLevel.CRITICAL, opened_at__lt=end).filter(
         Q(resolved_at__isnull=True) | Q(resolved_at__gt=start)

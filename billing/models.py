@@ -167,7 +167,9 @@ class UsageRecord(models.Model):
     # (hour, allocation) unique, allocation, (project, hour), and a partial one for credited rows.
     allocation = models.ForeignKey("pools.Allocation", on_delete=models.PROTECT, related_name="usage_records")
     hour = models.DateTimeField(help_text="Start of the UTC hour.")
-    project = models.ForeignKey("pools.Project", on_delete=models.PROTECT, related_name="usage_records", db_index=False)
+    project = models.ForeignKey(
+        "tenancy.Project", on_delete=models.PROTECT, related_name="usage_records", db_index=False
+    )
     pool = models.ForeignKey("pools.GpuPool", on_delete=models.PROTECT, related_name="usage_records", db_index=False)
     kind = models.CharField(max_length=16, choices=SpecKind)
     product = models.CharField(max_length=32)
@@ -275,7 +277,7 @@ class Statement(models.Model):
         "finalised_at",
     )
 
-    project = models.ForeignKey("pools.Project", on_delete=models.PROTECT, related_name="statements")
+    project = models.ForeignKey("tenancy.Project", on_delete=models.PROTECT, related_name="statements")
     period = models.DateField(help_text="First day of the month (UTC).")
     state = models.CharField(max_length=16, choices=StatementState, default=StatementState.DRAFT, editable=False)
     currency = models.CharField(max_length=3, default=billing_currency, editable=False)

@@ -116,10 +116,12 @@ def legend_html() -> SafeString:
 
 def gpu_picture(gpu) -> SafeString:
     """The picture of one GpuCapacity row as discovered: active instances, allocated ones solid."""
-    from pools.models import Allocation
-
-    instances = list(gpu.mig_layout())
-    held = set(Allocation.objects.active().filter(mig_instance__in=instances).values_list("mig_instance_id", flat=True))
+    layout = gpu.mig_layout()
+    instances = list(layout)
+    # Held = an unreleased allocation on it, read through the reverse relation: capacity imports no
+    # app above it. One filter() call, so both conditions apply to the same allocation (inner join).
+    active = layout.filter(allocations__isnull=False, allocations__released_at__isnull=True)
+    held = set(active.values_list("pk", flat=True))
     placements = [
         {
             "profile": i.profile.name,

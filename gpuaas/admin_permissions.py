@@ -3,12 +3,12 @@
 Django runs an action only if the user passes every `has_<name>_permission(request)` named in the
 action's `permissions=[...]`. The read-only consoles (mirrors, health events, reconfigurations)
 return False from has_change_permission so that no form edits their rows; their actions name
-"operate" instead, which asks for the model's change permission through pools.roles.operator_can.
+"operate" instead, which asks for the model's change permission through tenancy.roles.operator_can.
 """
 
 from __future__ import annotations
 
-from pools.roles import operator_can
+from tenancy.roles import operator_can
 
 
 class OperatorActionsMixin:

@@ -23,15 +23,21 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from billing.services import close_month, meter_usage, previous_period, seed_default_card
 from capacity.models import Cluster, GpuCapacity, MigLayout, NodeCapacity
 from capacity.services.clusters import register_cluster
 from capacity.services.discovery import INVENTORY_INLINE, discover_cluster
 from gpuaas.celery import node_queue
+from monitoring.models import HealthEvent, IdleReservation
+from monitoring.services.collect import UnitSample, poll_node, poll_slot, write_samples
+from monitoring.services.idle import detect_idle
+from monitoring.services.rollups import run_rollups
 from pools import services as pool_services
 from pools.choices import Isolation, RequestState, WorkloadType
-from pools.models import Allocation, GpuPool, PoolRequest, Project
+from pools.models import Allocation, GpuPool, PoolRequest
 from pools.provisioning import provision_pool
-from pools.roles import operators_group, set_role
+from tenancy.models import Project
+from tenancy.roles import operators_group, set_role
 
 OPERATOR = ("operator", os.environ.get("GPUAAS_DEMO_OPERATOR_PASSWORD", "operator-demo-pw"))
 MEMBER = ("member", os.environ.get("GPUAAS_DEMO_MEMBER_PASSWORD", "member-demo-pw"))
@@ -204,9 +210,6 @@ def _sim_fault(cluster: Cluster, payload: dict) -> None:
 
 
 def _health(clusters) -> None:
-    from monitoring.models import HealthEvent
-    from monitoring.services.collect import poll_node
-
     prod = clusters.get("prod")
     if prod is None or HealthEvent.objects.exists():
         return
@@ -238,11 +241,6 @@ def _history(projects) -> None:
     over the last day runs into the first live poll without a step. Units held with nothing running
     on them read near idle, so the idle report has cases.
     """
-    from monitoring.models import IdleReservation
-    from monitoring.services.collect import UnitSample, poll_slot, write_samples
-    from monitoring.services.idle import detect_idle
-    from monitoring.services.rollups import run_rollups
-
     if IdleReservation.objects.exists():
         return
     allocations = Allocation.objects.active().filter(project__in=projects.values())
@@ -275,8 +273,6 @@ def _history(projects) -> None:
 
 
 def _billing() -> None:
-    from billing.services import close_month, meter_usage, previous_period, seed_default_card
-
     seed_default_card()
     meter_usage()
     close_month(previous_period())

@@ -11,7 +11,7 @@ Imported by DRF's settings, so this module must not import rest_framework.views 
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-from pools.roles import operator_can, project_ids_for
+from tenancy.roles import operator_can, project_ids_for
 
 from .scopes import Scope, is_signed_in
 
@@ -57,7 +57,7 @@ class OperatorPermissions(BasePermission):
     POST `add_`, PUT/PATCH `change_`, DELETE `delete_` of the view's queryset model. A view sets
     `operator_perms = {"<action or method>": ("app.codename", ...)}` for custom actions and for
     APIViews without a model. Staff without the permission get 403; anonymous callers 401.
-    The Operators group (pools.roles.operators_group) holds every operator permission.
+    The Operators group (tenancy.roles.operators_group) holds every operator permission.
     """
 
     message = "Operators only: your account lacks the permission this action needs (the Operators group has it)."

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 
-from pools.roles import operator_can, require_operator_perms
+from tenancy.roles import operator_can, require_operator_perms
 
 
 class Scope:
@@ -38,7 +38,7 @@ def scoped(scope: str, *perms: str, credential=None, refused=None):
     """Declare and enforce a plain view's scope (the plain-view half of the choke point).
 
     PROJECT, OWN_USER and SIGNED_IN send anonymous callers to the sign-in page; the view then reads
-    its rows through pools.roles.projects_for / `user=request.user`, so another project's page is a
+    its rows through tenancy.roles.projects_for / `user=request.user`, so another project's page is a
     404. OPERATOR needs operator_can(user, *perms) (403 otherwise); `credential(request)` checks an
     alternative one (the /metrics scrape token): True or False decides, None means none was presented.
     `refused(request)`, when given, answers a refused caller instead of the 403. PUBLIC checks

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "guardian",
     "axes",
+    "tenancy",
     "capacity",
     "pools",
     "operations",
@@ -180,7 +181,7 @@ X_FRAME_OPTIONS = "DENY"
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "pools.authentication.ApiTokenAuthentication",
+        "tenancy.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gpuaas.permissions.DeclaredScope"],  # refuses a view that declares no scope
@@ -219,7 +220,7 @@ SPECTACULAR_SETTINGS = {
         "ReconfigurationEventEnum": "capacity.choices.ReconfigurationEvent",
         "RequestStateEnum": "pools.choices.RequestState",
         "PoolStateEnum": "pools.choices.PoolState",
-        "RoleEnum": "pools.choices.Role",
+        "RoleEnum": "tenancy.choices.Role",
         "StatementStateEnum": "billing.choices.StatementState",
         "LineTypeEnum": "billing.choices.LineType",
         "BillingRunKindEnum": "billing.choices.RunKind",

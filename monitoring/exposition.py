@@ -13,6 +13,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from capacity.models import GpuCapacity
+from pools.models import Allocation, GpuPool
 
 from . import readers
 from .adapters.prometheus import Gauge, render
@@ -23,8 +24,6 @@ POOL_LABELS = ("cluster", "project", "pool")
 
 
 def gauges(*, now=None) -> list[Gauge]:
-    from pools.models import Allocation, GpuPool
-
     now = now or timezone.now()
     pools = list(
         GpuPool.objects.filter(released_at__isnull=True)

@@ -18,6 +18,8 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from capacity.choices import SpecKind
+from pools.models import Allocation
+from tenancy.roles import projects_for, sees_all_projects
 
 from .choices import HealthLevel, HealthRule, IdleProposal, IdleState, MetricSource, RollupLevel, ShareState
 
@@ -31,9 +33,6 @@ class RealField(models.FloatField):
 
 def _allocations_of(user):
     """Allocations (any time) of the projects `user` may view, as a queryset usable in subqueries."""
-    from pools.models import Allocation
-    from pools.roles import projects_for
-
     return Allocation.objects.filter(project__in=projects_for(user).values("pk"))
 
 
@@ -50,8 +49,6 @@ class SeriesQuerySet(models.QuerySet):
         Time-sliced GPUs are shared between projects, so their GPU-level series are operator-only.
         Points outside the allocation windows are removed by the readers (monitoring/readers.py).
         """
-        from pools.roles import sees_all_projects
-
         if sees_all_projects(user):
             return self
         allocations = _allocations_of(user)
@@ -324,8 +321,6 @@ class HealthEventQuerySet(models.QuerySet):
         A GPU-level event (no MIG instance) concerns every project holding any unit on that GPU; a
         MIG-level event only the project holding that instance. One EXISTS subquery, no JOIN fan-out.
         """
-        from pools.roles import sees_all_projects
-
         if sees_all_projects(user):
             return self
         overlapping = _allocations_of(user).filter(
@@ -399,8 +394,6 @@ class IdleReservationQuerySet(models.QuerySet):
         return self.filter(state=IdleState.OPEN)
 
     def visible_to(self, user):
-        from pools.roles import projects_for, sees_all_projects
-
         if sees_all_projects(user):
             return self
         return self.filter(allocation__project__in=projects_for(user).values("pk"))
@@ -452,7 +445,7 @@ class ShareViolation(models.Model):
     workload = models.ForeignKey(
         "capacity.WorkloadProfile", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    project = models.ForeignKey("pools.Project", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    project = models.ForeignKey("tenancy.Project", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     namespace = models.CharField(max_length=63)
     pod_name = models.CharField(max_length=253)
     pod_uid = models.CharField(max_length=64)

@@ -20,6 +20,7 @@ from django.db.models import F, FloatField, Max, Q, Sum
 from django.db.models.functions import Cast
 
 from capacity.choices import SpecKind
+from pools.models import Allocation
 
 from . import backends
 from .buckets import BUCKET, GAUGES, floor, plain_number
@@ -257,8 +258,6 @@ def pool_utilisation(pool, start: datetime, end: datetime, *, step: str) -> dict
     allocation window. Also returns the range average and the units behind it. On PostgreSQL the
     weighting happens in SQL (one row per step comes back); elsewhere in Python.
     """
-    from pools.models import Allocation
-
     allocations = list(
         Allocation.objects.filter(pool=pool, allocated_at__lt=end)
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))

@@ -14,6 +14,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from capacity.models import Cluster, NodeCapacity
 from gpuaas.celery import node_queue
 
 
@@ -24,7 +25,6 @@ def _slot_time(slot: int | None) -> datetime | None:
 @shared_task(acks_late=True)
 def poll_metrics_task() -> dict[str, int]:
     """Beat: queue this period's NVML polls (per node) and DCGM scrapes (per cluster)."""
-    from capacity.models import Cluster, NodeCapacity
     from monitoring.services.collect import poll_slot
 
     slot = int(poll_slot().timestamp())
@@ -109,22 +109,3 @@ def evict_over_share_task(violation_id: int) -> str | None:
     from monitoring.services.timeslice import evict_over_share
 
     return evict_over_share(violation_id)
-
-
-@shared_task(acks_late=True)
-def reconcile_project_task(project_id: int, cluster_id: int) -> bool:
-    """After a single unit was released: make the project's quota and labels match (idempotent)."""
-    from capacity.adapters.kubernetes import KubernetesError
-    from capacity.models import Cluster
-    from pools.models import Project
-    from pools.provisioning import reconcile
-
-    project = Project.objects.filter(pk=project_id).first()
-    cluster = Cluster.objects.filter(pk=cluster_id).first()
-    if project is None or cluster is None:
-        return False
-    try:
-        reconcile(project, cluster)
-    except KubernetesError as exc:
-        raise reconcile_project_task.retry(exc=exc, countdown=60, max_retries=5) from None
-    return True

@@ -40,7 +40,7 @@ from capacity.models import (
 )
 from capacity.services import mig_configs, planning
 from gpuaas.admin_permissions import OperatorActionsMixin
-from pools.roles import require_operator_perms
+from tenancy.roles import require_operator_perms
 
 from . import maintenance, rebalancing
 from . import reconfiguration as rc

@@ -1,38 +1,24 @@
-"""The pool card's utilisation: average SM activity of the pool's units over the last hour (0..1).
+"""The pool card's utilisation column, supplied by the layer that measures it.
 
-Read from monitoring's 5-minute rollups in the same query as the other card figures
-(GpuPoolQuerySet.with_card()). A unit is a MIG instance series, or the GPU series for full GPUs and
-time-slice replicas. Null when nothing was measured: never a zero that was not seen.
+Utilisation is monitoring's data and monitoring sits above pools, so pools does not read it: the
+monitoring app registers its expression at start-up (MonitoringConfig.ready(), monitoring/cards.py).
+Until one is registered the column is null, which the card shows as "not measured".
 """
 
-from datetime import timedelta
+from __future__ import annotations
 
-from django.db.models import Avg, Exists, FloatField, OuterRef, Q, Subquery, Value
-from django.utils import timezone
+from collections.abc import Callable
 
-WINDOW = timedelta(hours=1)
+from django.db.models import Expression, FloatField, Value
+
+_utilisation: Callable[[], Expression] | None = None
 
 
-def utilisation_expression():
-    """Unweighted mean of the pool's units' 5-minute SM activity over WINDOW, as a fraction."""
-    from monitoring.models import Rollup5m
+def register_utilisation(factory: Callable[[], Expression]) -> None:
+    """Use `factory()` as the card's utilisation: a Subquery correlated to the annotated GpuPool."""
+    global _utilisation
+    _utilisation = factory
 
-    from .models import Allocation
 
-    pool = OuterRef(OuterRef("pk"))
-    active = Allocation.objects.active()
-    held_instance = active.filter(pool_id=pool, mig_instance_id=OuterRef("series__mig_instance_id"))
-    held_gpu = active.filter(pool_id=pool, mig_instance__isnull=True, gpu_id=OuterRef("series__gpu_id"))
-    rollups = (
-        Rollup5m.objects.filter(bucket__gte=timezone.now() - WINDOW, sm_active_avg__isnull=False)
-        .filter(
-            (Q(series__mig_instance__isnull=False) & Exists(held_instance))
-            | (Q(series__mig_instance__isnull=True) & Exists(held_gpu))
-        )
-        .order_by()
-        .annotate(one=Value(1))
-        .values("one")
-        .annotate(avg=Avg("sm_active_avg"))
-        .values("avg")
-    )
-    return Subquery(rollups, output_field=FloatField()) / Value(100.0)
+def utilisation_expression() -> Expression:
+    return Value(None, output_field=FloatField()) if _utilisation is None else _utilisation()

@@ -3,12 +3,6 @@
 from django.db import models
 
 
-class Role(models.TextChoices):
-    ADMIN = "admin", "Project admin"
-    MEMBER = "member", "Member"
-    VIEWER = "viewer", "Viewer"
-
-
 class Isolation(models.TextChoices):
     MIG = "mig", "Hardware-isolated (MIG)"
     FULL = "full", "Full GPU"

@@ -32,10 +32,11 @@ from django.utils import timezone
 from capacity.adapters.kubernetes import NODE_SELECTOR_ANNOTATION, KubernetesClient, KubernetesError, Node, NotFound
 from capacity.models import Cluster, SpecAndCount
 from gpuaas.leases import Heartbeat, crash_point
+from tenancy.models import Project
 
 from . import services
 from .choices import PoolState
-from .models import LABEL_PREFIX, Allocation, GpuPool, PoolRequestTransition, Project
+from .models import LABEL_PREFIX, Allocation, GpuPool, PoolRequestTransition
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,12 @@ from django.utils import timezone
 
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
 from gpuaas.leases import lease_until
+from tenancy.models import Project
 
 from . import specs, units
 from .choices import PoolState, RequestState
 from .exceptions import DomainError, IllegalTransition, InsufficientCapacity
-from .models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition, Project
+from .models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
 
 logger = logging.getLogger(__name__)
 
@@ -316,6 +317,40 @@ def release(request: PoolRequest, *, actor, reason: str = "", to_state: str = S.
     return request
 
 
+def release_unit(allocation: Allocation, *, actor=None, reason: str = "", at: dt.datetime | None = None) -> None:
+    """Release one allocated unit on behalf of another app (monitoring's idle reservations).
+
+    The pool's last active unit releases the whole request (release(): quota and labels cleaned up
+    after commit); otherwise only this unit is released (release_allocation). A unit released
+    already is left alone. Runs in the caller's transaction when there is one.
+    """
+    if allocation.released_at is not None:
+        return
+    others = Allocation.objects.active().filter(pool_id=allocation.pool_id).exclude(pk=allocation.pk)
+    if others.exists():
+        release_allocation(allocation.pk, at=at)
+    else:
+        release(allocation.pool.request, actor=actor, reason=reason)
+
+
+def release_allocation(allocation_id: int, *, at: dt.datetime | None = None) -> bool:
+    """Release ONE unit of a pool that keeps others: set released_at, then reconcile the project's
+    Kubernetes quota and labels after commit (pools.provisioning.reconcile, idempotent).
+
+    release() frees whole requests; this frees a single unit (idle reservations).
+    Claimed with a conditional UPDATE (released_at still null): a repeat does nothing.
+    """
+    from .tasks import reconcile_project_task  # cycle: pools.tasks imports pools.services
+
+    at = at or timezone.now()
+    with transaction.atomic():
+        if Allocation.objects.filter(pk=allocation_id, released_at__isnull=True).update(released_at=at) != 1:
+            return False
+        allocation = Allocation.objects.select_related("pool").get(pk=allocation_id)
+        reconcile_project_task.delay_on_commit(allocation.project_id, allocation.pool.cluster_id)
+    return True
+
+
 # --- Expiry --------------------------------------------------------------------------------------
 
 
@@ -362,20 +397,12 @@ def pools_awaiting_cleanup(*, older_than_s: int = 300):
     return GpuPool.objects.filter(released_at__lte=cutoff, deprovisioned_at__isnull=True)
 
 
-# --- API tokens ----------------------------------------------------------------------------------
-
-
 def move_mig_allocation(allocation: Allocation, *, from_instance, to_instance) -> bool:
     """Point a MIG allocation at an equivalent instance (same GPU, profile and start) that replaced its
     own, as a MIG reconfiguration does when it recreates instances. A conditional UPDATE: False when
     the allocation no longer holds `from_instance` (someone moved it first). The partial unique
     constraint on active allocations refuses a second holder of `to_instance` (IntegrityError)."""
     return Allocation.objects.filter(pk=allocation.pk, mig_instance=from_instance).update(mig_instance=to_instance) == 1
-
-
-def revoke_token(token: ApiToken) -> bool:
-    """Revoke a token; False if it was revoked already (idempotent)."""
-    return ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
 
 
 def claim_provisioning(pool: GpuPool, *, token: str, task_id: str = "") -> bool:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from capacity.adapters.kubernetes import KubernetesError
+from capacity.models import Cluster
+from tenancy.models import Project
+
 from .choices import PoolState
 from .models import GpuPool
 
@@ -60,3 +64,19 @@ def reconcile_pools_task() -> dict[str, int]:
     from .provisioning import reconcile_provisioned
 
     return reconcile_provisioned()
+
+
+@shared_task(acks_late=True)
+def reconcile_project_task(project_id: int, cluster_id: int) -> bool:
+    """After a single unit was released: make the project's quota and labels match (idempotent)."""
+    from .provisioning import reconcile
+
+    project = Project.objects.filter(pk=project_id).first()
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if project is None or cluster is None:
+        return False
+    try:
+        reconcile(project, cluster)
+    except KubernetesError as exc:
+        raise reconcile_project_task.retry(exc=exc, countdown=60, max_retries=5) from None
+    return True

@@ -52,20 +52,20 @@ def operator(django_user_model):
 
 @pytest.fixture
 def project(db):
-    from pools.models import Project
+    from tenancy.models import Project
 
     return Project.objects.create(name="Team A", slug="team-a", namespace="team-a")
 
 
 @pytest.fixture
 def other_project(db):
-    from pools.models import Project
+    from tenancy.models import Project
 
     return Project.objects.create(name="Team B", slug="team-b", namespace="team-b")
 
 
 def _member(django_user_model, project, username, role):
-    from pools.roles import set_role
+    from tenancy.roles import set_role
 
     user = django_user_model.objects.create_user(username, f"{username}@example.com", f"pw-{username}-1")
     set_role(project, user, role)
@@ -105,7 +105,7 @@ def staff_nobody(django_user_model):
 @pytest.fixture
 def staff_operator(django_user_model):
     """Staff whose only grant is the Operators group: a real operator, not a superuser."""
-    from pools.roles import operators_group
+    from tenancy.roles import operators_group
 
     user = django_user_model.objects.create_user("olga", "olga@example.com", "pw-olga-1", is_staff=True)
     user.groups.add(operators_group())

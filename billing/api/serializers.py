@@ -7,7 +7,7 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
-from pools.models import Project
+from tenancy.models import Project
 
 from ..models import BillingRun, RateCard, RateCardEntry, Statement, StatementLine, UsageRecord
 from ..periods import parse_period

@@ -69,8 +69,6 @@ def refresh_measurements(start: datetime, end: datetime) -> int:
     Monitoring rolls an hour up after it ends, often after that hour was metered. Never touches a
     record already billed by a finalised statement. Idempotent (only NULL fields are filled); returns the rows filled.
     """
-    if not measurements.source_ready():
-        return 0
     pending = (
         UsageRecord.objects.filter(
             hour__gte=start, hour__lt=end, sm_activity__isnull=True, energy_kwh__isnull=True, billed_on__isnull=True

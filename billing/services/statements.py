@@ -16,7 +16,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpuaas.leases import crash_point
-from pools.models import GpuPool, Project
+from pools.models import GpuPool
+from tenancy.models import Project
 
 from ..choices import LineType, RunKind, RunStatus, StatementState
 from ..models import BillingRun, MonthNotEnded, Statement, StatementFinalised, StatementLine, UsageRecord

@@ -45,7 +45,7 @@ class WorkloadProfile(models.Model):
     resource_name = models.CharField(max_length=100)
     count = models.PositiveSmallIntegerField(default=1)
     project = models.ForeignKey(
-        "pools.Project", null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads"
+        "tenancy.Project", null=True, blank=True, on_delete=models.SET_NULL, related_name="workloads"
     )
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -1,7 +1,7 @@
 """Workload tracking, the seed's "Profile": which pod runs on which GPU or MIG instance.
 
 Every pod that requests an nvidia.com/* resource becomes one WorkloadProfile row per resource:
-node, resource, count, project (the pools.Project whose namespace the pod runs in, kept current
+node, resource, count, project (the tenancy.Project whose namespace the pod runs in, kept current
 on every discovery: a pod found before its namespace became a project's is attributed the next
 time), and the devices it was given. Devices come from the pod annotation `gpuaas.io/device-ids` (comma
 separated GPU UUIDs, MIG UUIDs or `<uuid>::<n>` time-slice replicas; a device-allocation hook
@@ -23,6 +23,7 @@ from django.db.models import Q
 
 from capacity.adapters import kubernetes as kube
 from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
+from tenancy.models import Project
 
 from . import bulk
 
@@ -97,8 +98,6 @@ class DeviceResolver:
 
 def sync_workloads(cluster: Cluster, pods: list[kube.Pod], node_ids: dict[str, int], now: datetime) -> WorkloadResult:
     """Mirror the cluster's GPU pods into WorkloadProfile rows; `pods` must be the complete list."""
-    from pools.models import Project
-
     result = WorkloadResult()
     desired: dict[tuple[str, str], tuple[kube.Pod, int, list[str]]] = {}
     for pod in pods:

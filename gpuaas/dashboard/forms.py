@@ -10,7 +10,8 @@ from rest_framework import serializers as drf
 
 from pools.api.serializers import ApiTokenSerializer, PoolRequestSerializer
 from pools.choices import Isolation, WorkloadType
-from pools.models import ApiToken, PoolRequest, Project
+from pools.models import PoolRequest
+from tenancy.models import ApiToken, Project
 
 
 class _SerializerForm(forms.Form):

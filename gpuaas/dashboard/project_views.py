@@ -1,7 +1,7 @@
 """The project view for project members, outside the admin: /projects/ (login required, session auth).
 
 Every view declares its scope with gpuaas.scopes.scoped() (sign-in enforced there); project pages
-read through pools.roles.projects_for(user): another project's page or pool is a 404, never a 403.
+read through tenancy.roles.projects_for(user): another project's page or pool is a 404, never a 403.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
 from capacity.models import Cluster
-from pools import roles, units
-from pools.models import Allocation, ApiToken, GpuPool
-from pools.roles import projects_for
-from pools.services import revoke_token
+from pools import units
+from pools.models import Allocation, GpuPool
+from tenancy import roles
+from tenancy.models import ApiToken
+from tenancy.roles import projects_for
+from tenancy.services import revoke_token
 
 from ..scopes import Scope, scoped
 from . import projects, sources

@@ -1,6 +1,6 @@
 """The project view's reads: a member's projects, their pools as cards, requests, allocations and costs.
 
-Everything is scoped with pools.roles.projects_for(user) (one subquery): a member never sees a row
+Everything is scoped with tenancy.roles.projects_for(user) (one subquery): a member never sees a row
 of another project. Pool cards come from GpuPool.objects.with_card(), the same figures as the API.
 """
 
@@ -11,8 +11,9 @@ from collections import defaultdict
 from django.db.models import Count, Exists, OuterRef, Q
 
 from capacity.choices import SpecKind
-from pools.models import Allocation, GpuPool, PoolRequest, Project
-from pools.roles import projects_for
+from pools.models import Allocation, GpuPool, PoolRequest
+from tenancy.models import Project
+from tenancy.roles import projects_for
 
 from .status import FULL, SHAPE_LABELS, SHAPES, UnitStatus, shape_of
 

@@ -25,11 +25,18 @@ from django.db.models import Avg, Count, Q, Sum
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.choices import LineType
+from billing.periods import month_start
+from billing.services import draft_lines
 from capacity.choices import SpecKind
 from capacity.mig.share import unit_share
 from capacity.models import Cluster
+from monitoring import readers
 from monitoring.choices import HealthLevel, HealthRule, IdleState
 from monitoring.models import HealthEvent, IdleReservation, Rollup5m, Sample, Series
+from monitoring.sample_reads import sample_rows
+from pools.models import Allocation
+from tenancy.models import Project
 
 SERIES_WINDOW = timedelta(hours=3)
 BUCKET = timedelta(minutes=5)
@@ -68,8 +75,6 @@ def latest_unit_metrics(gpu_ids) -> dict:
     The newest sample of each series within the last three polling intervals; a unit with no
     recent sample is absent (shown as "no data", never as zero). `gpu_ids`: a list or a subquery.
     """
-    from monitoring.sample_reads import sample_rows
-
     if isinstance(gpu_ids, list) and not gpu_ids:
         return {}
     since = timezone.now() - timedelta(seconds=3 * settings.METRICS_INTERVAL_S)
@@ -309,8 +314,6 @@ def gpu_series(gpu) -> dict:
     Read with monitoring.readers.series_points at the 5-minute step: finished rollups, then the
     samples of the bucket still open, so the chart is never a rollup period behind.
     """
-    from monitoring import readers
-
     series = list(
         Series.objects.filter(gpu=gpu)
         .values("id", "mig_instance_id", "mig_instance__profile__name", "mig_instance__placement_start")
@@ -363,9 +366,6 @@ def pool_series(pool) -> dict:
     unit's share of that GPU (capacity.mig.share.unit_share), summed over the
     units while held, which is how billing attributes energy (DCGM reports power per GPU only).
     """
-    from monitoring import readers
-    from pools.models import Allocation
-
     now = timezone.now()
     start = now - SERIES_WINDOW
     allocations = list(
@@ -419,11 +419,6 @@ def month_costs(project_ids: list[int] | None = None) -> dict:
     draft statement billing would generate
     (before any adjustment). Usage is metered hour by hour: the current hour joins once metered.
     """
-    from billing.choices import LineType
-    from billing.periods import month_start
-    from billing.services import draft_lines
-    from pools.models import Project
-
     period = month_start(timezone.now())
     totals: dict[int, dict] = {}
     for row, lines in draft_lines(period, project_ids=project_ids):

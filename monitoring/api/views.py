@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from capacity.choices import SpecKind
 from gpuaas.permissions import ProjectScopedQuerysetMixin
 from pools.models import Allocation, GpuPool
-from pools.roles import projects_for, sees_all_projects
+from tenancy.roles import projects_for, sees_all_projects
 
 from .. import readers
 from ..models import HealthEvent, IdleReservation, Series

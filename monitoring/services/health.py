@@ -10,8 +10,8 @@
 
 Locking: the open events of the units being evaluated are locked (SELECT ... FOR UPDATE, primary
 key order) for the transaction, which serialises a poll with an operator resolving the same events.
-Capacity rows are not locked; their health is written with conditional UPDATEs. Idempotent: the
-same reading applied twice leaves the same rows (occurrences aside).
+Capacity rows are not locked; their health is written through capacity.services.health (conditional
+UPDATEs). Idempotent: the same reading applied twice leaves the same rows (occurrences aside).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from capacity.adapters import kubernetes as kube
 from capacity.choices import GpuHealth
-from capacity.models import GpuCapacity
+from capacity.models import GpuCapacity, NodeCapacity
+from capacity.services.health import set_gpu_health
 from monitoring import health as rules
 from monitoring.choices import HealthLevel, MetricSource
 from monitoring.models import HealthEvent
@@ -141,10 +143,7 @@ def sync_gpu_health(gpu_ids: list[int]) -> list[int]:
     """
     became_unhealthy = []
     for gpu_id, health in desired_health(gpu_ids).items():
-        changed = (
-            GpuCapacity.objects.filter(pk=gpu_id).exclude(health__in=[GpuHealth.LOST, health]).update(health=health)
-        )
-        if changed and health == GpuHealth.UNHEALTHY:
+        if set_gpu_health(gpu_id, health) and health == GpuHealth.UNHEALTHY:
             became_unhealthy.append(gpu_id)
     if became_unhealthy and settings.MONITORING_CORDON_ON_CRITICAL:
         from monitoring.tasks import cordon_node_task
@@ -180,9 +179,6 @@ def resolve_events(event_ids: list[int], *, actor=None, note: str = "", at: date
 
 def cordon_node(node_id: int) -> bool:
     """Cordon a node through the Kubernetes adapter; True if the API accepted it."""
-    from capacity.adapters import kubernetes as kube
-    from capacity.models import NodeCapacity
-
     node = NodeCapacity.objects.select_related("cluster").filter(pk=node_id, gone_at__isnull=True).first()
     if node is None or node.cordoned:
         return False

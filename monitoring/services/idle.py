@@ -28,6 +28,8 @@ from capacity.models import MigProfile
 from monitoring import readers
 from monitoring.choices import IdleProposal, IdleState
 from monitoring.models import IdleReservation
+from pools import services as pool_services
+from pools.models import Allocation
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +62,6 @@ def detect_idle(*, now: datetime | None = None) -> dict[str, int]:
 
     Idempotent: one open flag per allocation (partial unique constraint); a repeated run updates it.
     """
-    from pools.models import Allocation
-
     now = now or timezone.now()
     window = timedelta(hours=settings.MONITORING_IDLE_WINDOW_H)
     start = now - window
@@ -126,14 +126,10 @@ def dismiss(flag_ids: list[int], *, actor=None) -> int:
 def release_idle(flag_id: int, *, actor=None) -> bool:
     """Operator, one step: release the flagged allocation; False if the flag is no longer open.
 
-    If the allocation is its pool's last active unit, the whole request is released through
-    pools.services.release (quota and labels cleaned up after commit). Otherwise only this unit
-    is released (release_allocation) and the project's quota is reconciled after commit.
+    The release is the pools app's (pools.services.release_unit): the whole request when the unit is
+    its pool's last, otherwise only this unit with the project's quota reconciled after commit.
     Claimed with a conditional UPDATE on the flag; the release runs in the same transaction.
     """
-    from pools import services as pool_services
-    from pools.models import Allocation
-
     now = timezone.now()
     with transaction.atomic():
         claimed = IdleReservation.objects.filter(pk=flag_id, state=IdleState.OPEN).update(
@@ -142,35 +138,8 @@ def release_idle(flag_id: int, *, actor=None) -> bool:
         if claimed != 1:
             return False
         flag = IdleReservation.objects.select_related("allocation__pool__request").get(pk=flag_id)
-        allocation = flag.allocation
-        if allocation.released_at is not None:
-            return True
         reason = f"idle: {flag.sm_active_avg:.1f}% SM activity over {settings.MONITORING_IDLE_WINDOW_H} h"
-        others = Allocation.objects.active().filter(pool_id=allocation.pool_id).exclude(pk=allocation.pk)
-        if not others.exists():
-            pool_services.release(allocation.pool.request, actor=_user(actor), reason=reason)
-        else:
-            release_allocation(allocation.pk, at=now)
-    return True
-
-
-def release_allocation(allocation_id: int, *, at: datetime | None = None) -> bool:
-    """Release ONE unit of a pool that keeps others: set released_at, then reconcile the project's
-    Kubernetes quota and labels after commit (pools.provisioning.reconcile, idempotent).
-
-    A minimal unit-level release for idle reservations; pools.services only releases whole requests.
-    Claimed with a conditional UPDATE (released_at still null): a repeat does nothing.
-    """
-    from pools.models import Allocation
-
-    at = at or timezone.now()
-    with transaction.atomic():
-        if Allocation.objects.filter(pk=allocation_id, released_at__isnull=True).update(released_at=at) != 1:
-            return False
-        from monitoring.tasks import reconcile_project_task
-
-        allocation = Allocation.objects.select_related("pool").get(pk=allocation_id)
-        reconcile_project_task.delay_on_commit(allocation.project_id, allocation.pool.cluster_id)
+        pool_services.release_unit(flag.allocation, actor=_user(actor), reason=reason, at=now)
     return True
 
 

@@ -22,7 +22,7 @@ from capacity.choices import ReconfigurationBackend
 from capacity.models import FORCE_PERMISSION, MigLayout, MigReconfiguration, MigReconfigurationStep, NodeCapacity
 from gpuaas.scopes import Scope
 from operations import reconfiguration as rc
-from pools.roles import operator_can
+from tenancy.roles import operator_can
 
 
 class Conflict(exceptions.APIException):

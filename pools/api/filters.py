@@ -5,9 +5,10 @@ from django_filters import rest_framework as filters
 
 from capacity.api.strict import IsoDateTimeFilter
 from capacity.choices import SpecKind
+from tenancy.models import Project
 
 from ..choices import Isolation, PoolState, RequestState, WorkloadType
-from ..models import Allocation, GpuPool, PoolRequest, Project
+from ..models import Allocation, GpuPool, PoolRequest
 
 
 class ProjectFilter(filters.FilterSet):

@@ -12,11 +12,14 @@ from rest_framework import exceptions, serializers
 
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from capacity.models import Cluster
+from tenancy import roles
+from tenancy.choices import Role
+from tenancy.models import ApiToken, Project
 
-from .. import roles, services
-from ..choices import Isolation, Role
+from .. import services
+from ..choices import Isolation
 from ..exceptions import SpecError
-from ..models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition, Project
+from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
 
 # --- Projects and members ------------------------------------------------------------------------
 

@@ -24,10 +24,13 @@ from rest_framework.response import Response
 from capacity.api.strict import reject_body
 from gpuaas.permissions import OwnUserQuerysetMixin, ProjectScopedQuerysetMixin
 from gpuaas.scopes import Scope
+from tenancy import roles
+from tenancy import services as tenancy_services
+from tenancy.models import ApiToken, Project
 
-from .. import roles, services
+from .. import services
 from ..exceptions import DomainError
-from ..models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition, Project
+from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
 from . import filters, serializers
 
 
@@ -341,4 +344,4 @@ class ApiTokenViewSet(
         return Response(serializers.NewApiTokenSerializer(token).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: ApiToken) -> None:
-        services.revoke_token(instance)
+        tenancy_services.revoke_token(instance)

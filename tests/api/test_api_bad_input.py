@@ -11,8 +11,9 @@ from rest_framework.test import APIClient
 
 from billing.models import BillingRun, Statement
 from capacity.models import MaintenanceWindow, MigLayout, MigReconfiguration, TimeSlicingPolicy
-from pools.models import ApiToken, PoolRequest
-from pools.roles import role_of
+from pools.models import PoolRequest
+from tenancy.models import ApiToken
+from tenancy.roles import role_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "capacity"))
 from reconfig_sim import node_row, start_sim  # noqa: E402

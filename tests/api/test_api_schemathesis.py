@@ -132,7 +132,7 @@ def _strategy(operation, ids: dict[str, int], token_id: int):
 
 @pytest.mark.parametrize("persona", ["operator", "bob"])
 def test_every_operation_answers_as_the_schema_says(request, persona, api_schema, ids):
-    from pools.models import ApiToken
+    from tenancy.models import ApiToken
 
     user = request.getfixturevalue(persona)
     token, key = ApiToken.issue(user, "schemathesis", timezone.now() + timedelta(days=1))

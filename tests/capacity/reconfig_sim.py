@@ -136,7 +136,8 @@ def drive(sim: Sim | None, reconf, *, max_calls: int = 20) -> list[str]:
 
 def allocate(gpu: GpuCapacity, *, mig_start: int | None = None, project=None, kind: str = "mig"):
     """An active Allocation of one unit of `gpu` (the MIG instance at `mig_start`, or the whole GPU)."""
-    from pools.models import Allocation, GpuPool, PoolRequest, Project
+    from pools.models import Allocation, GpuPool, PoolRequest
+    from tenancy.models import Project
 
     project = (
         project or Project.objects.get_or_create(slug="team-a", defaults={"name": "Team A", "namespace": "team-a"})[0]

@@ -6,8 +6,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from capacity.management.commands.simcluster import serve
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
+from gpuaas.management.commands.simcluster import serve
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
 

@@ -5,7 +5,7 @@ import pytest
 from capacity.models import GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from capacity.services.discovery import discover_cluster
 from capacity.services.inventory import inventory_node
-from pools.models import Project
+from tenancy.models import Project
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
 

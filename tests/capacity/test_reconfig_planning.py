@@ -9,7 +9,8 @@ from reconfig_sim import allocate, drive, gpu_row, start_sim
 from capacity.models import MaintenanceWindow, MigReconfiguration
 from capacity.services import planning
 from operations import rebalancing
-from pools.models import PoolRequest, Project
+from pools.models import PoolRequest
+from tenancy.models import Project
 
 pytestmark = pytest.mark.django_db
 

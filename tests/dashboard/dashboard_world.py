@@ -26,7 +26,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity, WorkloadProfile
-from pools.models import Allocation, GpuPool, PoolRequest, Project
+from pools.models import Allocation, GpuPool, PoolRequest
+from tenancy.models import Project
 
 H100 = "NVIDIA H100 80GB HBM3"
 POOL_AGE = timedelta(days=2)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from pools.models import ApiToken, PoolRequest
+from pools.models import PoolRequest
+from tenancy.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +33,7 @@ def test_a_member_or_viewer_is_sent_to_their_project(client, bob, victor, who):
 
 
 def test_a_member_of_several_projects_is_sent_to_the_list(client, bob, other_project):
-    from pools.roles import set_role
+    from tenancy.roles import set_role
 
     set_role(other_project, bob, "member")
     client.force_login(bob)

@@ -14,7 +14,7 @@ from rest_framework.test import APIRequestFactory, force_authenticate
 from gpuaas.checks import check_declared_scopes, routes
 from gpuaas.permissions import ProjectScopedQuerysetMixin
 from gpuaas.scopes import Scope, scoped
-from pools.models import Project
+from tenancy.models import Project
 
 pytestmark = pytest.mark.django_db
 

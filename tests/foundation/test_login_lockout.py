@@ -77,7 +77,7 @@ def test_access_attempts_are_in_the_admin(client, operator, settings):
 
 
 def test_api_tokens_do_not_go_through_axes(client, bob):
-    from pools.models import ApiToken
+    from tenancy.models import ApiToken
 
     _, key = ApiToken.issue(bob, "ci")
     for _ in range(10):

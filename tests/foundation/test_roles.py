@@ -2,7 +2,7 @@
 
 import pytest
 
-from pools.roles import has_project_perm, projects_for, role_of, set_role
+from tenancy.roles import has_project_perm, projects_for, role_of, set_role
 
 pytestmark = pytest.mark.django_db
 

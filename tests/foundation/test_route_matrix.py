@@ -103,8 +103,9 @@ def _world_objects():
         TimeSlicingPolicy,
     )
     from monitoring.models import IdleReservation, Series
-    from pools.models import Allocation, ApiToken, Project
-    from pools.roles import operators_group, set_role
+    from pools.models import Allocation
+    from tenancy.models import ApiToken, Project
+    from tenancy.roles import operators_group, set_role
 
     users = get_user_model().objects
     team_a = Project.objects.create(name="Team A", slug="team-a", namespace="team-a")
@@ -213,12 +214,12 @@ def _world_objects():
         "admin:gpuaas_dashboard_cluster_data": fleet(world.alpha),
         "admin:gpuaas_dashboard_gpu": fleet(world.gpus["a1-0"]),
         "admin:gpuaas_dashboard_gpu_data": fleet(world.gpus["a1-0"]),
-        "admin:pools_project_members": {"own": {"object_id": team_a.pk}},
-        "admin:pools_project_permissions": {"own": {"object_pk": team_a.pk}},
-        "admin:pools_project_permissions_manage_user": {
+        "admin:tenancy_project_members": {"own": {"object_id": team_a.pk}},
+        "admin:tenancy_project_permissions": {"own": {"object_pk": team_a.pk}},
+        "admin:tenancy_project_permissions_manage_user": {
             "own": {"object_pk": team_a.pk, "user_id": people["member"].pk}
         },
-        "admin:pools_project_permissions_manage_group": {
+        "admin:tenancy_project_permissions_manage_group": {
             "own": {"object_pk": team_a.pk, "group_id": people["member"].groups.first().pk}
         },
     }

@@ -189,6 +189,6 @@ def test_list_queries_do_not_grow_with_rows(world, fleet, bob, url):
 
 
 def bob_project(user):
-    from pools.roles import projects_for
+    from tenancy.roles import projects_for
 
     return projects_for(user).get()

@@ -7,8 +7,9 @@ from monitoring_helpers import T0, allocate, series_of
 
 from monitoring.choices import IdleProposal, IdleState
 from monitoring.models import IdleReservation
-from monitoring.services.idle import detect_idle, dismiss, release_allocation, release_idle
+from monitoring.services.idle import detect_idle, dismiss, release_idle
 from monitoring.services.ingest import ingest_samples, sample_row
+from pools.services import release_allocation
 
 pytestmark = pytest.mark.django_db
 

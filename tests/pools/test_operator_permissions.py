@@ -13,7 +13,7 @@ from capacity.models import MaintenanceWindow, MigLayout, MigReconfiguration, Ti
 from monitoring.models import HealthEvent
 from pools import services
 from pools.models import GpuPool, PoolRequest, PoolRequestTransition
-from pools.roles import OPERATORS_GROUP, operator_can, sees_all_projects
+from tenancy.roles import OPERATORS_GROUP, operator_can, sees_all_projects
 
 pytestmark = pytest.mark.django_db
 
@@ -217,10 +217,10 @@ def test_operators_group_command_refuses_unknown_users_and_changes_nothing(djang
 
 
 def test_an_inactive_or_non_staff_user_with_permissions_is_no_operator(django_user_model):
-    from pools.roles import operators_group
+    from tenancy.roles import operators_group
 
     user = django_user_model.objects.create_user("pat", "p@example.com", "pw")
     user.groups.add(operators_group())
-    assert not operator_can(user, "pools.view_project")
+    assert not operator_can(user, "tenancy.view_project")
     user.is_staff, user.is_active = True, False
-    assert not operator_can(user, "pools.view_project")
+    assert not operator_can(user, "tenancy.view_project")

@@ -4,8 +4,9 @@ import pytest
 from django.contrib.admin import helpers
 from django.urls import reverse
 
+from pools import services
 from pools.models import GpuPool, PoolRequest
-from pools.roles import role_of
+from tenancy.roles import role_of
 
 pytestmark = pytest.mark.django_db
 QUEUE = reverse("admin:pools_poolrequest_changelist")
@@ -64,8 +65,6 @@ def test_bulk_reject_requires_a_reason(admin_client, make_request):
 
 
 def test_pool_pages_and_retry_action(admin_client, fleet, make_request, operator, django_capture_on_commit_callbacks):
-    from pools import services
-
     fleet.mig_node("n1", [["3g.40gb", "3g.40gb"]])
     pool = services.approve(make_request(count=2), actor=operator)
     services.mark_failed(pool, "Kubernetes: boom")
@@ -83,7 +82,7 @@ def test_pool_pages_and_retry_action(admin_client, fleet, make_request, operator
 
 
 def test_membership_page_sets_roles(admin_client, project, bob, django_user_model):
-    url = reverse("admin:pools_project_members", args=[project.pk])
+    url = reverse("admin:tenancy_project_members", args=[project.pk])
     page = admin_client.get(url)
     assert page.status_code == 200 and b"bob" in page.content
     dana = django_user_model.objects.create_user("dana")
@@ -94,3 +93,13 @@ def test_membership_page_sets_roles(admin_client, project, bob, django_user_mode
     assert admin_client.post(url, {"username": "nobody", "role": "admin"}).context["form"].errors == {
         "username": ["No such user."]
     }
+
+
+def test_the_projects_changelist_counts_held_pools_only(admin_client, fleet, make_request, operator, project):
+    fleet.mig_node("n1", [["3g.40gb", "3g.40gb"]])
+    services.approve(make_request(count=1), actor=operator)
+    released = services.approve(make_request(count=1), actor=operator)
+    services.release(released.request, actor=operator)
+    page = admin_client.get(reverse("admin:tenancy_project_changelist"))
+    assert page.status_code == 200
+    assert {p.slug: p.held_pools for p in page.context["cl"].result_list} == {project.slug: 1}

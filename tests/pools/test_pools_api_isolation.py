@@ -10,8 +10,9 @@ touch is a 403; every refusal changes nothing and enqueues nothing.
 import pytest
 
 from pools import services
-from pools.models import Allocation, ApiToken, GpuPool, PoolRequest, PoolRequestTransition
-from pools.roles import members
+from pools.models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from tenancy.models import ApiToken
+from tenancy.roles import members
 
 pytestmark = pytest.mark.django_db
 
@@ -55,7 +56,7 @@ def snapshot():
 
 
 def _project(slug):
-    from pools.models import Project
+    from tenancy.models import Project
 
     return Project.objects.get(slug=slug)
 

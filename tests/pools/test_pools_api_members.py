@@ -2,7 +2,7 @@
 
 import pytest
 
-from pools.roles import role_of
+from tenancy.roles import role_of
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from capacity.models import WorkloadProfile
-from pools.models import Allocation, ApiToken, GpuPool, PoolRequest
+from pools.models import Allocation, GpuPool, PoolRequest
+from tenancy.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 ROWS = 110

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from pools.models import ApiToken
+from tenancy.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 
@@ -139,7 +139,7 @@ def test_issue_token_command_refuses_more_than_the_max_lifetime(bob, settings):
 def test_the_admin_cannot_change_a_tokens_owner_or_expiry(client, operator, bob, alice):
     token, _ = _token(bob, 60)
     client.force_login(operator)
-    url = f"/admin/pools/apitoken/{token.pk}/change/"
+    url = f"/admin/tenancy/apitoken/{token.pk}/change/"
     page = client.get(url).content.decode()
     assert 'name="user"' not in page and 'name="expires_at_0"' not in page
     client.post(url, {"name": "renamed", "user": str(alice.pk), "expires_at_0": "2099-01-01", "expires_at_1": "00:00"})

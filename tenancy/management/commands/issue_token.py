@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from pools.models import ApiToken
+from tenancy.models import ApiToken
 
 
 class Command(BaseCommand):

@@ -36,7 +36,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 class ApiTokenScheme(OpenApiAuthenticationExtension):
     """Documents ApiTokenAuthentication in the OpenAPI schema as HTTP bearer auth."""
 
-    target_class = "pools.authentication.ApiTokenAuthentication"
+    target_class = "tenancy.authentication.ApiTokenAuthentication"
     name = "apiToken"
 
     def get_security_definition(self, auto_schema):

@@ -1,6 +1,6 @@
 """`python manage.py operators_group [--add USERNAME ...]`: create or refresh the Operators group.
 
-The group holds every permission of the pools, capacity, billing and monitoring apps (re-run it after
+The group holds every permission of the tenancy, pools, capacity, billing and monitoring apps (re-run it after
 a migration adds permissions). An operator is an active staff user in this group; --add makes the
 named users exactly that.
 """
@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from pools.roles import OPERATORS_GROUP, operators_group
+from tenancy.roles import OPERATORS_GROUP, operators_group
 
 
 class Command(BaseCommand):

@@ -30,7 +30,7 @@ def role_group(project: Project, role: str) -> Group:
     group, created = Group.objects.get_or_create(name=group_name(project, role))
     if created:
         for codename in ROLE_PERMISSIONS[role]:
-            assign_perm(f"pools.{codename}", group, project)
+            assign_perm(f"tenancy.{codename}", group, project)
     return group
 
 
@@ -68,7 +68,7 @@ def members(project: Project) -> list[tuple[object, str]]:
 OPERATORS_GROUP = "Operators"
 # Every permission of these apps goes to the Operators group (models added later included: rerun
 # `manage.py operators_group`). Users and groups (auth) stay with superusers.
-OPERATOR_APPS = ("pools", "capacity", "billing", "monitoring")
+OPERATOR_APPS = ("tenancy", "pools", "capacity", "billing", "monitoring")
 
 
 def is_operator(user) -> bool:
@@ -95,7 +95,7 @@ def operator_can(user, *perms: str) -> bool:
 
 def sees_all_projects(user) -> bool:
     """Operators holding pools.view_project read every project's objects; other staff see their own."""
-    return operator_can(user, "pools.view_project")
+    return operator_can(user, "tenancy.view_project")
 
 
 def require_operator_perms(user, *perms: str) -> None:
@@ -139,7 +139,7 @@ def operators_group() -> Group:
 
 
 def projects_for(user, perm: str = "view_project") -> QuerySet[Project]:
-    """Projects on which `user` holds `perm` (a codename of pools.Project), as one SQL subquery."""
+    """Projects on which `user` holds `perm` (a codename of tenancy.Project), as one SQL subquery."""
     ids = project_ids_for(user, perm)
     return Project.objects.all() if ids is None else Project.objects.filter(pk__in=ids)
 
@@ -195,7 +195,7 @@ def project_ids_for(user, perm: str = "view_project") -> QuerySet:
     two IN-subqueries in projects_for() is estimated at three quarters of all projects, which turns
     a 100-row lookup into whole-table hash joins once there are thousands of projects (bench api).
     """
-    if operator_can(user, "pools.view_project", f"pools.{perm}"):
+    if operator_can(user, "tenancy.view_project", f"tenancy.{perm}"):
         return None
     if not (user and user.is_authenticated and user.is_active):
         return Project.objects.none().values("pk")

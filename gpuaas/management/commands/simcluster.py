@@ -2,7 +2,8 @@
 
 A development tool: runs the simulated clusters (simcluster.main) in this process until Ctrl-C, and with
 --register points a Cluster row per simulated cluster at the kubeconfig it wrote. The apps never import
-simcluster; this command may, as it only exists to drive it.
+simcluster (an import-linter contract, pyproject.toml); this command, in the top `gpuaas` layer with the
+demo and the benchmarks, may, as it only exists to drive it.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from capacity.services.clusters import register_cluster
+from simcluster import load_scenario, main
+from simcluster.runner import build_parser
+
 STARTUP_TIMEOUT_S = 300.0
 
 
 def serve(argv: list[str], *, register: bool, stop: threading.Event, write=print) -> int:
     """Run simcluster.main(argv) until `stop` is set; with register, register its clusters once they are served."""
-    from capacity.services.clusters import register_cluster
-    from simcluster import load_scenario, main
-    from simcluster.runner import build_parser
-
     parsed = build_parser().parse_args(argv)
     names = [c.name for c in load_scenario(parsed.scenario, **dict(parsed.param)).clusters]
     paths = {name: Path(parsed.kubeconfig_dir) / f"{name}.kubeconfig" for name in names}

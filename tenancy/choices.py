@@ -1,0 +1,9 @@
+"""Choice sets of the tenancy app."""
+
+from django.db import models
+
+
+class Role(models.TextChoices):
+    ADMIN = "admin", "Project admin"
+    MEMBER = "member", "Member"
+    VIEWER = "viewer", "Viewer"

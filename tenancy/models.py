@@ -1,0 +1,125 @@
+"""Tenancy, the bottom layer: projects, their members' object permissions and personal API tokens.
+
+Visibility: guardian object permissions live on Project only (direct foreign-key tables); every
+child object of any app is scoped through `project__in=<projects the user may view>` in one query
+(tenancy.roles). The tables keep their historical `pools_` names: the models moved here from pools
+without touching the database (tenancy/migrations/0001_initial.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
+
+dns_label = RegexValidator(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "Lower-case letters, digits and '-' (a DNS label).")
+
+
+class Project(models.Model):
+    """A team that requests and holds GPU capacity; maps to one Kubernetes namespace per cluster."""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=63, unique=True)
+    namespace = models.CharField(max_length=63, unique=True, validators=[dns_label])
+    cost_centre = models.CharField(max_length=64, blank=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "pools_project"
+        ordering = ["slug"]
+        permissions = [
+            ("manage_members", "Can manage project members"),
+            ("request_capacity", "Can request GPU capacity"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ProjectUserObjectPermission(UserObjectPermissionBase):
+    content_object = models.ForeignKey(Project, on_delete=models.CASCADE)
+
+    class Meta(UserObjectPermissionBase.Meta):
+        db_table = "pools_projectuserobjectpermission"
+
+
+class ProjectGroupObjectPermission(GroupObjectPermissionBase):
+    content_object = models.ForeignKey(Project, on_delete=models.CASCADE)
+
+    class Meta(GroupObjectPermissionBase.Meta):
+        db_table = "pools_projectgroupobjectpermission"
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def usable(self):
+        now = timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only a SHA-256 digest is stored; the key is shown once at creation."""
+
+    PREFIX = "gpa_"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    key_prefix = models.CharField(max_length=12, help_text="First characters of the key, to recognise it.")
+    key_digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        db_table = "pools_apitoken"
+        ordering = ["user_id", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_prefix}…)"
+
+    @staticmethod
+    def digest(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    @staticmethod
+    def latest_expiry(*, parent: ApiToken | None = None, now=None):
+        """The latest expiry a new token may have: API_TOKEN_MAX_LIFETIME_DAYS from now, and never after
+        `parent`, the token the creating request authenticated with. None: no limit at all."""
+        now = now or timezone.now()
+        days = settings.API_TOKEN_MAX_LIFETIME_DAYS
+        limits = [now + dt.timedelta(days=days)] if days else []
+        if parent is not None and parent.expires_at is not None:
+            limits.append(parent.expires_at)
+        return min(limits, default=None)
+
+    @classmethod
+    def issue(cls, user, name: str, expires_at=None, *, parent: ApiToken | None = None) -> tuple[ApiToken, str]:
+        """Create a token; returns (token, plain key). The plain key is not kept anywhere.
+
+        No `expires_at`: the latest allowed (latest_expiry). A later one raises ValueError; callers
+        taking input check it first for a friendly message (ApiTokenSerializer, issue_token).
+        """
+        limit = cls.latest_expiry(parent=parent)
+        if expires_at is None:
+            expires_at = limit
+        elif limit is not None and expires_at > limit:
+            raise ValueError(f"a token may not expire after {limit.isoformat()}")
+        key = cls.PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(
+            user=user, name=name, key_prefix=key[:10], key_digest=cls.digest(key), expires_at=expires_at
+        )
+        return token, key
+
+    @property
+    def is_usable(self) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
