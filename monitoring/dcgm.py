@@ -39,6 +39,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle", "int"),
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle", "int"),
 }
+# Columns DCGM reports for the physical GPU even on a MIG instance's lines: the exporter repeats the GPU's
+# value on every instance line (reference §6), so they belong to the GPU, once. Everything else in FIELDS
+# (framebuffer, SM activity) is the instance's own.
+PER_INSTANCE = frozenset({"mem_used_mib", "sm_active"})
+DEVICE_COLUMNS = frozenset(column for column, _ in FIELDS.values()) - PER_INSTANCE | {"retired_pages"}
 # Used for sm_active only when DCGM_FI_PROF_SM_ACTIVE is not exported (it is off by default).
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
@@ -125,4 +130,29 @@ def readings(samples: list[PromSample]) -> list[DcgmUnit]:
             unit.mem_total_mib = int(used + extra[FB_FREE] + extra.get(FB_RESERVED, 0))
         if all(name in extra for name in RETIRED):
             unit.values["retired_pages"] = int(sum(extra[name] for name in RETIRED))
+    _lift_device_fields(units)
     return list(units.values())
+
+
+def _lift_device_fields(units: dict[tuple[str, int | None], DcgmUnit]) -> None:
+    """Move device-level values off MIG instance lines onto their GPU, once.
+
+    A MIG-enabled GPU has per-instance lines only, each repeating the GPU's power, energy, temperature,
+    ECC and XID. Kept per instance they would be lost (instances store only their own columns) or counted
+    once per instance (one XID raising an event per instance). The GPU's own line, when an exporter sends
+    one, wins; otherwise the first instance line seen stands for the GPU (the repeats differ only by when
+    each was sampled).
+    """
+    for (uuid, gi_id), unit in list(units.items()):
+        if gi_id is None:
+            continue
+        device = {k: unit.values.pop(k) for k in list(unit.values) if k in DEVICE_COLUMNS}
+        gpu = units.get((uuid, None))
+        if gpu is None and not device:
+            continue
+        if gpu is None:
+            gpu = units[(uuid, None)] = DcgmUnit(
+                gpu_uuid=uuid, gi_id=None, hostname=unit.hostname, gpu_index=unit.gpu_index
+            )
+        for column, value in device.items():
+            gpu.values.setdefault(column, value)

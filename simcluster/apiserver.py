@@ -14,6 +14,7 @@ Simulator endpoints live beside the API under the same prefix:
     GET  /sim/v1/nodes/<node>              the simulator's view of a node (devices, MIG manager)
     GET  /sim/v1/nodes/<node>/nvml         NVML snapshot; POST {"op": ..., "args": {...}} for writes
     GET  /sim/v1/nodes/<node>/history      ?seconds=&step=: past activity from the same model (demo seeding)
+    GET  /sim/v1/nodes/<node>/dcgm         the node's dcgm-exporter /metrics text (simcluster/dcgm.py)
                                            and {"op": "events", ...} to long-poll NVML events
 
 A background thread runs due MIG-manager jobs (every 50 ms) and, when `tick_interval` is
@@ -30,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import driver, kube, nvml
+from . import dcgm, driver, kube, nvml
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
@@ -85,9 +86,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- plumbing ---------------------------------------------------------------------
 
-    def _send(self, code: int, body: bytes, headers: dict | None = None) -> None:
+    def _send(self, code: int, body: bytes, headers: dict | None = None, content_type: str = _JSON) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", _JSON)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
@@ -296,6 +297,10 @@ class _Handler(BaseHTTPRequestHandler):
                         raise kube.bad_request(f"bad history query (seconds=, step=): {exc}") from None
                     self._send_json(200, body)
                     return
+                if len(segments) == 3 and segments[2] == "dcgm" and method == "GET":
+                    body = dcgm.metrics(state, cluster.name, node_name).encode()
+                    self._send(200, body, content_type=dcgm.CONTENT_TYPE)
+                    return
                 if len(segments) == 3 and segments[2] == "nvml":
                     if method == "GET":
                         self._send_json(200, driver.snapshot(state, cluster.name, node_name))
@@ -428,6 +433,12 @@ class SimServer:
     def cluster_url(self, cluster: str) -> str:
         self.state.cluster(cluster)
         return f"{self.url}/clusters/{cluster}"
+
+    def dcgm_exporter_urls(self, cluster: str) -> list[str]:
+        """Each node's dcgm-exporter /metrics URL, what a cluster's `dcgm_exporter_url` lists."""
+        with self.state.lock:
+            nodes = self.state.cluster(cluster).node_names()
+        return [f"{self.cluster_url(cluster)}/sim/v1/nodes/{node}/dcgm" for node in nodes]
 
     def write_kubeconfigs(self, directory: str | Path, token: str = "simcluster") -> dict[str, Path]:
         """One kubeconfig per cluster, `<dir>/<cluster>.kubeconfig`; returns name -> path."""
