@@ -246,16 +246,7 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
                 if data["force"]:
                     require_operator_perms(request.user, FORCE_PERMISSION)
                 try:
-                    reconf = rc.create(
-                        node,
-                        data["target"],
-                        source=data["source"],
-                        layout=data.get("layout"),
-                        backend=data["backend"],
-                        drain=data["drain"],
-                        force=data["force"],
-                        actor=request.user,
-                    )
+                    reconf = rc.create_from(data, actor=request.user)
                 except (rc.ReconfigurationError, rc.IllegalTransition) as exc:
                     form.add_error(None, str(exc))
                 else:

@@ -213,16 +213,7 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
         if data["force"] and not operator_can(request.user, FORCE_PERMISSION):
             raise exceptions.PermissionDenied(f"Forcing a reconfiguration needs the {FORCE_PERMISSION} permission.")
         try:
-            reconf = rc.create(
-                data["node"],
-                data["target"],
-                source=data["source"],
-                layout=data.get("layout"),
-                backend=data["backend"],
-                drain=data["drain"],
-                force=data["force"],
-                actor=request.user,
-            )
+            reconf = rc.create_from(data, actor=request.user)
         except (rc.Refused, rc.IllegalTransition) as exc:
             raise Conflict(str(exc)) from None
         except rc.ReconfigurationError as exc:
