@@ -10,13 +10,14 @@ from .objects import NODE_SELECTOR_ANNOTATION
 from .transport import MERGE_PATCH, Transport
 
 
-def _object(kind: str, namespace: str, name: str, *, labels=None, resource_version: str = "") -> dict[str, Any]:
+def _object(kind: str, namespace: str, name: str, *, labels=None, resource_version: str = "", **content) -> dict:
+    """A v1 object's body: metadata (labels, and a resourceVersion to replace only that version) and `content`."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if labels:
         meta["labels"] = labels
     if resource_version:
         meta["resourceVersion"] = resource_version
-    return {"apiVersion": "v1", "kind": kind, "metadata": meta}
+    return {"apiVersion": "v1", "kind": kind, "metadata": meta, **content}
 
 
 def _quota_spec(hard: dict[str, str]) -> dict[str, Any]:
@@ -53,8 +54,7 @@ class NamespaceCalls(Transport):
     def create_config_map(
         self, namespace: str, name: str, data: dict[str, str], *, labels: dict[str, str] | None = None
     ) -> dict:
-        body = _object("ConfigMap", namespace, name, labels=labels)
-        body["data"] = data
+        body = _object("ConfigMap", namespace, name, labels=labels, data=data)
         return self._call(self.core.create_namespaced_config_map, namespace, body)
 
     def replace_config_map(
@@ -67,8 +67,7 @@ class NamespaceCalls(Transport):
         resource_version: str = "",
     ) -> dict:
         """Replace; with resource_version the write fails with Conflict if someone changed it since."""
-        body = _object("ConfigMap", namespace, name, labels=labels, resource_version=resource_version)
-        body["data"] = data
+        body = _object("ConfigMap", namespace, name, labels=labels, resource_version=resource_version, data=data)
         return self._call(self.core.replace_namespaced_config_map, name, namespace, body)
 
     def patch_config_map(
@@ -106,21 +105,13 @@ class NamespaceCalls(Transport):
     def create_resource_quota(
         self, namespace: str, name: str, hard: dict[str, str], *, labels: dict[str, str] | None = None
     ) -> dict:
-        body = _object("ResourceQuota", namespace, name, labels=labels)
-        body["spec"] = _quota_spec(hard)
+        body = _object("ResourceQuota", namespace, name, labels=labels, spec=_quota_spec(hard))
         return self._call(self.core.create_namespaced_resource_quota, namespace, body)
 
     def replace_resource_quota(
-        self,
-        namespace: str,
-        name: str,
-        hard: dict[str, str],
-        *,
-        labels: dict[str, str] | None = None,
-        resource_version: str = "",
+        self, namespace: str, name: str, hard: dict[str, str], *, labels: dict[str, str] | None = None
     ) -> dict:
-        body = _object("ResourceQuota", namespace, name, labels=labels, resource_version=resource_version)
-        body["spec"] = _quota_spec(hard)
+        body = _object("ResourceQuota", namespace, name, labels=labels, spec=_quota_spec(hard))
         return self._call(self.core.replace_namespaced_resource_quota, name, namespace, body)
 
     def apply_resource_quota(
@@ -164,20 +155,9 @@ class NamespaceCalls(Transport):
         meta = _namespace_meta(labels, annotations, node_selector)
         return self._call(self.core.patch_namespace, name, {"metadata": meta}, _content_type=MERGE_PATCH)
 
-    def ensure_namespace(
-        self,
-        name: str,
-        *,
-        labels: dict[str, str] | None = None,
-        annotations: dict[str, str] | None = None,
-        node_selector: str | None = None,
-    ) -> dict:
-        """Create the namespace, or merge the labels/annotations into the existing one (idempotent)."""
-        return _create_or_update(
-            self.create_namespace,
-            self.patch_namespace,
-            name,
-            labels=labels,
-            annotations=annotations,
-            node_selector=node_selector,
-        )
+    def ensure_namespace(self, name: str, **fields) -> dict:
+        """Create the namespace, or merge the labels/annotations into the existing one (idempotent).
+
+        `fields` are create_namespace's keywords: labels, annotations, node_selector.
+        """
+        return _create_or_update(self.create_namespace, self.patch_namespace, name, **fields)
