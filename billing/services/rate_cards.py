@@ -62,16 +62,7 @@ def _entry(
     card: RateCard, key: rates.SpecKey | RateCardEntry, price: Decimal, rule: str, *, is_override: bool = False
 ) -> RateCardEntry:
     """An unsaved entry of `card` pricing what `key` names (a spec key, or another card's entry)."""
-    return RateCardEntry(
-        card=card,
-        kind=key.kind,
-        product=key.product,
-        profile_name=key.profile_name,
-        replicas=key.replicas,
-        hourly_price=price,
-        rule=rule,
-        is_override=is_override,
-    )
+    return RateCardEntry(card=card, **rates.spec_fields(key), hourly_price=price, rule=rule, is_override=is_override)
 
 
 @transaction.atomic
