@@ -20,7 +20,6 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from gpuaas import demo_world
 from gpuaas.supervise import Program, Supervisor
 
 WEB_ADDR = ("127.0.0.1", 8000)
@@ -84,6 +83,8 @@ class Command(BaseCommand):
         return self.supervisor.add(Program(name, [sys.executable, *argv], settings.VAR_DIR / "logs" / log), start=True)
 
     def _run(self, no_serve: bool, sim_port: int, web_port: int) -> None:
+        from gpuaas import demo_world  # cycle: imports models; this module loads before apps (broker helpers)
+
         out = self.stdout
         out.write("1/5 database: migrating")
         call_command("migrate", verbosity=0)
