@@ -4,12 +4,12 @@
 import os
 import sys
 
+from gpuaas.demo_env import demo_environment
+
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuaas.settings")
     if sys.argv[1:2] in (["demo"], ["bench"]):  # both run against the simulated cluster
-        from gpuaas.demo_env import demo_environment
-
         demo_environment()  # DEBUG=1 and per-install keys under var/, before settings are read
     from django.core.management import execute_from_command_line
 

@@ -50,9 +50,8 @@ from .registry import arg, benchmark
 BENCH_PREFIX = "bench-discovery-"
 
 
-def _delete_rows(clusters) -> None:
+def delete_cluster_rows(clusters) -> None:
     """Remove the mirrored rows of benchmark clusters (children first: the foreign keys protect)."""
-
     if isinstance(clusters, Cluster):
         clusters = Cluster.objects.filter(pk=clusters.pk)
     WorkloadProfile.objects.filter(cluster__in=clusters).delete()
@@ -67,7 +66,7 @@ def _delete_bench_clusters() -> int:
     """Remove every earlier benchmark cluster with its rows."""
 
     clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
-    _delete_rows(clusters)
+    delete_cluster_rows(clusters)
     return clusters.delete()[0]
 
 
@@ -109,7 +108,7 @@ def _read_inventories(cluster, server) -> tuple[list, float]:
 def _first_sync(cluster, inventories) -> dict:
     """Time discovery (Kubernetes part) and the reconcile of the pre-read inventories into an empty mirror."""
 
-    _delete_rows(cluster)
+    delete_cluster_rows(cluster)
     started = time.perf_counter()
     outcome = discover_cluster(cluster.pk, inventory=INVENTORY_NONE)
     kubernetes = time.perf_counter() - started

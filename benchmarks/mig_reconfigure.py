@@ -23,21 +23,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from capacity.mig.catalog import PRODUCTS
-from capacity.models import (
-    Cluster,
-    DiscoveryRun,
-    GpuCapacity,
-    MigInstance,
-    MigReconfiguration,
-    NodeCapacity,
-    SpecAndCount,
-    WorkloadProfile,
-)
+from capacity.models import Cluster, MigReconfiguration, NodeCapacity
 from capacity.services import mig_configs
 from capacity.services.discovery import discover_cluster
 from operations import reconfiguration as rc
 from simcluster import SimServer, SimState, gpuoperator
 
+from .capacity import delete_cluster_rows
 from .registry import arg, benchmark
 
 BENCH_PREFIX = "bench-reconfig-"
@@ -46,12 +38,7 @@ BENCH_PREFIX = "bench-reconfig-"
 def _delete_bench_clusters() -> None:
     clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
     MigReconfiguration.objects.filter(cluster__in=clusters).delete()  # steps cascade
-    WorkloadProfile.objects.filter(cluster__in=clusters).delete()
-    MigInstance.objects.filter(gpu__node__cluster__in=clusters).delete()
-    GpuCapacity.objects.filter(node__cluster__in=clusters).delete()
-    SpecAndCount.objects.filter(node__cluster__in=clusters).delete()
-    NodeCapacity.objects.filter(cluster__in=clusters).delete()
-    DiscoveryRun.objects.filter(cluster__in=clusters).delete()
+    delete_cluster_rows(clusters)
     clusters.delete()
 
 

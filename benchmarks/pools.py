@@ -80,6 +80,28 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def h100_fleet(cluster, gpus: int, *, batch: int | None = None, node=None, gpu=None) -> list[GpuCapacity]:
+    """`gpus` H100 GPUs of `cluster`, eight per new ready node; `node` and `gpu` add fields to the rows."""
+    nodes = NodeCapacity.objects.bulk_create(
+        [NodeCapacity(cluster=cluster, name=f"n{i:05d}", ready=True, **(node or {})) for i in range((gpus + 7) // 8)],
+        batch,
+    )
+    return GpuCapacity.objects.bulk_create(
+        [
+            GpuCapacity(
+                node=nodes[i // 8],
+                index=i % 8,
+                uuid=f"GPU-{i:06d}",
+                product="NVIDIA H100 80GB HBM3",
+                catalog_product="H100-80GB",
+                **(gpu or {}),
+            )
+            for i in range(gpus)
+        ],
+        batch,
+    )
+
+
 # --- bench api -----------------------------------------------------------------------------------
 
 
@@ -122,26 +144,7 @@ def build_api_world(projects: int, user_projects: int, *, stdout=None) -> dict:
     superuser = User.objects.create_superuser("bench-superuser", "", "x")
 
     cluster = Cluster.objects.create(name="bench", kubeconfig_path="/dev/null")
-    nodes = NodeCapacity.objects.bulk_create(
-        [
-            NodeCapacity(cluster=cluster, name=f"n{i:05d}", tier="full", ready=True, gpu_count=8)
-            for i in range((projects + 7) // 8)
-        ],
-        batch,
-    )
-    gpus = GpuCapacity.objects.bulk_create(
-        [
-            GpuCapacity(
-                node=nodes[i // 8],
-                index=i % 8,
-                uuid=f"GPU-{i:06d}",
-                product="NVIDIA H100 80GB HBM3",
-                catalog_product="H100-80GB",
-            )
-            for i in range(projects)
-        ],
-        batch,
-    )
+    gpus = h100_fleet(cluster, projects, batch=batch, node={"tier": "full", "gpu_count": 8})
     common = dict(isolation="full", tier="full", spec_kind="full", product="H100-80GB", count=1)
     held = PoolRequest.objects.bulk_create(
         [PoolRequest(project=p, requested_by=admins[i], state="active", **common) for i, p in enumerate(project_rows)],
@@ -299,21 +302,7 @@ def build_approval_world(requests: int, units: int) -> list[int]:
     profile = MigProfile.objects.get(product="H100-80GB", name="1g.10gb")
     placements = {p.start: p for p in profile.valid_placements.all()}
     gpu_count = (units + 6) // 7
-    nodes = NodeCapacity.objects.bulk_create(
-        NodeCapacity(cluster=cluster, name=f"n{i:04d}", tier="1", ready=True, mig_strategy="mixed")
-        for i in range((gpu_count + 7) // 8)
-    )
-    gpus = GpuCapacity.objects.bulk_create(
-        GpuCapacity(
-            node=nodes[i // 8],
-            index=i % 8,
-            uuid=f"GPU-{i:05d}",
-            product="NVIDIA H100 80GB HBM3",
-            catalog_product="H100-80GB",
-            mig_mode_current=True,
-        )
-        for i in range(gpu_count)
-    )
+    gpus = h100_fleet(cluster, gpu_count, node={"tier": "1", "mig_strategy": "mixed"}, gpu={"mig_mode_current": True})
     MigInstance.objects.bulk_create(
         MigInstance(
             gpu=gpus[u // 7],

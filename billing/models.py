@@ -22,6 +22,7 @@ from django.utils import timezone
 from capacity.choices import SpecKind
 
 from .choices import LineType, RunKind, RunStatus, StatementState
+from .periods import month_bounds
 from .rates import SpecKey, spec_key
 
 HOUR_S = 3600
@@ -149,8 +150,6 @@ class MeteringWatermark(models.Model):
 
 class UsageRecordQuerySet(models.QuerySet):
     def in_month(self, period: date):
-        from .periods import month_bounds
-
         start, end = month_bounds(period)
         return self.filter(hour__gte=start, hour__lt=end)
 

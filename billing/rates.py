@@ -56,6 +56,11 @@ def spec_key(kind: str, product: str, profile_name: str = "", replicas: int = 1)
     )
 
 
+def spec_fields(key) -> dict:
+    """The four spec columns (kind, product, profile_name, replicas) of a spec key, or of any row that has them."""
+    return {"kind": key.kind, "product": key.product, "profile_name": key.profile_name, "replicas": key.replicas}
+
+
 def quantize_price(value: Fraction | Decimal) -> Decimal:
     if isinstance(value, Fraction):
         value = Decimal(value.numerator) / Decimal(value.denominator)

@@ -22,6 +22,7 @@ from gpuaas.leases import lease_s, lease_until
 from .choices import RunKind, RunStatus
 from .models import BillingRun, MeteringWatermark
 from .periods import HOUR, floor_hour
+from .services import watermark
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +69,10 @@ def sweep(*, now: datetime | None = None) -> dict[str, int]:
     started). Each re-send first moves the lease on with a conditional UPDATE on the value it read,
     so concurrent sweeps send one message. Returns what was sent.
     """
-    from .tasks import close_month_task, meter_usage_task
+    from .tasks import close_month_task, meter_usage_task  # cycle: billing.tasks imports this module
 
     now = now or timezone.now()
     sent = {"metering": 0, "closes": 0}
-    from .services import watermark
-
     watermark()  # a fresh installation has no row until metering first runs
     mark = MeteringWatermark.objects.filter(pk=1).values("metered_until", "claimed_by", "lease_expires_at").first()
     lease_free = mark is not None and (mark["lease_expires_at"] is None or mark["lease_expires_at"] < now)

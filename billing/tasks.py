@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from gpuaas.leases import Heartbeat, lease_until
 
+from . import recovery, services
 from .choices import RunKind, RunStatus
 from .models import BillingRun, MeteringWatermark, MonthNotEnded
 from .periods import parse_period
@@ -32,8 +33,6 @@ def meter_usage_task(self) -> int:
     by the frequent no-op passes. Holds the metering lease while it runs (billing.recovery): a run
     that finds it held by a live run returns 0; a dead run's lease lapses and the sweep re-enqueues.
     """
-    from . import recovery, services
-
     started = timezone.now()
     token = recovery.run_token(self.request.id)
     services.watermark()
@@ -68,8 +67,6 @@ def close_month_task(self, run_id: int | None = None, period: str | None = None)
     is marked failed with the reason. The run's lease is renewed while it works (billing.recovery).
     Returns the number of statements.
     """
-    from . import recovery, services
-
     token = recovery.run_token(self.request.id)
     if run_id is not None:
         run = BillingRun.objects.filter(pk=run_id, kind=RunKind.CLOSE).first()
@@ -95,6 +92,4 @@ def close_month_task(self, run_id: int | None = None, period: str | None = None)
 @shared_task
 def sweep_billing_task() -> dict[str, int]:
     """Beat (every WORKFLOW_SWEEP_S): re-enqueue metering and month closes that no live worker holds."""
-    from . import recovery
-
     return recovery.sweep()

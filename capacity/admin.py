@@ -38,6 +38,7 @@ from .models import (
     WorkloadProfile,
 )
 from .services import mig_configs
+from .tasks import queue_discovery
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -161,8 +162,6 @@ class ClusterAdmin(admin.ModelAdmin):
 
     @admin.action(description="Discover now", permissions=["change"])
     def discover_now(self, request, queryset):
-        from .tasks import queue_discovery
-
         ids = list(queryset.order_by("pk").values_list("pk", flat=True))
         transaction.on_commit(lambda: [queue_discovery(pk) for pk in ids])
         self.message_user(

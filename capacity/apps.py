@@ -4,8 +4,8 @@ from django.db.models.signals import post_migrate
 
 def _load_catalog(sender, using="default", **kwargs):
     """Reference data, like content types: after migrate and after a (test) flush."""
-    from .models import MigPlacement, MigProfile
-    from .services.catalog import load_catalog
+    from .models import MigPlacement, MigProfile  # cycle: apps.py loads before the models registry is ready
+    from .services.catalog import load_catalog  # cycle: the same (it imports the models)
 
     load_catalog(MigProfile, MigPlacement, using=using)
 

@@ -14,6 +14,11 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from capacity.adapters.kubernetes import KubernetesError
+from capacity.models import Cluster
+from capacity.services.discovery import discover_cluster
+from capacity.services.inventory import inventory_node
+from capacity.services.mig_configs import apply_time_slicing, write_mig_parted_config
 from gpuaas.celery import node_queue
 
 logger = logging.getLogger(__name__)
@@ -27,8 +32,6 @@ INVENTORY_EXPIRES_S = 10 * 60
 @shared_task(acks_late=True)
 def discover_all_task() -> int:
     """Queue one discovery per registered cluster; returns how many were queued."""
-    from capacity.models import Cluster
-
     ids = list(Cluster.objects.order_by("pk").values_list("pk", flat=True))
     transaction.on_commit(lambda: [queue_discovery(pk) for pk in ids])
     return len(ids)
@@ -47,9 +50,6 @@ def discover_cluster_task(self, cluster_id: int) -> str | None:
     on the DiscoveryRun and the Cluster row, not raised, so they are not retried here: the next
     beat tick is the retry.
     """
-    from capacity.models import Cluster
-    from capacity.services.discovery import discover_cluster
-
     if not Cluster.objects.filter(pk=cluster_id).exists():
         return None
     outcome = discover_cluster(cluster_id, task_id=self.request.id or "")
@@ -62,9 +62,6 @@ def inventory_node_task(cluster_id: int, node_name: str) -> dict | None:
 
     Runs on the node's own queue; returns early when the cluster or node is gone. Idempotent.
     """
-    from capacity.models import Cluster
-    from capacity.services.inventory import inventory_node
-
     if not Cluster.objects.filter(pk=cluster_id).exists():
         return None
     result = inventory_node(cluster_id, node_name)
@@ -86,10 +83,6 @@ def enqueue_inventory(cluster_id: int, cluster_name: str, node_names: list[str])
 @shared_task(acks_late=True)
 def apply_time_slicing_task(cluster_id: int) -> dict | None:
     """Write the cluster's time-slicing ConfigMap keys and node labels. Idempotent."""
-    from capacity.adapters.kubernetes import KubernetesError
-    from capacity.models import Cluster
-    from capacity.services.mig_configs import apply_time_slicing
-
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return None
@@ -102,9 +95,6 @@ def apply_time_slicing_task(cluster_id: int) -> dict | None:
 @shared_task(acks_late=True)
 def write_mig_parted_config_task(cluster_id: int) -> int | None:
     """Rewrite gpuaas's mig-parted ConfigMap of one cluster from the database; returns the config count."""
-    from capacity.models import Cluster
-    from capacity.services.mig_configs import write_mig_parted_config
-
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return None

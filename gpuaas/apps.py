@@ -8,7 +8,7 @@ class GpuaasConfig(AppConfig):
     name = "gpuaas"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  registers the declared-scope check (it imports the API, so not at import)
+        from . import checks  # noqa: F401  cycle: registers the declared-scope check; it imports the API (models)
 
 
 class GpuaasAdminConfig(admin_apps.AdminConfig):

@@ -16,11 +16,13 @@ from django.utils.html import format_html, format_html_join
 from gpuaas.admin_permissions import OperatorActionsMixin
 
 from . import readers
+from .buckets import BUCKET, floor
 from .choices import HealthLevel, IdleState
 from .models import Collector, HealthEvent, IdleReservation, MaintenanceRun, RollupRun, Series, ShareViolation
 from .services import health as health_services
 from .services import idle as idle_services
 from .sparkline import sparkline
+from .tasks import evict_over_share_task
 
 LEVEL_COLOURS = {HealthLevel.NORMAL: "#2e7d32", HealthLevel.WARNING: "#ef6c00", HealthLevel.CRITICAL: "#c62828"}
 
@@ -178,8 +180,6 @@ class ShareViolationAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Evict the selected pods now (Eviction API)", permissions=["operate"])
     def evict_selected(self, request, queryset):
-        from .tasks import evict_over_share_task
-
         ids = list(queryset.filter(resolved_at__isnull=True).order_by("pk").values_list("pk", flat=True))
         for pk in ids:
             evict_over_share_task.delay_on_commit(pk)
@@ -327,8 +327,6 @@ class SeriesAdmin(ReadOnlyAdmin):
 
 def _by_bucket(points: list[dict], end) -> list[dict | None]:
     """288 five-minute slots ending at `end`; a slot without a point is a gap."""
-    from .buckets import BUCKET, floor
-
     last = floor(end, BUCKET["5m"])
     first = last - timedelta(minutes=5 * 287)
     by_ts = {p["ts"]: p for p in points}

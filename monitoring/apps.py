@@ -6,9 +6,8 @@ class MonitoringConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # cycle: app loading; models can only be imported once the registry is ready.
-        from pools import cards
+        from pools import cards  # cycle: app loading; models can be imported once the registry is ready
 
-        from .cards import utilisation_expression
+        from .cards import utilisation_expression  # cycle: the same (it imports monitoring's models)
 
         cards.register_utilisation(utilisation_expression)

@@ -16,6 +16,13 @@ from django.db import transaction
 
 from capacity.models import Cluster, NodeCapacity
 from gpuaas.celery import node_queue
+from monitoring.services import run_tracked
+from monitoring.services.collect import poll_node, poll_slot, scrape_cluster
+from monitoring.services.health import cordon_node
+from monitoring.services.idle import detect_idle
+from monitoring.services.retention import prune
+from monitoring.services.rollups import run_rollups
+from monitoring.services.timeslice import evict_over_share
 
 
 def _slot_time(slot: int | None) -> datetime | None:
@@ -25,8 +32,6 @@ def _slot_time(slot: int | None) -> datetime | None:
 @shared_task(acks_late=True)
 def poll_metrics_task() -> dict[str, int]:
     """Beat: queue this period's NVML polls (per node) and DCGM scrapes (per cluster)."""
-    from monitoring.services.collect import poll_slot
-
     slot = int(poll_slot().timestamp())
     period = settings.METRICS_INTERVAL_S
     dcgm = list(Cluster.objects.exclude(dcgm_exporter_url="").order_by("pk").values_list("pk", flat=True))
@@ -53,8 +58,6 @@ def poll_metrics_task() -> dict[str, int]:
 @shared_task(acks_late=True)
 def poll_node_metrics_task(node_id: int, slot: int | None = None) -> dict | None:
     """The node agent's poll (runs on the node's queue): NVML -> samples, health, share checks."""
-    from monitoring.services.collect import poll_node
-
     result = poll_node(node_id, at=_slot_time(slot))
     return None if result is None else result.summary()
 
@@ -62,8 +65,6 @@ def poll_node_metrics_task(node_id: int, slot: int | None = None) -> dict | None
 @shared_task(acks_late=True)
 def scrape_dcgm_task(cluster_id: int, slot: int | None = None) -> dict | None:
     """Scrape a cluster's DCGM exporters and record the readings."""
-    from monitoring.services.collect import scrape_cluster
-
     result = scrape_cluster(cluster_id, at=_slot_time(slot))
     return None if result is None else result.summary()
 
@@ -71,41 +72,28 @@ def scrape_dcgm_task(cluster_id: int, slot: int | None = None) -> dict | None:
 @shared_task(bind=True, acks_late=True)
 def rollup_metrics_task(self) -> dict:
     """Beat: 5-minute and hourly rollups of what arrived since the last run (idempotent upserts)."""
-    from monitoring.services import run_tracked
-    from monitoring.services.rollups import run_rollups
-
     return run_tracked("rollup", run_rollups, task_id=self.request.id or "").result
 
 
 @shared_task(bind=True, acks_late=True)
 def prune_metrics_task(self) -> dict:
     """Beat: delete samples and rollups past their retention, in batches."""
-    from monitoring.services import run_tracked
-    from monitoring.services.retention import prune
-
     return run_tracked("retention", prune, task_id=self.request.id or "").result
 
 
 @shared_task(bind=True, acks_late=True)
 def detect_idle_reservations_task(self) -> dict:
     """Beat: flag active allocations idle over the window; clear flags of busy or released ones."""
-    from monitoring.services import run_tracked
-    from monitoring.services.idle import detect_idle
-
     return run_tracked("idle", detect_idle, task_id=self.request.id or "").result
 
 
 @shared_task(acks_late=True)
 def cordon_node_task(node_id: int, reason: str = "") -> bool:
     """Cordon a node whose GPU turned critical (MONITORING_CORDON_ON_CRITICAL)."""
-    from monitoring.services.health import cordon_node
-
     return cordon_node(node_id)
 
 
 @shared_task(acks_late=True)
 def evict_over_share_task(violation_id: int) -> str | None:
     """Evict a pod far above its share of a time-sliced GPU (MONITORING_EVICT_OVER_SHARE)."""
-    from monitoring.services.timeslice import evict_over_share
-
     return evict_over_share(violation_id)

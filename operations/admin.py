@@ -160,13 +160,7 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
         "previous",
         "was_cordoned",
         "attempts",
-        "planned_at",
-        "checked_at",
-        "cordoned_at",
-        "drained_at",
-        "applied_at",
-        "verified_at",
-        "uncordoned_at",
+        *MigReconfiguration.STEP_TIMESTAMPS.values(),
         "finished_at",
         "task_id",
         "rollback_of",
@@ -246,16 +240,7 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
                 if data["force"]:
                     require_operator_perms(request.user, FORCE_PERMISSION)
                 try:
-                    reconf = rc.create(
-                        node,
-                        data["target"],
-                        source=data["source"],
-                        layout=data.get("layout"),
-                        backend=data["backend"],
-                        drain=data["drain"],
-                        force=data["force"],
-                        actor=request.user,
-                    )
+                    reconf = rc.create_from(data, actor=request.user)
                 except (rc.ReconfigurationError, rc.IllegalTransition) as exc:
                     form.add_error(None, str(exc))
                 else:

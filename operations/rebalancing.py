@@ -32,6 +32,12 @@ USED_SM_ACTIVE_PCT = 5.0
 DEMAND_STATES = ("submitted", "approved", "rejected", "provisioning", "active", "released", "expired", "failed")
 
 
+def _excess(counts: dict[str, int], other: dict[str, int]) -> dict[str, int]:
+    """Per profile, how many more `counts` has than `other` (profiles where it has more only)."""
+    more = {p: counts.get(p, 0) - other.get(p, 0) for p in sorted(set(counts) | set(other))}
+    return {p: n for p, n in more.items() if n > 0}
+
+
 @dataclass
 class Rebalance:
     cluster: object
@@ -48,19 +54,11 @@ class Rebalance:
 
     @property
     def gained(self) -> dict[str, int]:
-        return {
-            p: self.after.get(p, 0) - self.before.get(p, 0)
-            for p in sorted(set(self.after) | set(self.before))
-            if self.after.get(p, 0) > self.before.get(p, 0)
-        }
+        return _excess(self.after, self.before)
 
     @property
     def lost(self) -> dict[str, int]:
-        return {
-            p: self.before.get(p, 0) - self.after.get(p, 0)
-            for p in sorted(set(self.after) | set(self.before))
-            if self.before.get(p, 0) > self.after.get(p, 0)
-        }
+        return _excess(self.before, self.after)
 
     def targets_by_node(self) -> dict[str, dict[str, list[dict]]]:
         """node name -> {gpu index: [{"profile", "start"}]} for every touched GPU (MigReconfiguration targets)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from gpuaas.celery import node_queue
+from operations.reconfiguration import run_step, sweep
 
 # A step message older than this is dropped; sweep_reconfigurations_task re-enqueues lost steps.
 RECONFIGURATION_STEP_EXPIRES_S = 10 * 60
@@ -23,8 +24,6 @@ def reconfiguration_step_task(self, reconfiguration_id: int, step: str) -> str:
     """Run one step of a MIG reconfiguration. Idempotent: the step is claimed with a conditional
     UPDATE (a stale or duplicate message does nothing) and re-entered when this same task is
     redelivered after a worker died."""
-    from operations.reconfiguration import run_step  # the package enqueues through this module
-
     return run_step(reconfiguration_id, step, token=self.request.id or "local")
 
 
@@ -44,6 +43,4 @@ def enqueue_reconfiguration_step(
 @shared_task(name="capacity.tasks.sweep_reconfigurations_task", acks_late=True)
 def sweep_reconfigurations_task() -> dict:
     """Beat: give steps of dead workers back (claims whose lease ran out) and re-send lost ones."""
-    from operations.reconfiguration import sweep  # the package enqueues through this module
-
     return sweep()

@@ -1,6 +1,6 @@
 """Provisioning pools in Kubernetes, and undoing it after release.
 
-What gpuaas writes, per (project, cluster), all through capacity/adapters/kubernetes.py:
+What gpuaas writes, per (project, cluster), all through capacity/adapters/kubernetes/:
 
 - the project's namespace (created if missing), annotated
   `scheduler.alpha.kubernetes.io/node-selector: gpuaas.io/project-<project id>=true`, so with the

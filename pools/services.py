@@ -224,7 +224,7 @@ def _user(actor):
 def enqueue_provisioning(pool: GpuPool) -> None:
     """Enqueue provisioning on commit, with a lease: if no worker claims the pool before the lease
     runs out (message lost, worker dead), sweep_provisioning() enqueues it again."""
-    from .tasks import provision_pool_task
+    from .tasks import provision_pool_task  # cycle: pools.tasks imports this module
 
     GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING).update(
         claimed_by="", lease_expires_at=lease_until()
@@ -233,7 +233,7 @@ def enqueue_provisioning(pool: GpuPool) -> None:
 
 
 def enqueue_deprovisioning(pool: GpuPool) -> None:
-    from .tasks import deprovision_pool_task
+    from .tasks import deprovision_pool_task  # cycle: pools.tasks imports this module
 
     deprovision_pool_task.delay_on_commit(pool.pk)
 
@@ -340,7 +340,7 @@ def release_allocation(allocation_id: int, *, at: dt.datetime | None = None) -> 
     release() frees whole requests; this frees a single unit (idle reservations).
     Claimed with a conditional UPDATE (released_at still null): a repeat does nothing.
     """
-    from .tasks import reconcile_project_task  # cycle: pools.tasks imports pools.services
+    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
 
     at = at or timezone.now()
     with transaction.atomic():
@@ -455,7 +455,7 @@ def sweep_provisioning(*, now: dt.datetime | None = None, limit: int = 500) -> l
                 reason=f"provisioning re-queued: {why}",
                 at=now,
             )
-            from .tasks import provision_pool_task
+            from .tasks import provision_pool_task  # cycle: pools.tasks imports this module
 
             provision_pool_task.delay_on_commit(pk)
         logger.warning("pool %s: provisioning re-queued, %s", pk, why)

@@ -10,6 +10,8 @@ from tenancy.models import Project
 
 from .choices import PoolState
 from .models import GpuPool
+from .provisioning import deprovision_pool, provision_pool, reconcile, reconcile_provisioned
+from .services import expire_due, pools_awaiting_cleanup, sweep_provisioning
 
 # Clean-ups re-enqueued per beat run, so a long outage does not flood the queue at once.
 CLEANUP_BATCH = 200
@@ -18,8 +20,6 @@ CLEANUP_BATCH = 200
 @shared_task(acks_late=True)
 def provision_pool_task(pool_id: int) -> str | None:
     """Provision a pool in Kubernetes (namespace, quota, node labels); no-op unless it is provisioning."""
-    from .provisioning import provision_pool
-
     pool = GpuPool.objects.select_related("project", "cluster").filter(pk=pool_id).first()
     if pool is None or pool.state != PoolState.PROVISIONING:
         return None
@@ -29,8 +29,6 @@ def provision_pool_task(pool_id: int) -> str | None:
 @shared_task(acks_late=True)
 def deprovision_pool_task(pool_id: int) -> bool | None:
     """Remove a released pool's quota and node labels; no-op unless released and not yet cleaned up."""
-    from .provisioning import deprovision_pool
-
     pool = GpuPool.objects.select_related("project", "cluster").filter(pk=pool_id).first()
     if pool is None or pool.released_at is None or pool.deprovisioned_at is not None:
         return None
@@ -40,8 +38,6 @@ def deprovision_pool_task(pool_id: int) -> bool | None:
 @shared_task(acks_late=True)
 def expire_requests_task() -> dict[str, int]:
     """Beat: give expiry notices, expire requests past their end, and retry failed clean-ups."""
-    from .services import expire_due, pools_awaiting_cleanup
-
     result = expire_due()
     stale = list(pools_awaiting_cleanup().order_by("pk").values_list("pk", flat=True)[:CLEANUP_BATCH])
     for pool_id in stale:
@@ -53,24 +49,18 @@ def expire_requests_task() -> dict[str, int]:
 @shared_task(acks_late=True)
 def sweep_provisioning_task() -> int:
     """Beat (every WORKFLOW_SWEEP_S): re-enqueue provisioning whose lease ran out (worker died, message lost)."""
-    from .services import sweep_provisioning
-
     return len(sweep_provisioning())
 
 
 @shared_task(acks_late=True)
 def reconcile_pools_task() -> dict[str, int]:
     """Beat (every POOL_RECONCILE_INTERVAL_S): re-apply quotas, labels and namespaces that drifted."""
-    from .provisioning import reconcile_provisioned
-
     return reconcile_provisioned()
 
 
 @shared_task(acks_late=True)
 def reconcile_project_task(project_id: int, cluster_id: int) -> bool:
     """After a single unit was released: make the project's quota and labels match (idempotent)."""
-    from .provisioning import reconcile
-
     project = Project.objects.filter(pk=project_id).first()
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if project is None or cluster is None:

@@ -113,5 +113,3 @@ def refresh_measurements(start: datetime, end: datetime) -> int:
                 changed.append(UsageRecord(pk=r["pk"], sm_activity=m.sm_activity, energy_kwh=m.energy_kwh))
     UsageRecord.objects.bulk_update(changed, ["sm_activity", "energy_kwh"], batch_size=1000)
     return len(changed)
-
-

@@ -166,10 +166,7 @@ def lines_for(statement_id: int | None, row: dict, pool_name: str) -> list[State
     common = dict(
         statement_id=statement_id,
         pool_id=row["pool_id"],
-        kind=spec.kind,
-        product=spec.product,
-        profile_name=spec.profile_name,
-        replicas=spec.replicas,
+        **rates.spec_fields(spec),
         hourly_rate=rate,
         usage_period=carried,
     )

@@ -48,16 +48,7 @@ def create_rate_card(
     for key, price in (overrides or {}).items():
         entries[key] = (rates.quantize_price(Decimal(price)), "override", True)
     RateCardEntry.objects.bulk_create(
-        RateCardEntry(
-            card=card,
-            kind=key.kind,
-            product=key.product,
-            profile_name=key.profile_name,
-            replicas=key.replicas,
-            hourly_price=price,
-            rule=rule,
-            is_override=is_override,
-        )
+        _entry(card, key, price, rule, is_override=is_override)
         for key, (price, rule, is_override) in sorted(entries.items(), key=lambda item: _key_order(item[0]))
     )
     return card
@@ -65,6 +56,13 @@ def create_rate_card(
 
 def _key_order(key: rates.SpecKey) -> tuple:
     return (key.product, key.kind, key.profile_name, key.replicas)
+
+
+def _entry(
+    card: RateCard, key: rates.SpecKey | RateCardEntry, price: Decimal, rule: str, *, is_override: bool = False
+) -> RateCardEntry:
+    """An unsaved entry of `card` pricing what `key` names (a spec key, or another card's entry)."""
+    return RateCardEntry(card=card, **rates.spec_fields(key), hourly_price=price, rule=rule, is_override=is_override)
 
 
 @transaction.atomic
@@ -83,15 +81,7 @@ def rederive_card(card: RateCard) -> int:
     for key, price, rule in rates.default_entries(full):
         entry = by_key.get(key)
         if entry is None:
-            RateCardEntry.objects.create(
-                card=card,
-                kind=key.kind,
-                product=key.product,
-                profile_name=key.profile_name,
-                replicas=key.replicas,
-                hourly_price=price,
-                rule=rule,
-            )
+            _entry(card, key, price, rule).save(force_insert=True)
             written += 1
         elif not entry.is_override and key.kind != SpecKind.FULL and (entry.hourly_price, entry.rule) != (price, rule):
             entry.hourly_price, entry.rule = price, rule
@@ -123,17 +113,7 @@ def copy_rate_card(card: RateCard, *, effective_from: datetime, name: str = "", 
         created_by=actor,
     )
     RateCardEntry.objects.bulk_create(
-        RateCardEntry(
-            card=copy,
-            kind=e.kind,
-            product=e.product,
-            profile_name=e.profile_name,
-            replicas=e.replicas,
-            hourly_price=e.hourly_price,
-            is_override=e.is_override,
-            rule=e.rule,
-        )
-        for e in card.entries.order_by("pk")
+        _entry(copy, e, e.hourly_price, e.rule, is_override=e.is_override) for e in card.entries.order_by("pk")
     )
     return copy
 

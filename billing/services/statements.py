@@ -130,7 +130,7 @@ def start_close_run(period: date, *, actor=None, run: BillingRun | None = None) 
 
     MonthNotEnded (nothing recorded) for a month that has not ended.
     """
-    from ..tasks import close_month_task  # tasks import services: the one real cycle, broken here
+    from ..tasks import close_month_task  # cycle: billing.tasks imports the services
 
     ensure_month_ended(period)
     task_id = str(uuid.uuid4())

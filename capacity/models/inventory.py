@@ -7,6 +7,8 @@ from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from gpuaas.celery import node_queue
+
 from ..choices import Availability, GpuHealth, MigInstanceState, MigStrategy, Tier
 from .availability import USABLE_HEALTH, active_allocations, availability_case, host_conditions
 from .clusters import Cluster
@@ -76,8 +78,6 @@ class NodeCapacity(models.Model):
 
     @property
     def queue(self) -> str:
-        from gpuaas.celery import node_queue
-
         return node_queue(self.cluster.name, self.name)
 
     @property

@@ -36,7 +36,6 @@ import logging
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
@@ -48,9 +47,7 @@ from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
 
 from . import bulk, workloads
-
-if TYPE_CHECKING:
-    from .inventory import InventoryResult
+from .inventory import InventoryResult, inventory_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -314,8 +311,6 @@ def discover_cluster(
     elif inventory == INVENTORY_ENQUEUE and result.inventory_nodes:
         _enqueue_inventory(cluster, result.inventory_nodes)
     elif inventory == INVENTORY_INLINE:
-        from .inventory import inventory_nodes
-
         names = list(NodeCapacity.objects.for_cluster(cluster).present().values_list("name", flat=True))
         outcome.inventory = inventory_nodes(cluster.pk, names, api_url=api_url)
     return outcome
@@ -331,7 +326,7 @@ def _record_failure(run: DiscoveryRun, cluster: Cluster, at: datetime, error: st
 
 
 def _enqueue_inventory(cluster: Cluster, names: list[str]) -> None:
-    from capacity.tasks import enqueue_inventory
+    from capacity.tasks import enqueue_inventory  # cycle: capacity.tasks imports this module
 
     transaction.on_commit(lambda: enqueue_inventory(cluster.pk, cluster.name, names))
 

@@ -25,6 +25,15 @@ from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.mig.catalog import Product, get_product, mig_parted_entries, named_configs
+from capacity.models import (
+    GPUAAS_CONFIG_PREFIX,
+    Cluster,
+    MigLayout,
+    MigReconfiguration,
+    MigReconfigurationQuerySet,
+    NodeCapacity,
+    TimeSlicingPolicy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -110,14 +119,6 @@ def entries_for_targets(product: Product | str, targets: dict) -> list[dict]:
 
 def mig_parted_document(cluster) -> dict:
     """The whole gpuaas mig-parted document for `cluster`, rebuilt from the database."""
-    from capacity.models import (
-        GPUAAS_CONFIG_PREFIX,
-        MigLayout,
-        MigReconfiguration,
-        MigReconfigurationQuerySet,
-        NodeCapacity,
-    )
-
     configs = named_config_entries()
     for layout in MigLayout.objects.order_by("name"):
         configs[layout.config_name] = entries_for_targets(layout.product, layout.gpus)
@@ -262,8 +263,6 @@ def apply_time_slicing(cluster, *, client: kube.KubernetesClient | None = None) 
     labelled nvidia.com/device-plugin.config=<key>; nodes whose label names a gpuaas key they no
     longer have lose the label. Returns {"keys": [...], "labelled": n, "unlabelled": n}.
     """
-    from capacity.models import GPUAAS_CONFIG_PREFIX, NodeCapacity, TimeSlicingPolicy
-
     policies = list(TimeSlicingPolicy.objects.filter(cluster=cluster, enabled=True).order_by("node_group"))
     ours = {p.config_key: dump_yaml(time_slicing_document(p)) for p in policies}
     by_group = {p.node_group: p for p in policies}
@@ -307,8 +306,7 @@ def apply_time_slicing(cluster, *, client: kube.KubernetesClient | None = None) 
 
 def publish() -> None:
     """Rewrite gpuaas's mig-parted ConfigMap on every cluster after commit (a layout changed)."""
-    from capacity.models import Cluster
-    from capacity.tasks import write_mig_parted_config_task
+    from capacity.tasks import write_mig_parted_config_task  # cycle: capacity.tasks imports this module
 
     ids = list(Cluster.objects.order_by("pk").values_list("pk", flat=True))
     transaction.on_commit(lambda: [write_mig_parted_config_task.delay(pk) for pk in ids])
@@ -316,6 +314,6 @@ def publish() -> None:
 
 def enqueue_time_slicing(cluster_id: int) -> None:
     """Queue apply_time_slicing for one cluster after commit."""
-    from capacity.tasks import apply_time_slicing_task
+    from capacity.tasks import apply_time_slicing_task  # cycle: capacity.tasks imports this module
 
     transaction.on_commit(lambda: apply_time_slicing_task.delay(cluster_id))

@@ -69,7 +69,7 @@ def latest_samples(series_ids: list[int], *, since: datetime) -> dict[int, Sampl
 
 def pool_steps(units, start, end, step) -> list[tuple[datetime, float, int, float]]:
     """(ts, weighted avg, units, weight) per step, from each unit's series points, weighted in Python."""
-    from monitoring.readers import series_points  # readers call this backend: a real cycle, broken here
+    from monitoring.readers import series_points  # cycle: monitoring.readers calls this backend
 
     weights = {sid: w for sid, w, _, _ in units}
     windows: dict[int, list[tuple[datetime, datetime | None]]] = defaultdict(list)

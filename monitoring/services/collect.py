@@ -38,6 +38,7 @@ from monitoring.models import Collector, Series
 
 from .health import HealthOutcome, UnitHealth, apply_health
 from .ingest import ingest_samples, sample_row, series_ids, slot
+from .timeslice import check_shares
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +128,6 @@ def poll_node(node_id: int, *, at: datetime | None = None) -> CollectResult | No
 
 def record_nvml(node: NodeCapacity, readings: list[nvml.GpuMetrics], *, ts: datetime) -> CollectResult:
     """Write one NVML poll of `node` (samples, health events, share checks) at slot time `ts`."""
-    from .timeslice import check_shares
-
     result = CollectResult()
     gpus = list(GpuCapacity.objects.filter(node=node, lost_at__isnull=True))
     by_uuid = {g.uuid: g for g in gpus}

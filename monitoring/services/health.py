@@ -146,7 +146,7 @@ def sync_gpu_health(gpu_ids: list[int]) -> list[int]:
         if set_gpu_health(gpu_id, health) and health == GpuHealth.UNHEALTHY:
             became_unhealthy.append(gpu_id)
     if became_unhealthy and settings.MONITORING_CORDON_ON_CRITICAL:
-        from monitoring.tasks import cordon_node_task
+        from monitoring.tasks import cordon_node_task  # cycle: monitoring.tasks imports this module
 
         node_ids = sorted(set(GpuCapacity.objects.filter(pk__in=became_unhealthy).values_list("node_id", flat=True)))
         for node_id in node_ids:

@@ -106,7 +106,7 @@ def check_shares(node: NodeCapacity, shared: list[tuple[GpuCapacity, nvml.GpuMet
                 resolved_at=at, state=_resolved_state()
             )
         if evict:
-            from monitoring.tasks import evict_over_share_task
+            from monitoring.tasks import evict_over_share_task  # cycle: monitoring.tasks imports this module
 
             for pk in evict:
                 evict_over_share_task.delay_on_commit(pk)

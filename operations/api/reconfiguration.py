@@ -68,13 +68,7 @@ class MigReconfigurationSerializer(serializers.ModelSerializer):
             "state",
             "attempts",
             "was_cordoned",
-            "planned_at",
-            "checked_at",
-            "cordoned_at",
-            "drained_at",
-            "applied_at",
-            "verified_at",
-            "uncordoned_at",
+            *MigReconfiguration.STEP_TIMESTAMPS.values(),
             "finished_at",
             "failed_step",
             "error",
@@ -213,16 +207,7 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
         if data["force"] and not operator_can(request.user, FORCE_PERMISSION):
             raise exceptions.PermissionDenied(f"Forcing a reconfiguration needs the {FORCE_PERMISSION} permission.")
         try:
-            reconf = rc.create(
-                data["node"],
-                data["target"],
-                source=data["source"],
-                layout=data.get("layout"),
-                backend=data["backend"],
-                drain=data["drain"],
-                force=data["force"],
-                actor=request.user,
-            )
+            reconf = rc.create_from(data, actor=request.user)
         except (rc.Refused, rc.IllegalTransition) as exc:
             raise Conflict(str(exc)) from None
         except rc.ReconfigurationError as exc:

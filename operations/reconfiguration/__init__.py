@@ -40,7 +40,7 @@ MigReconfigurationStep row (the audit trail).
 """
 
 from .engine import ORDER, idle_s, poll_interval_s, run_step, step_timeout_s, sweep
-from .lifecycle import cancel, create, resume, rollback
+from .lifecycle import cancel, create, create_from, resume, rollback
 from .outcomes import Advance, IllegalTransition, ReconfigurationError, Refused, Wait
 from .plan import GpuPlan, Impact, assess, current_layouts, gpu_pods, plan_node, target_from
 from .records import audit
@@ -61,6 +61,7 @@ __all__ = [
     "cancel",
     "config_name_for",
     "create",
+    "create_from",
     "current_layouts",
     "gpu_pods",
     "idle_s",

@@ -6,7 +6,9 @@ change the current state does not allow raises IllegalTransition (API: 409).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
@@ -73,6 +75,21 @@ def create(
     except IntegrityError:
         raise IllegalTransition(f"{node} already has an open MIG reconfiguration") from None
     return reconf
+
+
+def create_from(data: Mapping[str, Any], *, actor=None) -> MigReconfiguration:
+    """create() from a validated request, the admin's form or the API's serializer: node, target,
+    source, backend, drain, force and an optional layout, by name."""
+    return create(
+        data["node"],
+        data["target"],
+        source=data["source"],
+        layout=data.get("layout"),
+        backend=data["backend"],
+        drain=data["drain"],
+        force=data["force"],
+        actor=actor,
+    )
 
 
 def resume(reconf: MigReconfiguration, *, actor=None) -> MigReconfiguration:

@@ -66,8 +66,8 @@ def simcluster(tmp_path):
 @pytest.fixture
 def retry_waits(monkeypatch):
     """The Kubernetes adapter's retry waits, recorded instead of slept."""
-    from capacity.adapters import kubernetes as kube
+    from capacity.adapters.kubernetes import transport
 
     waits: list[float] = []
-    monkeypatch.setattr(kube, "backoff_sleep", waits.append)
+    monkeypatch.setattr(transport, "backoff_sleep", waits.append)
     return waits

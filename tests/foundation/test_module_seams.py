@@ -1,4 +1,4 @@
-"""Modules along their seams: backend SQL behind one chooser per app, pynvml in the NVML adapter, benchmarks apart."""
+"""Modules along their seams: backend SQL behind one chooser per app, each library in its adapter, benchmarks apart."""
 
 import ast
 import re
@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("capacity", "pools", "monitoring", "billing", "gpuaas")
+APPS = ("tenancy", "capacity", "pools", "operations", "monitoring", "billing", "gpuaas")
 # The one place per app that asks which database it runs on; migration helpers run on the schema
 # editor's connection, and benchmarks report the database they measured.
 VENDOR_ALLOWED = {
@@ -45,7 +45,11 @@ def test_each_backend_seam_offers_the_same_functions_on_both_databases(app):
         assert callable(getattr(postgresql, name)) and callable(getattr(sqlite, name))
 
 
-def test_only_the_nvml_adapter_imports_pynvml():
+@pytest.mark.parametrize(
+    ("library", "adapter"),
+    [("pynvml", "capacity/adapters/nvml/"), ("kubernetes", "capacity/adapters/kubernetes/")],
+)
+def test_only_the_adapter_imports_its_library(library, adapter):
     importers = set()
     for name, text in _sources(*APPS, "benchmarks"):
         for node in ast.walk(ast.parse(text)):
@@ -54,9 +58,9 @@ def test_only_the_nvml_adapter_imports_pynvml():
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 modules = [node.module or ""]
-            if any(m == "pynvml" or m.startswith("pynvml.") for m in modules):
+            if any(m == library or m.startswith(f"{library}.") for m in modules):
                 importers.add(name)
-    assert importers and all(name.startswith("capacity/adapters/nvml/") for name in importers)
+    assert importers and all(name.startswith(adapter) for name in importers)
 
 
 def test_no_app_imports_the_benchmarks_package():
@@ -67,3 +71,24 @@ def test_no_app_imports_the_benchmarks_package():
 
 def test_settings_are_grouped_not_appended():
     assert "--- end" not in (ROOT / "gpuaas" / "settings.py").read_text()
+
+
+def test_function_local_imports_of_the_project_say_which_cycle_they_break():
+    """Imports sit at module top; one inside a function is kept only for a real cycle and says so."""
+    packages = {*APPS, "benchmarks"}
+    unexplained = []
+    for name, text in _sources(*APPS, "benchmarks"):
+        lines = text.splitlines()
+        for function in ast.walk(ast.parse(text)):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom):
+                    ours = node.level > 0 or (node.module or "").split(".")[0] in packages
+                elif isinstance(node, ast.Import):
+                    ours = any(alias.name.split(".")[0] in packages for alias in node.names)
+                else:
+                    continue
+                if ours and "cycle:" not in lines[node.lineno - 1]:
+                    unexplained.append(f"{name}:{node.lineno}")
+    assert unexplained == []

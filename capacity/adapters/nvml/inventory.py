@@ -12,10 +12,9 @@ from typing import Any
 from .sessions import (
     MIB,
     GpuLost,
-    NvmlError,
     NvmlSession,
     as_text,
-    is_nvml_error,
+    node_errors,
     session,
 )
 
@@ -169,18 +168,12 @@ def gpu_info(s: NvmlSession, index: int) -> GpuInfo:
 def node_inventory(api_url: str, node_name: str) -> NodeInventory:
     """Everything discovery needs from one node's NVML: GPUs, MIG devices with placements, processes."""
     with session(api_url, node_name) as s:
-        try:
+        with node_errors(node_name):
             inventory = NodeInventory(
                 node_name=node_name,
                 driver_version=as_text(s.optional("nvmlSystemGetDriverVersion")) or "",
                 cuda_version=_cuda_version(s.optional("nvmlSystemGetCudaDriverVersion")),
             )
             count = int(s.call("nvmlDeviceGetCount"))
-        except GpuLost as exc:
-            raise NvmlError(f"{node_name}: {exc}") from None
-        except Exception as exc:
-            if is_nvml_error(exc):
-                raise NvmlError(f"{node_name}: {exc}") from None
-            raise
         inventory.gpus = [gpu_info(s, i) for i in range(count)]
         return inventory

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from ctypes import byref, c_uint
 from typing import Any
 
 import pynvml
+
+from capacity.mig.catalog import CI_PROFILE_BY_SLICES
 
 from .sessions import UNAVAILABLE, GpuLost, NvmlSession, error_code, is_nvml_error
 
@@ -20,8 +23,6 @@ def _nvml_struct(s: NvmlSession, name: str):
 
 def _gpu_instances(s: NvmlSession, handle: Any, profile_ids) -> list[tuple[Any, int, int, int]]:
     """Every GPU instance of the GPU as (handle, profile id, placement start, GI id)."""
-    from ctypes import byref, c_uint
-
     found = []
     gi_type = _nvml_struct(s, "c_nvmlGpuInstance_t")
     for profile_id in profile_ids:
@@ -36,10 +37,6 @@ def _gpu_instances(s: NvmlSession, handle: Any, profile_ids) -> list[tuple[Any, 
 
 def _compute_instances(s: NvmlSession, gi: Any) -> list[tuple[Any, int]]:
     """Every compute instance of a GPU instance as (handle, compute slices)."""
-    from ctypes import byref, c_uint
-
-    from capacity.mig.catalog import CI_PROFILE_BY_SLICES
-
     found = []
     ci_type = _nvml_struct(s, "c_nvmlComputeInstance_t")
     for slices, ci_profile in CI_PROFILE_BY_SLICES.items():
@@ -69,10 +66,6 @@ def apply_gpu_layout(s: NvmlSession, index: int, product, *, mig_enabled: bool, 
 
     Returns {"destroyed": [...], "created": [...], "kept": [...]} as "profile@start" strings.
     """
-    from ctypes import byref
-
-    from capacity.mig.catalog import CI_PROFILE_BY_SLICES
-
     done: dict[str, list[str]] = {"destroyed": [], "created": [], "kept": []}
     what = f"GPU {index}"
     try:

@@ -5,7 +5,9 @@ Unavailable (NotSupported, NotFound, NoData, FunctionNotFound) is None, never ze
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,12 +17,12 @@ from .inventory import ProcessInfo, read_processes
 from .sessions import (
     UNAVAILABLE,
     GpuLost,
-    NvmlError,
     NvmlSession,
     as_text,
     error_code,
     is_nvml_error,
     mib,
+    node_errors,
     session,
 )
 
@@ -140,8 +142,6 @@ _xid_watchers: dict[tuple[str, str], _XidWatcher] = {}
 
 
 def _handle_address(handle: Any) -> int | None:
-    import ctypes
-
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except (ctypes.ArgumentError, TypeError):
@@ -283,17 +283,9 @@ def node_metrics(api_url: str, node_name: str, *, gpm_interval_s: float = 0.15) 
     taken, then one sleep of `gpm_interval_s`, then the second samples; every sample is freed.
     A GPU lost at any step is reported `lost=True` with nothing else. NvmlError if NVML cannot start.
     """
-    import time
-
     with session(api_url, node_name) as s:
-        try:
+        with node_errors(node_name):
             count = int(s.call("nvmlDeviceGetCount"))
-        except GpuLost as exc:
-            raise NvmlError(f"{node_name}: {exc}") from None
-        except Exception as exc:
-            if is_nvml_error(exc):
-                raise NvmlError(f"{node_name}: {exc}") from None
-            raise
         watcher = _xid_watcher(api_url, node_name, s.lib)
         gpus: list[GpuMetrics] = []
         gpm: list[tuple[GpuMetrics, MigMetrics | None, Any, int | None, Any]] = []

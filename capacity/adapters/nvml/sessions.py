@@ -124,6 +124,19 @@ def session(api_url: str = "", node_name: str = "") -> Iterator[NvmlSession]:
             logger.warning("nvmlShutdown on %s failed: %s", node_name, exc)
 
 
+@contextmanager
+def node_errors(node_name: str) -> Iterator[None]:
+    """NVML failures of the block (a lost GPU too) as NvmlError naming the node: the node's poll cannot start."""
+    try:
+        yield
+    except GpuLost as exc:
+        raise NvmlError(f"{node_name}: {exc}") from None
+    except Exception as exc:
+        if is_nvml_error(exc):
+            raise NvmlError(f"{node_name}: {exc}") from None
+        raise
+
+
 def as_text(value: Any) -> str | None:
     if value is None:
         return None

@@ -83,7 +83,7 @@ class Command(BaseCommand):
         return self.supervisor.add(Program(name, [sys.executable, *argv], settings.VAR_DIR / "logs" / log), start=True)
 
     def _run(self, no_serve: bool, sim_port: int, web_port: int) -> None:
-        from gpuaas import demo_world
+        from gpuaas import demo_world  # cycle: imports models; this module loads before apps (broker helpers)
 
         out = self.stdout
         out.write("1/5 database: migrating")

@@ -1,0 +1,24 @@
+"""`KubernetesClient`: one cluster's API, the transport plus the calls gpuaas makes, grouped by kind of object."""
+
+from __future__ import annotations
+
+from .configuration import configuration_for, load_configuration
+from .namespaces import NamespaceCalls
+from .nodes import NodeCalls
+from .pods import PodCalls
+
+
+class KubernetesClient(NodeCalls, PodCalls, NamespaceCalls):
+    """One cluster's API: reads return parsed dataclasses, writes return the object as a dict.
+
+    Use as a context manager (or call close()) so the connection pool is released.
+    """
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, context: str = "", **kwargs) -> KubernetesClient:
+        return cls(load_configuration(kubeconfig_path=path, context=context), **kwargs)
+
+    @classmethod
+    def for_cluster(cls, cluster, **kwargs) -> KubernetesClient:
+        """The client for a capacity.Cluster row: in-cluster, stored kubeconfig, or kubeconfig path."""
+        return cls(configuration_for(cluster), **kwargs)
