@@ -63,7 +63,7 @@ class ApiBehaviour:
     watch_window: int = 10_000  # watch events kept (etcd compaction): older resourceVersions get 410 Gone
     watch_bookmark_s: float = 60.0  # BOOKMARK interval for allowWatchBookmarks watches (kube-apiserver: ~1 min)
     watch_timeout_s: float = 1800.0  # a watch without timeoutSeconds ends after this (--min-request-timeout)
-    list_snapshots: int = 256  # paged lists whose remaining pages are kept (continue tokens)
+    list_snapshots: int = 64  # unfinished paged lists whose remaining pages are kept (continue tokens)
 
 
 @dataclass(frozen=True, slots=True)
