@@ -8,6 +8,8 @@ serves every cluster of a SimState, each under its own path prefix:
 
 Simulator endpoints live beside the API under the same prefix:
 
+    GET  /version, /api, /apis, /api/v1    discovery, as a real server answers it
+    GET  ...?watch=true                    JSON-line watch events (BOOKMARK, 410 Gone), see docs/simcluster.md
     GET  /sim/v1/info                      clusters, nodes, sim time
     GET  /sim/v1/faults | POST | DELETE    list / inject (`{"fault": ...}`) / reset faults
     POST /sim/v1/tick                      {"seconds": 1.0, "mig_manager": false}
@@ -168,14 +170,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/healthz", "/readyz", "/livez"):
             self._send(200, b"ok")
             return
-        if path == "/version":
-            version = cluster.settings.kubernetes_version
-            major, minor = version.lstrip("v").split(".")[:2]
-            self._send_json(200, {"major": major, "minor": minor, "gitVersion": version, "platform": "linux/amd64",
-                                  "goVersion": "go1.22.9", "compiler": "gc"})
-            return
-        if segments == ["api"]:
-            self._send_json(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+        if method == "GET" and (answer := _discovery(cluster, segments, self.headers.get("Host", ""))) is not None:
+            self._send_json(200, answer)
             return
         if segments[:2] != ["api", "v1"]:
             raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
@@ -216,6 +212,9 @@ class _Handler(BaseHTTPRequestHandler):
         if name is None:
             if method == "GET":
                 params = kube.ListParams.from_query(query)
+                if params.watch:
+                    self._watch(api, plural, namespace, params)
+                    return
                 with lock:
                     body = api.list(plural, namespace, params)
                 self._send(200, body)
@@ -240,12 +239,57 @@ class _Handler(BaseHTTPRequestHandler):
             with lock:
                 body = api.patch(plural, namespace, name, payload, self.headers.get("Content-Type", ""))
         elif method == "DELETE":
+            grace = _grace_period(query, self._body())
             with lock:
-                body = api.delete(plural, namespace, name)
+                body = api.delete(plural, namespace, name, grace)
         else:
             raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
                                 "resource")
         self._send(200, body)
+
+    def _watch(self, api: kube.ClusterApi, plural: str, namespace: str | None, params: kube.ListParams) -> None:
+        """Stream watch events as JSON lines in a chunked 200 answer, as kube-apiserver does: from the
+        given resourceVersion (synthetic ADDED events when none), BOOKMARKs when asked for, until
+        timeoutSeconds (or the server's own limit). A compacted resourceVersion gets one ERROR event
+        (Status 410 Expired) and the end of the stream."""
+        srv, cluster = self.server, api.cluster
+        state = cluster.state
+        with state.lock:
+            lines, since = api.watch_start(plural, namespace, params)  # a bad selector is still a 400 here
+        deadline = time.monotonic() + (params.timeout_s or state.api.watch_timeout_s)
+        bookmark_every = state.api.watch_bookmark_s
+        next_bookmark = time.monotonic() + bookmark_every
+        promote: set = set()
+        self.send_response(200)
+        self.send_header("Content-Type", _JSON)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            while True:
+                if lines:
+                    self._chunk(b"".join(lines))
+                    lines = []
+                now = time.monotonic()
+                if now >= deadline or srv.stopping.is_set():
+                    break
+                with state.lock:
+                    if cluster.rv == since:
+                        state.kube_changed.wait(min(deadline, next_bookmark, now + 0.5) - now)
+                    try:
+                        lines, since = api.watch_lines(plural, namespace, params, since, promote)
+                    except kube.ApiError as err:
+                        self._chunk(kube.error_line(err))
+                        break
+                if params.allow_bookmarks and time.monotonic() >= next_bookmark:
+                    lines.append(api.bookmark(plural, since))
+                    next_bookmark = time.monotonic() + bookmark_every
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
 
     # --- simulator endpoints ----------------------------------------------------------
 
@@ -319,6 +363,54 @@ class _Handler(BaseHTTPRequestHandler):
             except driver.NodeGone:
                 raise kube.not_found("nodes", node_name) from None
         raise kube.ApiError(404, "NotFound", f"no simulator endpoint {method} {path}", {})
+
+
+def _grace_period(query: dict, body) -> int | None:
+    """gracePeriodSeconds of a DELETE: the query parameter, else the DeleteOptions body."""
+    values = query.get("gracePeriodSeconds")
+    value = values[-1] if values else (body or {}).get("gracePeriodSeconds") if isinstance(body, dict) else None
+    if value in (None, ""):
+        return None
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        raise kube.bad_request(f"gracePeriodSeconds must be an integer, got {value!r}") from None
+
+
+# What /api/v1 serves: (name, kind, namespaced, verbs), as kube-apiserver lists them.
+_READ_WRITE = ["create", "delete", "get", "list", "patch", "update", "watch"]
+_RESOURCES = (
+    ("configmaps", "ConfigMap", True, _READ_WRITE),
+    ("namespaces", "Namespace", False, _READ_WRITE),
+    ("nodes", "Node", False, ["delete", "get", "list", "patch", "update", "watch"]),
+    ("pods", "Pod", True, _READ_WRITE),
+    ("pods/eviction", "Eviction", True, ["create"]),
+    ("resourcequotas", "ResourceQuota", True, _READ_WRITE),
+)
+
+
+def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
+    """/version, /api, /apis and /api/v1 in the shapes the official client's models require
+    (VersionInfo, V1APIVersions, V1APIGroupList, V1APIResourceList); None for other paths."""
+    if segments == ["version"]:
+        version = cluster.settings.kubernetes_version
+        major, minor = version.lstrip("v").split(".")[:2]
+        return {"major": major, "minor": minor, "gitVersion": version,
+                "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+                "buildDate": "2024-12-10T00:00:00Z", "goVersion": "go1.22.9", "compiler": "gc",
+                "platform": "linux/amd64"}
+    if segments == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]}
+    if segments == ["apis"]:
+        # policy/v1 is served only as the pods/eviction subresource, so no group is listed.
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+    if segments == ["api", "v1"]:
+        return {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": name, "singularName": "" if "/" in name else kind.lower(), "namespaced": namespaced,
+             "kind": kind, "verbs": verbs, **({"group": "policy", "version": "v1"} if "/" in name else {})}
+            for name, kind, namespaced, verbs in _RESOURCES]}
+    return None
 
 
 def _node_info(node) -> dict:
@@ -400,6 +492,7 @@ class SimServer:
         self._httpd.stopping.set()
         with self.state.lock:
             self.state.events_changed.notify_all()
+            self.state.kube_changed.notify_all()
         self._httpd.shutdown()
         self._httpd.server_close()
         for thread in self._threads:
@@ -417,6 +510,7 @@ class SimServer:
         last = time.monotonic()
         while not httpd.stopping.wait(0.05):
             self.state.run_mig_manager(due_only=True)
+            self.state.run_kubelet(due_only=True)
             if self.tick_interval:
                 now = time.monotonic()
                 if now - last >= self.tick_interval:

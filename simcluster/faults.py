@@ -113,7 +113,7 @@ class Faults:
             c.remove_node(node).assigned.clear()
             for key, record in list(c.pods.items()):
                 if record.obj["spec"].get("nodeName") == node:
-                    del c.pods[key]
+                    scheduler.remove_pod(c, key)
             scheduler.retry_pending(c)
 
     def node_ready(self, cluster: str | None, node: str, ready: bool = False) -> None:

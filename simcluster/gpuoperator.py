@@ -126,6 +126,7 @@ def add_mig_configs(cluster: Cluster, extra: dict[str, list[dict]]) -> None:
     record.obj["data"]["config.yaml"] = yaml.safe_dump(document, sort_keys=False)
     record.obj["metadata"]["resourceVersion"] = cluster.bump()
     record.raw = None
+    cluster.record_event("MODIFIED", "configmaps", (cluster.settings.operator_namespace, DEFAULT_MIG_CONFIGMAP), record)
 
 
 # ----------------------------------------------------------------------------------------

@@ -11,9 +11,13 @@ Nodes are the hot path (a 2,000-node list): each node's JSON is rendered once in
 cached on the node and invalidated by `Cluster.touch()`; a list page is the cached bytes
 joined. Other objects are stored as their JSON dicts (`Record`), with cached bytes too.
 
-Strategic merge patch is implemented as JSON merge patch except that lists are replaced
-whole (no patchMergeKey merging, no `$patch` directives): enough for labels, annotations,
-spec.unschedulable and taints, which is what GPU tooling patches.
+Strategic merge patch merges lists of maps by their patchMergeKey for the core/v1 fields
+that declare one (containers by name, env by name, conditions by type, ...; see
+`_MERGE_KEYS`) and honours `$patch: delete|replace`; every other list (node taints and pod
+tolerations are `atomic` in k8s.io/api) is replaced whole, as kube-apiserver does.
+
+Every write is logged as a watch event (`Cluster.record_event`), which feeds `watch=true`
+streams and decides when an old resourceVersion or continue token is gone (410).
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import bisect
 import copy
 import json
 import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from . import gpuoperator, scheduler
@@ -418,6 +421,79 @@ def json_patch(target: dict, operations: list) -> dict:
     return doc
 
 
+# patchMergeKey of the core/v1 lists of maps that have `patchStrategy:"merge"` (k8s.io/api core/v1
+# types.go), by path from the object root; "[]" stands for any item of the list before it. Lists of
+# scalars with the merge strategy (finalizers, podCIDRs) merge as sets (None key).
+_MERGE_KEYS: dict[tuple[str, ...], str | None] = {
+    ("metadata", "finalizers"): None,
+    ("metadata", "ownerReferences"): "uid",
+    ("spec", "podCIDRs"): None,
+    ("spec", "containers"): "name",
+    ("spec", "initContainers"): "name",
+    ("spec", "ephemeralContainers"): "name",
+    ("spec", "volumes"): "name",
+    ("spec", "imagePullSecrets"): "name",
+    ("spec", "hostAliases"): "ip",
+    ("spec", "schedulingGates"): "name",
+    ("spec", "resourceClaims"): "name",
+    ("status", "conditions"): "type",
+    ("status", "addresses"): "type",
+    **{
+        ("spec", group, "[]", field): key
+        for group in ("containers", "initContainers", "ephemeralContainers")
+        for field, key in (("env", "name"), ("ports", "containerPort"), ("volumeMounts", "mountPath"),
+                           ("volumeDevices", "devicePath"), ("resizePolicy", "resourceName"))
+    },
+}
+
+
+def strategic_merge_patch(target: object, patch: object, path: tuple[str, ...] = ()) -> object:
+    """Kubernetes strategic merge patch for core/v1: JSON merge patch, except that the lists in
+    `_MERGE_KEYS` merge item by item (`{"$patch": "delete"}` removes an item) and a map with
+    `"$patch": "replace"` replaces instead of merging."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if patch.get("$patch") == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$"):
+            continue
+        here = (*path, key)
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, list) and here in _MERGE_KEYS and isinstance(result.get(key), list):
+            result[key] = _merge_list(result[key], value, _MERGE_KEYS[here], here)
+        elif isinstance(value, list):
+            result[key] = [
+                item for item in copy.deepcopy(value) if not (isinstance(item, dict) and item.get("$patch"))
+            ]
+        else:
+            result[key] = strategic_merge_patch(result.get(key), value, here)
+    return result
+
+
+def _merge_list(current: list, patch: list, merge_key: str | None, path: tuple[str, ...]) -> list:
+    if merge_key is None:  # a set of scalars: add the new ones, keep the order
+        return list(current) + [v for v in patch if v not in current]
+    if any(isinstance(item, dict) and item.get("$patch") == "replace" for item in patch):
+        return [copy.deepcopy(i) for i in patch if not (isinstance(i, dict) and i.get("$patch"))]
+    merged = [copy.deepcopy(item) for item in current]
+    for item in patch:
+        if not isinstance(item, dict) or merge_key not in item:
+            raise bad_request(f"map: {item} does not contain declared merge key: {merge_key}")
+        at = next((i for i, old in enumerate(merged) if isinstance(old, dict) and old.get(merge_key) ==
+                   item[merge_key]), None)
+        if item.get("$patch") == "delete":
+            if at is not None:
+                merged.pop(at)
+        elif at is None:
+            merged.append({k: v for k, v in copy.deepcopy(item).items() if k != "$patch"})
+        else:
+            merged[at] = strategic_merge_patch(merged[at], item, (*path, "[]"))
+    return merged
+
+
 def apply_patch(target: dict, body: object, content_type: str) -> dict:
     ctype = (content_type or "").split(";")[0].strip().lower()
     if ctype == "application/json-patch+json":
@@ -427,6 +503,8 @@ def apply_patch(target: dict, body: object, content_type: str) -> dict:
     if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
         if not isinstance(body, dict):
             raise bad_request("patch body must be a JSON object")
+        if ctype == "application/strategic-merge-patch+json":
+            return strategic_merge_patch(target, body)
         return merge_patch(target, body)
     if ctype == "application/apply-patch+yaml":
         raise ApiError(415, "UnsupportedMediaType", "server-side apply is not supported by simcluster")
@@ -439,21 +517,37 @@ def apply_patch(target: dict, body: object, content_type: str) -> dict:
 # Paging
 
 
-def encode_continue(rv: int, last_key: str, page: int) -> str:
-    raw = _DUMPS({"v": "meta.k8s.io/v1", "rv": rv, "start": last_key, "page": page}).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+def encode_continue(rv: int, last_key: str, page: int, snapshot: str | None = None) -> str:
+    """An opaque token: the list's resourceVersion, the key to resume after, the page number and
+    the snapshot holding the remaining pages (none: continue from the live state, the
+    inconsistent continuation a 410 offers)."""
+    fields = {"v": "meta.k8s.io/v1", "rv": rv, "start": last_key, "page": page}
+    if snapshot:
+        fields["snap"] = snapshot
+    return base64.urlsafe_b64encode(_DUMPS(fields).encode()).decode().rstrip("=")
+
+
+def continue_fields(token: str) -> dict:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return {"rv": int(data["rv"]), "start": str(data["start"]), "page": int(data["page"]),
+                "snap": data.get("snap")}
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        raise bad_request("continue key is not valid: illegal base64 data at input byte 0") from None
 
 
 def decode_continue(token: str | None) -> tuple[str | None, int]:
     """(key to resume after, page number of the page to serve); page 1 for no token."""
     if not token:
         return None, 1
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return str(data["start"]), int(data["page"])
-    except (binascii.Error, ValueError, KeyError, TypeError):
-        raise bad_request("continue key is not valid: illegal base64 data at input byte 0") from None
+    fields = continue_fields(token)
+    return fields["start"], fields["page"]
+
+
+def too_old(rv: int, current: int) -> ApiError:
+    """410 for a resourceVersion etcd has compacted, worded as kube-apiserver words it."""
+    return ApiError(410, "Expired", f"too old resource version: {rv} ({current})")
 
 
 def expired_continue(rv: int, last_key: str, page: int) -> ApiError:
@@ -470,12 +564,21 @@ def expired_continue(rv: int, last_key: str, page: int) -> ApiError:
     return err
 
 
+# What Go's strconv.ParseBool takes as true: the official Python client sends `watch=True`.
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+
+
 @dataclass
 class ListParams:
     label_selector: str | None = None
     field_selector: str | None = None
     limit: int = 0
     continue_token: str | None = None
+    resource_version: str | None = None
+    resource_version_match: str | None = None
+    watch: bool = False
+    allow_bookmarks: bool = False
+    timeout_s: float | None = None
 
     @classmethod
     def from_query(cls, query: dict[str, list[str]]) -> ListParams:
@@ -483,50 +586,48 @@ class ListParams:
             values = query.get(name)
             return values[-1] if values else None
 
-        if one("watch") in ("true", "1"):
-            raise ApiError(405, "MethodNotAllowed", "watch is not supported by simcluster; list and poll instead")
-        limit = one("limit")
+        def number(name: str) -> int:
+            text = one(name)
+            try:
+                return int(text) if text else 0
+            except ValueError:
+                raise bad_request(f"{name} must be an integer, got {text!r}") from None
+
+        timeout = number("timeoutSeconds")
+        return cls(one("labelSelector"), one("fieldSelector"), max(0, number("limit")), one("continue"),
+                   one("resourceVersion") or None, one("resourceVersionMatch") or None,
+                   one("watch") in _TRUE, one("allowWatchBookmarks") in _TRUE,
+                   float(timeout) if timeout > 0 else None)
+
+    def start_rv(self) -> int | None:
+        """The resourceVersion a watch or list names; None for unset or "0" (any/most recent)."""
+        if self.resource_version in (None, "", "0"):
+            return None
         try:
-            limit_value = int(limit) if limit else 0
+            return int(self.resource_version)
         except ValueError:
-            raise bad_request(f"limit must be an integer, got {limit!r}") from None
-        return cls(one("labelSelector"), one("fieldSelector"), max(0, limit_value), one("continue"))
+            raise bad_request(f"invalid resource version: {self.resource_version!r}") from None
 
 
 def _list_bytes(kind: str, rv: int, items: list[bytes], next_key: str | None, page: int,
-                remaining: int | None) -> bytes:
+                remaining: int | None, snapshot: str | None = None) -> bytes:
     meta: dict = {"resourceVersion": str(rv)}
     if next_key is not None:
-        meta["continue"] = encode_continue(rv, next_key, page + 1)
+        meta["continue"] = encode_continue(rv, next_key, page + 1, snapshot)
         if remaining is not None:
             meta["remainingItemCount"] = remaining
     head = b'{"kind":"' + kind.encode() + b'","apiVersion":"v1","metadata":' + _DUMPS(meta).encode() + b',"items":['
     return head + b",".join(items) + b"]}"
 
 
-def page_items(
-    candidates: Iterable,
-    *,
-    key: Callable[[object], str],
-    keep: Callable[[object], bool],
-    render: Callable[[object], bytes],
-    limit: int,
-) -> tuple[list[bytes], str | None]:
-    """Walk candidates in key order, keep `limit` matches; (items, key to continue after or None).
+def _event_line(kind: str, raw: bytes) -> bytes:
+    """One watch event as the JSON line kube-apiserver streams."""
+    return b'{"type":"' + kind.encode() + b'","object":' + raw + b"}\n"
 
-    When a page fills, it peeks for one more match so the last page never comes back empty
-    with a continue token.
-    """
-    items: list[bytes] = []
-    last = None
-    for obj in candidates:
-        if not keep(obj):
-            continue
-        if limit and len(items) == limit:
-            return items, last
-        items.append(render(obj))
-        last = key(obj)
-    return items, None
+
+def error_line(err: ApiError) -> bytes:
+    """A watch's ERROR event: the Status of why it ends (410 Expired for a compacted resourceVersion)."""
+    return _event_line("ERROR", _DUMPS(err.body()).encode())
 
 
 # ----------------------------------------------------------------------------------------
@@ -658,54 +759,137 @@ class ClusterApi:
     # --- list -------------------------------------------------------------------------
 
     def list(self, plural: str, namespace: str | None, params: ListParams) -> bytes:
+        """One page of a list. The first page of a paged list keeps the rest as a snapshot, so every
+        continue page comes from the state at the first page's resourceVersion (as etcd serves it);
+        a token older than the compacted history, or whose snapshot is gone, gets 410 Expired."""
         labels = parse_label_selector(params.label_selector)
         fields = parse_field_selector(plural, params.field_selector)
-        after, page = decode_continue(params.continue_token)
+        cluster = self.cluster
+        list_kind = "NodeList" if plural == "nodes" else KINDS[plural].kind + "List"
+        snapshot = None
+        if params.continue_token:
+            token = continue_fields(params.continue_token)
+            if token["rv"] < cluster.compacted_rv or (token["snap"] and token["snap"] not in cluster.list_snapshots):
+                raise expired_continue(cluster.rv, token["start"], token["page"])
+            if token["snap"]:
+                snapshot = token["snap"]
+                rv, matched = cluster.list_snapshots[snapshot]
+                cluster.list_snapshots.move_to_end(snapshot)
+            else:  # the inconsistent continuation a 410 offers: the live state
+                rv, matched = cluster.rv, self.matching(plural, namespace, labels, fields)
+            keys = [k for k, _ in matched]
+            matched = matched[bisect.bisect_right(keys, token["start"]):]
+            page = token["page"]
+        else:
+            self._check_list_rv(params)
+            rv, matched, page = cluster.rv, self.matching(plural, namespace, labels, fields), 1
+        limit = params.limit
+        if not limit or len(matched) <= limit:
+            return _list_bytes(list_kind, rv, [raw for _, raw in matched], None, page, None)
+        if snapshot is None:
+            snapshot = f"{rv}.{len(cluster.list_snapshots)}.{cluster.new_uid('snapshot')[:8]}"
+            cluster.list_snapshots[snapshot] = (rv, matched[limit:])
+            while len(cluster.list_snapshots) > cluster.state.api.list_snapshots:
+                cluster.list_snapshots.popitem(last=False)
+        items = matched[:limit]
+        # Like kube-apiserver, remainingItemCount only when it is exact (no selectors).
+        remaining = None if labels or fields else len(matched) - limit
+        return _list_bytes(list_kind, rv, [raw for _, raw in items], items[-1][0], page, remaining, snapshot)
+
+    def _check_list_rv(self, params: ListParams) -> None:
+        """resourceVersion on a list: newer than the cluster's is 504 (kube-apiserver waits 3 s
+        first); an Exact read of a past version is 410, as if compacted (no history is kept)."""
+        wanted = params.start_rv()
+        current = self.cluster.rv
+        if wanted is None:
+            return
+        if wanted > current:
+            raise ApiError(504, "Timeout", f"Timeout: Too large resource version: {wanted}, current: {current}",
+                           {"causes": [{"reason": "ResourceVersionTooLarge",
+                                        "message": "Too large resource version"}], "retryAfterSeconds": 1})
+        if params.resource_version_match == "Exact" and wanted != current:
+            raise too_old(wanted, current)
+
+    def matching(self, plural: str, namespace: str | None, labels: list[Requirement], fields) -> list[
+            tuple[str, bytes]]:
+        """Every object of the kind (in the namespace) that the selectors match, as (key, JSON) in
+        the etcd-like key order continue tokens refer to: node name, or "<namespace>/<name>"."""
         cluster = self.cluster
         if plural == "nodes":
-            names = cluster.node_names()
-            candidates: Iterable = cluster.iter_nodes_from(after)
+            return [
+                (node.name, node_json(cluster, node)) for node in cluster.iter_nodes_from(None)
+                if labels_match(labels, node.labels) and (not fields or fields_match(
+                    fields, {"metadata": {"name": node.name}, "spec": {"unschedulable": node.unschedulable}}))
+            ]
+        store = self._store(plural)
+        ordered = sorted(("/".join(k) if isinstance(k, tuple) else k, k) for k in store
+                         if namespace is None or k[0] == namespace)
+        return [
+            (joined, self.render(plural, store[k])) for joined, k in ordered
+            if labels_match(labels, store[k].obj["metadata"].get("labels") or {}) and fields_match(fields, store[k].obj)
+        ]
 
-            def keep(node: Node) -> bool:
-                if not labels_match(labels, node.labels):
-                    return False
-                return not fields or fields_match(
-                    fields, {"metadata": {"name": node.name}, "spec": {"unschedulable": node.unschedulable}})
+    # --- watch ------------------------------------------------------------------------
 
-            def key(node: Node) -> str:
-                return node.name
+    def watch_start(self, plural: str, namespace: str | None, params: ListParams) -> tuple[list[bytes], int]:
+        """The first lines of a watch and the resourceVersion it continues from. Without a
+        resourceVersion (or "0"), synthetic ADDED events for what exists now, as kube-apiserver sends."""
+        labels = parse_label_selector(params.label_selector)
+        fields = parse_field_selector(plural, params.field_selector)
+        start = params.start_rv()
+        if start is None:
+            lines = [_event_line("ADDED", raw) for _, raw in self.matching(plural, namespace, labels, fields)]
+            return lines, self.cluster.rv
+        if start > self.cluster.rv:
+            raise ApiError(504, "Timeout", f"Timeout: Too large resource version: {start}, current: "
+                           f"{self.cluster.rv}")
+        return [], start
 
-            def render(node: Node) -> bytes:
-                return node_json(cluster, node)
+    def watch_lines(self, plural: str, namespace: str | None, params: ListParams, since: int,
+                    promote: set) -> tuple[list[bytes], int]:
+        """Events after resourceVersion `since` that this watch sees, as JSON lines, and the
+        resourceVersion now reached. 410 (too_old) when `since` is older than the kept history.
 
-            list_kind = "NodeList"
-        else:
-            kind = KINDS[plural]
-            store = self._store(plural)
-            # Order by the etcd-like key "<namespace>/<name>", the order continue tokens refer to.
-            ordered = sorted(("/".join(k) if isinstance(k, tuple) else k, k) for k in store
-                             if namespace is None or k[0] == namespace)
-            names = [joined for joined, _ in ordered]
-            start = 0 if after is None else bisect.bisect_right(names, after)
-            candidates = [(joined, store[k]) for joined, k in ordered[start:]]
+        A node's ADDED/MODIFIED event whose node changed again since is skipped (its later event
+        follows); a skipped ADDED turns the next MODIFIED into ADDED (`promote` carries that
+        across calls). Selectors filter on the event's object.
+        """
+        cluster = self.cluster
+        if since < cluster.compacted_rv:
+            raise too_old(since, cluster.rv)
+        labels = parse_label_selector(params.label_selector)
+        fields = parse_field_selector(plural, params.field_selector)
+        fresh = []
+        for event in reversed(cluster.watch_events):
+            if event.rv <= since:
+                break
+            fresh.append(event)
+        lines = []
+        for event in reversed(fresh):
+            if event.plural != plural or (namespace is not None and event.key[0] != namespace):
+                continue
+            if isinstance(event.source, Node):
+                if event.source.resource_version != str(event.rv):
+                    if event.type == "ADDED":
+                        promote.add(event.key)
+                    continue
+                raw = node_json(cluster, event.source)
+            else:
+                raw = event.source
+            obj = json.loads(raw)
+            if not (labels_match(labels, obj["metadata"].get("labels") or {}) and fields_match(fields, obj)):
+                continue
+            kind = event.type
+            if kind == "MODIFIED" and event.key in promote:
+                kind = "ADDED"
+            promote.discard(event.key)
+            lines.append(_event_line(kind, raw))
+        return lines, cluster.rv
 
-            def keep(item: tuple[str, Record]) -> bool:
-                obj = item[1].obj
-                return labels_match(labels, obj["metadata"].get("labels") or {}) and fields_match(fields, obj)
-
-            def key(item: tuple[str, Record]) -> str:
-                return item[0]
-
-            def render(item: tuple[str, Record]) -> bytes:
-                return self.render(plural, item[1])
-
-            list_kind = kind.kind + "List"
-        items, next_key = page_items(candidates, key=key, keep=keep, render=render, limit=params.limit)
-        # Like kube-apiserver, remainingItemCount only when it is exact (no selectors).
-        remaining = None
-        if next_key is not None and not labels and not fields:
-            remaining = len(names) - bisect.bisect_right(names, next_key)
-        return _list_bytes(list_kind, cluster.rv, items, next_key, page, remaining)
+    def bookmark(self, plural: str, rv: int) -> bytes:
+        kind = "Node" if plural == "nodes" else KINDS[plural].kind
+        return _event_line("BOOKMARK", _DUMPS({"kind": kind, "apiVersion": "v1",
+                                                "metadata": {"resourceVersion": str(rv)}}).encode())
 
     # --- get --------------------------------------------------------------------------
 
@@ -761,6 +945,7 @@ class ClusterApi:
         meta["resourceVersion"] = self.cluster.bump()
         record = Record(obj)
         store[key] = record
+        self.cluster.record_event("ADDED", plural, key, self.render(plural, record))
         if plural == "pods":
             scheduler.on_pod_created(self.cluster, record)
         elif plural == "configmaps":
@@ -833,7 +1018,7 @@ class ClusterApi:
             raise invalid(kind.kind, name, [("metadata.name", "Invalid value: field is immutable")])
         problems = label_problems(meta.get("labels")) + annotation_problems(meta.get("annotations"))
         problems += self._validate(plural, new)
-        if plural == "pods" and (new.get("spec") or {}) != old.get("spec"):
+        if plural == "pods" and _fixed_pod_spec(new.get("spec") or {}) != _fixed_pod_spec(old.get("spec") or {}):
             problems.append(("spec", "Forbidden: pod updates may not change fields other than `spec.containers[*]."
                              "image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
                              "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
@@ -854,6 +1039,7 @@ class ClusterApi:
         meta["resourceVersion"] = self.cluster.bump()
         record.obj = new
         record.raw = None
+        self.cluster.record_event("MODIFIED", plural, self._key(kind, namespace, name), self.render(plural, record))
         if plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
         return self.render(plural, record)
@@ -895,30 +1081,32 @@ class ClusterApi:
 
     # --- delete -----------------------------------------------------------------------
 
-    def delete(self, plural: str, namespace: str | None, name: str) -> bytes:
+    def delete(self, plural: str, namespace: str | None, name: str, grace_s: int | None = None) -> bytes:
+        """Delete an object. A running pod is deleted gracefully (see scheduler.terminate): it stays,
+        Terminating, and the answer is the pod with its deletionTimestamp."""
         if plural == "nodes":
             node = self._node(name)
             body = node_json(self.cluster, node)
             self.cluster.state.faults.node_vanish(self.cluster.name, name)
             return body
         kind = KINDS[plural]
+        key = self._key(kind, namespace, name)
         record = self._record(plural, namespace, name)
-        store = self._store(plural)
-        obj = record.obj
-        if plural == "namespaces":
-            self._delete_namespace_contents(name)
-            obj = copy.deepcopy(obj)
-            obj["metadata"]["deletionTimestamp"] = self.cluster.state.timestamp()
-            obj["status"] = {"phase": "Terminating"}
-        elif plural == "pods":
-            obj = copy.deepcopy(obj)
+        if plural == "pods":
+            if scheduler.terminate(self.cluster, record, grace_s):
+                return self.render(plural, record)
+            obj = copy.deepcopy(scheduler.remove_pod(self.cluster, key))
             obj["metadata"]["deletionTimestamp"] = self.cluster.state.timestamp()
             obj["metadata"]["deletionGracePeriodSeconds"] = 0
-        del store[self._key(kind, namespace, name)]
-        self.cluster.bump()
-        if plural == "pods":
-            scheduler.on_pod_deleted(self.cluster, record.obj)
-        elif plural == "configmaps":
+            return _DUMPS(obj).encode()
+        if plural == "namespaces":
+            self._delete_namespace_contents(name)
+        obj = copy.deepcopy(record.obj)
+        if plural == "namespaces":
+            obj["metadata"]["deletionTimestamp"] = self.cluster.state.timestamp()
+            obj["status"] = {"phase": "Terminating"}
+        self._forget(plural, key)
+        if plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
         if kind.delete_returns_object:
             if plural == "resourcequotas":
@@ -926,24 +1114,45 @@ class ClusterApi:
             return _DUMPS(obj).encode()
         return _DUMPS(success_status(plural, name, obj["metadata"]["uid"])).encode()
 
+    def _forget(self, plural: str, key) -> None:
+        """Remove a stored (non-pod) object for good and tell watchers, with its final JSON."""
+        record = self._store(plural).pop(key)
+        record.obj["metadata"]["resourceVersion"] = self.cluster.bump()
+        record.raw = None
+        self.cluster.record_event("DELETED", plural, key, self.render(plural, record))
+
     def _delete_namespace_contents(self, namespace: str) -> None:
         for plural in ("pods", "configmaps", "resourcequotas"):
-            store = self._store(plural)
-            for key in [k for k in store if k[0] == namespace]:
-                record = store.pop(key)
+            for key in [k for k in self._store(plural) if k[0] == namespace]:
                 if plural == "pods":
-                    scheduler.on_pod_deleted(self.cluster, record.obj)
-                elif plural == "configmaps":
-                    gpuoperator.on_configmap_changed(self.cluster, namespace, key[1])
+                    scheduler.remove_pod(self.cluster, key)
+                else:
+                    self._forget(plural, key)
+                    if plural == "configmaps":
+                        gpuoperator.on_configmap_changed(self.cluster, namespace, key[1])
 
     def evict(self, namespace: str, name: str, body: object) -> tuple[int, bytes]:
         """policy/v1 Eviction: the pod is deleted (no PodDisruptionBudgets are simulated;
         inject a 429 fault on the eviction path to imitate one)."""
         self._require_namespace(namespace)
         self._record("pods", namespace, name)
-        self.delete("pods", namespace, name)
+        options = (body or {}).get("deleteOptions") if isinstance(body, dict) else None
+        grace = (options or {}).get("gracePeriodSeconds")
+        self.delete("pods", namespace, name, None if grace is None else int(grace))
         return 201, _DUMPS({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                             "code": 201}).encode()
+
+
+def _fixed_pod_spec(spec: dict) -> dict:
+    """The parts of a pod spec an update may not change: all but container images and
+    activeDeadlineSeconds (tolerations additions are not modelled)."""
+    fixed = copy.deepcopy(spec)
+    fixed.pop("activeDeadlineSeconds", None)
+    for group in ("containers", "initContainers"):
+        for container in fixed.get(group) or []:
+            if isinstance(container, dict):
+                container.pop("image", None)
+    return fixed
 
 
 _UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"

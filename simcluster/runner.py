@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", help="require this bearer token (default: accept any)")
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between metric ticks (0: frozen)")
     parser.add_argument("--mig-manager-delay", type=float, default=0.2)
+    parser.add_argument("--pod-start-delay", type=float, default=0.0,
+                        help="seconds a bound pod stays ContainerCreating (default 0: Running at once)")
+    parser.add_argument("--pod-termination-grace", type=float, default=0.0,
+                        help="longest a deleted pod stays Terminating (default 0: gone at once)")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
     if args.seed is not None:
         scenario.seed = args.seed
     state = scenario.build(mig_manager_delay=args.mig_manager_delay)
+    state.api.pod_start_delay_s = args.pod_start_delay
+    state.api.pod_termination_grace_s = args.pod_termination_grace
     server = SimServer(state, host=args.host, port=args.port, token=args.token,
                        tick_interval=args.tick or None, verbose=args.verbose)
     try:

@@ -18,6 +18,8 @@ simulator cannot serve; the same assignment drives the NVML running processes.
 
 from __future__ import annotations
 
+import json
+import time
 import zlib
 from decimal import Decimal, InvalidOperation
 
@@ -258,6 +260,36 @@ def _set_running(cluster: Cluster, record: Record, node: Node) -> None:
     }
 
 
+def _set_creating(cluster: Cluster, record: Record, node: Node) -> None:
+    """Bound, devices allocated, containers not started yet: what kubelet reports while it pulls
+    images and the device plugin's Allocate runs (`kubectl` shows ContainerCreating)."""
+    pod = record.obj
+    now = cluster.state.timestamp()
+    names = [c["name"] for c in pod["spec"].get("containers") or []]
+    unready = f"containers with unready status: [{' '.join(names)}]"
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodReadyToStartContainers", "status": "False", "lastProbeTime": None, "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastProbeTime": None, "lastTransitionTime": now},
+            {"type": "Ready", "status": "False", "lastProbeTime": None, "lastTransitionTime": now,
+             "reason": "ContainersNotReady", "message": unready},
+            {"type": "ContainersReady", "status": "False", "lastProbeTime": None, "lastTransitionTime": now,
+             "reason": "ContainersNotReady", "message": unready},
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now},
+        ],
+        "hostIP": node.address,
+        "hostIPs": [{"ip": node.address}],
+        "startTime": now,
+        "containerStatuses": [
+            {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "started": False,
+             "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}
+            for c in pod["spec"].get("containers") or []
+        ],
+        "qosClass": pod.get("status", {}).get("qosClass", "BestEffort"),
+    }
+
+
 def _set_failed(cluster: Cluster, record: Record, node: Node, reason: str, message: str) -> None:
     pod = record.obj
     pod["status"] = {
@@ -301,7 +333,12 @@ def bind(cluster: Cluster, record: Record, node: Node) -> None:
         chosen.extend(free)
     if chosen:
         pod["metadata"].setdefault("annotations", {})[DEVICE_IDS_ANNOTATION] = ",".join(chosen)
-    _set_running(cluster, record, node)
+    delay = cluster.state.api.pod_start_delay_s
+    if delay > 0:
+        _set_creating(cluster, record, node)
+        cluster.pod_timers[key] = (time.monotonic() + delay, "start")
+    else:
+        _set_running(cluster, record, node)
 
 
 def schedule(cluster: Cluster, record: Record) -> bool:
@@ -316,6 +353,7 @@ def schedule(cluster: Cluster, record: Record) -> bool:
             bind(cluster, record, node)
             pod["metadata"]["resourceVersion"] = cluster.bump()
             record.raw = None
+            cluster.record_event("MODIFIED", "pods", _pod_key(pod), record)
             return True
         reasons[why] = reasons.get(why, 0) + 1
     detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -340,6 +378,68 @@ def on_pod_created(cluster: Cluster, record: Record) -> None:
         return
     bind(cluster, record, node)
     record.raw = None
+
+
+def terminate(cluster: Cluster, record: Record, grace_s: int | None) -> bool:
+    """Start a graceful delete; True when the pod now stays Terminating (else delete it at once).
+
+    Like kube-apiserver, the pod gets deletionTimestamp = now + grace and stays listed, with its
+    containers (and devices) until the kubelet has stopped them: the requested grace period, else
+    the pod's terminationGracePeriodSeconds, but never longer than the `pod_termination_grace_s` knob.
+    A pod never bound to a node, or already finished, goes at once, as on a real cluster.
+    """
+    pod = record.obj
+    grace = grace_s if grace_s is not None else int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+    wait = min(float(grace), cluster.state.api.pod_termination_grace_s)
+    if wait <= 0 or not pod["spec"].get("nodeName") or is_terminal(pod):
+        return False
+    key = _pod_key(pod)
+    due = time.monotonic() + wait
+    current = cluster.pod_timers.get(key)
+    if current is not None and current[1] == "gone":
+        if due >= current[0]:
+            return True  # a second delete may shorten the grace period, never lengthen it
+    else:
+        meta = pod["metadata"]
+        meta["deletionTimestamp"] = cluster.state.timestamp_in(grace)
+        meta["deletionGracePeriodSeconds"] = grace
+    cluster.pod_timers[key] = (due, "gone")
+    pod["metadata"]["resourceVersion"] = cluster.bump()
+    record.raw = None
+    cluster.record_event("MODIFIED", "pods", key, record)
+    return True
+
+
+def run_pod_timers(cluster: Cluster, now: float, *, force: bool = False) -> None:
+    """The kubelet's side of pod phases: start pods whose start delay is over, remove Terminating
+    pods whose grace period is over (freeing their devices)."""
+    due = [(key, action) for key, (when, action) in cluster.pod_timers.items() if force or when <= now]
+    for key, action in sorted(due):
+        del cluster.pod_timers[key]
+        record = cluster.pods.get(key)
+        if record is None:
+            continue
+        if action == "start":
+            node = cluster.nodes.get(record.obj["spec"].get("nodeName") or "")
+            if node is None or (record.obj.get("status") or {}).get("phase") != "Pending":
+                continue
+            _set_running(cluster, record, node)
+            record.obj["metadata"]["resourceVersion"] = cluster.bump()
+            record.raw = None
+            cluster.record_event("MODIFIED", "pods", key, record)
+        else:
+            remove_pod(cluster, key)
+
+
+def remove_pod(cluster: Cluster, key: tuple[str, str]) -> dict:
+    """Take the pod out of the store for good: DELETED event, devices freed, pending pods retried."""
+    record = cluster.pods.pop(key)
+    cluster.pod_timers.pop(key, None)
+    obj = record.obj
+    obj["metadata"]["resourceVersion"] = cluster.bump()
+    cluster.record_event("DELETED", "pods", key, json.dumps(obj, separators=(",", ":")).encode())
+    on_pod_deleted(cluster, obj)
+    return obj
 
 
 def release(cluster: Cluster, pod: dict) -> None:

@@ -13,9 +13,10 @@ second in a background thread; tests tick explicitly).
 from __future__ import annotations
 
 import bisect
+import json
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -47,6 +48,35 @@ class ClusterSettings:
     device_plugin_config_name: str = "time-slicing-config"
     device_plugin_default: str | None = None
     machine: str = "HGX-Simulated"
+
+
+@dataclass
+class ApiBehaviour:
+    """How kube-apiserver and the kubelet behave in time: the unkind knobs (docs/simcluster.md).
+
+    The defaults are the kind world the demo and most tests use (pods Running at once and gone
+    at once on delete); tests set the real-world values on `SimState.api`.
+    """
+
+    pod_start_delay_s: float = 0.0  # bound -> Running; Pending with ContainerCreating meanwhile
+    pod_termination_grace_s: float = 0.0  # at most this long Terminating (capped by the pod's grace period)
+    watch_window: int = 10_000  # watch events kept (etcd compaction): older resourceVersions get 410 Gone
+    watch_bookmark_s: float = 60.0  # BOOKMARK interval for allowWatchBookmarks watches (kube-apiserver: ~1 min)
+    watch_timeout_s: float = 1800.0  # a watch without timeoutSeconds ends after this (--min-request-timeout)
+    list_snapshots: int = 64  # unfinished paged lists whose remaining pages are kept (continue tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change at resourceVersion `rv`. `source` is the object's JSON at that version, or, for
+    a node's ADDED/MODIFIED, the live Node (rendered when served and skipped if it changed since:
+    node events coalesce, which level-triggered node watchers tolerate)."""
+
+    rv: int
+    type: str  # ADDED | MODIFIED | DELETED
+    plural: str
+    key: object  # node name, namespace name, or (namespace, name)
+    source: object
 
 
 @dataclass
@@ -139,6 +169,10 @@ class Cluster:
         self.resourcequotas: dict[tuple[str, str], Record] = {}
         self._node_order: list[str] | None = None
         self._serial = 0
+        self.watch_events: deque[WatchEvent] = deque()
+        self.compacted_rv = 1  # watches from, and continue tokens of, an older resourceVersion get 410
+        self.list_snapshots: OrderedDict[str, tuple[int, list[tuple[str, bytes]]]] = OrderedDict()
+        self.pod_timers: dict[tuple[str, str], tuple[float, str]] = {}  # pod key -> (monotonic due, "start"|"gone")
 
     # --- bookkeeping ------------------------------------------------------------------
 
@@ -156,10 +190,30 @@ class Cluster:
             self._node_order = sorted(self.nodes)
         return self._node_order
 
-    def touch(self, node: Node) -> None:
-        """Record a change to a node: new resourceVersion, drop its cached JSON."""
+    def touch(self, node: Node, event: str = "MODIFIED") -> None:
+        """Record a change to a node: new resourceVersion, drop its cached JSON, tell watchers."""
         node.resource_version = self.bump()
         node.json_cache = None
+        self.record_event(event, "nodes", node.name, node)
+
+    def record_event(self, type_: str, plural: str, key: object, source: object) -> None:
+        """Log a change at the current resourceVersion for watches; the oldest beyond the window are
+        compacted away, like etcd's history, and so are the paged-list snapshots that old."""
+        if isinstance(source, Record):  # stored objects: their JSON now, so no change is lost to a watcher
+            if source.raw is None:
+                source.raw = json.dumps(source.obj, separators=(",", ":"), ensure_ascii=False).encode()
+            source = source.raw
+        self.watch_events.append(WatchEvent(self.rv, type_, plural, key, source))
+        window = self.state.api.watch_window
+        while len(self.watch_events) > window:
+            self.compacted_rv = self.watch_events.popleft().rv
+        self.state.kube_changed.notify_all()
+
+    def compact(self) -> None:
+        """Forget all history now (an etcd compaction): older watches and continue tokens get 410."""
+        self.watch_events.clear()
+        self.compacted_rv = self.rv
+        self.list_snapshots.clear()
 
     # --- nodes ------------------------------------------------------------------------
 
@@ -214,22 +268,27 @@ class Cluster:
         )
         self.nodes[name] = node
         self._node_order = None
-        self.touch(node)
+        self.touch(node, "ADDED")
         return node
 
     def remove_node(self, name: str) -> Node:
         """Delete a node (kept aside so a fault reset can bring it back)."""
+        from .kube import node_json
+
         node = self.nodes.pop(name)
         self._node_order = None
         self.vanished[name] = node
-        self.bump()
+        node.resource_version = self.bump()
+        node.json_cache = None
+        self.record_event("DELETED", "nodes", name, node_json(self, node))
+        node.json_cache = None
         return node
 
     def restore_node(self, name: str) -> Node:
         node = self.vanished.pop(name)
         self.nodes[name] = node
         self._node_order = None
-        self.touch(node)
+        self.touch(node, "ADDED")
         return node
 
     def iter_nodes_from(self, after: str | None):
@@ -260,11 +319,13 @@ class Cluster:
 class SimState:
     """Every simulated cluster, one lock, simulated time and the fault knobs."""
 
-    def __init__(self, seed: int = 0, *, mig_manager_delay: float = 0.2):
+    def __init__(self, seed: int = 0, *, mig_manager_delay: float = 0.2, api: ApiBehaviour | None = None):
         self.seed = seed
         self.mig_manager_delay = mig_manager_delay
+        self.api = api or ApiBehaviour()
         self.lock = threading.RLock()
         self.events_changed = threading.Condition(self.lock)
+        self.kube_changed = threading.Condition(self.lock)  # woken on every watch event
         self.sim_time = 0.0
         self.clusters: dict[str, Cluster] = {}
         self.scenario_name: str | None = None
@@ -299,6 +360,10 @@ class SimState:
         """RFC 3339 time at the current simulated instant."""
         return datetime.fromtimestamp(SIM_EPOCH + int(self.sim_time), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
+    def timestamp_in(self, seconds: float) -> str:
+        """RFC 3339 time `seconds` after the current simulated instant."""
+        return datetime.fromtimestamp(SIM_EPOCH + int(self.sim_time + seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
     def epoch(self) -> int:
         return SIM_EPOCH + int(self.sim_time)
 
@@ -316,6 +381,16 @@ class SimState:
                     for gpu in node.gpus:
                         gpu.update_metrics(t, work.get(gpu.index, {}), dt)
             self.run_mig_manager(due_only=True)
+            self.run_kubelet(due_only=True)
+
+    def run_kubelet(self, cluster: str | None = None, *, due_only: bool = False) -> None:
+        """Move pods along their phases: start the due ones (or all, for tests), remove the due Terminating."""
+        from . import scheduler
+
+        with self.lock:
+            targets = [self.cluster(cluster)] if cluster else list(self.clusters.values())
+            for c in targets:
+                scheduler.run_pod_timers(c, time.monotonic(), force=not due_only)
 
     def run_mig_manager(self, cluster: str | None = None, *, due_only: bool = False) -> None:
         """Apply pending `nvidia.com/mig.config` changes now (tests) or only the due ones."""
