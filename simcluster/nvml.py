@@ -27,7 +27,14 @@ supported on Hopper (per device, and per GPU instance via nvmlGpmMigSampleGet) a
 answers isSupportedDevice=0 / NotSupported on Ampere; a lost GPU answers GPU_IS_LOST to
 every call, including handle lookups by index/UUID; MIG-device handles support identity,
 memory, attributes, processes and GI/CI ids, and answer NotSupported to power,
-temperature, ECC, clocks and utilisation queries.
+temperature, ECC, clocks and utilisation queries. Clocks (MHz), performance state, power limits
+and constraints (mW), BAR1 memory (bytes) and field values (nvmlDeviceGetFieldValues, for the
+counters gpuaas records) answer in the real units; their per-board figures are simulator values.
+
+Privilege (docs/simcluster.md "NVML permissions"): a library built with `privileged=False` is an
+unprivileged node agent: the calls nvml.h marks "Requires privileged user" (GPU/compute instance
+queries, creation and destruction, MIG mode changes) answer NVML_ERROR_NO_PERMISSION, as the real
+driver does for a process without root or the MIG capabilities. The default is privileged.
 """
 
 from __future__ import annotations
@@ -60,6 +67,69 @@ _ERROR_STRINGS = {
     pynvml.NVML_ERROR_NO_DATA: "No data",
     pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
 }
+# The C symbols nvml.h documents as "Requires privileged user" (or root): a non-root agent without the
+# /proc/driver/nvidia/capabilities/mig/{config,monitor} capabilities gets NVML_ERROR_NO_PERMISSION.
+PRIVILEGED_SYMBOLS = frozenset(
+    {
+        "nvmlDeviceSetMigMode",
+        "nvmlDeviceCreateGpuInstance",
+        "nvmlDeviceCreateGpuInstanceWithPlacement",
+        "nvmlDeviceGetGpuInstances",
+        "nvmlDeviceGetGpuInstanceById",
+        "nvmlDeviceGetGpuInstanceRemainingCapacity",
+        "nvmlGpuInstanceDestroy",
+        "nvmlGpuInstanceCreateComputeInstance",
+        "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
+        "nvmlGpuInstanceGetComputeInstances",
+        "nvmlGpuInstanceGetComputeInstanceById",
+        "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
+        "nvmlComputeInstanceDestroy",
+    }
+)
+
+
+class Board:
+    """Per-board figures NVML reports beyond the MIG catalog: max clocks (MHz), BAR1 (MiB), power range (W).
+
+    Simulator values of the order `nvidia-smi -q` shows for these boards ("Max Clocks", "BAR1 Memory
+    Usage", "Power Readings"); they are NOT in shared/reference/nvidia.md and are not sourced
+    figure by figure, so nothing in the product depends on them.
+    """
+
+    def __init__(self, sm_mhz: int, mem_mhz: int, bar1_mib: int, min_power_w: int):
+        self.sm_mhz, self.mem_mhz, self.bar1_mib, self.min_power_w = sm_mhz, mem_mhz, bar1_mib, min_power_w
+
+
+BOARDS = {
+    "A100-40GB": Board(1410, 1215, 65536, 100),
+    "A100-80GB": Board(1410, 1593, 131072, 100),
+    "A100-40GB-PCIE": Board(1410, 1215, 65536, 150),
+    "A100-80GB-PCIE": Board(1410, 1512, 131072, 150),
+    "A30-24GB": Board(1440, 1215, 32768, 100),
+    "H100-80GB": Board(1980, 2619, 131072, 200),
+    "H100-80GB-PCIE": Board(1755, 1593, 131072, 200),
+    "H100-94GB-NVL": Board(1785, 2619, 131072, 200),
+    "H200-141GB": Board(1980, 3201, 262144, 200),
+    "H200-141GB-NVL": Board(1785, 3201, 262144, 200),
+}
+_DEFAULT_BOARD = Board(1410, 1215, 65536, 100)
+_IDLE_SM_MHZ = 345  # an idle Hopper/Ampere SM clock as nvidia-smi shows it (simulator value)
+_VIDEO_MHZ = 1755
+# NVML field ids gpuaas records (power, energy, temperature, ECC, row remapping) -> (value type, reader).
+_ULL, _UI = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_FIELDS = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (_ULL, lambda g: g["ecc"][0]),
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (_ULL, lambda g: g["ecc"][1]),
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (_ULL, lambda g: g["ecc"][2]),
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (_ULL, lambda g: g["ecc"][3]),
+    pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (_ULL, lambda g: g["energy_mj"]),  # mJ
+    pynvml.NVML_FI_DEV_POWER_INSTANT: (_UI, lambda g: g["power_mw"]),  # mW
+    pynvml.NVML_FI_DEV_POWER_AVERAGE: (_UI, lambda g: g["power_mw"]),  # mW
+    pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT: (_UI, lambda g: g["product_obj"].power_limit_w * 1000),  # mW
+    pynvml.NVML_FI_DEV_REMAPPED_COR: (_UI, lambda g: g["remapped_rows"][0]),
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: (_UI, lambda g: g["remapped_rows"][1]),
+}
+
 # GPM metric id -> share of SM activity it reports (0..1 scale before *100).
 _GPM_SHARES = {
     pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 1.0,
@@ -164,8 +234,10 @@ class HttpBackend:
     def events(self, after: int, masks: dict[int, int], timeout_s: float) -> list[dict]:
         answer = self._request(
             "POST",
-            {"op": "events", "args": {"after": after, "masks": {str(k): v for k, v in masks.items()},
-                                      "timeout_s": timeout_s}},
+            {
+                "op": "events",
+                "args": {"after": after, "masks": {str(k): v for k, v in masks.items()}, "timeout_s": timeout_s},
+            },
             self._timeout + timeout_s,
         )
         return answer["events"]
@@ -265,6 +337,8 @@ def _c_call(fn):
     def entry(self, *args):
         if name not in ("nvmlInitWithFlags", "nvmlErrorString") and self._init_count <= 0:
             return pynvml.NVML_ERROR_UNINITIALIZED
+        if not self._privileged and name in PRIVILEGED_SYMBOLS:
+            return pynvml.NVML_ERROR_NO_PERMISSION
         try:
             result = fn(self, *args)
         except _Return as ret:
@@ -283,9 +357,10 @@ def _c_call(fn):
 class SimulatedLibrary:
     """The C entry points of libnvidia-ml that pynvml calls, answered from a node snapshot."""
 
-    def __init__(self, backend, *, max_age: float):
+    def __init__(self, backend, *, max_age: float, privileged: bool = True):
         self._backend = backend
         self._max_age = max_age
+        self._privileged = privileged
         self._init_count = 0
         self._view: dict | None = None
         self._fetched = 0.0
@@ -582,8 +657,11 @@ class SimulatedLibrary:
             raise _Return(pynvml.NVML_ERROR_NOT_SUPPORTED)
         profile = next((p for p in gpu["product_obj"].profiles if p.nvml_index == index), None)
         if profile is None:
-            raise _Return(pynvml.NVML_ERROR_NOT_SUPPORTED if 0 <= index < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
-                          else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            raise _Return(
+                pynvml.NVML_ERROR_NOT_SUPPORTED
+                if 0 <= index < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+                else pynvml.NVML_ERROR_INVALID_ARGUMENT
+            )
         return profile
 
     def _fill_gi_profile(self, gpu: dict, index, ref, with_name: bool) -> None:
@@ -736,15 +814,19 @@ class SimulatedLibrary:
         slices = self._ci_slices(gpu, gi, profile_id)
         g = self._profile(gpu, gi).compute_slices
         used = sum(c["slices"] for c in gi["cis"])
-        free = [s for s in ci_starts(g, slices)
-                if all(s + slices <= c["start"] or s >= c["start"] + c["slices"] for c in gi["cis"])]
+        free = [
+            s
+            for s in ci_starts(g, slices)
+            if all(s + slices <= c["start"] or s >= c["start"] + c["slices"] for c in gi["cis"])
+        ]
         _set(ref, min(len(free), (g - used) // slices))
 
     def _create_ci(self, handle, profile_id, start, ref) -> None:
         gpu, gi = self._gi(handle)
         slices = self._ci_slices(gpu, gi, profile_id)
-        answer = self._write("create_ci", gpu=gpu["index"], gi=gi["id"], serial=gi["serial"], slices=slices,
-                             start=start)
+        answer = self._write(
+            "create_ci", gpu=gpu["index"], gi=gi["id"], serial=gi["serial"], slices=slices, start=start
+        )
         _store_pointer(ref, self._address_of(("ci", gpu["index"], gi["id"], gi["serial"], answer["ci"])))
 
     @_c_call
@@ -763,8 +845,9 @@ class SimulatedLibrary:
         if found:
             out = _out_array(instances, len(found))
             for i, ci in enumerate(found):
-                out[i] = self._pointer(("ci", gpu["index"], gi["id"], gi["serial"], ci["id"]),
-                                       pynvml.c_nvmlComputeInstance_t)
+                out[i] = self._pointer(
+                    ("ci", gpu["index"], gi["id"], gi["serial"], ci["id"]), pynvml.c_nvmlComputeInstance_t
+                )
         _set(count, len(found))
 
     @_c_call
@@ -944,6 +1027,78 @@ class SimulatedLibrary:
             out[i].computeInstanceId = _UNAVAILABLE if proc["gi"] is None else 0
         _set(count, len(procs))
 
+    # --- clocks, performance state, power limits, BAR1, field values -----------------------
+
+    @staticmethod
+    def _board(gpu: dict) -> Board:
+        return BOARDS.get(gpu["product"], _DEFAULT_BOARD)
+
+    def _clock(self, handle, clock_type, *, maximum: bool) -> int:
+        gpu = self._full_gpu(handle)
+        board, kind = self._board(gpu), _int(clock_type)
+        if kind in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+            return board.sm_mhz if maximum or gpu["activity"] > 0 else _IDLE_SM_MHZ
+        if kind == pynvml.NVML_CLOCK_MEM:
+            return board.mem_mhz  # HBM runs at its one clock
+        if kind == pynvml.NVML_CLOCK_VIDEO:
+            return _VIDEO_MHZ
+        raise _Return(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    @_c_call
+    def nvmlDeviceGetClockInfo(self, handle, clock_type, ref):
+        _set(ref, self._clock(handle, clock_type, maximum=False))
+
+    @_c_call
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock_type, ref):
+        _set(ref, self._clock(handle, clock_type, maximum=True))
+
+    @_c_call
+    def nvmlDeviceGetPerformanceState(self, handle, ref):
+        self._full_gpu(handle)
+        _set(ref, pynvml.NVML_PSTATE_0)  # data-centre boards in persistence mode stay in P0
+
+    @_c_call
+    def nvmlDeviceGetComputeMode(self, handle, ref):
+        self._full_gpu(handle)
+        _set(ref, pynvml.NVML_COMPUTEMODE_DEFAULT)
+
+    @_c_call
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle, ref):
+        _set(ref, self._full_gpu(handle)["product_obj"].power_limit_w * 1000)
+
+    @_c_call
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle, minimum, maximum):
+        gpu = self._full_gpu(handle)
+        _set(minimum, self._board(gpu).min_power_w * 1000)
+        _set(maximum, gpu["product_obj"].power_limit_w * 1000)
+
+    @_c_call
+    def nvmlDeviceGetBAR1MemoryInfo(self, handle, ref):
+        gpu = self._full_gpu(handle)
+        info = _target(ref)
+        total = self._board(gpu).bar1_mib * 1024 * 1024
+        used = min(total, 2 * 1024 * 1024 + gpu["used_bytes"] // 64)  # mappings grow with allocations
+        info.bar1Total, info.bar1Used, info.bar1Free = total, used, total - used
+
+    @_c_call
+    def nvmlDeviceGetFieldValues(self, handle, count, values):
+        gpu = self._full_gpu(handle)
+        out = _out_array(values, _int(count))
+        now_us = int(self._current()["snap"]["time"] * 1_000_000)
+        for i in range(_int(count)):
+            value = out[i]
+            value.timestamp, value.latencyUsec = now_us, 0
+            known = _FIELDS.get(int(value.fieldId))
+            if known is None:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            value_type, read = known
+            value.valueType, value.nvmlReturn = value_type, pynvml.NVML_SUCCESS
+            if value_type == _ULL:
+                value.value.ullVal = int(read(gpu))
+            else:
+                value.value.uiVal = int(read(gpu))
+
     # --- GPM ----------------------------------------------------------------------------
 
     @_c_call
@@ -984,8 +1139,9 @@ class SimulatedLibrary:
     def nvmlGpmSampleGet(self, handle, sample):
         record = self._sample(sample)
         gpu = self._gpm_gpu(handle)
-        record.update(filled=True, scope=("gpu", gpu["index"]), activity=gpu["activity"],
-                      time=self._current()["snap"]["time"])
+        record.update(
+            filled=True, scope=("gpu", gpu["index"]), activity=gpu["activity"], time=self._current()["snap"]["time"]
+        )
 
     @_c_call
     def nvmlGpmMigSampleGet(self, handle, gi_id, sample):
@@ -994,8 +1150,12 @@ class SimulatedLibrary:
         gi = gpu["gis"].get(_int(gi_id))
         if not gpu["mig"][0] or gi is None:
             raise _Return(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        record.update(filled=True, scope=("gi", gpu["index"], gi["id"]), activity=gi["activity"],
-                      time=self._current()["snap"]["time"])
+        record.update(
+            filled=True,
+            scope=("gi", gpu["index"], gi["id"]),
+            activity=gi["activity"],
+            time=self._current()["snap"]["time"],
+        )
 
     @_c_call
     def nvmlGpmMetricsGet(self, ref):
@@ -1111,8 +1271,7 @@ def _rehost_pynvml(library: SimulatedLibrary, name: str) -> types.ModuleType:
     namespace = module.__dict__
     original = pynvml.__dict__
     namespace.update({k: v for k, v in original.items() if k not in _MODULE_DUNDERS})
-    namespace.update(nvmlLib=None, _nvmlGetFunctionPointer_cache={}, _nvmlLib_refcount=0,
-                     libLoadLock=threading.Lock())
+    namespace.update(nvmlLib=None, _nvmlGetFunctionPointer_cache={}, _nvmlLib_refcount=0, libLoadLock=threading.Lock())
     rebuilt: dict[int, types.FunctionType] = {}
 
     def rebuild(fn):
@@ -1172,14 +1331,21 @@ def unregister_local(url: str) -> None:
             del _libraries[key]
 
 
-def library_for_state(state, cluster: str | None, node_name: str) -> types.ModuleType:
+def library_for_state(state, cluster: str | None, node_name: str, *, privileged: bool = True) -> types.ModuleType:
     """A pynvml-compatible library for a node of an in-process SimState (no server needed)."""
-    library = SimulatedLibrary(LocalBackend(state, cluster, node_name), max_age=0.0)
+    library = SimulatedLibrary(LocalBackend(state, cluster, node_name), max_age=0.0, privileged=privileged)
     return _rehost_pynvml(library, f"simcluster.nvml[{cluster or ''}/{node_name}]")
 
 
-def library_for_node(api_url: str, node_name: str, *, token: str | None = None, max_age: float | None = None,
-                     transport: str = "auto") -> types.ModuleType:
+def library_for_node(
+    api_url: str,
+    node_name: str,
+    *,
+    token: str | None = None,
+    max_age: float | None = None,
+    transport: str = "auto",
+    privileged: bool = True,
+) -> types.ModuleType:
     """The NVML library of `node_name` in the simulated cluster served at `api_url`.
 
     The signature production code relies on is `library_for_node(api_url, node_name)`
@@ -1187,9 +1353,10 @@ def library_for_node(api_url: str, node_name: str, *, token: str | None = None, 
     (api_url, node) per process, like the process-wide real pynvml. `transport`: "auto"
     (in-process when this process runs the SimServer for that URL, else HTTP), "http" or
     "local". `max_age`: seconds a snapshot is reused (default 1.0 over HTTP, 0 locally).
+    `privileged=False`: an agent without root (NVML_ERROR_NO_PERMISSION, see PRIVILEGED_SYMBOLS).
     """
     base = api_url.rstrip("/")
-    key = (base, node_name, transport, token, max_age)
+    key = (base, node_name, transport, token, max_age, privileged)
     with _factory_lock:
         if key in _libraries:
             return _libraries[key]
@@ -1202,6 +1369,12 @@ def library_for_node(api_url: str, node_name: str, *, token: str | None = None, 
         else:
             backend = HttpBackend(base, node_name, token=token)
             age = 1.0 if max_age is None else max_age
-        module = _rehost_pynvml(SimulatedLibrary(backend, max_age=age), f"simcluster.nvml[{base}/{node_name}]")
+        library = SimulatedLibrary(backend, max_age=age, privileged=privileged)
+        module = _rehost_pynvml(library, f"simcluster.nvml[{base}/{node_name}]")
         _libraries[key] = module
         return module
+
+
+def unprivileged_library_for_node(api_url: str, node_name: str) -> types.ModuleType:
+    """NVML_LIBRARY factory for an unprivileged node agent (the unkind world of docs/simcluster.md)."""
+    return library_for_node(api_url, node_name, privileged=False)

@@ -9,7 +9,7 @@ is {0}:8, not size 7. Values marked INFERRED in the reference are kept, with a c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 # NVML GPU-instance profile *index* constants (argument of nvmlDeviceGetGpuInstanceProfileInfo).
@@ -132,68 +132,106 @@ def _p(name, pid, idx, c, m, mib, sm, mx, starts, ce=1, dec=0, enc=0, jpeg=0, of
 
 _SEVEN = range(7)
 
+# Profile tables, each shared by the boards NVIDIA gives the same MIG geometry (reference §1.3, §1.4).
+# A100 40GB: MIG guide table 6 + real captures; memorySizeMB from the go-nvml A100 mock (4.75/9.62/19.50/39.25 GiB).
+_A100_40GB = (
+    _p("1g.5gb", 19, GI_INDEX_1_SLICE, 1, 1, 4864, 14, 7, _SEVEN, ce=1),
+    _p("1g.5gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 4864, 14, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
+    _p("1g.10gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 9856, 14, 4, (0, 2, 4, 6), ce=1, dec=1),
+    _p("2g.10gb", 14, GI_INDEX_2_SLICE, 2, 2, 9856, 28, 3, (0, 2, 4), ce=2, dec=1),
+    _p("3g.20gb", 9, GI_INDEX_3_SLICE, 3, 4, 19968, 42, 2, (0, 4), ce=3, dec=2),
+    _p("4g.20gb", 5, GI_INDEX_4_SLICE, 4, 4, 19968, 56, 1, (0,), ce=4, dec=2),
+    _p("7g.40gb", 0, GI_INDEX_7_SLICE, 7, 8, 40192, 98, 1, (0,), ce=7, dec=5, jpeg=1, ofa=1),
+)
+# A100 80GB (SXM4 and PCIe share the guide's table): 1g.10gb 9728 and 2g.20gb 19968 MiB as GFD reported them on an
+# A100 80GB PCIe; 3g/4g 39.25 GiB, 7g 79.00-79.25 GiB per the guide; 1g.20gb exact GiB NOT confirmed (§8).
+_A100_80GB = (
+    _p("1g.10gb", 19, GI_INDEX_1_SLICE, 1, 1, 9728, 14, 7, _SEVEN, ce=1),
+    _p("1g.10gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 9728, 14, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
+    _p("1g.20gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 19968, 14, 4, (0, 2, 4, 6), ce=1, dec=1),
+    _p("2g.20gb", 14, GI_INDEX_2_SLICE, 2, 2, 19968, 28, 3, (0, 2, 4), ce=2, dec=1),
+    _p("3g.40gb", 9, GI_INDEX_3_SLICE, 3, 4, 40192, 42, 2, (0, 4), ce=3, dec=2),
+    _p("4g.40gb", 5, GI_INDEX_4_SLICE, 4, 4, 40192, 56, 1, (0,), ce=4, dec=2),
+    _p("7g.80gb", 0, GI_INDEX_7_SLICE, 7, 8, 80896, 98, 1, (0,), ce=7, dec=5, jpeg=1, ofa=1),
+)
+# A30 24GB: real capture + MIG guide (reference §1.4); 5.81 / 11.69 / 23.44-23.50 GiB.
+_A30 = (
+    _p("1g.6gb", 14, GI_INDEX_1_SLICE, 1, 1, 5952, 14, 4, range(4), ce=1, dec=1),
+    _p("1g.6gb+me", 21, GI_INDEX_1_SLICE_REV1, 1, 1, 5952, 14, 1, range(4), ce=1, dec=1, jpeg=1, ofa=1),
+    _p("2g.12gb", 5, GI_INDEX_2_SLICE, 2, 2, 11968, 28, 2, (0, 2), ce=2, dec=2),
+    _p("2g.12gb+me", 6, GI_INDEX_2_SLICE_REV1, 2, 2, 11968, 28, 1, (0, 2), ce=2, dec=2, jpeg=1, ofa=1),
+    _p("4g.24gb", 0, GI_INDEX_4_SLICE, 4, 4, 24064, 56, 1, (0,), ce=4, dec=4, jpeg=1, ofa=1),
+)
+# H100 80GB HBM3 (SXM5): real capture (driver 5xx) + MIG guide table 7; MiB as nvidia-smi and GFD printed them.
+_H100_80GB = (
+    _p("1g.10gb", 19, GI_INDEX_1_SLICE, 1, 1, 9984, 16, 7, _SEVEN, ce=1, dec=1, jpeg=1),
+    _p("1g.10gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 9984, 16, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
+    _p("1g.20gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 20096, 26, 4, (0, 2, 4, 6), ce=1, dec=1, jpeg=1),
+    _p("2g.20gb", 14, GI_INDEX_2_SLICE, 2, 2, 20096, 32, 3, (0, 2, 4), ce=2, dec=2, jpeg=2),
+    _p("3g.40gb", 9, GI_INDEX_3_SLICE, 3, 4, 40448, 60, 2, (0, 4), ce=3, dec=3, jpeg=3),
+    _p("4g.40gb", 5, GI_INDEX_4_SLICE, 4, 4, 40448, 64, 1, (0,), ce=4, dec=4, jpeg=4),
+    _p("7g.80gb", 0, GI_INDEX_7_SLICE, 7, 8, 81152, 132, 1, (0,), ce=8, dec=7, jpeg=7, ofa=1),
+)
+# H100 PCIe (114 SMs): same profile names, ids and placements as H100 80GB (mig-parted groups them), so memory is
+# taken from H100 80GB. Per-profile SM counts are NOT confirmed (reference §8): INFERRED here as H100 80GB's scaled
+# by 114/132 to the nearest even count, 7g = the whole 114.
+_H100_PCIE = tuple(
+    replace(p, multiprocessors=sm) for p, sm in zip(_H100_80GB, (14, 14, 22, 28, 52, 56, 114), strict=True)
+)
+# H100 NVL 94GB: real `nvidia-smi mig -lgip` capture (Azure NC40ads_H100_v5, driver 560): 10.75 / 21.62 / 46.38 /
+# 93.12 GiB and SMs 16/16/26/32/60/64/132; MiB from the MIG device totals seen (11008, 22144, 47488; 7g = 93.125 GiB).
+# Engines as H100 80GB (reference §1.4 "Engines as H100 80GB"); placements printed = §1.3.
+_H100_NVL = (
+    _p("1g.12gb", 19, GI_INDEX_1_SLICE, 1, 1, 11008, 16, 7, _SEVEN, ce=1, dec=1, jpeg=1),
+    _p("1g.12gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 11008, 16, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
+    _p("1g.24gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 22144, 26, 4, (0, 2, 4, 6), ce=1, dec=1, jpeg=1),
+    _p("2g.24gb", 14, GI_INDEX_2_SLICE, 2, 2, 22144, 32, 3, (0, 2, 4), ce=2, dec=2, jpeg=2),
+    _p("3g.47gb", 9, GI_INDEX_3_SLICE, 3, 4, 47488, 60, 2, (0, 4), ce=3, dec=3, jpeg=3),
+    _p("4g.47gb", 5, GI_INDEX_4_SLICE, 4, 4, 47488, 64, 1, (0,), ce=4, dec=4, jpeg=4),
+    _p("7g.94gb", 0, GI_INDEX_7_SLICE, 7, 8, 95360, 132, 1, (0,), ce=8, dec=7, jpeg=7, ofa=1),
+)
+# H200 141GB (MIG guide table 8 names/counts/engines). CONFIRMED by a real capture: ids 19/20/14/0, 1g.18gb 16.00 GiB
+# (16384) 16 SMs, 2g.35gb 32.50 GiB (33280) 32 SMs, 7g.141gb 140.00 GiB (143360) 132 SMs. Users report 3g.71gb = 60
+# and 4g.71gb = 64 SMs. NOT confirmed (reference §8), no source found: ids 15/9/5; 1g.35gb SMs (26, as H100);
+# memory of 1g.35gb (= 2g.35gb's 33280, same 2 memory slices) and of 3g.71gb/4g.71gb: 66560 MiB (65 GiB) is
+# INFERRED (4 memory slices, < 7g/2 like every other board; the go-nvlib name rule gives "71gb" for it).
+_H200 = (
+    _p("1g.18gb", 19, GI_INDEX_1_SLICE, 1, 1, 16384, 16, 7, _SEVEN, ce=1, dec=1, jpeg=1),
+    _p("1g.18gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 16384, 16, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
+    _p("1g.35gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 33280, 26, 4, (0, 2, 4, 6), ce=1, dec=1, jpeg=1),
+    _p("2g.35gb", 14, GI_INDEX_2_SLICE, 2, 2, 33280, 32, 3, (0, 2, 4), ce=2, dec=2, jpeg=2),
+    _p("3g.71gb", 9, GI_INDEX_3_SLICE, 3, 4, 66560, 60, 2, (0, 4), ce=3, dec=3, jpeg=3),
+    _p("4g.71gb", 5, GI_INDEX_4_SLICE, 4, 4, 66560, 64, 1, (0,), ce=4, dec=4, jpeg=4),
+    _p("7g.141gb", 0, GI_INDEX_7_SLICE, 7, 8, 143360, 132, 1, (0,), ce=8, dec=7, jpeg=7, ofa=1),
+)
+
+# Product(key, NVML name, PCI device id, total MiB, SMs, compute slices, memory slices, max GIs, compute major, minor,
+# NVML architecture, power limit W, profiles). Names are what nvmlDeviceGetName returns, so gfd_product is exactly
+# the nvidia.com/gpu.product label GFD writes (reference §5: drop chars outside [A-Za-z0-9-_. ], spaces -> "-").
 PRODUCTS: dict[str, Product] = {
     p.key: p
     for p in (
-        Product(
-            "A100-40GB", "NVIDIA A100-SXM4-40GB", 0x20B0, 40960, 108, 7, 8, 7, 8, 0, 7, 400,
-            (
-                _p("1g.5gb", 19, GI_INDEX_1_SLICE, 1, 1, 4864, 14, 7, _SEVEN, ce=1),
-                _p("1g.5gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 4864, 14, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
-                _p("1g.10gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 9856, 14, 4, (0, 2, 4, 6), ce=1, dec=1),
-                _p("2g.10gb", 14, GI_INDEX_2_SLICE, 2, 2, 9856, 28, 3, (0, 2, 4), ce=2, dec=1),
-                _p("3g.20gb", 9, GI_INDEX_3_SLICE, 3, 4, 19968, 42, 2, (0, 4), ce=3, dec=2),
-                _p("4g.20gb", 5, GI_INDEX_4_SLICE, 4, 4, 19968, 56, 1, (0,), ce=4, dec=2),
-                _p("7g.40gb", 0, GI_INDEX_7_SLICE, 7, 8, 40192, 98, 1, (0,), ce=7, dec=5, jpeg=1, ofa=1),
-            ),
-        ),
-        Product(
-            "A100-80GB", "NVIDIA A100-SXM4-80GB", 0x20B2, 81920, 108, 7, 8, 7, 8, 0, 7, 400,
-            (
-                _p("1g.10gb", 19, GI_INDEX_1_SLICE, 1, 1, 9728, 14, 7, _SEVEN, ce=1),
-                _p("1g.10gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 9728, 14, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
-                _p("1g.20gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 19968, 14, 4, (0, 2, 4, 6), ce=1, dec=1),
-                _p("2g.20gb", 14, GI_INDEX_2_SLICE, 2, 2, 19968, 28, 3, (0, 2, 4), ce=2, dec=1),
-                _p("3g.40gb", 9, GI_INDEX_3_SLICE, 3, 4, 40192, 42, 2, (0, 4), ce=3, dec=2),
-                _p("4g.40gb", 5, GI_INDEX_4_SLICE, 4, 4, 40192, 56, 1, (0,), ce=4, dec=2),
-                _p("7g.80gb", 0, GI_INDEX_7_SLICE, 7, 8, 80896, 98, 1, (0,), ce=7, dec=5, jpeg=1, ofa=1),
-            ),
-        ),
-        Product(
-            "A30-24GB", "NVIDIA A30", 0x20B7, 24576, 56, 4, 4, 4, 8, 0, 7, 165,
-            (
-                _p("1g.6gb", 14, GI_INDEX_1_SLICE, 1, 1, 5952, 14, 4, range(4), ce=1, dec=1),
-                _p("1g.6gb+me", 21, GI_INDEX_1_SLICE_REV1, 1, 1, 5952, 14, 1, range(4), ce=1, dec=1, jpeg=1, ofa=1),
-                _p("2g.12gb", 5, GI_INDEX_2_SLICE, 2, 2, 11968, 28, 2, (0, 2), ce=2, dec=2),
-                _p("2g.12gb+me", 6, GI_INDEX_2_SLICE_REV1, 2, 2, 11968, 28, 1, (0, 2), ce=2, dec=2, jpeg=1, ofa=1),
-                _p("4g.24gb", 0, GI_INDEX_4_SLICE, 4, 4, 24064, 56, 1, (0,), ce=4, dec=4, jpeg=1, ofa=1),
-            ),
-        ),
-        Product(
-            "H100-80GB", "NVIDIA H100 80GB HBM3", 0x2330, 81559, 132, 7, 8, 7, 9, 0, 9, 700,
-            (
-                _p("1g.10gb", 19, GI_INDEX_1_SLICE, 1, 1, 9984, 16, 7, _SEVEN, ce=1, dec=1, jpeg=1),
-                _p("1g.10gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 9984, 16, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
-                _p("1g.20gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 20096, 26, 4, (0, 2, 4, 6), ce=1, dec=1, jpeg=1),
-                _p("2g.20gb", 14, GI_INDEX_2_SLICE, 2, 2, 20096, 32, 3, (0, 2, 4), ce=2, dec=2, jpeg=2),
-                _p("3g.40gb", 9, GI_INDEX_3_SLICE, 3, 4, 40448, 60, 2, (0, 4), ce=3, dec=3, jpeg=3),
-                _p("4g.40gb", 5, GI_INDEX_4_SLICE, 4, 4, 40448, 64, 1, (0,), ce=4, dec=4, jpeg=4),
-                _p("7g.80gb", 0, GI_INDEX_7_SLICE, 7, 8, 81152, 132, 1, (0,), ce=8, dec=7, jpeg=7, ofa=1),
-            ),
-        ),
-        # H200: ids 19/20/14/0 confirmed; 15/9/5, 1g.35gb SMs and 1g.35gb/3g/4g MiB INFERRED (reference §1.4, §8).
-        Product(
-            "H200-141GB", "NVIDIA H200", 0x2335, 143771, 132, 7, 8, 7, 9, 0, 9, 700,
-            (
-                _p("1g.18gb", 19, GI_INDEX_1_SLICE, 1, 1, 16384, 16, 7, _SEVEN, ce=1, dec=1, jpeg=1),
-                _p("1g.18gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 16384, 16, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
-                _p("1g.35gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 33280, 26, 4, (0, 2, 4, 6), ce=1, dec=1, jpeg=1),
-                _p("2g.35gb", 14, GI_INDEX_2_SLICE, 2, 2, 33280, 32, 3, (0, 2, 4), ce=2, dec=2, jpeg=2),
-                _p("3g.71gb", 9, GI_INDEX_3_SLICE, 3, 4, 66560, 60, 2, (0, 4), ce=3, dec=3, jpeg=3),
-                _p("4g.71gb", 5, GI_INDEX_4_SLICE, 4, 4, 66560, 64, 1, (0,), ce=4, dec=4, jpeg=4),
-                _p("7g.141gb", 0, GI_INDEX_7_SLICE, 7, 8, 143360, 132, 1, (0,), ce=8, dec=7, jpeg=7, ofa=1),
-            ),
-        ),
+        Product("A100-40GB", "NVIDIA A100-SXM4-40GB", 0x20B0, 40960, 108, 7, 8, 7, 8, 0, 7, 400, _A100_40GB),
+        # A100 PCIe 40GB: name and PCI id 0x20F1 from reference §1.4 (same table as SXM4); 250 W is the board's TDP
+        # (datasheet), not in the reference.
+        Product("A100-40GB-PCIE", "NVIDIA A100-PCIE-40GB", 0x20F1, 40960, 108, 7, 8, 7, 8, 0, 7, 250, _A100_40GB),
+        Product("A100-80GB", "NVIDIA A100-SXM4-80GB", 0x20B2, 81920, 108, 7, 8, 7, 8, 0, 7, 400, _A100_80GB),
+        # A100 80GB PCIe: name and PCI id 0x20B5 from reference §1.4; 300 W TDP (datasheet, not in the reference).
+        Product("A100-80GB-PCIE", "NVIDIA A100 80GB PCIe", 0x20B5, 81920, 108, 7, 8, 7, 8, 0, 7, 300, _A100_80GB),
+        # A30 24GB: 0x20B7, real capture + guide (reference §1.4).
+        Product("A30-24GB", "NVIDIA A30", 0x20B7, 24576, 56, 4, 4, 4, 8, 0, 7, 165, _A30),
+        # H100 80GB HBM3: 0x2330, 81559 MiB, 132 SMs, 700 W (reference §1.4).
+        Product("H100-80GB", "NVIDIA H100 80GB HBM3", 0x2330, 81559, 132, 7, 8, 7, 9, 0, 9, 700, _H100_80GB),
+        # H100 PCIe: name, 0x2331 and 114 SMs from reference §1.4; total 81559 MiB INFERRED (as SXM5, 80 GB);
+        # 350 W TDP (datasheet, not in the reference).
+        Product("H100-80GB-PCIE", "NVIDIA H100 PCIe", 0x2331, 81559, 114, 7, 8, 7, 9, 0, 9, 350, _H100_PCIE),
+        # H100 NVL: 0x2321, 95830 MiB, 400 W (reference §1.4, real capture); 132 SMs = its 7g profile.
+        Product("H100-94GB-NVL", "NVIDIA H100 NVL", 0x2321, 95830, 132, 7, 8, 7, 9, 0, 9, 400, _H100_NVL),
+        # H200 SXM: 0x2335, 143771 MiB, 700 W (reference §1.4).
+        Product("H200-141GB", "NVIDIA H200", 0x2335, 143771, 132, 7, 8, 7, 9, 0, 9, 700, _H200),
+        # H200 NVL: name, 0x233B and 600 W from reference §1.4; the same 141 GB part, so its total (143771 MiB) and
+        # profile table are INFERRED from H200 SXM (the MIG guide's table 8 is for "H200 141GB").
+        Product("H200-141GB-NVL", "NVIDIA H200 NVL", 0x233B, 143771, 132, 7, 8, 7, 9, 0, 9, 600, _H200),
     )
 }
 

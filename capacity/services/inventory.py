@@ -9,6 +9,9 @@ the node's own queue): read the node's NVML (capacity.adapters.nvml) and reconci
   instance's info, GI and CI ids. An instance no longer reported becomes state "gone".
 - WorkloadProfile rows on the node still without a device: their device-id annotation is
   resolved against the fresh UUIDs, and NVML process -> pod UID facts fill the rest.
+A partial read changes nothing it did not read: a GPU NVML failed part-way through (`unread`)
+keeps its row and its MIG instances, and a MIG device whose placement an unprivileged agent could
+not read (NVML_ERROR_NO_PERMISSION) keeps its recorded instance; the node's `warnings` say why.
 
 `inventory_nodes()` does the same for many nodes with one reconcile (simulator, benchmark).
 Locking: the cluster row (FOR NO KEY UPDATE) for the write phase, like discovery; NVML is read
@@ -69,6 +72,7 @@ class InventoryResult:
     mig_gone: int = 0
     workloads_resolved: int = 0
     errors: dict[str, str] = field(default_factory=dict)
+    warnings: dict[str, list[str]] = field(default_factory=dict)  # node -> what NVML could not read
 
 
 def inventory_node(cluster_id: int, node_name: str, *, api_url: str | None = None) -> InventoryResult:
@@ -87,10 +91,16 @@ def inventory_nodes(cluster_id: int, node_names: list[str], *, api_url: str) -> 
     inventories = []
     for name in node_names:
         try:
-            inventories.append(nvml.node_inventory(api_url, name))
+            inventory = nvml.node_inventory(api_url, name)
         except nvml.NvmlError as exc:
             result.errors[name] = str(exc)
             logger.warning("inventory of %s failed: %s", name, exc)
+            continue
+        inventories.append(inventory)
+        if inventory.warnings:
+            result.warnings[name] = list(inventory.warnings)
+            for warning in inventory.warnings:
+                logger.warning("inventory of %s is partial: %s", name, warning)
     reconcile_inventory(cluster_id, inventories, result=result)
     return result
 
@@ -144,6 +154,11 @@ def _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, r
         node_id = nodes[inv.node_name]
         for gpu in inv.gpus:
             result.gpus += 1
+            if gpu.unread:  # keep what the database knows; a partial read must not overwrite or lose it
+                row = by_uuid.get(gpu.uuid) if gpu.uuid else present_at.get((node_id, gpu.index))
+                if row is not None and row[2] is None:
+                    reported[node_id].add(row[1])
+                continue
             if gpu.lost:
                 row = by_uuid.get(gpu.uuid) if gpu.uuid else present_at.get((node_id, gpu.index))
                 if row is not None and row[2] is None:
@@ -205,6 +220,9 @@ def _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by
             active_at[(row[3], row[6])] = row
 
     wanted_rows: list[tuple[str, tuple]] = []
+    kept: set[str] = set()  # instances NVML could not fully read: left as they are
+    unread_gpus = {gpu_ids.get(gpu.uuid) for inv in inventories for gpu in inv.gpus if gpu.unread}
+    kept.update(uuid for uuid, row in active.items() if row[3] in unread_gpus)
     needs_catalog = any(gpu.mig_devices for inv in inventories for gpu in inv.gpus)
     profiles, placements = _catalog() if needs_catalog else ({}, {})
     for inv in inventories:
@@ -218,6 +236,9 @@ def _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by
                 if dev.gpu_instance_id in seen_gi:
                     continue  # one MigInstance per GPU instance: its first compute instance
                 seen_gi.add(dev.gpu_instance_id)
+                if dev.placement_start is None and dev.uuid in active:
+                    kept.add(dev.uuid)  # placement unreadable (unprivileged agent): keep the recorded one
+                    continue
                 profile = profiles.get((catalog.key if catalog else "", dev.profile_id))
                 placement = placements.get((profile, dev.placement_start)) if profile else None
                 if placement is None or placement[1] != dev.placement_size:
@@ -247,7 +268,7 @@ def _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by
                     )
                 )
 
-    reported = {uuid for uuid, _ in wanted_rows}
+    reported = {uuid for uuid, _ in wanted_rows} | kept
     gone = {row[0] for uuid, row in active.items() if uuid not in reported}
     upserts = []
     for uuid, wanted in wanted_rows:

@@ -97,3 +97,44 @@ def test_nvml_failures_are_reported_per_node_not_raised(sim, settings):
     result = inventory_node(sim.clusters["prod"].pk, NODE)
     assert list(result.errors) == [NODE]
     assert result.nodes == 0
+
+
+def test_an_unprivileged_agent_gives_a_partial_inventory_with_a_warning_naming_the_privilege(sim, settings):
+    """#14 item 4: NVML_ERROR_NO_PERMISSION from nvmlDeviceGetGpuInstanceById no longer fails the whole node."""
+    cluster = sim.clusters["prod"]
+    assert inventory_node(cluster.pk, NODE).mig_instances == 32  # a privileged agent recorded the layout
+    before = dict(MigInstance.objects.active().filter(gpu__node__name=NODE).values_list("uuid", "placement_id"))
+
+    settings.NVML_LIBRARY = "simcluster.nvml.unprivileged_library_for_node"
+    result = inventory_node(cluster.pk, NODE)
+
+    assert (result.errors, result.gpus, result.gpus_lost, result.mig_gone, result.mig_written) == ({}, 8, 0, 0, 0)
+    [warning] = result.warnings[NODE]
+    assert "nvmlDeviceGetGpuInstanceById (NVML_ERROR_NO_PERMISSION)" in warning
+    assert "root" in warning and "/proc/driver/nvidia/capabilities/mig/monitor" in warning
+    assert GpuCapacity.objects.filter(node__name=NODE, health="ok").count() == 8  # the GPUs were read
+    after = dict(MigInstance.objects.active().filter(gpu__node__name=NODE).values_list("uuid", "placement_id"))
+    assert after == before  # placements it could not read are kept, not marked gone
+
+
+def test_a_gpu_nvml_fails_part_way_through_is_kept_as_it_was_and_named_in_a_warning(sim):
+    cluster = sim.clusters["prod"]
+    inventory = nvml.node_inventory(sim.url("prod"), NODE)
+    reconcile_inventory(cluster.pk, [inventory])
+    partial = copy.deepcopy(inventory)
+    gpu = partial.gpus[3]
+    gpu.name, gpu.memory_mib, gpu.mig_current, gpu.mig_devices = "", None, False, []
+    gpu.error = "NVML error while reading GPU 3: Unknown Error"
+    row = GpuCapacity.objects.get(uuid=gpu.uuid)
+
+    result = reconcile_inventory(cluster.pk, [partial])
+
+    assert (result.gpus_lost, result.mig_gone, result.gpus_written) == (0, 0, 0)
+    row.refresh_from_db()
+    assert (row.health, row.product, row.memory_mib, row.mig_mode_current) == (
+        "ok",
+        "NVIDIA H100 80GB HBM3",
+        81559,
+        True,
+    )
+    assert row.mig_instances.filter(state="active").count() == 4

@@ -1,7 +1,10 @@
 """Inventory: what discovery reads from one node's NVML (GPUs, MIG devices with their placements, processes).
 
 A GPU lost at any step (NVML_ERROR_GPU_IS_LOST) comes back with health "lost" and nothing else
-about it is trusted.
+about it is trusted. Reading is partial rather than all-or-nothing: a GPU whose read fails with
+another NVML error comes back `unread` (with the error), and GPU-instance calls an unprivileged
+agent is refused (NVML_ERROR_NO_PERMISSION) leave the MIG devices' profile and placement unknown;
+both become node-level `warnings` naming what is missing.
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ class GpuInfo:
     def lost(self) -> bool:
         return self.health == HEALTH_LOST
 
+    @property
+    def unread(self) -> bool:
+        """NVML failed part-way through this GPU (not lost): what was read is not the whole truth."""
+        return bool(self.error) and not self.lost
+
 
 @dataclass(slots=True)
 class NodeInventory:
@@ -72,6 +80,16 @@ class NodeInventory:
     driver_version: str = ""
     cuda_version: str = ""
     gpus: list[GpuInfo] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def privilege_warning(denied: list[str]) -> str:
+    """The node-level warning for calls refused with NO_PERMISSION, naming the privilege that is missing."""
+    return (
+        f"NVML refused {', '.join(denied)} (NVML_ERROR_NO_PERMISSION): the node agent is not privileged. "
+        "Run it as root, or grant the MIG monitor capability (/proc/driver/nvidia/capabilities/mig/monitor). "
+        "MIG placements are unknown: recorded MIG instances are kept, new ones are not recorded."
+    )
 
 
 def _cuda_version(raw: Any) -> str:
@@ -113,7 +131,7 @@ def _mig_devices(s: NvmlSession, handle: Any) -> list[MigDeviceInfo]:
         gi_id = int(s.call("nvmlDeviceGetGpuInstanceId", mig))
         ci_id = int(s.call("nvmlDeviceGetComputeInstanceId", mig))
         if gi_id not in placements:
-            gi = s.optional("nvmlDeviceGetGpuInstanceById", handle, gi_id)
+            gi = s.permitted("nvmlDeviceGetGpuInstanceById", handle, gi_id)
             info = s.optional("nvmlGpuInstanceGetInfo", gi) if gi is not None else None
             placements[gi_id] = (
                 (int(info.profileId), int(info.placement.start), int(info.placement.size))
@@ -162,6 +180,10 @@ def gpu_info(s: NvmlSession, index: int) -> GpuInfo:
         gpu.error = f"GPU is lost ({exc})"
         gpu.mig_devices = []
         gpu.processes = []
+    except Exception as exc:
+        if not is_nvml_error(exc):
+            raise
+        gpu.error = f"NVML error while reading GPU {index}: {exc}"
     return gpu
 
 
@@ -176,4 +198,7 @@ def node_inventory(api_url: str, node_name: str) -> NodeInventory:
             )
             count = int(s.call("nvmlDeviceGetCount"))
         inventory.gpus = [gpu_info(s, i) for i in range(count)]
+        inventory.warnings = [gpu.error for gpu in inventory.gpus if gpu.unread]
+        if s.denied:
+            inventory.warnings.insert(0, privilege_warning(s.denied))
         return inventory

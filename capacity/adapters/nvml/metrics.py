@@ -168,7 +168,7 @@ def forget_xid_watchers() -> None:
     _xid_watchers.clear()
 
 
-def _read_gpu_counters(s: NvmlSession, handle: Any, m: GpuMetrics) -> None:
+def read_gpu_counters(s: NvmlSession, handle: Any, m: GpuMetrics) -> None:
     power = s.optional("nvmlDeviceGetPowerUsage", handle)
     m.power_w = None if power is None else int(power) / 1000.0
     energy = s.optional("nvmlDeviceGetTotalEnergyConsumption", handle)
@@ -256,7 +256,7 @@ def _gpm_sm_util(s: NvmlSession, first: Any, second: Any) -> float | None:
     return max(0.0, min(100.0, float(metric.value)))
 
 
-def _read_mig(s: NvmlSession, handle: Any) -> list[MigMetrics]:
+def read_mig_metrics(s: NvmlSession, handle: Any) -> list[MigMetrics]:
     count = s.optional("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
     devices = []
     for i in range(int(count)):
@@ -298,9 +298,9 @@ def node_metrics(api_url: str, node_name: str, *, gpm_interval_s: float = 0.15) 
                     m.uuid = as_text(s.call("nvmlDeviceGetUUID", handle))
                     mode = s.optional("nvmlDeviceGetMigMode", handle)
                     m.mig_enabled = bool(mode is not None and mode[0])
-                    _read_gpu_counters(s, handle, m)
+                    read_gpu_counters(s, handle, m)
                     if m.mig_enabled:
-                        m.mig = _read_mig(s, handle)
+                        m.mig = read_mig_metrics(s, handle)
                     else:
                         m.processes = read_processes(s, handle)
                     if watcher is not None and watcher.register(s, index, handle):

@@ -28,6 +28,7 @@ NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
 GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 NO_DATA = pynvml.NVML_ERROR_NO_DATA
 FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
 UNAVAILABLE = frozenset({NOT_SUPPORTED, NOT_FOUND, NO_DATA, FUNCTION_NOT_FOUND})
 
 MIB = 1024 * 1024
@@ -74,6 +75,7 @@ class NvmlSession:
     def __init__(self, lib: Any, node_name: str = ""):
         self.lib = lib
         self.node_name = node_name
+        self.denied: list[str] = []  # calls refused with NO_PERMISSION, first refusal first
 
     def call(self, name: str, *args) -> Any:
         """lib.<name>(*args); GpuIsLost raises GpuLost, other NVML errors propagate."""
@@ -92,6 +94,23 @@ class NvmlSession:
             raise
         except Exception as exc:
             if is_nvml_error(exc) and error_code(exc) in UNAVAILABLE:
+                return None
+            raise
+
+    def permitted(self, name: str, *args) -> Any:
+        """Like optional(), but a call the agent lacks the privilege for is None too, and remembered in `denied`.
+
+        A non-root node agent gets NVML_ERROR_NO_PERMISSION from the calls nvml.h marks "Requires
+        privileged user" (GPU-instance queries); the rest of the node can still be read.
+        """
+        try:
+            return self.optional(name, *args)
+        except GpuLost:
+            raise
+        except Exception as exc:
+            if is_nvml_error(exc) and error_code(exc) == NO_PERMISSION:
+                if name not in self.denied:
+                    self.denied.append(name)
                 return None
             raise
 
