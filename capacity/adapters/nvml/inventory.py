@@ -17,6 +17,7 @@ from .sessions import (
     GpuLost,
     NvmlSession,
     as_text,
+    is_nvml_error,
     node_errors,
     session,
 )
