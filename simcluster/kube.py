@@ -918,6 +918,7 @@ class ClusterApi:
         self.cluster.bump()
         if plural == "pods":
             scheduler.on_pod_deleted(self.cluster, record.obj)
+            gpuoperator.on_pod_deleted(self.cluster, record.obj)
         elif plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
         if kind.delete_returns_object:
