@@ -557,9 +557,12 @@ def _finish(cluster: Cluster, node: Node, ok: bool, message: str) -> None:
     paused = [key for key in DRAINED_DEPLOY_LABELS if node.labels.get(key) == PAUSED]
     for key in paused:
         node.labels[key] = "true"
-    if paused and cluster.state.device_plugin_restart:
+    if not cluster.state.device_plugin_restart:
+        refresh_node(cluster, node)
+        return
+    if paused:  # the drained plugin's pod comes back and registers what the GPUs have now
         restart_device_plugin(cluster, node)
-    refresh_node(cluster, node)
+    relabel(cluster, node)
 
 
 def run_due_jobs(cluster: Cluster, now: float, *, force: bool) -> int:
