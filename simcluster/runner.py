@@ -16,6 +16,7 @@ import time
 
 from .apiserver import SimServer
 from .scenarios import ScenarioError, available_scenarios, load_scenario
+from .state import SimState
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -43,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", help="require this bearer token (default: accept any)")
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between metric ticks (0: frozen)")
     parser.add_argument("--mig-manager-delay", type=float, default=0.2)
+    parser.add_argument("--configmap-sync-delay", type=float, default=0.0,
+                        help="seconds before a ConfigMap change reaches the MIG manager's mounted copy (real: ~60)")
+    parser.add_argument("--device-plugin-restart", action="store_true",
+                        help="the device plugin keeps its devices after NVML MIG writes until its pod restarts")
+    parser.add_argument("--mig-mode-reboot", action="store_true",
+                        help="the MIG manager passes through `rebooting` to change a GPU's MIG mode")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -58,7 +65,13 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
         return 2
     if args.seed is not None:
         scenario.seed = args.seed
-    state = scenario.build(mig_manager_delay=args.mig_manager_delay)
+    state = scenario.build(SimState(
+        seed=scenario.seed,
+        mig_manager_delay=args.mig_manager_delay,
+        configmap_sync_delay=args.configmap_sync_delay,
+        device_plugin_restart=args.device_plugin_restart,
+        mig_mode_reboot=args.mig_mode_reboot,
+    ))
     server = SimServer(state, host=args.host, port=args.port, token=args.token,
                        tick_interval=args.tick or None, verbose=args.verbose)
     try:
