@@ -20,7 +20,7 @@ from pathlib import Path
 from unittest import mock
 
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, override_settings
 
 from capacity.mig.catalog import PRODUCTS
 from capacity.models import Cluster, MigReconfiguration, NodeCapacity
@@ -63,6 +63,9 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
     # The steps are called here, one after the other: nothing goes to the broker.
     no_broker = mock.patch("operations.tasks.enqueue_reconfiguration_step")
     no_broker.start()
+    # The simulated MIG manager's mounted ConfigMap is refreshed at once: no kubelet delay to wait out.
+    instant_mount = override_settings(MIG_PARTED_SYNC_S=0)
+    instant_mount.enable()
     state = _build(name, nodes, gpus_per_node)
     server = SimServer(state).start()
     try:
@@ -94,6 +97,7 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
             document = mig_configs.mig_parted_document(cluster)
             document_s = time.perf_counter() - started
     finally:
+        instant_mount.disable()
         no_broker.stop()
         server.stop()
         _delete_bench_clusters()

@@ -30,6 +30,7 @@ def demo_environment() -> None:
 
     var = Path(os.environ.get("GPUAAS_VAR_DIR") or BASE_DIR / "var")
     os.environ.setdefault("DEBUG", "1")
+    os.environ.setdefault("MIG_PARTED_SYNC_S", "1")  # the simulator's mounted ConfigMaps refresh at once
     if not os.environ.get("SECRET_KEY"):
         os.environ["SECRET_KEY"] = _kept(var / "secret_key", lambda: secrets.token_urlsafe(50))
     if not (os.environ.get("CREDENTIALS_KEYS") or os.environ.get("CREDENTIALS_KEY")):

@@ -296,6 +296,9 @@ GPU_OPERATOR_NAMESPACE = env_str("GPU_OPERATOR_NAMESPACE", "gpu-operator")
 MIG_PARTED_CONFIGMAP = env_str("MIG_PARTED_CONFIGMAP", "gpuaas-mig-parted-config")
 # The device plugin's config ConfigMap (ClusterPolicy spec.devicePlugin.config.name).
 TIME_SLICING_CONFIGMAP = env_str("TIME_SLICING_CONFIGMAP", "time-slicing-config")
+# Kubelet refreshes the MIG manager's mounted copy of that ConfigMap up to about a minute after a
+# write (sync period + cache TTL): gpuaas sets nvidia.com/mig.config this long after writing a config.
+MIG_PARTED_SYNC_S = env_int("MIG_PARTED_SYNC_S", 90, minimum=0)
 # Waiting steps re-check with this countdown: far below the Redis visibility timeout.
 MIG_RECONFIG_POLL_S = env_int("MIG_RECONFIG_POLL_S", 5, minimum=1)
 if MIG_RECONFIG_POLL_S * 10 > CELERY_LONGEST_TASK_S:

@@ -18,3 +18,7 @@ if CACHES["default"]["BACKEND"].endswith("FileBasedCache"):  # noqa: F405
 
 # Fast hashing: the login tests post many passwords (production keeps Django's default hashers).
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# The simulated MIG manager's mounted ConfigMap is refreshed at once unless a test chooses a delay
+# (SimState(configmap_sync_delay=...)) and sets this with it.
+MIG_PARTED_SYNC_S = 0

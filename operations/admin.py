@@ -155,6 +155,7 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
         "error",
         "failed_step",
         "config_name",
+        "config_written_at",
         "plan_pictures",
         "target",
         "previous",

@@ -5,9 +5,9 @@ metrics, processes, event-queue head); `nvml_op()` performs MIG writes; `wait_ev
 long-polls the node's event queue. The HTTP endpoint `/sim/v1/nodes/<node>/nvml` and the
 in-process backend of simcluster.nvml both call these, so both transports behave alike.
 
-A write changes node state the way the real stack would follow it: once a GPU instance
-with a compute instance exists, the device plugin advertises it and GFD labels it, so each
-write ends with a device-plugin + GFD pass over the node.
+A write changes node state the way the stack follows it: GFD labels the new instances; the
+device plugin advertises them at once in the kind world, and only after its pod restarts
+with SimState.device_plugin_restart (the real plugin never re-reads NVML on its own).
 """
 
 from __future__ import annotations
@@ -197,7 +197,10 @@ def nvml_op(state: SimState, cluster_name: str | None, node_name: str, op: str, 
             else:
                 raise HardwareError(NVML_ERROR_INVALID_ARGUMENT, f"unknown op {op!r}")
             result["ret"] = NVML_SUCCESS
-            gpuoperator.refresh_node(cluster, node)
+            if state.device_plugin_restart:
+                gpuoperator.relabel(cluster, node)  # the plugin keeps its devices until its pod restarts
+            else:
+                gpuoperator.refresh_node(cluster, node)
         except HardwareError as exc:
             result = {"ret": exc.code, "message": str(exc)}
         result["snapshot"] = node_snapshot(cluster, node)

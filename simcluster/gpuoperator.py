@@ -8,10 +8,20 @@
   as device-ID lists: GPU UUIDs, MIG UUIDs, or `<uuid>::<n>` time-slice replicas. Capacity
   counts every device, allocatable only healthy ones (a lost GPU drops out of allocatable;
   its GFD labels stay until the next relabel, as GFD would only notice on restart).
-- The MIG manager (§3): reacts to a changed `nvidia.com/mig.config` label: state `pending`,
-  deploy labels paused, then after `SimState.mig_manager_delay` seconds (or at once via
-  `SimState.run_mig_manager()`) applies the mig-parted config -> `success`, or `failed` when
-  the config is unknown/invalid for the GPUs, a GPU is lost, or GPU pods run on the node.
+- The MIG manager (§3, reconfigure-mig.sh): reacts to a changed `nvidia.com/mig.config` label
+  by reading the config from its mounted copy of the ConfigMap, which kubelet refreshes
+  `SimState.configmap_sync_delay` seconds after a change: a config missing there -> `failed` at
+  once; already applied (mig-parted assert) -> `success` at once, nothing drained; otherwise
+  state `pending`, deploy labels paused, then after `SimState.mig_manager_delay` seconds (or at
+  once via `SimState.run_mig_manager()`) -> `rebooting` first when a GPU's MIG mode must change
+  and `SimState.mig_mode_reboot` is on (the apply follows one more delay later), then applies
+  -> `success`, or `failed` when the config is invalid for the GPUs, a GPU is lost, or GPU pods
+  run on the node.
+- The device plugin's pod (§3 step 5, `app=nvidia-device-plugin-daemonset`), with
+  `SimState.device_plugin_restart` on: one per GPU node in the operator namespace; the plugin
+  keeps the resource list it registered at start (a direct NVML MIG change does not reach
+  allocatable) until the pod is deleted and its DaemonSet recreates it, or the MIG manager
+  restarts it.
 
 MIG-parted config lookup order (first ConfigMap that exists in the operator namespace,
 key `config.yaml`, is the only one read, as the real manager reads exactly one file):
@@ -51,6 +61,8 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 PAUSED = "paused-for-mig-change"
+DEVICE_PLUGIN_APP = "nvidia-device-plugin-daemonset"
+DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
 
 # Deploy labels the MIG manager pauses while it reconfigures (reconfigure-mig.sh step 5).
 DRAINED_DEPLOY_LABELS = (
@@ -116,6 +128,7 @@ def bootstrap_cluster(cluster: Cluster) -> None:
             "nvsm-notifier.service", "nv_peer_mem.service", "nvidia-dcgm.service", "dcgm.service",
             "dcgm-exporter.service"]}, sort_keys=False)},
     })
+    _mount_now(cluster)
 
 
 def add_mig_configs(cluster: Cluster, extra: dict[str, list[dict]]) -> None:
@@ -127,6 +140,36 @@ def add_mig_configs(cluster: Cluster, extra: dict[str, list[dict]]) -> None:
     record.obj["metadata"]["resourceVersion"] = cluster.bump()
     record.raw = None
     cluster.record_event("MODIFIED", "configmaps", (cluster.settings.operator_namespace, DEFAULT_MIG_CONFIGMAP), record)
+    _mount_now(cluster)
+
+
+def _mount_now(cluster: Cluster) -> None:
+    """Set-up writes (cluster bootstrap, scenario configs) are in the manager's mounted copy from its start."""
+    for (namespace, name), record in cluster.configmaps.items():
+        if namespace == cluster.settings.operator_namespace:
+            cluster.mounted[name] = [(float("-inf"), (record.obj.get("data") or {}).get("config.yaml"))]
+
+
+def record_configmap_change(cluster: Cluster, name: str) -> None:
+    """Kubelet refreshes a mounted ConfigMap on its sync period: the change reaches the MIG manager's
+    copy configmap_sync_delay seconds from now (a deleted ConfigMap stays mounted until then too)."""
+    now = time.monotonic()
+    history = cluster.mounted.setdefault(name, [])
+    visible = [i for i, (at, _) in enumerate(history) if at <= now]
+    if visible:
+        del history[: visible[-1]]  # keep the copy mounted now and the changes still on their way
+    history.append((now + cluster.state.configmap_sync_delay, _configmap_text(cluster, name, "config.yaml")))
+
+
+def mounted_config_text(cluster: Cluster, name: str | None) -> str | None:
+    """config.yaml of ConfigMap `name` as the MIG manager's mounted copy holds it now (None: not mounted)."""
+    now = time.monotonic()
+    text = None
+    for at, value in cluster.mounted.get(name or "", ()):
+        if at > now:
+            break
+        text = value
+    return text
 
 
 # ----------------------------------------------------------------------------------------
@@ -192,9 +235,9 @@ def parse_mig_parted(text: str) -> dict[str, list[dict]]:
 
 
 def mig_config_source(cluster: Cluster) -> tuple[str, str] | None:
-    """(ConfigMap name, config.yaml text) the MIG manager reads; see module docstring."""
+    """(ConfigMap name, config.yaml text) the MIG manager reads from its mounted copy; see module docstring."""
     for name in (GPUAAS_MIG_CONFIGMAP, cluster.settings.mig_config_name, DEFAULT_MIG_CONFIGMAP):
-        text = _configmap_text(cluster, name, "config.yaml")
+        text = mounted_config_text(cluster, name)
         if text is not None:
             return name, text
     return None
@@ -426,6 +469,8 @@ def relabel(cluster: Cluster, node: Node) -> None:
 
 def refresh_node(cluster: Cluster, node: Node) -> None:
     """Device plugin + GFD pass: allocatable and labels from the node's GPUs now."""
+    if cluster.state.device_plugin_restart and node.device_plugin_pod is None:
+        ensure_device_plugin_pod(cluster, node)
     refresh_devices(cluster, node)
     relabel(cluster, node)
 
@@ -468,8 +513,12 @@ def on_node_labels_changed(cluster: Cluster, node: Node, old: dict[str, str]) ->
 
 
 def on_configmap_changed(cluster: Cluster, namespace: str, name: str) -> None:
-    """The device plugin's config-manager sidecar re-reads its ConfigMap on change."""
-    if namespace != cluster.settings.operator_namespace or name != cluster.settings.device_plugin_config_name:
+    """Kubelet refreshes the MIG manager's mounted copy later; the device plugin's config-manager
+    sidecar re-reads its ConfigMap on change."""
+    if namespace != cluster.settings.operator_namespace:
+        return
+    record_configmap_change(cluster, name)
+    if name != cluster.settings.device_plugin_config_name:
         return
     for node in cluster.nodes.values():
         if node.gpus and (node.labels.get(DEVICE_PLUGIN_CONFIG_LABEL) or cluster.settings.device_plugin_default):
@@ -484,6 +533,16 @@ def on_configmap_changed(cluster: Cluster, namespace: str, name: str) -> None:
 
 
 def request_mig_config(cluster: Cluster, node: Node, config: str) -> None:
+    """reconfigure-mig.sh steps 1-5 on a changed label: validate against the mounted config, assert,
+    then `pending` and drain GPU clients; the apply runs as a job (run_due_jobs)."""
+    node.mig_job = None
+    wanted, message = resolve_mig_config(cluster, node, config)
+    if wanted is None:
+        _finish(cluster, node, False, message)
+        return
+    if _already_applied(wanted):
+        _finish(cluster, node, True, f"{config!r} is already applied (mig-parted assert); nothing to do")
+        return
     node.labels[MIG_STATE_LABEL] = "pending"
     for key in DRAINED_DEPLOY_LABELS:
         if node.labels.get(key) == "true":
@@ -492,26 +551,105 @@ def request_mig_config(cluster: Cluster, node: Node, config: str) -> None:
     cluster.touch(node)
 
 
+def _finish(cluster: Cluster, node: Node, ok: bool, message: str) -> None:
+    """Step 8: state success/failed, deploy labels restored (the device plugin pod comes back)."""
+    node.mig_message = message
+    node.labels[MIG_STATE_LABEL] = "success" if ok else "failed"
+    paused = [key for key in DRAINED_DEPLOY_LABELS if node.labels.get(key) == PAUSED]
+    for key in paused:
+        node.labels[key] = "true"
+    if not cluster.state.device_plugin_restart:
+        refresh_node(cluster, node)
+        return
+    if paused:  # the drained plugin's pod comes back and registers what the GPUs have now
+        restart_device_plugin(cluster, node)
+    relabel(cluster, node)
+
+
 def run_due_jobs(cluster: Cluster, now: float, *, force: bool) -> int:
-    """Apply the pending MIG jobs that are due (all with force); returns how many ran."""
+    """Run the pending MIG jobs that are due (all with force); returns how many ran.
+
+    A job whose config changes a GPU's MIG mode first passes through `rebooting` (with
+    SimState.mig_mode_reboot) and applies one mig_manager_delay later, after the "reboot"."""
     ran = 0
     for node in list(cluster.nodes.values()):
         job = node.mig_job
-        if job is not None and (force or job.due <= now):
-            node.mig_job = None
-            ok, message = apply_mig_config(cluster, node, job.config)
-            node.mig_message = message
-            node.labels[MIG_STATE_LABEL] = "success" if ok else "failed"
-            for key in DRAINED_DEPLOY_LABELS:
-                if node.labels.get(key) == PAUSED:
-                    node.labels[key] = "true"
-            refresh_node(cluster, node)
-            ran += 1
+        if job is None or not (force or job.due <= now):
+            continue
+        node.mig_job = None
+        ran += 1
+        wanted, message = resolve_mig_config(cluster, node, job.config)
+        if wanted is None:
+            _finish(cluster, node, False, message)
+            continue
+        mode_change = any(gpu.mig_current != enabled for gpu, enabled, _ in wanted)
+        if mode_change and cluster.state.mig_mode_reboot and not job.rebooting:
+            node.labels[MIG_STATE_LABEL] = "rebooting"
+            node.mig_message = f"rebooting {node.name} to change the MIG mode for {job.config!r}"
+            node.mig_job = MigJob(config=job.config, due=now + cluster.state.mig_manager_delay, rebooting=True)
+            cluster.touch(node)
+            continue
+        ok, message = apply_mig_config(cluster, node, job.config)
+        _finish(cluster, node, ok, message)
     if ran:
         from . import scheduler
 
         scheduler.retry_pending(cluster)
     return ran
+
+
+# ----------------------------------------------------------------------------------------
+# Device plugin pods (SimState.device_plugin_restart)
+
+
+def ensure_device_plugin_pod(cluster: Cluster, node: Node) -> None:
+    """The DaemonSet's pod on a GPU node whose deploy label is true (created through the API, so it
+    lists, watches and deletes like any pod). The plugin registers the node's devices as it starts."""
+    from .kube import ClusterApi
+
+    if not node.gpus or node.labels.get("nvidia.com/gpu.deploy.device-plugin") != "true":
+        return
+    if node.device_plugin_pod and (cluster.settings.operator_namespace, node.device_plugin_pod) in cluster.pods:
+        return
+    name = f"{DEVICE_PLUGIN_APP}-{cluster.new_uid('device-plugin', node.name)[-5:]}"
+    ClusterApi(cluster).create("pods", cluster.settings.operator_namespace, {
+        "metadata": {
+            "name": name,
+            "labels": {"app": DEVICE_PLUGIN_APP, "app.kubernetes.io/part-of": "nvidia-gpu"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": DEVICE_PLUGIN_APP,
+                                 "uid": cluster.new_uid("daemonset"), "controller": True}],
+        },
+        "spec": {
+            "nodeName": node.name,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "nvidia-device-plugin", "image": DEVICE_PLUGIN_IMAGE}],
+        },
+    })
+    node.device_plugin_pod = name
+    refresh_devices(cluster, node)
+
+
+def restart_device_plugin(cluster: Cluster, node: Node) -> None:
+    """The plugin's pod is replaced: the new one registers the devices the node has now."""
+    from .kube import ClusterApi
+
+    namespace, old = cluster.settings.operator_namespace, node.device_plugin_pod
+    if old and (namespace, old) in cluster.pods:
+        ClusterApi(cluster).delete("pods", namespace, old)  # on_pod_deleted: the DaemonSet recreates it
+    else:
+        node.device_plugin_pod = None
+        ensure_device_plugin_pod(cluster, node)
+
+
+def on_pod_deleted(cluster: Cluster, pod: dict) -> None:
+    """The DaemonSet recreates a deleted device plugin pod on its node."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get("app") != DEVICE_PLUGIN_APP:
+        return
+    node = cluster.nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+    if node is not None and node.device_plugin_pod == meta.get("name"):
+        node.device_plugin_pod = None
+        ensure_device_plugin_pod(cluster, node)
 
 
 def _entry_matches(entry: dict, gpu: Gpu) -> bool:
@@ -543,6 +681,57 @@ def plan_for_gpu(product: Product, mig_devices: dict[str, int]) -> list[tuple[Pr
     return plan
 
 
+def resolve_mig_config(
+    cluster: Cluster, node: Node, config: str
+) -> tuple[list[tuple[Gpu, bool, list[tuple[Profile, int]]]] | None, str]:
+    """reconfigure-mig.sh step 1: the config from the mounted ConfigMap, planned per GPU.
+
+    ([(gpu, mig enabled, placements)], "") or (None, why it fails)."""
+    source = mig_config_source(cluster)
+    if source is None:
+        return None, "no mig-parted ConfigMap found"
+    cm_name, text = source
+    configs, error = _cached_parse(text, parse_mig_parted)
+    if error is not None:
+        return None, f"{cm_name}: {error}"
+    entries = configs.get(config)
+    if entries is None:
+        return None, f"config {config!r} not found in ConfigMap {cm_name} (as mounted in the MIG manager)"
+    wanted: list[tuple[Gpu, bool, list[tuple[Profile, int]]]] = []
+    try:
+        for gpu in node.gpus:
+            entry = next((e for e in entries if _entry_matches(e, gpu)), None)
+            if entry is None:
+                continue
+            if gpu.lost:
+                raise ValueError(f"GPU {gpu.index} is lost")
+            plan = plan_for_gpu(gpu.product, entry.get("mig-devices") or {}) if entry["mig-enabled"] else []
+            wanted.append((gpu, entry["mig-enabled"], plan))
+    except ValueError as exc:
+        return None, f"config {config!r}: {exc}"
+    if not wanted:
+        return None, f"config {config!r} matches no GPU on node {node.name}"
+    return wanted, f"{config!r} from {cm_name}"
+
+
+def _gpu_matches(gpu: Gpu, enabled: bool, plan: list[tuple[Profile, int]]) -> bool:
+    """mig-parted assert for one GPU: MIG mode and profile counts, every instance with its full CI."""
+    if not enabled:
+        return not gpu.mig_current and not gpu.mig_pending
+    if not gpu.mig_current:
+        return False
+    partial = any(ci.slices != gi.profile.compute_slices for gi, ci in gpu.mig_devices())
+    return (
+        gpu.layout() == sorted(p.name for p, _ in plan)
+        and not partial
+        and all(gi.full_ci() for gi in gpu.instances.values())
+    )
+
+
+def _already_applied(wanted) -> bool:
+    return all(_gpu_matches(gpu, enabled, plan) for gpu, enabled, plan in wanted)
+
+
 def apply_mig_config(cluster: Cluster, node: Node, config: str) -> tuple[bool, str]:
     """What `nvidia-mig-parted apply -c <config>` would do to the node; (ok, message).
 
@@ -555,30 +744,9 @@ def apply_mig_config(cluster: Cluster, node: Node, config: str) -> tuple[bool, s
     busy = scheduler.gpu_pods_on_node(cluster, node.name)
     if busy:
         return False, f"refusing to reconfigure MIG while GPU pods run: {', '.join(busy[:5])}"
-    source = mig_config_source(cluster)
-    if source is None:
-        return False, "no mig-parted ConfigMap found"
-    cm_name, text = source
-    configs, error = _cached_parse(text, parse_mig_parted)
-    if error is not None:
-        return False, f"{cm_name}: {error}"
-    entries = configs.get(config)
-    if entries is None:
-        return False, f"config {config!r} not found in ConfigMap {cm_name}"
-    wanted: list[tuple[Gpu, bool, list[tuple[Profile, int]]]] = []
-    try:
-        for gpu in node.gpus:
-            entry = next((e for e in entries if _entry_matches(e, gpu)), None)
-            if entry is None:
-                continue
-            if gpu.lost:
-                raise ValueError(f"GPU {gpu.index} is lost")
-            plan = plan_for_gpu(gpu.product, entry.get("mig-devices") or {}) if entry["mig-enabled"] else []
-            wanted.append((gpu, entry["mig-enabled"], plan))
-    except ValueError as exc:
-        return False, f"config {config!r}: {exc}"
-    if not wanted:
-        return False, f"config {config!r} matches no GPU on node {node.name}"
+    wanted, source = resolve_mig_config(cluster, node, config)
+    if wanted is None:
+        return False, source
     try:
         for gpu, enabled, plan in wanted:
             if not enabled:
@@ -588,11 +756,9 @@ def apply_mig_config(cluster: Cluster, node: Node, config: str) -> tuple[bool, s
                 gpu.mig_current = gpu.mig_pending = 0
                 continue
             gpu.mig_current = gpu.mig_pending = 1
-            target = sorted(p.name for p, _ in plan)
-            partial = any(ci.slices != gi.profile.compute_slices for gi, ci in gpu.mig_devices())
-            if gpu.layout() == target and not partial and all(gi.full_ci() for gi in gpu.instances.values()):
+            if _gpu_matches(gpu, enabled, plan):
                 continue
             gpu.apply_layout(plan)
     except HardwareError as exc:  # pragma: no cover - plans are validated above
         return False, f"config {config!r}: {exc}"
-    return True, f"applied {config!r} from {cm_name}"
+    return True, f"applied {source}"

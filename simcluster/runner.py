@@ -16,6 +16,7 @@ import time
 
 from .apiserver import SimServer
 from .scenarios import ScenarioError, available_scenarios, load_scenario
+from .state import SimState
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -47,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a bound pod stays ContainerCreating (default 0: Running at once)")
     parser.add_argument("--pod-termination-grace", type=float, default=0.0,
                         help="longest a deleted pod stays Terminating (default 0: gone at once)")
+    parser.add_argument("--configmap-sync-delay", type=float, default=0.0,
+                        help="seconds before a ConfigMap change reaches the MIG manager's mounted copy (real: ~60)")
+    parser.add_argument("--device-plugin-restart", action="store_true",
+                        help="the device plugin keeps its devices after NVML MIG writes until its pod restarts")
+    parser.add_argument("--mig-mode-reboot", action="store_true",
+                        help="the MIG manager passes through `rebooting` to change a GPU's MIG mode")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -62,7 +69,13 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
         return 2
     if args.seed is not None:
         scenario.seed = args.seed
-    state = scenario.build(mig_manager_delay=args.mig_manager_delay)
+    state = scenario.build(SimState(
+        seed=scenario.seed,
+        mig_manager_delay=args.mig_manager_delay,
+        configmap_sync_delay=args.configmap_sync_delay,
+        device_plugin_restart=args.device_plugin_restart,
+        mig_mode_reboot=args.mig_mode_reboot,
+    ))
     state.api.pod_start_delay_s = args.pod_start_delay
     state.api.pod_termination_grace_s = args.pod_termination_grace
     server = SimServer(state, host=args.host, port=args.port, token=args.token,

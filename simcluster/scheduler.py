@@ -25,6 +25,7 @@ from decimal import Decimal, InvalidOperation
 
 from kubernetes.utils import parse_quantity
 
+from . import gpuoperator
 from .state import Cluster, Node, Record
 
 DEVICE_IDS_ANNOTATION = "gpuaas.io/device-ids"
@@ -439,6 +440,7 @@ def remove_pod(cluster: Cluster, key: tuple[str, str]) -> dict:
     obj["metadata"]["resourceVersion"] = cluster.bump()
     cluster.record_event("DELETED", "pods", key, json.dumps(obj, separators=(",", ":")).encode())
     on_pod_deleted(cluster, obj)
+    gpuoperator.on_pod_deleted(cluster, obj)  # the DaemonSet recreates a device plugin pod once the old one is gone
     return obj
 
 

@@ -101,6 +101,7 @@ class MigJob:
 
     config: str
     due: float  # time.monotonic() deadline
+    rebooting: bool = False  # the manager rebooted the node for a MIG mode change and resumes after it
 
 
 @dataclass(eq=False)
@@ -125,6 +126,7 @@ class Node:
     known_resources: set[str] = field(default_factory=set)
     assigned: dict[str, tuple[str, str]] = field(default_factory=dict)  # device id -> pod key
     mig_job: MigJob | None = None
+    device_plugin_pod: str | None = None  # its DaemonSet pod's name (SimState.device_plugin_restart)
     mig_message: str = ""  # outcome of the last MIG manager run (shown by /sim/v1/info)
     events: deque = field(default_factory=lambda: deque(maxlen=_EVENT_RING))
     event_seq: int = 0
@@ -167,6 +169,9 @@ class Cluster:
         self.pods: dict[tuple[str, str], Record] = {}
         self.configmaps: dict[tuple[str, str], Record] = {}
         self.resourcequotas: dict[tuple[str, str], Record] = {}
+        # ConfigMap name -> [(time.monotonic() it reaches the MIG manager's mounted copy, config.yaml text)]:
+        # kubelet's delayed refresh of a mounted ConfigMap (gpuoperator.mounted_config_text).
+        self.mounted: dict[str, list[tuple[float, str | None]]] = {}
         self._node_order: list[str] | None = None
         self._serial = 0
         self.watch_events: deque[WatchEvent] = deque()
@@ -319,10 +324,30 @@ class Cluster:
 class SimState:
     """Every simulated cluster, one lock, simulated time and the fault knobs."""
 
-    def __init__(self, seed: int = 0, *, mig_manager_delay: float = 0.2, api: ApiBehaviour | None = None):
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        mig_manager_delay: float = 0.2,
+        configmap_sync_delay: float = 0.0,
+        device_plugin_restart: bool = False,
+        mig_mode_reboot: bool = False,
+        api: ApiBehaviour | None = None,
+    ):
+        """The unkind knobs (docs/simcluster.md), each off = the kind world:
+
+        - configmap_sync_delay: seconds before a ConfigMap change reaches the MIG manager's mounted copy
+          (kubelet's sync period; up to about a minute on a real node).
+        - device_plugin_restart: the device plugin keeps the resource list it registered until its pod
+          on that node is deleted and recreated (the real plugin does not notice a direct NVML MIG change).
+        - mig_mode_reboot: the MIG manager reboots the node (state `rebooting`) to change a GPU's MIG mode.
+        """
         self.seed = seed
         self.mig_manager_delay = mig_manager_delay
-        self.api = api or ApiBehaviour()
+        self.configmap_sync_delay = configmap_sync_delay
+        self.device_plugin_restart = device_plugin_restart
+        self.mig_mode_reboot = mig_mode_reboot
+        self.api = api or ApiBehaviour()  # the Kubernetes API server's knobs (watch, pod phases)
         self.lock = threading.RLock()
         self.events_changed = threading.Condition(self.lock)
         self.kube_changed = threading.Condition(self.lock)  # woken on every watch event

@@ -58,6 +58,12 @@ class MigReconfiguration(models.Model):
     plan = models.JSONField(default=dict, blank=True, editable=False)
     previous = models.JSONField(default=dict, blank=True, editable=False, help_text="Layout before: for roll-back.")
     config_name = models.CharField(max_length=100, blank=True, editable=False, help_text="nvidia.com/mig.config set.")
+    config_written_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When config_name went into the mig-parted ConfigMap: the label waits MIG_PARTED_SYNC_S after it.",
+    )
     backend = models.CharField(max_length=16, choices=ReconfigurationBackend, default=ReconfigurationBackend.OPERATOR)
     drain = models.BooleanField(default=False, help_text="Evict GPU pods (allocated GPUs may be touched).")
     force = models.BooleanField(default=False, help_text="Run outside a maintenance window.")

@@ -93,8 +93,9 @@ def create_from(data: Mapping[str, Any], *, actor=None) -> MigReconfiguration:
 
 
 def resume(reconf: MigReconfiguration, *, actor=None) -> MigReconfiguration:
-    """Re-run the failed step (IllegalTransition unless failed). A re-run apply on the operator path
-    uses a fresh config name, because the MIG manager only reacts to a changed label."""
+    """Re-run the failed step (IllegalTransition unless failed). A re-run of the step that sets
+    nvidia.com/mig.config (apply on the operator path, verify on the agent path) uses a fresh config
+    name, because the MIG manager only reacts to a changed label."""
     reconf.refresh_from_db()
     updates = {
         "state": State.PENDING,
@@ -104,8 +105,9 @@ def resume(reconf: MigReconfiguration, *, actor=None) -> MigReconfiguration:
         "claimed_at": None,
         "attempts": F("attempts") + 1,
     }
-    if reconf.step == Step.APPLY and reconf.backend == Backend.OPERATOR:
+    if reconf.step == (Step.APPLY if reconf.backend == Backend.OPERATOR else Step.VERIFY):
         updates["config_name"] = ""
+        updates["config_written_at"] = None
     with transaction.atomic():
         if MigReconfiguration.objects.filter(pk=reconf.pk, state=State.FAILED).update(**stamp(**updates)) != 1:
             raise IllegalTransition(f"reconfiguration #{reconf.pk} is {reconf.state}, not failed")

@@ -7,10 +7,12 @@ redelivered task runs it again over what its first run already did.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
@@ -36,6 +38,10 @@ from .plan import (
     slot_counts,
 )
 from .records import audit
+
+# The GPU Operator's device plugin DaemonSet pods, and the label it sets on nodes it runs the MIG manager on.
+DEVICE_PLUGIN_APP = "nvidia-device-plugin-daemonset"
+MIG_MANAGER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.mig-manager"
 
 
 def step_plan(reconf: MigReconfiguration, now: datetime) -> Advance:
@@ -166,31 +172,87 @@ def config_name_for(reconf: MigReconfiguration, current_label: str) -> str:
     return f"{GPUAAS_CONFIG_PREFIX}r{reconf.pk}{suffix}"
 
 
-def _apply_operator(reconf: MigReconfiguration) -> Advance | Wait:
-    node_name = reconf.node.name
-    with mig_configs.client_for(reconf.cluster) as client:
-        labels = client.get_node(node_name).labels
-        current = labels.get(mig_configs.MIG_CONFIG_LABEL, "")
-        if not reconf.config_name:
-            reconf.config_name = config_name_for(reconf, current)
-            MigReconfiguration.objects.filter(pk=reconf.pk, config_name="").update(config_name=reconf.config_name)
-            audit(
-                reconf, Step.APPLY, Event.INFO, f"config {reconf.config_name} chosen (label was {current or 'unset'})"
-            )
-        if current != reconf.config_name:
-            mig_configs.write_mig_parted_config(reconf.cluster, client)
-            client.patch_node_labels(
-                node_name, {mig_configs.MIG_CONFIG_LABEL: reconf.config_name, mig_configs.MIG_STATE_LABEL: "pending"}
-            )
-            return Wait(f"set {mig_configs.MIG_CONFIG_LABEL}={reconf.config_name}; MIG manager pending")
-    state = labels.get(mig_configs.MIG_STATE_LABEL, "")
+def mig_parted_sync_s() -> float:
+    """How long kubelet may take to refresh the MIG manager's mounted copy of the mig-parted ConfigMap."""
+    return float(getattr(settings, "MIG_PARTED_SYNC_S", 90))
+
+
+def label_config(reconf: MigReconfiguration, client: kube.KubernetesClient, labels: dict[str, str]) -> Wait | None:
+    """Point nvidia.com/mig.config at the reconfiguration's config once the MIG manager can read it.
+
+    The manager reads a mounted copy of the ConfigMap that kubelet refreshes up to about a minute after
+    a write, and validates the label's config against that copy at once: a label set right after the
+    write names a config it may not see yet (state failed). So the config is written first (recorded in
+    config_written_at), the label is set MIG_PARTED_SYNC_S later, and with it the state `pending` (the
+    manager's `success` from the previous config must not read as ours). None once the label is ours.
+    Re-entrant: the write is rebuilt from the database and the label patch is idempotent.
+    """
+    current = labels.get(mig_configs.MIG_CONFIG_LABEL, "")
+    if not reconf.config_name:
+        reconf.config_name = config_name_for(reconf, current)
+        MigReconfiguration.objects.filter(pk=reconf.pk, config_name="").update(config_name=reconf.config_name)
+        audit(reconf, reconf.step, Event.INFO, f"config {reconf.config_name} chosen (label was {current or 'unset'})")
+    if current == reconf.config_name:
+        return None
+    if reconf.config_written_at is None:
+        mig_configs.write_mig_parted_config(reconf.cluster, client)
+        reconf.config_written_at = timezone.now()  # after the write: kubelet's delay counts from it
+        MigReconfiguration.objects.filter(pk=reconf.pk).update(config_written_at=reconf.config_written_at)
+    ready_at = reconf.config_written_at + timedelta(seconds=mig_parted_sync_s())
+    if timezone.now() < ready_at:  # kubelet's clock, not the step's start
+        return Wait(
+            f"wrote {reconf.config_name} to ConfigMap {mig_configs.mig_parted_configmap()}; setting "
+            f"{mig_configs.MIG_CONFIG_LABEL} at {ready_at:%H:%M:%S} UTC, once kubelet has refreshed the MIG "
+            f"manager's mounted copy (MIG_PARTED_SYNC_S={mig_parted_sync_s():g})"
+        )
+    client.patch_node_labels(
+        reconf.node.name, {mig_configs.MIG_CONFIG_LABEL: reconf.config_name, mig_configs.MIG_STATE_LABEL: "pending"}
+    )
+    return Wait(f"set {mig_configs.MIG_CONFIG_LABEL}={reconf.config_name}; MIG manager pending")
+
+
+def mig_manager_outcome(reconf: MigReconfiguration, state: str) -> Wait | None:
+    """None on `success`; Wait while `pending` or `rebooting` (the manager reboots the node to change a
+    GPU's MIG mode and carries on after it); ReconfigurationError on `failed`."""
     if state == "success":
-        return Advance(f"MIG manager applied {reconf.config_name} ({mig_configs.MIG_STATE_LABEL}=success)")
+        return None
     if state == "failed":
         raise ReconfigurationError(
             f"the GPU Operator MIG manager failed to apply {reconf.config_name} ({mig_configs.MIG_STATE_LABEL}=failed)"
         )
+    if state == "rebooting":
+        return Wait(f"the MIG manager is rebooting {reconf.node.name} to change the MIG mode; waiting for it")
     return Wait(f"{mig_configs.MIG_STATE_LABEL}={state or 'unset'}")
+
+
+def _apply_operator(reconf: MigReconfiguration) -> Advance | Wait:
+    with mig_configs.client_for(reconf.cluster) as client:
+        labels = client.get_node(reconf.node.name).labels
+        waiting = label_config(reconf, client, labels)
+    if waiting is not None:
+        return waiting
+    waiting = mig_manager_outcome(reconf, labels.get(mig_configs.MIG_STATE_LABEL, ""))
+    if waiting is not None:
+        return waiting
+    return Advance(f"MIG manager applied {reconf.config_name} ({mig_configs.MIG_STATE_LABEL}=success)")
+
+
+def restart_device_plugin(client: kube.KubernetesClient, node_name: str) -> list[str]:
+    """Delete the GPU Operator's device plugin pod(s) on the node; the DaemonSet starts a new one, which
+    registers the node's devices as NVML shows them now. Returns the deleted pods' names."""
+    deleted = []
+    pods = client.list_pods_on_node(
+        node_name, mig_configs.operator_namespace(), label_selector=f"app={DEVICE_PLUGIN_APP}"
+    )
+    for pod in pods:
+        if pod.deleted:
+            continue
+        try:
+            client.delete_pod(pod.namespace, pod.name)
+        except kube.NotFound:
+            continue
+        deleted.append(pod.name)
+    return deleted
 
 
 def _apply_agent(reconf: MigReconfiguration) -> Advance:
@@ -212,7 +274,55 @@ def _apply_agent(reconf: MigReconfiguration) -> Advance:
         f"GPU {i}: {len(r['destroyed'])} destroyed, {len(r['created'])} created, {len(r['kept'])} kept"
         for i, r in done.items()
     )
-    return Advance(f"NVML applied the plan ({summary})", {"applied": done})
+    with mig_configs.client_for(reconf.cluster) as client:
+        restarted = restart_device_plugin(client, reconf.node.name)
+    plugin = (
+        f"device plugin pod {', '.join(restarted)} restarted"
+        if restarted
+        else "no device plugin pod found on the node to restart"
+    )
+    return Advance(f"NVML applied the plan ({summary}); {plugin}", {"applied": done, "device_plugin": restarted})
+
+
+def advertised_mismatch(reconf: MigReconfiguration, node: kube.Node) -> dict[str, tuple[int, int]]:
+    """{resource: (advertised, expected)} for the nvidia.com/mig-* resources the node's capacity gets
+    wrong against the MIG instances rediscovery found (mixed strategy; other strategies are not checked).
+
+    The device plugin registers its devices when its pod starts and never re-reads NVML, so after a
+    direct NVML change the node keeps advertising the old instances until the restarted pod re-registers.
+    """
+    if node.labels.get("nvidia.com/mig.strategy") != "mixed":
+        return {}
+    product = get_product(reconf.plan["product"])
+    expected: Counter[str] = Counter()
+    for row, placements, _ in current_layouts(reconf.node).values():
+        if row.mig_mode_current:
+            expected.update(product.profile(p["profile"]).resource_name for p in placements)
+    advertised = {r: int(v) for r, v in node.capacity.items() if r.startswith("nvidia.com/mig-")}
+    return {
+        r: (advertised.get(r, 0), expected.get(r, 0))
+        for r in sorted(set(advertised) | set(expected))
+        if advertised.get(r, 0) != expected.get(r, 0)
+    }
+
+
+def _settle_agent(reconf: MigReconfiguration) -> Wait | None:
+    """After an NVML change: wait until the node advertises the new instances, then keep
+    nvidia.com/mig.config in step on nodes the MIG manager runs on, so the layout survives a reboot
+    (the manager re-applies the label's config at start) instead of being reverted. The manager asserts
+    the config is already applied and answers `success` without touching the GPUs."""
+    with mig_configs.client_for(reconf.cluster) as client:
+        node = client.get_node(reconf.node.name)
+        wrong = advertised_mismatch(reconf, node)
+        if wrong:
+            what = ", ".join(f"{r}: {have} (expected {want})" for r, (have, want) in wrong.items())
+            return Wait(f"the device plugin still advertises the old instances ({what}); waiting for it to re-register")
+        if node.labels.get(MIG_MANAGER_DEPLOY_LABEL) != "true":
+            return None
+        waiting = label_config(reconf, client, node.labels)
+    if waiting is not None:
+        return waiting
+    return mig_manager_outcome(reconf, node.labels.get(mig_configs.MIG_STATE_LABEL, ""))
 
 
 def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
@@ -255,6 +365,10 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
             )
     if mismatches:
         return Wait("rediscovery does not show the plan yet: " + "; ".join(mismatches), {"observed": observed})
+    if reconf.backend == Backend.AGENT:
+        waiting = _settle_agent(reconf)
+        if waiting is not None:
+            return waiting
     updates = {}
     moved = [k for k, g in reconf.plan["gpus"].items() if placement_set(observed[k]) != placement_set(g["placements"])]
     if moved:  # operator path: mig-parted chose other starts for the same profiles

@@ -89,15 +89,32 @@ def add_node(state: SimState, cluster_name: str, name: str, product: str, gpus: 
 _names = itertools.count(1)
 
 
-def start_sim(tmp_path: Path, nodes, *, cluster_name: str = "", mig_manager_delay: float = 3600) -> Sim:
+def start_sim(
+    tmp_path: Path,
+    nodes,
+    *,
+    cluster_name: str = "",
+    mig_manager_delay: float = 3600,
+    device_plugin_restart: bool = True,
+    configmap_sync_delay: float = 0.0,
+    mig_mode_reboot: bool = False,
+) -> Sim:
     """Start a SimServer with `nodes` [(name, product, gpus, layouts, group)] and mirror it into the DB.
 
     The MIG manager never fires on its own (delay of an hour) unless told: tests call sim.run_mig_manager().
+    The device plugin is the real one's kind (keeps its devices until its pod restarts); the mounted
+    ConfigMap refresh and the MIG mode reboot are kind unless a test asks (docs/simcluster.md).
     Each simulator gets a cluster name of its own: simcluster.gpuoperator caches parsed ConfigMaps
     by (cluster name, ConfigMap, resourceVersion) across SimStates of one process.
     """
     cluster_name = cluster_name or f"lab{next(_names)}"
-    state = SimState(seed=7, mig_manager_delay=mig_manager_delay)
+    state = SimState(
+        seed=7,
+        mig_manager_delay=mig_manager_delay,
+        device_plugin_restart=device_plugin_restart,
+        configmap_sync_delay=configmap_sync_delay,
+        mig_mode_reboot=mig_mode_reboot,
+    )
     state.add_cluster(cluster_name)
     for spec in nodes:
         add_node(state, cluster_name, *spec)

@@ -37,6 +37,7 @@ def test_instances_are_created_at_the_planned_placements(sim):
         "cordon:advanced",
         "drain:advanced",
         "apply:advanced",
+        "verify:waiting",  # nvidia.com/mig.config set to the new layout; the MIG manager asserts it
         "verify:advanced",
         "uncordon:advanced",
     ]
@@ -49,7 +50,10 @@ def test_instances_are_created_at_the_planned_placements(sim):
         "created": ["4g.40gb@0", "1g.20gb@6", "1g.10gb@4"],
         "kept": [],
     }
-    assert "nvidia.com/mig.config" not in sim.node("gpu-a").labels  # the label path was not used
+    # The MIG manager runs on the node: the label names the new layout, so it survives a reboot.
+    labels = sim.node("gpu-a").labels
+    assert labels["nvidia.com/mig.config"] == f"gpuaas-r{reconf.pk}" == reconf.config_name
+    assert labels["nvidia.com/mig.config.state"] == "success"
 
 
 def test_mig_can_be_turned_off_and_on(sim):
