@@ -208,11 +208,12 @@ class Cluster:
             if source.raw is None:
                 source.raw = json.dumps(source.obj, separators=(",", ":"), ensure_ascii=False).encode()
             source = source.raw
-        self.watch_events.append(WatchEvent(self.rv, type_, plural, key, source))
-        window = self.state.api.watch_window
-        while len(self.watch_events) > window:
-            self.compacted_rv = self.watch_events.popleft().rv
-        self.state.kube_changed.notify_all()
+        with self.state.lock:  # re-entrant: the API server holds it already; direct callers (tests, set-up) may not
+            self.watch_events.append(WatchEvent(self.rv, type_, plural, key, source))
+            window = self.state.api.watch_window
+            while len(self.watch_events) > window:
+                self.compacted_rv = self.watch_events.popleft().rv
+            self.state.kube_changed.notify_all()
 
     def compact(self) -> None:
         """Forget all history now (an etcd compaction): older watches and continue tokens get 410."""

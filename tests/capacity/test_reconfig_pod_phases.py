@@ -49,7 +49,7 @@ def test_drain_waits_while_an_evicted_pod_is_terminating_and_does_not_evict_it_a
 def test_a_container_creating_pod_holds_the_operator_path_like_a_running_one(sim):
     sim.add_gpu_pod("gpu-a", "starting", "nvidia.com/mig-3g.40gb")
     with KubernetesClient.from_kubeconfig(sim.cluster.kubeconfig_path) as client:
-        (pod,) = client.list_pods_on_node("gpu-a")
+        (pod,) = [p for p in client.list_pods_on_node("gpu-a") if p.name == "starting"]  # not the device plugin's
     assert pod.phase == "Pending" and not pod.finished and pod.node_name == "gpu-a"
 
     reconf = rc.create(node_row("gpu-a"), {"1": ["3g.40gb", "3g.40gb"]}, force=True)
