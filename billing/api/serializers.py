@@ -9,6 +9,7 @@ from rest_framework import serializers
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from tenancy.models import Project
 
+from .. import exports
 from ..models import BillingRun, RateCard, RateCardEntry, Statement, StatementLine, UsageRecord
 from ..periods import parse_period
 
@@ -162,29 +163,7 @@ class BillingRunSerializer(StrictModelSerializer):
 
 # --- Export (documentation of billing.exports.to_json: what the JSON export really holds) ----------
 
-EXPORT_LINE_FIELDS = [
-    "project",
-    "period",
-    "statement",
-    "state",
-    "currency",
-    "line_type",
-    "pool",
-    "kind",
-    "product",
-    "profile_name",
-    "replicas",
-    "description",
-    "hourly_rate",
-    "hours",
-    "amount",
-    "used_amount",
-    "idle_amount",
-    "unmeasured_amount",
-    "sm_activity",
-    "energy_kwh",
-    "reason",
-]
+EXPORT_LINE_FIELDS = exports.CSV_COLUMNS  # the same rows as the CSV, usage_period included
 
 
 class ExportLineSerializer(serializers.Serializer):
