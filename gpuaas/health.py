@@ -1,0 +1,80 @@
+"""Probes for the web Deployment: /healthz (liveness, touches nothing) and /readyz (database and broker).
+
+Liveness must not depend on PostgreSQL or Redis: an outage of either would otherwise make the kubelet
+restart every web pod at once, which cures nothing. Readiness takes a pod out of the Service while it
+cannot serve; each check has a short timeout so a probe never hangs past the kubelet's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.http import JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from .celery import app as celery_app
+from .scopes import Scope, scoped
+
+logger = logging.getLogger(__name__)
+
+CHECK_TIMEOUT_S = 2.0
+
+
+def check_database() -> None:
+    """One round trip on the default connection (statement_timeout bounds it on PostgreSQL)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL statement_timeout = %s", [int(CHECK_TIMEOUT_S * 1000)])
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+def check_broker() -> None:
+    """Connect to the Celery broker once, no retries (kombu raises on failure)."""
+    with celery_app.connection_for_write(settings.CELERY_BROKER_URL) as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=CHECK_TIMEOUT_S)
+        if settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+            conn.default_channel.client.ping()  # the transport connects lazily: make it talk
+
+
+CHECKS: dict[str, Callable[[], None]] = {"database": check_database, "broker": check_broker}
+
+
+def readiness() -> tuple[bool, dict[str, str]]:
+    """Run every check; ({name: "ok" | "failed: <error class>"}, all passed)."""
+    results: dict[str, str] = {}
+    for name, check in CHECKS.items():
+        started = time.monotonic()
+        try:
+            check()
+        except Exception as exc:  # any failure of the outside system means "not ready", never a 500
+            logger.warning("readiness: %s check failed after %.2f s: %s", name, time.monotonic() - started, exc)
+            results[name] = f"failed: {type(exc).__name__}"
+        else:
+            results[name] = "ok"
+    return all(value == "ok" for value in results.values()), results
+
+
+@scoped(Scope.PUBLIC)
+@never_cache
+@require_GET
+def healthz(request):
+    """Liveness: the process answers HTTP. Nothing else is checked (see the module docstring)."""
+    return JsonResponse({"status": "ok"})
+
+
+@scoped(Scope.PUBLIC)
+@never_cache
+@require_GET
+def readyz(request):
+    """Readiness: 200 when the database and the broker answer, else 503 naming the failed checks.
+
+    Only the error class is returned (the probe is public); the full error goes to the log.
+    """
+    ok, checks = readiness()
+    return JsonResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
