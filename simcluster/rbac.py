@@ -173,8 +173,12 @@ def _access(key: tuple[str, str, str]) -> Access:
 
 def advice(missing: set, unused: set, where: str) -> str:
     """What to change in the ClusterRole file, one line per (group, resource, verb)."""
-    lines = [f'{where}: add verb "{v}" on resource "{r}" in apiGroups ["{g}"] (used, not granted)'
-             for g, r, v in sorted(missing)]
-    lines += [f'{where}: remove verb "{v}" on resource "{r}" in apiGroups ["{g}"] (granted, never used)'
-              for g, r, v in sorted(unused)]
+    lines = [
+        f'{where}: add verb "{v}" on resource "{r}" in apiGroups ["{g}"] (used, not granted)'
+        for g, r, v in sorted(missing)
+    ]
+    lines += [
+        f'{where}: remove verb "{v}" on resource "{r}" in apiGroups ["{g}"] (granted, never used)'
+        for g, r, v in sorted(unused)
+    ]
     return "\n".join(lines)

@@ -10,12 +10,16 @@ SafeAuthorization.type/credentials as a SecretKeySelector).
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography.fernet import Fernet
 from django.conf import settings
 from django.urls import resolve
 
@@ -257,3 +261,36 @@ def test_secret_example_names_what_the_manifests_reference():
     for name, key in referenced:
         assert name in example, name
         assert key is None or key in example[name]["stringData"], (name, key)
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion ($$ is a literal $; an unknown name is left as written)."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), value)
+
+
+def test_the_web_pods_environment_passes_manage_py_check(tmp_path):
+    """The ConfigMap and the container's env, with stand-in secrets, are accepted by settings (DEBUG off)."""
+    (web,) = named("Deployment", "gpuaas-web")["spec"]["template"]["spec"]["containers"]
+    env = dict(named("ConfigMap", "gpuaas-config")["data"])
+    env.update(
+        SECRET_KEY="s" * 60,
+        CREDENTIALS_KEYS=Fernet.generate_key().decode(),
+        DATABASE_URL="postgres://gpuaas@db.invalid:5432/gpuaas",
+        CELERY_BROKER_URL="redis://redis.invalid:6379/0",
+        MONITORING_METRICS_TOKEN="t" * 40,
+        POD_IP="10.1.2.3",
+    )
+    for item in web["env"]:
+        if "value" in item:
+            env[item["name"]] = _expand(item["value"], env)
+    assert env["ALLOWED_HOSTS"] == "gpuaas.example.com,10.1.2.3"
+    keep = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--fail-level", "ERROR"],
+        cwd=DEPLOY.parent,
+        env={**keep, **env, "GPUAAS_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "gpuaas.settings"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -85,11 +85,20 @@ def run_every_flow(sim, project, operator) -> None:
     api = ClusterApi(sim.sim_cluster)  # drift, made behind gpuaas's back (not through its adapter)
     with sim.state.lock:
         api.delete("resourcequotas", project.namespace, f"gpuaas-{pool.pk}", 0)
-        api.patch("nodes", None, node, {"metadata": {"labels": {f"gpuaas.io/pool-{pool.pk}": None}}},
-                  "application/merge-patch+json")
-        api.patch("namespaces", None, project.namespace,
-                  {"metadata": {"annotations": {"scheduler.alpha.kubernetes.io/node-selector": "x=y"}}},
-                  "application/merge-patch+json")
+        api.patch(
+            "nodes",
+            None,
+            node,
+            {"metadata": {"labels": {f"gpuaas.io/pool-{pool.pk}": None}}},
+            "application/merge-patch+json",
+        )
+        api.patch(
+            "namespaces",
+            None,
+            project.namespace,
+            {"metadata": {"annotations": {"scheduler.alpha.kubernetes.io/node-selector": "x=y"}}},
+            "application/merge-patch+json",
+        )
     assert reconcile_provisioned()["repaired"] == 3
     second = services.approve(make_request(project, operator, count=1), actor=operator)
     assert provision_pool(GpuPool.objects.get(pk=second.pk)) == "active"  # the quota exists: replaced
