@@ -1,4 +1,4 @@
-"""Probes for the web Deployment: /healthz (liveness, touches nothing) and /readyz (database and broker).
+"""Probes for the web Deployment: /healthz (liveness, touches nothing) and /readyz (database, schema, broker).
 
 Liveness must not depend on PostgreSQL or Redis: an outage of either would otherwise make the kubelet
 restart every web pod at once, which cures nothing. Readiness takes a pod out of the Service while it
@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -40,7 +41,37 @@ def check_broker() -> None:
             conn.default_channel.client.ping()  # the transport connects lazily: make it talk
 
 
-CHECKS: dict[str, Callable[[], None]] = {"database": check_database, "broker": check_broker}
+class PendingMigrations(Exception):
+    """The database schema is older than this code: the migration Job has not finished."""
+
+
+_migrated = False
+
+
+def check_migrations() -> None:
+    """Every migration this code ships is applied. Once true, it stays true for this process's code,
+    so the migration graph is read until then only. A pod of a new release therefore becomes ready
+    only after the migration Job has run (docs/deploying.md "Upgrading")."""
+    global _migrated
+    if _migrated:
+        return
+    pending = pending_migrations()
+    if pending:
+        raise PendingMigrations(f"{len(pending)} migration(s) not applied, first {pending[0]}")
+    _migrated = True
+
+
+def pending_migrations() -> list[str]:
+    """The migrations this code ships that the database lacks, in the order migrate would apply them."""
+    executor = MigrationExecutor(connection)
+    return [str(migration) for migration, _ in executor.migration_plan(executor.loader.graph.leaf_nodes())]
+
+
+CHECKS: dict[str, Callable[[], None]] = {
+    "database": check_database,
+    "migrations": check_migrations,
+    "broker": check_broker,
+}
 
 
 def readiness() -> tuple[bool, dict[str, str]]:
@@ -70,7 +101,8 @@ def healthz(request):
 @never_cache
 @require_GET
 def readyz(request):
-    """Readiness: 200 when the database and the broker answer, else 503 naming the failed checks.
+    """Readiness: 200 when the database answers with this code's schema and the broker answers, else 503
+    naming the failed checks.
 
     Only the error class is returned (the probe is public); the full error goes to the log.
     """

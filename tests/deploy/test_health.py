@@ -32,7 +32,7 @@ def test_healthz_answers_without_checking_anything(monkeypatch):
 def test_readyz_ok_when_postgres_and_redis_answer():
     response = Client().get("/readyz")
     assert response.status_code == 200, response.content
-    assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
+    assert response.json() == {"status": "ok", "checks": {"database": "ok", "migrations": "ok", "broker": "ok"}}
 
 
 @pytest.mark.redis
@@ -62,3 +62,12 @@ def _raise_operational():
 
 def test_probes_refuse_writes():
     assert Client().post("/readyz").status_code == 405
+
+
+def test_readyz_503_until_every_migration_is_applied(monkeypatch):
+    assert health.pending_migrations() == []
+    monkeypatch.setattr(health, "_migrated", False)
+    monkeypatch.setattr(health, "pending_migrations", lambda: ["capacity.0099_future"])
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["migrations"] == "failed: PendingMigrations"
