@@ -202,7 +202,6 @@ def test_only_processes_that_call_kubernetes_get_a_token():
         "gpuaas-worker-default",
         "gpuaas-worker-discovery",
         "gpuaas-worker-metrics",
-        "gpuaas-worker-billing",
     }
     for workload in of_kind(*WORKLOADS):
         account = pod_spec(workload)["serviceAccountName"]
