@@ -5,6 +5,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from .dashboard.project_views import account_urlpatterns, home, project_urlpatterns
+from .health import healthz, readyz
 from .scopes import Scope, scoped
 
 urlpatterns = [
@@ -14,4 +15,7 @@ urlpatterns = [
     path("projects/", include((project_urlpatterns, "projects"))),
     *account_urlpatterns,
     path("metrics", include("monitoring.urls")),
+    # Kubernetes probes of the web Deployment (deploy/web.yaml).
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
 ]

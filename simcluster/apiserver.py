@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import dcgm, driver, kube, nvml
+from . import dcgm, driver, kube, nvml, rbac
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
@@ -149,6 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._sim(method, cluster, path[len("/sim/v1"):], query)
             return
         if path.startswith("/api") or path.startswith("/apis"):
+            rbac.authorize(cluster.state.api, rbac.access_of(method, path, query), self.headers.get("User-Agent", ""))
             page = None
             if method == "GET":
                 try:

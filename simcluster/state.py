@@ -17,12 +17,17 @@ import json
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from capacity.mig.catalog import Product
 
 from .hardware import Gpu, LoadModel, stable_hex, uuid_from
+
+if TYPE_CHECKING:
+    from .rbac import Access, Role
 
 # 2026-01-01T00:00:00Z: simulated wall clock at sim_time 0.
 SIM_EPOCH = 1767225600
@@ -64,6 +69,10 @@ class ApiBehaviour:
     watch_bookmark_s: float = 60.0  # BOOKMARK interval for allowWatchBookmarks watches (kube-apiserver: ~1 min)
     watch_timeout_s: float = 1800.0  # a watch without timeoutSeconds ends after this (--min-request-timeout)
     list_snapshots: int = 64  # unfinished paged lists whose remaining pages are kept (continue tokens)
+    # RBAC (simcluster/rbac.py): a Role that every resource request must pass (None: allow all, as
+    # cluster-admin), and a callable told of each request's rbac.Access and User-Agent (a recorder).
+    role: Role | None = None
+    on_request: Callable[[Access, str], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

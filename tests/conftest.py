@@ -2,12 +2,114 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 REQUIRE_SERVICES = os.environ.get("GPUAAS_REQUIRE_SERVICES") == "1"
+CLUSTER_ROLE = Path(__file__).resolve().parents[1] / "deploy" / "clusterrole.yaml"
+
+
+class KubernetesRequestRecorder:
+    """GPUAAS_RECORD_K8S_REQUESTS=path: every request gpuaas's adapter sends to any simulator in this
+    session is recorded (simcluster.rbac.RECORDERS) and appended to `path` as JSON lines at the end,
+    one per (verb, group, resource, subresource, namespaced) with the first test that made it. The
+    session fails if the adapter used anything deploy/clusterrole.yaml does not grant; what the role
+    grants and this run never used is only reported (a partial run cannot prove it unused:
+    tests/deploy/test_rbac.py does, over one complete flow).
+
+    Tests also call the adapter themselves to set a scene (delete a namespace to see it repaired):
+    a request whose call stack holds no product module outside the adapter is sent with the User-Agent
+    TEST_SET_UP and not recorded.
+    """
+
+    PRODUCT = ("capacity.", "pools.", "operations.", "monitoring.", "billing.", "gpuaas.", "benchmarks.")
+    ADAPTER = "capacity.adapters.kubernetes"
+    TEST_SET_UP = "gpuaas-test-set-up"
+
+    def __init__(self, path: str):
+        from capacity.adapters.kubernetes.transport import USER_AGENT
+
+        self.user_agent = USER_AGENT
+        self.path = Path(path)
+        self.seen: dict[tuple, str] = {}
+        self.test = ""
+        self.lock = threading.Lock()
+
+    def __call__(self, access, user_agent: str) -> None:
+        if user_agent != self.user_agent:  # a test's own raw HTTP or set-up call, not the product
+            return
+        key = (access.verb, access.group, access.resource, access.subresource, access.namespaced)
+        with self.lock:
+            self.seen.setdefault(key, self.test)
+
+    def from_product(self) -> bool:
+        frame = sys._getframe(2)
+        while frame is not None:
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith(self.PRODUCT) and not module.startswith(self.ADAPTER):
+                return True
+            frame = frame.f_back
+        return False
+
+    def wrap_transport(self) -> None:
+        from capacity.adapters.kubernetes.transport import Transport
+
+        call, recorder = Transport._call, self
+
+        @functools.wraps(call)
+        def _call(transport, *args, **kwargs):
+            if recorder.from_product():
+                return call(transport, *args, **kwargs)
+            transport.api_client.user_agent = recorder.TEST_SET_UP
+            try:
+                return call(transport, *args, **kwargs)
+            finally:
+                transport.api_client.user_agent = recorder.user_agent
+
+        Transport._call = _call
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item):
+        self.test = item.nodeid
+
+    def pytest_sessionfinish(self, session):
+        from simcluster.rbac import Role, advice, compare
+
+        fields = ("verb", "group", "resource", "subresource", "namespaced")
+        with self.path.open("a") as out:
+            for key, test in sorted(self.seen.items()):
+                out.write(json.dumps({**dict(zip(fields, key, strict=True)), "test": test}) + "\n")
+        role = Role.from_manifest(CLUSTER_ROLE)
+        used = {(group, f"{res}/{sub}" if sub else res, verb) for verb, group, res, sub, _ in self.seen}
+        missing, unused = compare(role, used)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            where = "deploy/clusterrole.yaml"
+            reporter.write_line(f"Kubernetes requests: {len(used)} kinds recorded in {self.path}")
+            if unused:
+                reporter.write_line("granted, not used in this run:\n" + advice(set(), unused, where))
+            if missing:
+                reporter.write_line(advice(missing, set(), where), red=True)
+        if missing:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config):
+    path = os.environ.get("GPUAAS_RECORD_K8S_REQUESTS")
+    if path:
+        from simcluster import rbac
+
+        recorder = KubernetesRequestRecorder(path)
+        recorder.wrap_transport()
+        rbac.RECORDERS.append(recorder)
+        config.pluginmanager.register(recorder, "gpuaas-k8s-recorder")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -37,6 +37,8 @@ BACKOFF_BASE_S = 0.25
 BACKOFF_CAP_S = 8.0
 MERGE_PATCH = "application/merge-patch+json"
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Names gpuaas in the API server's audit log and in the simulator's request log (simcluster/rbac.py).
+USER_AGENT = "gpuaas"
 
 
 def backoff_sleep(seconds: float) -> None:
@@ -60,6 +62,7 @@ class Transport:
         sleep: Callable[[float], None] | None = None,
     ):
         self.api_client = k8s.ApiClient(configuration)
+        self.api_client.user_agent = USER_AGENT
         self.core = k8s.CoreV1Api(self.api_client)
         self.host = configuration.host
         timeout = float(timeout_s if timeout_s is not None else settings.KUBERNETES_TIMEOUT_S)

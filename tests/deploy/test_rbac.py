@@ -1,0 +1,182 @@
+"""deploy/clusterrole.yaml is exactly what the Kubernetes adapter needs: no request outside it, no rule unused.
+
+One flow through the simulator with the role enforced (simcluster/rbac.py: a request the role does not
+allow gets 403 Forbidden, as kube-apiserver answers) and every request recorded: discovery,
+provisioning, drift repair by the reconcile, release, a MIG reconfiguration through the GPU Operator
+and one through the node agent (mig-parted ConfigMap, nvidia.com/mig.config label, cordon, eviction,
+device plugin restart), and time-slicing config. The recorded (group, resource, verb) set must equal
+what the role grants; the failure message says which rule to add or remove.
+The whole suite's cluster scenarios can be recorded too: GPUAAS_RECORD_K8S_REQUESTS (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "capacity"))
+from reconfig_sim import drive, node_row, start_sim  # noqa: E402
+
+from capacity.adapters.kubernetes.transport import USER_AGENT  # noqa: E402
+from capacity.models import DiscoveryRun, TimeSlicingPolicy  # noqa: E402
+from capacity.services.discovery import discover_cluster  # noqa: E402
+from capacity.services.mig_configs import apply_time_slicing  # noqa: E402
+from operations import reconfiguration as rc  # noqa: E402
+from pools import services  # noqa: E402
+from pools.models import Allocation, GpuPool  # noqa: E402
+from pools.provisioning import deprovision_pool, provision_pool, reconcile_provisioned  # noqa: E402
+from simcluster.kube import ClusterApi  # noqa: E402
+from simcluster.rbac import Access, Role, access_of, advice, compare  # noqa: E402
+
+pytestmark = pytest.mark.django_db
+
+ROLE_FILE = Path(__file__).resolve().parents[2] / "deploy" / "clusterrole.yaml"
+NODES = [
+    ("gpu-mig", "H100-80GB", 2, {0: ["3g.40gb", "3g.40gb"], 1: ["7g.80gb"]}, ""),
+    ("gpu-full", "H100-80GB", 2, None, "dev"),
+]
+
+
+@pytest.fixture
+def sim(tmp_path, settings):
+    settings.KUBERNETES_RETRIES = 0  # a 403 is never retried anyway; keep any other failure immediate
+    sim = start_sim(tmp_path, NODES)
+    yield sim
+    sim.server.stop()
+
+
+def enforce(sim, role: Role) -> list[Access]:
+    """Turn the role on in the simulator and record what gpuaas's adapter asks for from now on."""
+    requests: list[Access] = []
+    sim.state.api.role = role
+    sim.state.api.on_request = lambda access, user_agent: user_agent == USER_AGENT and requests.append(access)
+    return requests
+
+
+def used(requests: list[Access]) -> set[tuple[str, str, str]]:
+    return {access.key for access in requests}
+
+
+def make_request(project, actor, **values):
+    spec = services.resolve_spec(isolation="full", product="H100-80GB")
+    return services.create_request(
+        project,
+        actor=actor,
+        submit=True,
+        isolation=spec.isolation,
+        tier=spec.tier,
+        spec_kind=spec.spec_kind,
+        product=spec.product,
+        profile_name=spec.profile_name,
+        **values,
+    )
+
+
+def run_every_flow(sim, project, operator) -> None:
+    """Everything gpuaas does to a cluster, each step checked so a 403 cannot pass unnoticed."""
+    sim.discover()  # nodes, pods of every namespace
+
+    pool = services.approve(make_request(project, operator, count=1), actor=operator)
+    assert provision_pool(GpuPool.objects.get(pk=pool.pk)) == "active"  # namespace, quota, node labels
+    node = Allocation.objects.filter(pool=pool).values_list("gpu__node__name", flat=True).get()
+    api = ClusterApi(sim.sim_cluster)  # drift, made behind gpuaas's back (not through its adapter)
+    with sim.state.lock:
+        api.delete("resourcequotas", project.namespace, f"gpuaas-{pool.pk}", 0)
+        api.patch(
+            "nodes",
+            None,
+            node,
+            {"metadata": {"labels": {f"gpuaas.io/pool-{pool.pk}": None}}},
+            "application/merge-patch+json",
+        )
+        api.patch(
+            "namespaces",
+            None,
+            project.namespace,
+            {"metadata": {"annotations": {"scheduler.alpha.kubernetes.io/node-selector": "x=y"}}},
+            "application/merge-patch+json",
+        )
+    assert reconcile_provisioned()["repaired"] == 3
+    second = services.approve(make_request(project, operator, count=1), actor=operator)
+    assert provision_pool(GpuPool.objects.get(pk=second.pk)) == "active"  # the quota exists: replaced
+    services.release(pool.request, actor=operator)
+    assert deprovision_pool(GpuPool.objects.get(pk=pool.pk)) is True  # quota deleted
+
+    sim.add_gpu_pod("gpu-mig", "trainer", "nvidia.com/mig-3g.40gb", namespace="team-b")
+    # Through the GPU Operator: mig-parted ConfigMap, nvidia.com/mig.config, cordon, drain (eviction), uncordon.
+    source, target = rc.target_from(node_row("gpu-mig"), named="all-1g.10gb")
+    reconf = rc.create(node_row("gpu-mig"), target, source=source, force=True, drain=True, actor=operator)
+    outcomes = drive(sim, reconf)
+    assert reconf.state == "succeeded", (reconf.step, reconf.error, outcomes)
+    # Through the node agent (NVML), which then restarts the device plugin's pod on the node.
+    target = {"1": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]}
+    reconf = rc.create(node_row("gpu-mig"), target, backend="agent", force=True, actor=operator)
+    drive(sim, reconf)
+    assert reconf.state == "succeeded", reconf.error
+
+    TimeSlicingPolicy.objects.create(cluster=sim.cluster, node_group="dev", replicas=4)
+    assert apply_time_slicing(sim.cluster)["labelled"] == 1
+
+
+def test_the_role_is_exactly_what_gpuaas_uses(sim, project, operator):
+    role = Role.from_manifest(ROLE_FILE)
+    requests = enforce(sim, role)
+
+    run_every_flow(sim, project, operator)
+
+    missing, unused = compare(role, used(requests))
+    assert not (missing or unused), "\n" + advice(missing, unused, "deploy/clusterrole.yaml")
+
+
+def test_a_request_outside_the_role_is_refused_and_named(sim):
+    rules = yaml.safe_load(ROLE_FILE.read_text())["rules"]
+    narrowed = Role([rule for rule in rules if rule["resources"] != ["pods"]], name="without-pods")
+    requests = enforce(sim, narrowed)
+
+    outcome = discover_cluster(sim.cluster.pk, inventory="inline")
+
+    run = DiscoveryRun.objects.get(pk=outcome.run.pk)
+    assert run.status == "failed"
+    assert 'cannot list resource "pods" in API group "" at the cluster scope' in run.error
+    assert "403" in run.error
+    assert ("", "pods", "list") in used(requests)
+
+
+def test_forbidden_answer_has_kube_apiservers_shape():
+    role = Role([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}])
+    evict = access_of("POST", "/api/v1/namespaces/team-a/pods/p1/eviction", {})
+    assert evict == Access("create", "", "pods", "eviction", True, "team-a", "p1")
+    assert not role.allows(evict)
+    assert role.forbidden(evict).body() == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'pods "p1" is forbidden: User "system:serviceaccount:gpuaas:gpuaas-controller" cannot create'
+        ' resource "pods/eviction" in API group "" in the namespace "team-a"',
+        "reason": "Forbidden",
+        "details": {"kind": "pods", "name": "p1"},
+        "code": 403,
+    }
+    assert role.allows(access_of("GET", "/api/v1/nodes/gpu-a", {}))
+    assert access_of("GET", "/api/v1/nodes", {"watch": ["true"]}).verb == "watch"
+    assert access_of("DELETE", "/api/v1/namespaces/x/configmaps", {}).verb == "deletecollection"
+    assert access_of("PATCH", "/api/v1/namespaces/team-a", {}) == Access("patch", "", "namespaces", name="team-a")
+    slices = access_of("GET", "/apis/resource.k8s.io/v1/resourceslices", {})
+    assert slices.key == ("resource.k8s.io", "resourceslices", "list")
+    assert access_of("GET", "/api/v1", {}) is None  # discovery: a non-resource URL, never checked
+
+
+def test_advice_names_the_rule_to_add_or_remove():
+    role = Role([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}])
+    missing, unused = compare(role, {("", "nodes", "get"), ("resource.k8s.io", "resourceslices", "list")})
+    assert missing == {("resource.k8s.io", "resourceslices", "list")}
+    assert unused == {("", "nodes", "list")}
+    assert advice(missing, unused, "deploy/clusterrole.yaml").splitlines() == [
+        'deploy/clusterrole.yaml: add verb "list" on resource "resourceslices" in apiGroups ["resource.k8s.io"]'
+        " (used, not granted)",
+        'deploy/clusterrole.yaml: remove verb "list" on resource "nodes" in apiGroups [""] (granted, never used)',
+    ]
