@@ -89,15 +89,17 @@ PRIVILEGED_SYMBOLS = frozenset(
 
 
 class Board:
-    """Per-board figures NVML reports beyond the MIG catalog: max clocks (MHz), BAR1 (MiB), power range (W).
+    """Per-board figures NVML reports beyond the MIG catalog: max clocks (MHz), BAR1 (MiB), minimum power limit (W).
 
-    Simulator values of the order `nvidia-smi -q` shows for these boards ("Max Clocks", "BAR1 Memory
-    Usage", "Power Readings"); they are NOT in shared/reference/nvidia.md and are not sourced
-    figure by figure, so nothing in the product depends on them.
+    H100 80GB HBM3, H100 NVL and H200 are the values real boards printed in `nvidia-smi -q` ("Max Clocks",
+    "BAR1 Memory Usage", "Min Power Limit"; tests/fixtures/nvml/, sources in its README). The other boards'
+    figures are simulator values of the same order, not sourced figure by figure; nothing in the product
+    depends on them.
     """
 
-    def __init__(self, sm_mhz: int, mem_mhz: int, bar1_mib: int, min_power_w: int):
+    def __init__(self, sm_mhz: int, mem_mhz: int, bar1_mib: int, min_power_w: int, video_mhz: int = 1410):
         self.sm_mhz, self.mem_mhz, self.bar1_mib, self.min_power_w = sm_mhz, mem_mhz, bar1_mib, min_power_w
+        self.video_mhz = video_mhz
 
 
 BOARDS = {
@@ -106,15 +108,16 @@ BOARDS = {
     "A100-40GB-PCIE": Board(1410, 1215, 65536, 150),
     "A100-80GB-PCIE": Board(1410, 1512, 131072, 150),
     "A30-24GB": Board(1440, 1215, 32768, 100),
-    "H100-80GB": Board(1980, 2619, 131072, 200),
+    "H100-80GB": Board(1980, 2619, 131072, 200, video_mhz=1545),  # recorded
     "H100-80GB-PCIE": Board(1755, 1593, 131072, 200),
-    "H100-94GB-NVL": Board(1785, 2619, 131072, 200),
-    "H200-141GB": Board(1980, 3201, 262144, 200),
+    "H100-94GB-NVL": Board(1785, 2619, 131072, 200, video_mhz=1410),  # recorded
+    "H200-141GB": Board(1980, 3201, 262144, 200, video_mhz=1545),  # recorded
     "H200-141GB-NVL": Board(1785, 3201, 262144, 200),
 }
 _DEFAULT_BOARD = Board(1410, 1215, 65536, 100)
-_IDLE_SM_MHZ = 345  # an idle Hopper/Ampere SM clock as nvidia-smi shows it (simulator value)
-_VIDEO_MHZ = 1755
+_IDLE_SM_MHZ = 345  # idle Hopper SM/graphics clock, as the recorded H100/H200 `nvidia-smi -q` show it
+_IDLE_VIDEO_MHZ = 765  # idle video clock, same captures
+_IDLE_ACTIVITY = 0.05  # below this the GPU runs nothing (the load model's idle band is 0.2-2 %) and clocks down
 # NVML field ids gpuaas records (power, energy, temperature, ECC, row remapping) -> (value type, reader).
 _ULL, _UI = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _FIELDS = {
@@ -1036,12 +1039,13 @@ class SimulatedLibrary:
     def _clock(self, handle, clock_type, *, maximum: bool) -> int:
         gpu = self._full_gpu(handle)
         board, kind = self._board(gpu), _int(clock_type)
+        busy = maximum or gpu["activity"] >= _IDLE_ACTIVITY
         if kind in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
-            return board.sm_mhz if maximum or gpu["activity"] > 0 else _IDLE_SM_MHZ
+            return board.sm_mhz if busy else _IDLE_SM_MHZ
         if kind == pynvml.NVML_CLOCK_MEM:
             return board.mem_mhz  # HBM runs at its one clock
         if kind == pynvml.NVML_CLOCK_VIDEO:
-            return _VIDEO_MHZ
+            return board.video_mhz if busy else _IDLE_VIDEO_MHZ
         raise _Return(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
     @_c_call

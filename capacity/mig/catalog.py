@@ -172,9 +172,10 @@ _H100_80GB = (
     _p("4g.40gb", 5, GI_INDEX_4_SLICE, 4, 4, 40448, 64, 1, (0,), ce=4, dec=4, jpeg=4),
     _p("7g.80gb", 0, GI_INDEX_7_SLICE, 7, 8, 81152, 132, 1, (0,), ce=8, dec=7, jpeg=7, ofa=1),
 )
-# H100 PCIe (114 SMs): same profile names, ids and placements as H100 80GB (mig-parted groups them), so memory is
-# taken from H100 80GB. Per-profile SM counts are NOT confirmed (reference §8): INFERRED here as H100 80GB's scaled
-# by 114/132 to the nearest even count, 7g = the whole 114.
+# H100 PCIe (114 SMs): same profile names and counts as H100 80GB (NVIDIA vGPU docs "Hopper Architecture vGPU
+# Types", "NVIDIA H100 PCIe 80GB" MIG-backed table; mig-parted groups the two), ids and placements the 7-slice
+# scheme, memory taken from H100 80GB. Per-profile SM counts are NOT confirmed (no public -lgip of an H100 PCIe was
+# found): INFERRED here as H100 80GB's scaled by 114/132 to the nearest even count, 7g = the whole 114.
 _H100_PCIE = tuple(
     replace(p, multiprocessors=sm) for p, sm in zip(_H100_80GB, (14, 14, 22, 28, 52, 56, 114), strict=True)
 )
@@ -190,18 +191,22 @@ _H100_NVL = (
     _p("4g.47gb", 5, GI_INDEX_4_SLICE, 4, 4, 47488, 64, 1, (0,), ce=4, dec=4, jpeg=4),
     _p("7g.94gb", 0, GI_INDEX_7_SLICE, 7, 8, 95360, 132, 1, (0,), ce=8, dec=7, jpeg=7, ofa=1),
 )
-# H200 141GB (MIG guide table 8 names/counts/engines). CONFIRMED by a real capture: ids 19/20/14/0, 1g.18gb 16.00 GiB
-# (16384) 16 SMs, 2g.35gb 32.50 GiB (33280) 32 SMs, 7g.141gb 140.00 GiB (143360) 132 SMs. Users report 3g.71gb = 60
-# and 4g.71gb = 64 SMs. NOT confirmed (reference §8), no source found: ids 15/9/5; 1g.35gb SMs (26, as H100);
-# memory of 1g.35gb (= 2g.35gb's 33280, same 2 memory slices) and of 3g.71gb/4g.71gb: 66560 MiB (65 GiB) is
-# INFERRED (4 memory slices, < 7g/2 like every other board; the go-nvlib name rule gives "71gb" for it).
+# H200 141GB. Names, counts, memory/SM fractions and engines: MIG guide table 8 ("GPU Instance Profiles on H200").
+# Real `-lgip` capture: ids 19/20/14/0, 1g.18gb 16.00 GiB (16384) 16 SMs, 2g.35gb 32.50 GiB (33280) 32 SMs,
+# 7g.141gb 140.00 GiB (143360) 132 SMs. 3g.71gb: 74,893,492,224 bytes = 71424 MiB (69.75 GiB) and 60 SMs, Nsight
+# Systems TARGET_INFO_GPU.totalMemory/smCount on a real H200 MIG 3g.71gb (driver 580.126.09), and PyTorch's
+# round(total_memory / 2**30, 1) = 69.8 there; CUDA reports a MIG device's memory exactly as -lgip does (2g.35gb:
+# 32.5 GiB, both). Sources: docs/simcluster.md "MIG catalog products". NOT confirmed (no public -lgip row found):
+# ids 15/9/5 (the scheme of every 7-slice board); 4g.71gb memory = 3g.71gb's (same 4 memory slices, equal on every
+# board's -lgip) and 64 SMs (users report); 1g.35gb memory = 2g.35gb's (same 2 memory slices, equal on every board)
+# and 26 SMs (every Hopper 1g with 2 memory slices).
 _H200 = (
     _p("1g.18gb", 19, GI_INDEX_1_SLICE, 1, 1, 16384, 16, 7, _SEVEN, ce=1, dec=1, jpeg=1),
     _p("1g.18gb+me", 20, GI_INDEX_1_SLICE_REV1, 1, 1, 16384, 16, 1, _SEVEN, ce=1, dec=1, jpeg=1, ofa=1),
     _p("1g.35gb", 15, GI_INDEX_1_SLICE_REV2, 1, 2, 33280, 26, 4, (0, 2, 4, 6), ce=1, dec=1, jpeg=1),
     _p("2g.35gb", 14, GI_INDEX_2_SLICE, 2, 2, 33280, 32, 3, (0, 2, 4), ce=2, dec=2, jpeg=2),
-    _p("3g.71gb", 9, GI_INDEX_3_SLICE, 3, 4, 66560, 60, 2, (0, 4), ce=3, dec=3, jpeg=3),
-    _p("4g.71gb", 5, GI_INDEX_4_SLICE, 4, 4, 66560, 64, 1, (0,), ce=4, dec=4, jpeg=4),
+    _p("3g.71gb", 9, GI_INDEX_3_SLICE, 3, 4, 71424, 60, 2, (0, 4), ce=3, dec=3, jpeg=3),
+    _p("4g.71gb", 5, GI_INDEX_4_SLICE, 4, 4, 71424, 64, 1, (0,), ce=4, dec=4, jpeg=4),
     _p("7g.141gb", 0, GI_INDEX_7_SLICE, 7, 8, 143360, 132, 1, (0,), ce=8, dec=7, jpeg=7, ofa=1),
 )
 
@@ -229,8 +234,11 @@ PRODUCTS: dict[str, Product] = {
         Product("H100-94GB-NVL", "NVIDIA H100 NVL", 0x2321, 95830, 132, 7, 8, 7, 9, 0, 9, 400, _H100_NVL),
         # H200 SXM: 0x2335, 143771 MiB, 700 W (reference §1.4).
         Product("H200-141GB", "NVIDIA H200", 0x2335, 143771, 132, 7, 8, 7, 9, 0, 9, 700, _H200),
-        # H200 NVL: name, 0x233B and 600 W from reference §1.4; the same 141 GB part, so its total (143771 MiB) and
-        # profile table are INFERRED from H200 SXM (the MIG guide's table 8 is for "H200 141GB").
+        # H200 NVL: name, 0x233B and 600 W from reference §1.4; 143771 MiB and the 600 W cap as `nvidia-smi` shows
+        # them on a real H200 NVL (driver 580.173.02). Its MIG profiles (names, counts, slices) are H200 SXM's: NVIDIA
+        # vGPU docs "Hopper Architecture vGPU Types", table "MIG-Backed NVIDIA vGPU for Compute for NVIDIA H200 PCIe
+        # 141GB (H200 NVL)" lists the same seven profiles and counts as for "H200 SXM5 141GB". Per-profile MiB/SMs
+        # are H200 SXM's (same GH100 and 141 GB); no H200 NVL -lgip capture was found.
         Product("H200-141GB-NVL", "NVIDIA H200 NVL", 0x233B, 143771, 132, 7, 8, 7, 9, 0, 9, 600, _H200),
     )
 }

@@ -11,10 +11,19 @@ from capacity.mig.catalog import PRODUCTS
 
 def load_catalog(MigProfile, MigPlacement, *, using: str = "default") -> int:  # noqa: N803 - model classes
     """Create or update every catalog profile and placement; returns rows written. Idempotent."""
-    expected = {(product.key, p.name) for product in PRODUCTS.values() for p in product.profiles}
+    fields = ("product", "name", "profile_id", "compute_slices", "memory_slices", "memory_mib", "multiprocessors",
+              "max_instances", "placements")
+    expected = sorted(
+        (product.key, p.name, p.profile_id, p.compute_slices, p.memory_slices, p.memory_mib, p.multiprocessors,
+         p.max_instances, tuple(p.starts))
+        for product in PRODUCTS.values()
+        for p in product.profiles
+    )
     placements = sum(len(p.starts) for product in PRODUCTS.values() for p in product.profiles)
     profiles = MigProfile.objects.using(using)
-    if profiles.count() == len(expected) and MigPlacement.objects.using(using).count() == placements:
+    # Compare values, not only counts, so a corrected catalog figure reaches existing databases at the next migrate.
+    current = sorted((*row[:-1], tuple(row[-1] or ())) for row in profiles.values_list(*fields))
+    if current == expected and MigPlacement.objects.using(using).count() == placements:
         return 0
     written = 0
     for product in PRODUCTS.values():

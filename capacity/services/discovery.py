@@ -91,7 +91,7 @@ NODE_FIELDS = (
 )
 SPEC_FIELDS = ("kind", "product", "profile_id", "profile_name", "count", "allocatable", "replicas")
 # Bump when node_values()/node_specs() change what they derive, so every node is rewritten once.
-FINGERPRINT_VERSION = "1"
+FINGERPRINT_VERSION = "2"
 _STRATEGIES = frozenset(MigStrategy.values)
 _TIERS = frozenset(Tier.values)
 
@@ -139,6 +139,7 @@ def node_values(node: kube.Node) -> dict:
     product_label = labels.get(GPU_PRODUCT_LABEL, "")
     replicas = max(1, _int(labels.get(GPU_REPLICAS_LABEL), 1))
     gpu_count = _int(labels.get(GPU_COUNT_LABEL), 0)
+    gpu_memory = _int(labels.get(GPU_MEMORY_LABEL), 0)
     single_profile = _single_mig_profile(product_label) if strategy == MigStrategy.SINGLE else ""
     if single_profile:
         # GFD counts MIG devices under the single strategy; estimate physical GPUs from the profile's
@@ -146,13 +147,16 @@ def node_values(node: kube.Node) -> dict:
         parent = find_product(product_label)
         per_gpu = _profile_max(parent, single_profile)
         gpu_count = math.ceil(gpu_count / per_gpu) if per_gpu else gpu_count
+        # gpu.memory is the MIG device's there too (tests/fixtures/gfd/a100-80gb-pcie-single.json); the
+        # field holds a physical GPU's, as gpu_count counts physical GPUs.
+        gpu_memory = parent.memory_mib if parent else gpu_memory
     elif not gpu_count and replicas == 1:
         gpu_count = _int(node.capacity.get(RESOURCE_GPU), 0)
     tier = labels.get(TIER_LABEL, "")
     return {
         "gpu_product": product_label[:100],
         "gpu_count": min(gpu_count, 32767),
-        "gpu_memory_mib": _int(labels.get(GPU_MEMORY_LABEL), 0),
+        "gpu_memory_mib": gpu_memory,
         "tier": tier if tier in _TIERS else Tier.NONE,
         "node_group": labels.get(NODE_GROUP_LABEL, "")[:100],
         "mig_strategy": strategy,

@@ -5,6 +5,8 @@ import math
 import pytest
 
 from capacity.mig.catalog import PRODUCTS, find_product, get_product, mig_parted_entries
+from capacity.models import MigPlacement, MigProfile
+from capacity.services.catalog import load_catalog
 
 # nvmlDeviceGetName (and GFD's nvidia.com/gpu.product, spaces -> "-") for each board, reference §1.4.
 BOARDS = {
@@ -54,3 +56,27 @@ def test_pcie_boards_share_the_sxm_configs_in_the_mig_parted_config():
     assert set(a100["device-filter"]) == {"0x20B010DE", "0x20F110DE"}
     assert {f for e in entries["all-1g.10gb"] for f in e["device-filter"]} >= {"0x233010DE", "0x233110DE", "0x20B510DE"}
     assert entries["all-1g.12gb"][0]["device-filter"] == ["0x232110DE"]
+
+
+def test_h200_profile_sizes_are_the_recorded_ones():
+    """1g.18gb/2g.35gb/7g.141gb from a real -lgip, 3g.71gb from Nsight on a real slice (docs/simcluster.md)."""
+    h200 = get_product("H200-141GB")
+    assert [(p.name, p.memory_mib, p.multiprocessors) for p in h200.profiles] == [
+        ("1g.18gb", 16384, 16),
+        ("1g.18gb+me", 16384, 16),
+        ("1g.35gb", 33280, 26),
+        ("2g.35gb", 33280, 32),
+        ("3g.71gb", 71424, 60),
+        ("4g.71gb", 71424, 64),
+        ("7g.141gb", 143360, 132),
+    ]
+    nvl = get_product("H200-141GB-NVL")
+    assert nvl.profiles == h200.profiles and (nvl.memory_mib, nvl.power_limit_w) == (143771, 600)
+
+
+@pytest.mark.django_db
+def test_a_corrected_catalog_value_reaches_an_existing_database():
+    MigProfile.objects.filter(product="H200-141GB", name="3g.71gb").update(memory_mib=66560)  # the old inferred value
+    assert load_catalog(MigProfile, MigPlacement) > 0
+    assert MigProfile.objects.get(product="H200-141GB", name="3g.71gb").memory_mib == 71424
+    assert load_catalog(MigProfile, MigPlacement) == 0

@@ -9,6 +9,7 @@ changes nothing that exists.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sqlite3
@@ -25,6 +26,21 @@ from gpuaas.supervise import Program, Supervisor
 WEB_ADDR = ("127.0.0.1", 8000)
 SIM_PORT = 6443
 BROKER_CLEANUP_S = 300
+# `--unkind`: the simulator's real-cluster timings (docs/simcluster.md), which the default demo leaves at their kind
+# values (docs/demo.md, "The simulator's knobs"): pods take 5 s to start and up to 10 s to terminate, a ConfigMap
+# reaches the MIG manager's mounted copy 60 s after it changed (kubelet's sync), the device plugin keeps its
+# devices until its pod restarts, and a MIG mode change passes through `rebooting`.
+UNKIND_CONFIGMAP_SYNC_S = 60
+UNKIND_SIM_ARGS = (
+    "--pod-start-delay",
+    "5",
+    "--pod-termination-grace",
+    "10",
+    "--configmap-sync-delay",
+    str(UNKIND_CONFIGMAP_SYNC_S),
+    "--device-plugin-restart",
+    "--mig-mode-reboot",
+)
 
 
 def purge_delivered_messages(broker_url: str) -> int:
@@ -59,8 +75,14 @@ class Command(BaseCommand):
         parser.add_argument("--no-serve", action="store_true", help="Set up and seed, then exit (used by tests).")
         parser.add_argument("--sim-port", type=int, default=SIM_PORT)
         parser.add_argument("--web-port", type=int, default=WEB_ADDR[1])
+        parser.add_argument(
+            "--unkind",
+            action="store_true",
+            help="Run the simulator with its real-cluster timings (pod start/termination, ConfigMap sync, device "
+            "plugin restart, MIG-mode reboot); see docs/demo.md.",
+        )
 
-    def handle(self, *args, no_serve=False, sim_port=SIM_PORT, web_port=WEB_ADDR[1], **options):
+    def handle(self, *args, no_serve=False, sim_port=SIM_PORT, web_port=WEB_ADDR[1], unkind=False, **options):
         if _port_busy("127.0.0.1", web_port) and not no_serve:
             raise CommandError(f"port {web_port} is in use: stop the other server (an earlier `make demo`?) first")
         if _port_busy("127.0.0.1", sim_port):
@@ -69,8 +91,10 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         # A shell without job control starts `cmd &` with SIGINT ignored; the soak bench stops us with it.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if unkind:
+            self._unkind_environment()
         try:
-            self._run(no_serve, sim_port, web_port)
+            self._run(no_serve, sim_port, web_port, UNKIND_SIM_ARGS if unkind else ())
         except KeyboardInterrupt:
             self.stdout.write("\nStopping…")
         finally:
@@ -82,7 +106,22 @@ class Command(BaseCommand):
     def _program(self, name: str, *argv: str, log: str) -> Program:
         return self.supervisor.add(Program(name, [sys.executable, *argv], settings.VAR_DIR / "logs" / log), start=True)
 
-    def _run(self, no_serve: bool, sim_port: int, web_port: int) -> None:
+    def _unkind_environment(self) -> None:
+        """Give the worker a MIG_PARTED_SYNC_S that outlasts the simulated kubelet's ConfigMap sync.
+
+        demo_environment() set 1 s for the kind simulator; with the 60 s sync the operator path would label
+        the node before the mounted copy holds the new config. A value set in the environment that is long
+        enough is kept; otherwise the production default (90 s) is used.
+        """
+        try:
+            current = float(os.environ.get("MIG_PARTED_SYNC_S", "0"))
+        except ValueError:
+            current = 0.0
+        if current < UNKIND_CONFIGMAP_SYNC_S:
+            os.environ["MIG_PARTED_SYNC_S"] = "90"
+        self._log(f"unkind simulator: {' '.join(UNKIND_SIM_ARGS)}; MIG_PARTED_SYNC_S={os.environ['MIG_PARTED_SYNC_S']}")
+
+    def _run(self, no_serve: bool, sim_port: int, web_port: int, sim_args: tuple[str, ...] = ()) -> None:
         from gpuaas import demo_world  # cycle: imports models; this module loads before apps (broker helpers)
 
         out = self.stdout
@@ -100,6 +139,7 @@ class Command(BaseCommand):
             str(sim_port),
             "--kubeconfig-dir",
             str(kube_dir),
+            *sim_args,
             log="simcluster.log",
         )
         self._wait_for_port(sim_port, "simulator (see var/logs/simcluster.log)")
