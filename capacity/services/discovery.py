@@ -454,6 +454,7 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
                 "first_seen_at": now,
                 "last_seen_at": now,
                 "gone_at": None,
+                "dra_devices": {},  # new rows only (not in the update list): _sync_dra_devices owns it
                 **values,
             }
             for node, values, digest in changed
