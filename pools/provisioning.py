@@ -239,17 +239,17 @@ def deprovision_pool(pool: GpuPool, *, client_factory=KubernetesClient.for_clust
     return True
 
 
-def apply_claim_templates(kube: KubernetesClient, desired: Desired) -> list[str]:
+def apply_claim_templates(kube: KubernetesClient, desired: Desired) -> dict[str, str]:
     """Make the namespace's gpuaas ResourceClaimTemplates exactly `desired.claim_templates` (one list, writes
-    only what differs). A template is immutable: a different one is deleted and created again. Returns one
-    line per change."""
+    only what differs). A template is immutable: a different one is deleted and created again. Returns
+    template name -> what was done, for each one changed."""
     namespace = desired.namespace
     selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
     existing = {
         (obj.get("metadata") or {}).get("name"): obj
         for obj in kube.list_resource_claim_templates(namespace, label_selector=selector)
     }
-    changes: list[str] = []
+    changes: dict[str, str] = {}
     for name, template in sorted(desired.claim_templates.items()):
         have = existing.get(name)
         if have is not None and have.get("spec") == template.spec:
@@ -257,11 +257,11 @@ def apply_claim_templates(kube: KubernetesClient, desired: Desired) -> list[str]
         if have is not None:
             _delete_template(kube, namespace, name)
         kube.create_resource_claim_template(namespace, name, template.spec, labels=template.labels)
-        changes.append(f"claim template {namespace}/{name} " + ("recreated" if have is None else "rewritten"))
+        changes[name] = f"claim template {namespace}/{name} " + ("recreated" if have is None else "rewritten")
     for name, obj in sorted(existing.items()):
         if name not in desired.claim_templates and POOL_LABEL in ((obj.get("metadata") or {}).get("labels") or {}):
             _delete_template(kube, namespace, name)
-            changes.append(f"claim template {namespace}/{name} removed")
+            changes[name] = f"claim template {namespace}/{name} removed"
     return changes
 
 
@@ -314,17 +314,24 @@ def repair_drift(project: Project, cluster: Cluster, kube: KubernetesClient, nod
         if wrong:
             kube.patch_node_labels(node, wrong)
             repairs.append(f"node {node}: labels {', '.join(sorted(wrong))} restored")
-    if desired.dra:
-        repairs.extend(apply_claim_templates(kube, desired))
-    # A pool released while this ran must not keep the quota just rewritten for it.
-    released = GpuPool.objects.filter(
-        pk__in=[int(n.removeprefix("gpuaas-")) for n in rewritten], released_at__isnull=False
-    ).values_list("pk", flat=True)
-    for pk in released:
+    templates = apply_claim_templates(kube, desired) if desired.dra else {}
+    repairs.extend(templates.values())
+    # A pool released while this ran must not keep the quota or claim template just rewritten for it.
+    written = {name: desired.claim_templates[name].pool_id for name in templates if name in desired.claim_templates}
+    released = set(
+        GpuPool.objects.filter(
+            pk__in=[int(n.removeprefix("gpuaas-")) for n in rewritten] + list(written.values()),
+            released_at__isnull=False,
+        ).values_list("pk", flat=True)
+    )
+    for pk in sorted(released & {int(n.removeprefix("gpuaas-")) for n in rewritten}):
         try:
             kube.delete_resource_quota(desired.namespace, f"gpuaas-{pk}")
         except NotFound:
             pass
+    for name, pk in sorted(written.items()):
+        if pk in released:
+            _delete_template(kube, desired.namespace, name)
     return repairs
 
 

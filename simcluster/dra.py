@@ -31,6 +31,7 @@ not match (the real evaluator fails the allocation with an error: either way no 
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from dataclasses import dataclass
 
@@ -229,6 +230,12 @@ class Selector:
         if op == "ne":
             return left != right
         return left in right
+
+
+@functools.lru_cache(maxsize=4096)
+def compiled(expression: str) -> Selector:
+    """A selector compiled once per expression (the allocator evaluates the same ones on every node)."""
+    return Selector(expression)
 
 
 def selector_problems(requests_or_class: list[dict], field: str) -> list[tuple[str, str]]:
@@ -455,14 +462,18 @@ class _Pick:
 
 
 def held_devices(cluster: Cluster, node: Node) -> set[str]:
-    """Device names of the node's pool that an allocated claim holds, plus those a running pod still uses."""
-    held = set()
-    for claim in cluster.resourceclaims.values():
-        for result in (((claim.obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-                "results") or ():
-            if result.get("pool") == node.name:
-                held.add(result.get("device"))
-    return held
+    """Device names of the node's pool that an allocated claim holds. Computed for all pools at once and kept
+    until the cluster's resourceVersion moves (every write moves it), so scheduling over many nodes reads the
+    claims once."""
+    cached = cluster._dra_held
+    if cached is None or cached[0] != cluster.rv:
+        by_pool: dict[str, set[str]] = {}
+        for claim in cluster.resourceclaims.values():
+            for result in (((claim.obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+                    "results") or ():
+                by_pool.setdefault(result.get("pool"), set()).add(result.get("device"))
+        cached = cluster._dra_held = (cluster.rv, by_pool)
+    return set(cached[1].get(node.name, ()))
 
 
 def plan(cluster: Cluster, node: Node, pod: dict, claims: list[Record]) -> list[_Pick] | None:
@@ -485,8 +496,8 @@ def plan(cluster: Cluster, node: Node, pod: dict, claims: list[Record]) -> list[
             device_class = cluster.deviceclasses.get(exactly["deviceClassName"])
             if device_class is None:
                 return None
-            selectors = [Selector(s["cel"]["expression"]) for s in (device_class.obj.get("spec") or {}).get(
-                "selectors") or ()] + [Selector(s["cel"]["expression"]) for s in exactly.get("selectors") or ()]
+            selectors = [compiled(s["cel"]["expression"]) for s in (device_class.obj.get("spec") or {}).get(
+                "selectors") or ()] + [compiled(s["cel"]["expression"]) for s in exactly.get("selectors") or ()]
             admitted = [
                 d for d in devices
                 if d["name"] not in held and d["attributes"]["uuid"]["string"] not in in_use
