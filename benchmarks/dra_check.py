@@ -62,12 +62,17 @@ def _pod(name: str, claim_ref: dict) -> dict:
         "resourceClaims": [{"name": "gpu", **claim_ref}]}}
 
 
-def _allocated(cluster, namespace: str, pod: dict) -> list[str]:
+def _device_uuids(cluster) -> dict[tuple[str, str], str]:
+    """(pool, device name) -> UUID over every ResourceSlice."""
+    return {
+        (record.obj["spec"]["pool"]["name"], device["name"]): device["attributes"]["uuid"]["string"]
+        for record in cluster.resourceslices.values()
+        for device in record.obj["spec"]["devices"]
+    }
+
+
+def _allocated(cluster, namespace: str, pod: dict, uuids: dict[tuple[str, str], str]) -> list[str]:
     """UUIDs of the devices the pod's claims hold."""
-    uuids = {}
-    for record in cluster.resourceslices.values():
-        for device in record.obj["spec"]["devices"]:
-            uuids[(record.obj["spec"]["pool"]["name"], device["name"])] = device["attributes"]["uuid"]["string"]
     names = [s["resourceClaimName"] for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()]
     names += [c["resourceClaimName"] for c in pod["spec"]["resourceClaims"] if c.get("resourceClaimName")]
     found = []
@@ -189,7 +194,8 @@ def _churn(state, cluster_row: Cluster, pools: dict[int, list[GpuPool]], seed: i
                 for key in rng.sample(running, k=len(running) // 3):
                     api.delete("pods", key[0], key[1])
                     counts["deleted"] += 1
-            _check(sim, admitted, kinds, owned, projects, checks)
+            with state.lock:
+                _check(sim, admitted, kinds, owned, projects, checks)
     churn_s = time.perf_counter() - churn_started
     attribution = _attribution(sim, cluster_row, admitted, owned)
     with state.lock:
@@ -214,6 +220,7 @@ def _check(sim, admitted, kinds, owned, projects, checks) -> None:
     """Every live pod against what its claim admits; devices held by two running pods."""
     project_of_namespace = {p.namespace: pk for pk, p in projects.items()}
     holders: dict[str, int] = {}
+    uuids = _device_uuids(sim)
     for key, record in sim.pods.items():
         if key not in admitted:
             continue
@@ -222,7 +229,7 @@ def _check(sim, admitted, kinds, owned, projects, checks) -> None:
             continue
         if kinds[key] == "foreign_template":
             checks["foreign_template_scheduled"].add(key)
-        for uuid in _allocated(sim, key[0], pod):
+        for uuid in _allocated(sim, key[0], pod, uuids):
             holders[uuid] = holders.get(uuid, 0) + 1
             if uuid not in admitted[key]:
                 checks["dra_wrong_device"].add(key)
@@ -246,11 +253,12 @@ def _attribution(sim, cluster_row: Cluster, admitted, owned) -> int:
     projects = dict(Project.objects.filter(namespace__in={k[0] for k in admitted}).values_list("namespace", "pk"))
     errors = 0
     with sim.state.lock:
+        uuids = _device_uuids(sim)
         for key in admitted:
             record = sim.pods.get(key)
             if record is None or not record.obj["spec"].get("nodeName"):
                 continue
-            devices = sorted(_allocated(sim, key[0], record.obj))
+            devices = sorted(_allocated(sim, key[0], record.obj, uuids))
             got = rows.get(key, [])
             if sorted(uuid for _, uuid in got) != devices or any(p != projects[key[0]] for p, _ in got):
                 errors += 1
