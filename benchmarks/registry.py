@@ -36,7 +36,8 @@ def arg(*args, **kwargs) -> tuple[tuple, dict]:
     return args, kwargs
 
 
-MODULES = ("capacity", "mig_planner", "mig_reconfigure", "pools", "billing", "monitoring", "dashboard", "demo_soak")
+MODULES = ("capacity", "mig_planner", "mig_reconfigure", "pools", "billing", "monitoring", "dashboard", "demo_soak",
+           "dra_check")
 
 
 def load() -> dict[str, Benchmark]:

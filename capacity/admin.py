@@ -118,15 +118,16 @@ class ClusterAdmin(admin.ModelAdmin):
     list_display = [
         "name",
         "status",
+        "binding",
         "node_count",
         "gpu_count",
         "last_success_at",
         "last_discovery_at",
         "short_error",
     ]
-    list_filter = ["status"]
+    list_filter = ["status", "binding"]
     search_fields = ["name", "api_endpoint"]
-    readonly_fields = ["status", "last_discovery_at", "last_success_at", "last_error", "created_at"]
+    readonly_fields = ["status", "binding", "last_discovery_at", "last_success_at", "last_error", "created_at"]
     fields = [
         "name",
         "api_endpoint",

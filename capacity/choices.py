@@ -10,6 +10,14 @@ class ClusterStatus(models.TextChoices):
     ERROR = "error", "Error"
 
 
+class Binding(models.TextChoices):
+    """How a pod is bound to a unit on a cluster: by count through the device plugin's extended resources,
+    or to the exact devices a claim's selector admits through DRA (docs/dra.md)."""
+
+    DEVICE_PLUGIN = "device-plugin", "Device plugin (by count)"
+    DRA = "dra", "DRA (exact device)"
+
+
 class Tier(models.TextChoices):
     """The seed's virtualisation tiers, from the node label gpuaas.io/tier."""
 

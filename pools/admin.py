@@ -215,6 +215,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "state",
         "units",
         "gpus",
+        "binding",
         "attempts",
         "created_at",
         "released_at",
@@ -252,6 +253,11 @@ class GpuPoolAdmin(admin.ModelAdmin):
     @admin.display(description="GPUs in use / total")
     def gpus(self, obj):
         return f"{obj.gpus_in_use}/{obj.gpus_total}"
+
+    @admin.display(description="Binding", ordering="cluster__binding")
+    def binding(self, obj):
+        """DRA (exact device, docs/dra.md) or device plugin (by count): the cluster's."""
+        return obj.cluster.get_binding_display()
 
     @admin.action(description="Retry provisioning of selected failed pools", permissions=["change"])
     def retry_provisioning(self, request, queryset):

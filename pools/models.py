@@ -15,7 +15,7 @@ from django.db.models.functions import Coalesce
 from django.db.models.lookups import LessThan
 from django.utils import timezone
 
-from capacity.choices import SpecKind, Tier
+from capacity.choices import Binding, SpecKind, Tier
 from capacity.models import WorkloadProfile
 from tenancy.models import Project
 
@@ -132,6 +132,14 @@ class PoolRequestTransition(models.Model):
 
 
 LABEL_PREFIX = "gpuaas.io/"
+
+
+def claim_template_name(pool_id: int, kind: str, profile_name: str = "") -> str:
+    """The pool's ResourceClaimTemplate on a DRA cluster: `gpuaas-<pool>-gpu` or `gpuaas-<pool>-mig-<profile>`
+    ("+" of a profile becomes ".", as in resource names). Written by pools.provisioning."""
+    if kind == SpecKind.FULL:
+        return f"gpuaas-{pool_id}-gpu"
+    return f"gpuaas-{pool_id}-mig-{profile_name.replace('+', '.')}"
 CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation")
 
 
@@ -215,6 +223,19 @@ class GpuPool(models.Model):
     @property
     def quota_name(self) -> str:
         return f"gpuaas-{self.pk}"
+
+    @property
+    def binding(self) -> str:
+        """How the pool's pods are bound to its units: the cluster's (capacity.choices.Binding)."""
+        return self.cluster.binding
+
+    @property
+    def claim_template(self) -> str | None:
+        """The ResourceClaimTemplate a workload references to get one of the pool's units (DRA clusters;
+        None under the device plugin and for time-slice pools). docs/dra.md."""
+        if self.cluster.binding != Binding.DRA or self.request.spec_kind not in (SpecKind.FULL, SpecKind.MIG):
+            return None
+        return claim_template_name(self.pk, self.request.spec_kind, self.request.profile_name)
 
     def card(self) -> dict:
         """The seed's pool card. Reads the with_card() annotations when present, else counts (3 queries)."""

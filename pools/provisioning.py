@@ -13,6 +13,11 @@ What gpuaas writes, per (project, cluster), all through capacity/adapters/kubern
   namespace's total over all held pools of the project on that cluster: two pools of 2 x 3g.40gb
   give two quotas of `requests.nvidia.com/mig-3g.40gb: "4"`. GPU resources the nodes offer but the
   project was not granted are listed with "0", so the project cannot take a neighbour's units.
+- on a DRA cluster (Cluster.binding, docs/dra.md), one ResourceClaimTemplate per held pool and unit kind,
+  `gpuaas-<pool id>-gpu` / `gpuaas-<pool id>-mig-<profile>`, whose CEL selector admits only the UUIDs of
+  the units the pool holds now: a pod that references it gets one of the pool's devices, never another's.
+  Templates are immutable in Kubernetes, so a changed unit set (release, reconfiguration) is written as
+  delete + create; claims already made from the old one keep their device until their pod ends.
 
 `reconcile()` makes the cluster match the database and is idempotent: provisioning, retries and
 clean-up after release all call it. Released pools lose their quota and pool label, and nodes
@@ -30,18 +35,23 @@ from django.db.models import Q
 from django.utils import timezone
 
 from capacity.adapters.kubernetes import NODE_SELECTOR_ANNOTATION, KubernetesClient, KubernetesError, Node, NotFound
+from capacity.choices import Binding, SpecKind
 from capacity.models import Cluster, SpecAndCount
 from gpuaas.leases import Heartbeat, crash_point
 from tenancy.models import Project
 
 from . import services
 from .choices import PoolState
-from .models import LABEL_PREFIX, Allocation, GpuPool, PoolRequestTransition
+from .models import LABEL_PREFIX, Allocation, GpuPool, PoolRequestTransition, claim_template_name
 
 logger = logging.getLogger(__name__)
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuaas"}
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+# NVIDIA's DRA driver: its name (the attribute domain in CEL) and its DeviceClasses (docs/dra.md).
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_CLASS = {SpecKind.FULL: "gpu.nvidia.com", SpecKind.MIG: "mig.nvidia.com"}
+POOL_LABEL = f"{LABEL_PREFIX}pool"
 
 
 def project_label(project: Project | int) -> str:
@@ -63,6 +73,40 @@ class Desired:
     stale_quotas: list[str] = field(default_factory=list)
     node_labels: dict[str, dict[str, str | None]] = field(default_factory=dict)
     cleaned_pools: list[int] = field(default_factory=list)
+    dra: bool = False  # the cluster binds by DRA: claim_templates is the complete set to hold
+    claim_templates: dict[str, ClaimTemplate] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClaimTemplate:
+    """One ResourceClaimTemplate gpuaas holds in a project's namespace: one device of the pool's units of one kind."""
+
+    pool_id: int
+    spec: dict
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {**MANAGED_BY, POOL_LABEL: str(self.pool_id)}
+
+
+def uuid_selector(uuids: list[str]) -> str:
+    """The CEL expression admitting exactly these devices of the NVIDIA driver."""
+    listed = ", ".join(f'"{u}"' for u in sorted(uuids))
+    return f'device.attributes["{DRA_DRIVER}"].uuid in [{listed}]'
+
+
+def claim_template_spec(kind: str, uuids: list[str]) -> dict:
+    """ResourceClaimTemplate.spec: one request of exactly one device of the kind's class, among `uuids`.
+    allocationMode and count are written as the API server defaults them, so a read-back compares equal."""
+    return {"spec": {"devices": {"requests": [{
+        "name": "gpu" if kind == SpecKind.FULL else "mig",
+        "exactly": {
+            "deviceClassName": DRA_CLASS[kind],
+            "selectors": [{"cel": {"expression": uuid_selector(uuids)}}],
+            "allocationMode": "ExactCount",
+            "count": 1,
+        },
+    }]}}}
 
 
 def desired_state(project: Project, cluster: Cluster) -> Desired:
@@ -80,15 +124,25 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     carrying: dict[int, set[str]] = defaultdict(set)  # nodes with a unit the pool still holds
     granted: Counter = Counter()
     rows = Allocation.objects.filter(pool_id__in=[p.pk for p in pools]).values_list(
-        "pool_id", "gpu__node__name", "gpu__node_id", "resource_name", "released_at"
+        "pool_id", "gpu__node__name", "gpu__node_id", "resource_name", "released_at", "kind", "profile_name",
+        "gpu__uuid", "mig_instance__uuid",
     )
     node_ids: set[int] = set()
-    for pool_id, node_name, node_id, resource, released_at in rows:
+    units: dict[tuple[int, str, str], list[str]] = defaultdict(list)  # (pool, kind, profile) -> device uuids
+    for pool_id, node_name, node_id, resource, released_at, kind, profile, gpu_uuid, mig_uuid in rows:
         touched[pool_id].add(node_name)
         if pool_id in held and released_at is None:
             carrying[pool_id].add(node_name)
             granted[resource] += 1
             node_ids.add(node_id)
+            if kind in DRA_CLASS:  # time-slice replicas have no DRA device of their own
+                units[(pool_id, kind, profile if kind == SpecKind.MIG else "")].append(mig_uuid or gpu_uuid)
+    desired.dra = cluster.binding == Binding.DRA
+    if desired.dra:
+        desired.claim_templates = {
+            claim_template_name(pool_id, kind, profile): ClaimTemplate(pool_id, claim_template_spec(kind, uuids))
+            for (pool_id, kind, profile), uuids in sorted(units.items())
+        }
 
     offered = set(SpecAndCount.objects.filter(node_id__in=node_ids).values_list("resource_name", flat=True).distinct())
     hard = {f"requests.{r}": "0" for r in offered | {"nvidia.com/gpu"} if r.startswith(GPU_RESOURCE_PREFIXES)}
@@ -119,6 +173,8 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
         for name, hard in desired.quotas.items():
             kube.apply_resource_quota(desired.namespace, name, hard, labels=MANAGED_BY)
         crash_point("provisioning.quotas")  # fault suite: quotas written, node labels not yet
+        if desired.dra:
+            apply_claim_templates(kube, desired)
         for name in desired.stale_quotas:
             try:
                 kube.delete_resource_quota(desired.namespace, name)
@@ -183,6 +239,39 @@ def deprovision_pool(pool: GpuPool, *, client_factory=KubernetesClient.for_clust
     return True
 
 
+def apply_claim_templates(kube: KubernetesClient, desired: Desired) -> dict[str, str]:
+    """Make the namespace's gpuaas ResourceClaimTemplates exactly `desired.claim_templates` (one list, writes
+    only what differs). A template is immutable: a different one is deleted and created again. Returns
+    template name -> what was done, for each one changed."""
+    namespace = desired.namespace
+    selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+    existing = {
+        (obj.get("metadata") or {}).get("name"): obj
+        for obj in kube.list_resource_claim_templates(namespace, label_selector=selector)
+    }
+    changes: dict[str, str] = {}
+    for name, template in sorted(desired.claim_templates.items()):
+        have = existing.get(name)
+        if have is not None and have.get("spec") == template.spec:
+            continue
+        if have is not None:
+            _delete_template(kube, namespace, name)
+        kube.create_resource_claim_template(namespace, name, template.spec, labels=template.labels)
+        changes[name] = f"claim template {namespace}/{name} " + ("recreated" if have is None else "rewritten")
+    for name, obj in sorted(existing.items()):
+        if name not in desired.claim_templates and POOL_LABEL in ((obj.get("metadata") or {}).get("labels") or {}):
+            _delete_template(kube, namespace, name)
+            changes[name] = f"claim template {namespace}/{name} removed"
+    return changes
+
+
+def _delete_template(kube: KubernetesClient, namespace: str, name: str) -> None:
+    try:
+        kube.delete_resource_claim_template(namespace, name)
+    except NotFound:
+        pass
+
+
 # --- Level-triggered reconcile of provisioned pools ----------------------------------------------
 
 
@@ -225,15 +314,24 @@ def repair_drift(project: Project, cluster: Cluster, kube: KubernetesClient, nod
         if wrong:
             kube.patch_node_labels(node, wrong)
             repairs.append(f"node {node}: labels {', '.join(sorted(wrong))} restored")
-    # A pool released while this ran must not keep the quota just rewritten for it.
-    released = GpuPool.objects.filter(
-        pk__in=[int(n.removeprefix("gpuaas-")) for n in rewritten], released_at__isnull=False
-    ).values_list("pk", flat=True)
-    for pk in released:
+    templates = apply_claim_templates(kube, desired) if desired.dra else {}
+    repairs.extend(templates.values())
+    # A pool released while this ran must not keep the quota or claim template just rewritten for it.
+    written = {name: desired.claim_templates[name].pool_id for name in templates if name in desired.claim_templates}
+    released = set(
+        GpuPool.objects.filter(
+            pk__in=[int(n.removeprefix("gpuaas-")) for n in rewritten] + list(written.values()),
+            released_at__isnull=False,
+        ).values_list("pk", flat=True)
+    )
+    for pk in sorted(released & {int(n.removeprefix("gpuaas-")) for n in rewritten}):
         try:
             kube.delete_resource_quota(desired.namespace, f"gpuaas-{pk}")
         except NotFound:
             pass
+    for name, pk in sorted(written.items()):
+        if pk in released:
+            _delete_template(kube, desired.namespace, name)
     return repairs
 
 

@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from capacity.choices import Binding
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
 from gpuaas.leases import lease_until
 from tenancy.models import Project
@@ -401,8 +402,16 @@ def move_mig_allocation(allocation: Allocation, *, from_instance, to_instance) -
     """Point a MIG allocation at an equivalent instance (same GPU, profile and start) that replaced its
     own, as a MIG reconfiguration does when it recreates instances. A conditional UPDATE: False when
     the allocation no longer holds `from_instance` (someone moved it first). The partial unique
-    constraint on active allocations refuses a second holder of `to_instance` (IntegrityError)."""
-    return Allocation.objects.filter(pk=allocation.pk, mig_instance=from_instance).update(mig_instance=to_instance) == 1
+    constraint on active allocations refuses a second holder of `to_instance` (IntegrityError).
+
+    On a DRA cluster the pool's ResourceClaimTemplate names the instance's UUID: the project is reconciled
+    after commit so the template admits the new instance (pools.provisioning)."""
+    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
+
+    moved = Allocation.objects.filter(pk=allocation.pk, mig_instance=from_instance).update(mig_instance=to_instance)
+    if moved == 1 and Cluster.objects.filter(pools=allocation.pool_id, binding=Binding.DRA).exists():
+        reconcile_project_task.delay_on_commit(allocation.project_id, allocation.pool.cluster_id)
+    return moved == 1
 
 
 def claim_provisioning(pool: GpuPool, *, token: str, task_id: str = "") -> bool:

@@ -33,13 +33,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import dcgm, driver, kube, nvml, rbac
+from . import dcgm, dra, driver, kube, nvml, rbac
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
 _JSON = "application/json"
 _CLUSTER_PREFIX = re.compile(r"^/clusters/([^/]+)(/.*)?$")
 _NAMESPACED = ("pods", "configmaps", "resourcequotas")
+_DRA_NAMESPACED = ("resourceclaims", "resourceclaimtemplates")
+_DRA_CLUSTER = ("resourceslices", "deviceclasses")
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
     409: "Conflict", 410: "Expired", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
@@ -174,10 +176,13 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and (answer := _discovery(cluster, segments, self.headers.get("Host", ""))) is not None:
             self._send_json(200, answer)
             return
+        api = kube.ClusterApi(cluster)
+        if segments[:3] == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
+            self._dra(method, api, segments[3:], query)
+            return
         if segments[:2] != ["api", "v1"]:
             raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
         rest = segments[2:]
-        api = kube.ClusterApi(cluster)
         # /api/v1/namespaces/{ns}/{plural}[/{name}[/eviction]]
         if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in _NAMESPACED:
             namespace, plural = rest[1], rest[2]
@@ -206,6 +211,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._resource(method, api, rest[0], None, rest[1] if len(rest) == 2 else None, query)
             return
         raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+
+    def _dra(self, method: str, api: kube.ClusterApi, rest: list[str], query: dict) -> None:
+        """/apis/resource.k8s.io/v1/{resourceslices,deviceclasses}[/name] and
+        .../namespaces/{ns}/{resourceclaims,resourceclaimtemplates}[/name] (plus the all-namespaces lists)."""
+        not_found = kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in _DRA_NAMESPACED and len(rest) <= 4:
+            self._resource(method, api, rest[2], rest[1], rest[3] if len(rest) == 4 else None, query)
+            return
+        if len(rest) == 1 and rest[0] in _DRA_NAMESPACED:
+            if method != "GET":
+                raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                    "requested resource")
+            self._resource(method, api, rest[0], None, None, query)
+            return
+        if rest and rest[0] in _DRA_CLUSTER and len(rest) <= 2:
+            self._resource(method, api, rest[0], None, rest[1] if len(rest) == 2 else None, query)
+            return
+        raise not_found
 
     def _resource(self, method: str, api: kube.ClusterApi, plural: str, namespace: str | None, name: str | None,
                   query: dict) -> None:
@@ -388,6 +411,12 @@ _RESOURCES = (
     ("pods/eviction", "Eviction", True, ["create"]),
     ("resourcequotas", "ResourceQuota", True, _READ_WRITE),
 )
+_DRA_RESOURCES = (
+    ("deviceclasses", "DeviceClass", False, _READ_WRITE),
+    ("resourceclaims", "ResourceClaim", True, _READ_WRITE),
+    ("resourceclaimtemplates", "ResourceClaimTemplate", True, _READ_WRITE),
+    ("resourceslices", "ResourceSlice", False, _READ_WRITE),
+)
 
 
 def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
@@ -403,9 +432,17 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
     if segments == ["api"]:
         return {"kind": "APIVersions", "versions": ["v1"],
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]}
+    dra_group = {"name": dra.GROUP, "versions": [{"groupVersion": dra.API_VERSION, "version": "v1"}],
+                 "preferredVersion": {"groupVersion": dra.API_VERSION, "version": "v1"}}
     if segments == ["apis"]:
-        # policy/v1 is served only as the pods/eviction subresource, so no group is listed.
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+        # policy/v1 is served only as the pods/eviction subresource, so no group is listed for it.
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [dra_group] if cluster.settings.dra else []}
+    if segments == ["apis", dra.GROUP] and cluster.settings.dra:
+        return {"kind": "APIGroup", "apiVersion": "v1", **dra_group}
+    if segments == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": dra.API_VERSION, "resources": [
+            {"name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind, "verbs": verbs}
+            for name, kind, namespaced, verbs in _DRA_RESOURCES]}
     if segments == ["api", "v1"]:
         return {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
             {"name": name, "singularName": "" if "/" in name else kind.lower(), "namespaced": namespaced,

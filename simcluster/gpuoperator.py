@@ -44,6 +44,7 @@ import yaml
 
 from capacity.mig.catalog import Product, Profile, mig_parted_entries
 
+from . import dra
 from .hardware import HardwareError, plan_layout
 from .state import Cluster, MigJob, Node, Sharing
 
@@ -129,6 +130,8 @@ def bootstrap_cluster(cluster: Cluster) -> None:
             "dcgm-exporter.service"]}, sort_keys=False)},
     })
     _mount_now(cluster)
+    if cluster.settings.dra:
+        dra.bootstrap(cluster)
 
 
 def add_mig_configs(cluster: Cluster, extra: dict[str, list[dict]]) -> None:
@@ -325,11 +328,13 @@ def advertised_devices(node: Node) -> dict[str, list[tuple[str, bool]]]:
 
 
 def refresh_devices(cluster: Cluster, node: Node) -> None:
-    devices = advertised_devices(node)
+    """The device plugin registers the node's devices; under DRA it is off and the DRA driver publishes them."""
+    devices = {} if cluster.settings.dra else advertised_devices(node)
     node.devices = {res: [d for d, healthy in lst if healthy] for res, lst in devices.items()}
     node.device_capacity = {res: len(lst) for res, lst in devices.items()}
     node.known_resources |= set(devices)
     cluster.touch(node)
+    dra.publish(cluster, node)
 
 
 def node_resources(node: Node) -> tuple[dict[str, str], dict[str, str]]:

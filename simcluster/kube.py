@@ -30,7 +30,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from . import gpuoperator, scheduler
+from . import dra, gpuoperator, scheduler
 from .state import Cluster, Node, Record
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -301,6 +301,12 @@ FIELD_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "configmaps": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
     "resourcequotas": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
+    "resourceslices": {"metadata.name": ("metadata", "name"), "spec.nodeName": ("spec", "nodeName"),
+                       "spec.driver": ("spec", "driver")},
+    "deviceclasses": {"metadata.name": ("metadata", "name")},
+    "resourceclaims": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
+    "resourceclaimtemplates": {"metadata.name": ("metadata", "name"),
+                               "metadata.namespace": ("metadata", "namespace")},
 }
 
 
@@ -610,13 +616,14 @@ class ListParams:
 
 
 def _list_bytes(kind: str, rv: int, items: list[bytes], next_key: str | None, page: int,
-                remaining: int | None, snapshot: str | None = None) -> bytes:
+                remaining: int | None, snapshot: str | None = None, api_version: str = "v1") -> bytes:
     meta: dict = {"resourceVersion": str(rv)}
     if next_key is not None:
         meta["continue"] = encode_continue(rv, next_key, page + 1, snapshot)
         if remaining is not None:
             meta["remainingItemCount"] = remaining
-    head = b'{"kind":"' + kind.encode() + b'","apiVersion":"v1","metadata":' + _DUMPS(meta).encode() + b',"items":['
+    head = (b'{"kind":"' + kind.encode() + b'","apiVersion":"' + api_version.encode() + b'","metadata":'
+            + _DUMPS(meta).encode() + b',"items":[')
     return head + b",".join(items) + b"]}"
 
 
@@ -708,6 +715,7 @@ class Kind:
     namespaced: bool
     name_rule: str  # "label" | "subdomain"
     delete_returns_object: bool
+    api_version: str = "v1"
 
 
 KINDS = {
@@ -715,7 +723,13 @@ KINDS = {
     "pods": Kind("pods", "Pod", True, "subdomain", True),
     "configmaps": Kind("configmaps", "ConfigMap", True, "subdomain", False),
     "resourcequotas": Kind("resourcequotas", "ResourceQuota", True, "subdomain", True),
+    "resourceslices": Kind("resourceslices", "ResourceSlice", False, "subdomain", True, dra.API_VERSION),
+    "deviceclasses": Kind("deviceclasses", "DeviceClass", False, "subdomain", True, dra.API_VERSION),
+    "resourceclaims": Kind("resourceclaims", "ResourceClaim", True, "subdomain", True, dra.API_VERSION),
+    "resourceclaimtemplates": Kind("resourceclaimtemplates", "ResourceClaimTemplate", True, "subdomain", True,
+                                   dra.API_VERSION),
 }
+DRA_PLURALS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
 
 
 class ClusterApi:
@@ -766,6 +780,7 @@ class ClusterApi:
         fields = parse_field_selector(plural, params.field_selector)
         cluster = self.cluster
         list_kind = "NodeList" if plural == "nodes" else KINDS[plural].kind + "List"
+        api_version = "v1" if plural == "nodes" else KINDS[plural].api_version
         snapshot = None
         if params.continue_token:
             token = continue_fields(params.continue_token)
@@ -785,7 +800,7 @@ class ClusterApi:
             rv, matched, page = cluster.rv, self.matching(plural, namespace, labels, fields), 1
         limit = params.limit
         if not limit or len(matched) <= limit:
-            return _list_bytes(list_kind, rv, [raw for _, raw in matched], None, page, None)
+            return _list_bytes(list_kind, rv, [raw for _, raw in matched], None, page, None, api_version=api_version)
         if snapshot is None:
             snapshot = f"{rv}.{len(cluster.list_snapshots)}.{cluster.new_uid('snapshot')[:8]}"
             cluster.list_snapshots[snapshot] = (rv, matched[limit:])
@@ -794,7 +809,8 @@ class ClusterApi:
         items = matched[:limit]
         # Like kube-apiserver, remainingItemCount only when it is exact (no selectors).
         remaining = None if labels or fields else len(matched) - limit
-        return _list_bytes(list_kind, rv, [raw for _, raw in items], items[-1][0], page, remaining, snapshot)
+        return _list_bytes(list_kind, rv, [raw for _, raw in items], items[-1][0], page, remaining, snapshot,
+                           api_version)
 
     def _check_list_rv(self, params: ListParams) -> None:
         """resourceVersion on a list: newer than the cluster's is 504 (kube-apiserver waits 3 s
@@ -888,7 +904,8 @@ class ClusterApi:
 
     def bookmark(self, plural: str, rv: int) -> bytes:
         kind = "Node" if plural == "nodes" else KINDS[plural].kind
-        return _event_line("BOOKMARK", _DUMPS({"kind": kind, "apiVersion": "v1",
+        api_version = "v1" if plural == "nodes" else KINDS[plural].api_version
+        return _event_line("BOOKMARK", _DUMPS({"kind": kind, "apiVersion": api_version,
                                                 "metadata": {"resourceVersion": str(rv)}}).encode())
 
     # --- get --------------------------------------------------------------------------
@@ -931,7 +948,7 @@ class ClusterApi:
             raise already_exists(plural, name)
         for drop in ("resourceVersion", "uid", "creationTimestamp", "deletionTimestamp", "selfLink"):
             meta.pop(drop, None)
-        obj["kind"], obj["apiVersion"] = kind.kind, "v1"
+        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
         meta["uid"] = self.cluster.new_uid(plural, namespace, name)
         meta["creationTimestamp"] = self.cluster.state.timestamp()
         if plural == "namespaces":
@@ -940,7 +957,7 @@ class ClusterApi:
             obj["status"] = {"phase": "Active"}
         elif plural == "pods":
             scheduler.admit_pod(self.cluster, obj)
-        elif plural == "resourcequotas":
+        elif plural in ("resourcequotas", "resourceclaims"):
             obj.pop("status", None)
         meta["resourceVersion"] = self.cluster.bump()
         record = Record(obj)
@@ -950,6 +967,9 @@ class ClusterApi:
             scheduler.on_pod_created(self.cluster, record)
         elif plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
+        elif plural in ("deviceclasses", "resourceclaimtemplates") or (
+                plural == "resourceclaims" and not meta.get("ownerReferences")):
+            scheduler.retry_pending(self.cluster)  # pods waiting for this template, class or claim
         return 201, self.render(plural, record)
 
     def _validate(self, plural: str, obj: dict) -> list[tuple[str, str]]:
@@ -971,6 +991,8 @@ class ClusterApi:
             return problems
         if plural == "resourcequotas":
             return scheduler.quota_problems(obj)
+        if plural in DRA_PLURALS:
+            return dra.validate(plural, obj)
         if plural == "pods":
             containers = (obj.get("spec") or {}).get("containers")
             if not containers:
@@ -1023,16 +1045,18 @@ class ClusterApi:
                              "image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
                              "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
                              "(allow it to be set to 1 if it was previously negative)"))
+        if plural in ("resourceclaims", "resourceclaimtemplates") and new.get("spec") != old.get("spec"):
+            problems.append(("spec", "Invalid value: field is immutable"))
         if problems:
             raise invalid(kind.kind, name, problems)
         # System-owned metadata and the status of namespaces/pods are kept from the stored object.
         for keep in ("uid", "creationTimestamp", "namespace", "name", "generateName"):
             if keep in old["metadata"]:
                 meta[keep] = old["metadata"][keep]
-        new["kind"], new["apiVersion"] = kind.kind, "v1"
+        new["kind"], new["apiVersion"] = kind.kind, kind.api_version
         if plural == "namespaces":
             new["spec"] = old.get("spec")
-        if plural in ("namespaces", "pods"):
+        if plural in ("namespaces", "pods", "resourceclaims"):
             new["status"] = old.get("status")  # status belongs to the controllers (and the sim)
         if plural == "resourcequotas":
             new.pop("status", None)  # computed on read
@@ -1108,6 +1132,8 @@ class ClusterApi:
         self._forget(plural, key)
         if plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
+        elif plural == "resourceclaims":
+            scheduler.retry_pending(self.cluster)  # its devices are free again (a pod still running keeps its own)
         if kind.delete_returns_object:
             if plural == "resourcequotas":
                 return _DUMPS(scheduler.render_quota(self.cluster, obj)).encode()
@@ -1122,7 +1148,7 @@ class ClusterApi:
         self.cluster.record_event("DELETED", plural, key, self.render(plural, record))
 
     def _delete_namespace_contents(self, namespace: str) -> None:
-        for plural in ("pods", "configmaps", "resourcequotas"):
+        for plural in ("pods", "configmaps", "resourcequotas", "resourceclaims", "resourceclaimtemplates"):
             for key in [k for k in self._store(plural) if k[0] == namespace]:
                 if plural == "pods":
                     scheduler.remove_pod(self.cluster, key)

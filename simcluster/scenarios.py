@@ -8,6 +8,7 @@ A scenario file (simcluster/scenarios/<name>.yaml, or any path):
     clusters:
       - name: prod
         driver_version: "550.54.15"  # optional ClusterSettings fields
+        dra: true                    # the NVIDIA DRA driver instead of the device plugin (simcluster/dra.py)
         node_groups:
           - name_prefix: prod-h100-bal
             count: 2                 # or share: 0.3 (of params.nodes; the last share group takes the rest)
@@ -253,6 +254,8 @@ class Scenario:
                         "mig_config_name", "device_plugin_config_name", "device_plugin_default", "machine"):
                 if raw_cluster.get(key) is not None:
                     setattr(settings, key, str(raw_cluster[key]))
+            if raw_cluster.get("dra") is not None:
+                settings.dra = bool(raw_cluster["dra"])
             raw_groups = raw_cluster.get("node_groups") or []
             total = int(merged.get("nodes", 0))
             shared = [g for g in raw_groups if "share" in g]

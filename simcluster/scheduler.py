@@ -25,7 +25,7 @@ from decimal import Decimal, InvalidOperation
 
 from kubernetes.utils import parse_quantity
 
-from . import gpuoperator
+from . import dra, gpuoperator
 from .state import Cluster, Node, Record
 
 DEVICE_IDS_ANNOTATION = "gpuaas.io/device-ids"
@@ -228,6 +228,12 @@ def _pod_key(pod: dict) -> tuple[str, str]:
     return pod["metadata"]["namespace"], pod["metadata"]["name"]
 
 
+def _claim_statuses(pod: dict) -> dict:
+    """The resourceclaim controller's part of a pod's status, kept across the kubelet's rewrites."""
+    kept = (pod.get("status") or {}).get("resourceClaimStatuses")
+    return {"resourceClaimStatuses": kept} if kept else {}
+
+
 def _set_running(cluster: Cluster, record: Record, node: Node) -> None:
     pod = record.obj
     now = cluster.state.timestamp()
@@ -258,6 +264,7 @@ def _set_running(cluster: Cluster, record: Record, node: Node) -> None:
             for i, c in enumerate(pod["spec"].get("containers") or [])
         ],
         "qosClass": pod.get("status", {}).get("qosClass", "BestEffort"),
+        **_claim_statuses(pod),
     }
 
 
@@ -288,6 +295,7 @@ def _set_creating(cluster: Cluster, record: Record, node: Node) -> None:
             for c in pod["spec"].get("containers") or []
         ],
         "qosClass": pod.get("status", {}).get("qosClass", "BestEffort"),
+        **_claim_statuses(pod),
     }
 
 
@@ -342,15 +350,37 @@ def bind(cluster: Cluster, record: Record, node: Node) -> None:
         _set_running(cluster, record, node)
 
 
+def _unschedulable(cluster: Cluster, record: Record, message: str) -> bool:
+    status = record.obj.setdefault("status", {})
+    status["phase"] = "Pending"
+    status["conditions"] = [{"type": "PodScheduled", "status": "False", "lastProbeTime": None,
+                             "lastTransitionTime": cluster.state.timestamp(), "reason": "Unschedulable",
+                             "message": message}]
+    record.raw = None
+    return False
+
+
 def schedule(cluster: Cluster, record: Record) -> bool:
-    """Try to place a pending pod; True when bound."""
+    """Try to place a pending pod; True when bound. A pod with resource claims also needs every claim
+    allocated on the node (simcluster.dra), else that node counts as "cannot allocate all claims"."""
     pod = record.obj
     requests = gpu_requests(pod)
+    claims: list[Record] = []
+    if dra.pod_claims(pod):
+        claims, waiting = dra.ensure_claims(cluster, record)
+        if waiting:
+            return _unschedulable(cluster, record, f"0/{len(cluster.nodes)} nodes are available: {waiting}.")
     reasons: dict[str, int] = {}
     for name in cluster.node_names():
         node = cluster.nodes[name]
         why = _fit(node, pod, requests)
+        picks = None
+        if why is None and claims:
+            picks = dra.plan(cluster, node, pod, claims)
+            why = dra.CANNOT_ALLOCATE if picks is None else None
         if why is None:
+            if claims:
+                dra.commit(cluster, node, record, claims, picks)
             bind(cluster, record, node)
             pod["metadata"]["resourceVersion"] = cluster.bump()
             record.raw = None
@@ -358,14 +388,8 @@ def schedule(cluster: Cluster, record: Record) -> bool:
             return True
         reasons[why] = reasons.get(why, 0) + 1
     detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-    message = f"0/{len(cluster.nodes)} nodes are available" + (f": {detail}." if detail else ".")
-    status = pod.setdefault("status", {})
-    status["phase"] = "Pending"
-    status["conditions"] = [{"type": "PodScheduled", "status": "False", "lastProbeTime": None,
-                             "lastTransitionTime": cluster.state.timestamp(), "reason": "Unschedulable",
-                             "message": message}]
-    record.raw = None
-    return False
+    return _unschedulable(cluster, record, f"0/{len(cluster.nodes)} nodes are available" +
+                          (f": {detail}." if detail else "."))
 
 
 def on_pod_created(cluster: Cluster, record: Record) -> None:
@@ -455,6 +479,7 @@ def release(cluster: Cluster, pod: dict) -> None:
 
 def on_pod_deleted(cluster: Cluster, pod: dict) -> None:
     release(cluster, pod)
+    dra.on_pod_gone(cluster, pod)
     retry_pending(cluster)
 
 
@@ -480,7 +505,7 @@ def gpu_pods_on_node(cluster: Cluster, node_name: str) -> list[str]:
         pod = record.obj
         if ns == operator_ns or pod["spec"].get("nodeName") != node_name or is_terminal(pod):
             continue
-        if gpu_requests(pod):
+        if gpu_requests(pod) or dra.pod_claims(pod):
             found.append(f"{ns}/{name}")
     return found
 

@@ -53,6 +53,9 @@ class ClusterSettings:
     device_plugin_config_name: str = "time-slicing-config"
     device_plugin_default: str | None = None
     machine: str = "HGX-Simulated"
+    # The NVIDIA DRA driver for GPUs instead of the device plugin (simcluster/dra.py, docs/dra.md):
+    # ResourceSlices per node, DeviceClasses, claims allocated by the scheduler; resource.k8s.io/v1 served.
+    dra: bool = False
 
 
 @dataclass
@@ -178,6 +181,12 @@ class Cluster:
         self.pods: dict[tuple[str, str], Record] = {}
         self.configmaps: dict[tuple[str, str], Record] = {}
         self.resourcequotas: dict[tuple[str, str], Record] = {}
+        # resource.k8s.io/v1 (served when settings.dra): slices by name, classes by name, claims and templates by key.
+        self.resourceslices: dict[str, Record] = {}
+        self.deviceclasses: dict[str, Record] = {}
+        self.resourceclaims: dict[tuple[str, str], Record] = {}
+        self.resourceclaimtemplates: dict[tuple[str, str], Record] = {}
+        self._dra_held: tuple[int, dict[str, set[str]]] | None = None  # simcluster.dra.held_devices' cache
         # ConfigMap name -> [(time.monotonic() it reaches the MIG manager's mounted copy, config.yaml text)]:
         # kubelet's delayed refresh of a mounted ConfigMap (gpuoperator.mounted_config_text).
         self.mounted: dict[str, list[tuple[float, str | None]]] = {}

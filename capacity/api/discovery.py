@@ -41,6 +41,7 @@ class ClusterSerializer(serializers.ModelSerializer):
             "name",
             "api_endpoint",
             "status",
+            "binding",
             "last_discovery_at",
             "last_success_at",
             "last_error",

@@ -7,7 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from .. import credentials
-from ..choices import ClusterStatus, DiscoveryStatus
+from ..choices import Binding, ClusterStatus, DiscoveryStatus
 
 
 class Cluster(models.Model):
@@ -27,6 +27,13 @@ class Cluster(models.Model):
         max_length=500, blank=True, help_text="Optional DCGM exporter endpoint(s) to scrape, comma-separated."
     )
     status = models.CharField(max_length=16, choices=ClusterStatus, default=ClusterStatus.NEW, editable=False)
+    binding = models.CharField(
+        max_length=16,
+        choices=Binding,
+        default=Binding.DEVICE_PLUGIN,
+        editable=False,
+        help_text="Set by discovery: DRA when NVIDIA's DRA driver publishes ResourceSlices (docs/dra.md).",
+    )
     last_discovery_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_success_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_error = models.TextField(blank=True, editable=False)

@@ -51,6 +51,11 @@ class NodeCapacity(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     capacity = models.JSONField(default=dict, blank=True, help_text="Physical: status.capacity.")
     allocatable = models.JSONField(default=dict, blank=True, help_text="Logical: status.allocatable.")
+    dra_devices = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="DRA: device name -> GPU or MIG UUID, from the driver's ResourceSlice (empty: not under DRA).",
+    )
     resource_version = models.CharField(max_length=64, blank=True)
     fingerprint = models.CharField(
         max_length=32,

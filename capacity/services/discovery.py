@@ -10,7 +10,11 @@ then, in one transaction under the cluster's row lock, writes what changed:
 - SpecAndCount, one row per (node, nvidia.com/* extended resource) from capacity/allocatable:
   full GPUs, MIG profiles (mixed `nvidia.com/mig-<profile>` or single-strategy `nvidia.com/gpu`
   with a `-MIG-<profile>` product), time-slice replicas (`.shared` or replicas > 1).
-- WorkloadProfile for pods requesting nvidia.com/* resources (capacity.services.workloads).
+- WorkloadProfile for pods requesting nvidia.com/* resources, or holding ResourceClaims allocated
+  devices of NVIDIA's DRA driver (capacity.services.workloads).
+- DRA (docs/dra.md): when the cluster serves resource.k8s.io/v1 and the driver `gpu.nvidia.com`
+  publishes ResourceSlices, each node's devices (device name -> GPU or MIG UUID, the same UUIDs NVML
+  gives GpuCapacity and MigInstance) go to NodeCapacity.dra_devices and the cluster's binding is DRA.
 
 GPU nodes are nodes labelled `nvidia.com/gpu.present=true` (the GPU Operator), or carrying a
 `nvidia.com/gpu.count` label (GFD without the operator), or advertising any nvidia.com/*
@@ -42,7 +46,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
-from capacity.choices import ClusterStatus, DiscoveryStatus, MigStrategy, SpecKind, Tier
+from capacity.choices import Binding, ClusterStatus, DiscoveryStatus, MigStrategy, SpecKind, Tier
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
 
@@ -237,6 +241,39 @@ def node_specs(node: kube.Node, values: dict) -> list[Spec]:
 # --- The run ---------------------------------------------------------------------------------
 
 
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+@dataclass
+class DraView:
+    """What the DRA API says: the NVIDIA driver's devices by (pool, name) and the claims by (namespace, name)."""
+
+    devices: dict[tuple[str, str], kube.DraDevice] = field(default_factory=dict)
+    claims: dict[tuple[str, str], kube.ResourceClaim] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, client: kube.KubernetesClient) -> DraView | None:
+        """None when the cluster does not serve resource.k8s.io/v1 or no slice of the driver exists."""
+        try:
+            devices = client.list_dra_devices(DRA_DRIVER)
+            if not devices:
+                return None
+            claims = client.list_resource_claims()
+        except kube.NotFound:
+            return None
+        return cls(
+            devices={(d.pool, d.name): d for d in devices},
+            claims={(c.namespace, c.name): c for c in claims},
+        )
+
+    def node_devices(self) -> dict[str, dict[str, str]]:
+        """node name -> {device name: uuid}."""
+        by_node: dict[str, dict[str, str]] = {}
+        for device in self.devices.values():
+            by_node.setdefault(device.node_name, {})[device.name] = device.uuid
+        return by_node
+
+
 @dataclass
 class SyncResult:
     nodes_seen: int = 0
@@ -291,6 +328,7 @@ def discover_cluster(
         try:
             nodes = [node for node in kube_client.list_nodes() if is_gpu_node(node)]
             pods = kube_client.list_pods()
+            dra = DraView.read(kube_client)
             api_url = kube_client.host
         finally:
             if owned:
@@ -300,7 +338,7 @@ def discover_cluster(
         return Discovery(run)
 
     try:
-        result = sync_cluster(cluster.pk, nodes, pods, listed_at=listed_at)
+        result = sync_cluster(cluster.pk, nodes, pods, listed_at=listed_at, dra=dra)
     except Exception as exc:
         _record_failure(run, cluster, listed_at, f"{type(exc).__name__}: {exc}")
         raise
@@ -335,8 +373,10 @@ def _enqueue_inventory(cluster: Cluster, names: list[str]) -> None:
     transaction.on_commit(lambda: enqueue_inventory(cluster.pk, cluster.name, names))
 
 
-def sync_cluster(cluster_id: int, nodes: list[kube.Node], pods: list[kube.Pod], *, listed_at: datetime) -> SyncResult:
-    """Write the diff between the listed GPU nodes/pods and the mirrored rows (one transaction).
+def sync_cluster(
+    cluster_id: int, nodes: list[kube.Node], pods: list[kube.Pod], *, listed_at: datetime, dra: DraView | None = None
+) -> SyncResult:
+    """Write the diff between the listed GPU nodes/pods (and DRA devices) and the mirrored rows (one transaction).
 
     `nodes` must be the complete list of the cluster's GPU nodes: every present row not in it is
     marked gone. Locks the cluster row first; skips everything (superseded) when a run that
@@ -350,10 +390,15 @@ def sync_cluster(cluster_id: int, nodes: list[kube.Node], pods: list[kube.Pod], 
             return result
         now = timezone.now()
         node_ids = _sync_nodes(cluster, nodes, now, result)
-        result.workloads = workloads.sync_workloads(cluster, pods, node_ids, now)
+        _sync_dra_devices(cluster, dra)
+        result.workloads = workloads.sync_workloads(cluster, pods, node_ids, now, dra=dra)
         status = ClusterStatus.DEGRADED if result.not_ready else ClusterStatus.OK
         Cluster.objects.filter(pk=cluster.pk).update(
-            status=status, last_discovery_at=listed_at, last_success_at=listed_at, last_error=""
+            status=status,
+            last_discovery_at=listed_at,
+            last_success_at=listed_at,
+            last_error="",
+            binding=Binding.DRA if dra is not None else Binding.DEVICE_PLUGIN,
         )
     return result
 
@@ -413,6 +458,7 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
                 "first_seen_at": now,
                 "last_seen_at": now,
                 "gone_at": None,
+                "dra_devices": {},  # new rows only (not in the update list): _sync_dra_devices owns it
                 **values,
             }
             for node, values, digest in changed
@@ -478,6 +524,21 @@ def _sync_specs(cluster: Cluster, changed: list[tuple[int, kube.Node, dict]], ex
             update=[*SPEC_FIELDS, "updated_at"],
         )
         result.specs_written = len(upserts)
+
+
+def _sync_dra_devices(cluster: Cluster, dra: DraView | None) -> None:
+    """Store each node's DRA devices (name -> uuid) where they changed; one read, one bulk update (none at all
+    on a cluster that neither is nor was under DRA)."""
+    if dra is None and cluster.binding != Binding.DRA:
+        return
+    wanted = dra.node_devices() if dra is not None else {}
+    changed = [
+        NodeCapacity(pk=pk, dra_devices=wanted.get(name, {}))
+        for pk, name, have in NodeCapacity.objects.filter(cluster=cluster).values_list("id", "name", "dra_devices")
+        if have != wanted.get(name, {})
+    ]
+    if changed:
+        NodeCapacity.objects.bulk_update(changed, ["dra_devices"], batch_size=500)
 
 
 def _local_nvml() -> bool:

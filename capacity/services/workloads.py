@@ -9,6 +9,12 @@ or the kubelet PodResources API writes it), or from the node agent's NVML proces
 (capacity.services.inventory). A row ends (ended_at) when its pod finishes or disappears; it is
 never reopened or deleted.
 
+Under DRA (docs/dra.md) a pod requests no extended resource: its devices are the allocation results
+(driver, pool, device) of the ResourceClaims it holds (`status.allocation.devices.results`), named by the
+driver's ResourceSlices with their UUIDs. They become rows like the device plugin's, under the resource
+name the device plugin would give that device (`nvidia.com/gpu`, `nvidia.com/mig-<profile>`), so use
+and cards read both worlds alike.
+
 Called by discovery inside its transaction (cluster row locked). Queries per call do not grow
 with the number of pods: running rows are loaded once, devices and projects resolved in one
 query each when needed, writes are one upsert and one UPDATE.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.db.models import Q
 
@@ -26,6 +33,9 @@ from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
 from tenancy.models import Project
 
 from . import bulk
+
+if TYPE_CHECKING:
+    from .discovery import DraView
 
 DEVICE_IDS_ANNOTATION = "gpuaas.io/device-ids"
 RESOURCE_PREFIX = "nvidia.com/"
@@ -96,12 +106,39 @@ class DeviceResolver:
         return None, None
 
 
-def sync_workloads(cluster: Cluster, pods: list[kube.Pod], node_ids: dict[str, int], now: datetime) -> WorkloadResult:
+def dra_resource_name(device: kube.DraDevice) -> str:
+    """The extended resource the device plugin would advertise the device under."""
+    if device.type == "mig" and device.profile:
+        return f"nvidia.com/mig-{device.profile.replace('+', '.')}"
+    return "nvidia.com/gpu"
+
+
+def claimed_devices(pod: kube.Pod, dra: DraView) -> dict[str, list[str]]:
+    """resource name -> device UUIDs allocated to the claims the pod holds (reserves)."""
+    found: dict[str, list[str]] = {}
+    for name in pod.claims:
+        claim = dra.claims.get((pod.namespace, name))
+        if claim is None or (claim.reserved_for and pod.uid not in claim.reserved_for):
+            continue
+        for _, driver, pool, device_name in claim.results:
+            device = dra.devices.get((pool, device_name))
+            if device is not None and device.driver == driver:
+                found.setdefault(dra_resource_name(device), []).append(device.uuid)
+    return found
+
+
+def sync_workloads(
+    cluster: Cluster, pods: list[kube.Pod], node_ids: dict[str, int], now: datetime, *, dra: DraView | None = None
+) -> WorkloadResult:
     """Mirror the cluster's GPU pods into WorkloadProfile rows; `pods` must be the complete list."""
     result = WorkloadResult()
     desired: dict[tuple[str, str], tuple[kube.Pod, int, list[str]]] = {}
     for pod in pods:
         gpu_requests = {r: n for r, n in pod.requests.items() if r.startswith(RESOURCE_PREFIX) and n > 0}
+        if not gpu_requests and dra is not None and pod.claims and pod.uid:
+            for resource, uuids in claimed_devices(pod, dra).items():
+                desired[(pod.uid, resource)] = (pod, len(uuids), uuids)
+            continue
         if not gpu_requests or not pod.uid:
             continue
         ids = device_ids(pod)

@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers
 
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
+from capacity.choices import Binding
 from capacity.models import Cluster
 from tenancy import roles
 from tenancy.choices import Role
@@ -244,6 +245,18 @@ class GpuPoolSerializer(serializers.ModelSerializer):
     profiles_in_use = serializers.IntegerField(source="units_in_use", read_only=True)
     utilisation = serializers.FloatField(read_only=True, allow_null=True, help_text="Average SM activity 0..1.")
     allocation = serializers.SerializerMethodField()
+    binding = serializers.ChoiceField(
+        choices=Binding.choices,
+        read_only=True,
+        help_text="dra: pods get exactly the pool's devices through its claim template; device-plugin: by count "
+        "(quota and node selector).",
+    )
+    claim_template = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="DRA: the ResourceClaimTemplate in the project's namespace that a pod references "
+        "(spec.resourceClaims[].resourceClaimTemplateName) to get one of the pool's units.",
+    )
 
     class Meta:
         model = GpuPool
@@ -267,6 +280,8 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "profiles_total",
             "profiles_in_use",
             "allocation",
+            "binding",
+            "claim_template",
             "attempts",
             "provisioned_at",
             "created_at",

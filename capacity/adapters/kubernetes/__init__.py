@@ -22,7 +22,8 @@ Split by job:
 - errors: KubernetesError and its subclasses by HTTP status;
 - objects: the parsed Node and Pod (GPU Operator labels, extended-resource requests);
 - nodes, pods, namespaces: the calls on each kind of object (namespaces also holds resource quotas
-  and ConfigMaps), combined into `KubernetesClient` in client.
+  and ConfigMaps), and dra (resource.k8s.io/v1: ResourceSlices, ResourceClaims, gpuaas's
+  ResourceClaimTemplates), combined into `KubernetesClient` in client.
 """
 
 from .client import KubernetesClient
@@ -38,7 +39,18 @@ from .errors import (
     TooManyRequests,
     Unavailable,
 )
-from .objects import NODE_SELECTOR_ANNOTATION, Node, Pod, parse_node, parse_pod, pod_extended_requests
+from .objects import (
+    NODE_SELECTOR_ANNOTATION,
+    DraDevice,
+    Node,
+    Pod,
+    ResourceClaim,
+    parse_node,
+    parse_pod,
+    parse_resource_claim,
+    parse_resource_slice,
+    pod_extended_requests,
+)
 from .transport import BACKOFF_BASE_S, BACKOFF_CAP_S, MERGE_PATCH, RETRY_AFTER_MAX_S, backoff_sleep
 
 __all__ = [
@@ -49,6 +61,7 @@ __all__ = [
     "RETRY_AFTER_MAX_S",
     "ConfigError",
     "Conflict",
+    "DraDevice",
     "Expired",
     "Forbidden",
     "Invalid",
@@ -57,6 +70,7 @@ __all__ = [
     "Node",
     "NotFound",
     "Pod",
+    "ResourceClaim",
     "TooManyRequests",
     "Unavailable",
     "api_url_for",
@@ -66,5 +80,7 @@ __all__ = [
     "load_configuration",
     "parse_node",
     "parse_pod",
+    "parse_resource_claim",
+    "parse_resource_slice",
     "pod_extended_requests",
 ]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from .configuration import configuration_for, load_configuration
+from .dra import DraCalls
 from .namespaces import NamespaceCalls
 from .nodes import NodeCalls
 from .pods import PodCalls
 
 
-class KubernetesClient(NodeCalls, PodCalls, NamespaceCalls):
+class KubernetesClient(NodeCalls, PodCalls, NamespaceCalls, DraCalls):
     """One cluster's API: reads return parsed dataclasses, writes return the object as a dict.
 
     Use as a context manager (or call close()) so the connection pool is released.

@@ -37,6 +37,7 @@ class Pod:
     requests: dict[str, int]
     start_time: str | None
     deleted: bool
+    claims: list[str] = field(default_factory=list)  # names of its ResourceClaims (DRA), in its namespace
 
     @property
     def finished(self) -> bool:
@@ -113,4 +114,95 @@ def parse_pod(obj: dict) -> Pod:
         requests=pod_extended_requests(spec),
         start_time=status.get("startTime"),
         deleted=bool(meta.get("deletionTimestamp")),
+        claims=pod_claim_names(spec, status),
+    )
+
+
+def pod_claim_names(spec: dict, status: dict) -> list[str]:
+    """The ResourceClaims a pod uses: named ones, and those the resourceclaim controller made from templates
+    (`status.resourceClaimStatuses`; a template's claim has a generated name)."""
+    names = [c["resourceClaimName"] for c in spec.get("resourceClaims") or () if c.get("resourceClaimName")]
+    names += [c["resourceClaimName"] for c in status.get("resourceClaimStatuses") or () if c.get("resourceClaimName")]
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class DraDevice:
+    """One device of a DRA driver's ResourceSlice, with the NVIDIA driver's attributes gpuaas reads.
+
+    `type` is "gpu" or "mig"; `uuid` the GPU or MIG device UUID (what NVML and GpuCapacity/MigInstance
+    carry); `profile` and `parent_uuid` only for MIG devices. `pool` is the slice's pool (the node name
+    for the NVIDIA driver); (driver, pool, name) is what a claim's allocation result names.
+    """
+
+    driver: str
+    pool: str
+    node_name: str
+    name: str
+    type: str
+    uuid: str
+    parent_uuid: str = ""
+    profile: str = ""
+    product_name: str = ""
+    memory: str = ""
+
+
+def _attribute(device: dict, name: str):
+    value = (device.get("attributes") or {}).get(name)
+    if not isinstance(value, dict) or not value:
+        return None
+    return next(iter(value.values()))
+
+
+def parse_resource_slice(obj: dict) -> list[DraDevice]:
+    """The devices of a resource.k8s.io/v1 ResourceSlice (devices without a uuid attribute are skipped)."""
+    spec = obj.get("spec") or {}
+    driver = spec.get("driver") or ""
+    pool = (spec.get("pool") or {}).get("name") or ""
+    devices = []
+    for device in spec.get("devices") or ():
+        uuid = _attribute(device, "uuid")
+        if not uuid:
+            continue
+        devices.append(DraDevice(
+            driver=driver,
+            pool=pool,
+            node_name=spec.get("nodeName") or "",
+            name=device.get("name") or "",
+            type=str(_attribute(device, "type") or ""),
+            uuid=str(uuid),
+            parent_uuid=str(_attribute(device, "parentUUID") or ""),
+            profile=str(_attribute(device, "profile") or ""),
+            product_name=str(_attribute(device, "productName") or ""),
+            memory=str(((device.get("capacity") or {}).get("memory") or {}).get("value") or ""),
+        ))
+    return devices
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceClaim:
+    """The parts of a resource.k8s.io/v1 ResourceClaim gpuaas reads: who holds it and what it was given.
+
+    `results` are the allocation's (request, driver, pool, device); `reserved_for` the uids of the pods
+    reserving it.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    results: tuple[tuple[str, str, str, str], ...]
+    reserved_for: tuple[str, ...]
+
+
+def parse_resource_claim(obj: dict) -> ResourceClaim:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or ()
+    return ResourceClaim(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        results=tuple((r.get("request", ""), r.get("driver", ""), r.get("pool", ""), r.get("device", ""))
+                      for r in results),
+        reserved_for=tuple(r.get("uid", "") for r in status.get("reservedFor") or () if r.get("resource") == "pods"),
     )
