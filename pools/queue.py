@@ -12,7 +12,8 @@ auto-approval policy allows it (the policy is recorded on the request and in the
 it is flagged "can be approved now" (QueueEntry.approvable_at) for an operator. A request that does
 not fit, or that waits for an operator, blocks the requests behind it that ask for the same kind of
 unit (spec_key()), so smaller requests never starve a larger one of the same spec; requests for
-other specs go on. Held requests keep their place and are skipped.
+other specs go on. Held requests keep their place and are skipped. A request whose end date came
+while it waited leaves the queue (rejected, "ended while waiting").
 
 Locking: process() locks the queued request rows (SELECT ... FOR UPDATE, in primary-key order) for
 its whole pass, so concurrent passes run one after the other and each sees what the previous one
@@ -192,12 +193,13 @@ class Pass:
     approved: list[int]
     flagged: list[int]
     blocked: list[int]
+    ended: list[int]
 
 
 def process(*, now: dt.datetime | None = None) -> Pass:
     """Offer free units to the queue, in order; see the module docstring for the rules and the locking."""
     now = now or timezone.now()
-    result = Pass([], [], [])
+    result = Pass([], [], [], [])
     with transaction.atomic():
         if not _lock_queue():
             return result
@@ -206,6 +208,13 @@ def process(*, now: dt.datetime | None = None) -> Pass:
         for place in ordered(now=now):
             entry, request = place.entry, place.entry.request
             key = spec_key(request)
+            if request.end_at is not None and request.end_at <= now:
+                services.transition(
+                    request, RequestState.REJECTED, None, f"ended at {request.end_at:%Y-%m-%d %H:%M} while waiting"
+                )
+                _event(request, QueueAction.CANCELLED, detail="its end came while it waited", at=now)
+                result.ended.append(request.pk)
+                continue
             if entry.on_hold or key in blocked:
                 continue
             if not fits_now(request):

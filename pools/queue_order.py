@@ -9,7 +9,8 @@ import datetime as dt
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import DurationField, ExpressionWrapper, Q, Sum, Value
+from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from capacity.mig.share import unit_share
@@ -30,28 +31,33 @@ def spec_key(request: PoolRequest) -> tuple:
 
 
 def recent_gpu_hours(project_ids, *, now: dt.datetime | None = None) -> dict[int, float]:
-    """GPU-hours each project reserved over the fair-share window (units weighted by capacity.mig.share)."""
+    """GPU-hours each project reserved over the fair-share window (units weighted by capacity.mig.share).
+
+    Held time is summed in SQL per (project, kind of unit); the share of each kind is applied here.
+    """
     now = now or timezone.now()
     since = now - dt.timedelta(hours=settings.QUEUE_FAIR_SHARE_WINDOW_H)
+    held = ExpressionWrapper(
+        Least(Coalesce("released_at", Value(now)), Value(now)) - Greatest("allocated_at", Value(since)),
+        output_field=DurationField(),
+    )
     rows = (
         Allocation.objects.filter(project_id__in=project_ids, allocated_at__lt=now)
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=since))
-        .values_list(
-            "project_id",
-            "allocated_at",
-            "released_at",
-            "kind",
-            "product",
-            "profile_name",
-            "compute_slices",
-            "gpu__node__timeslice_replicas",
-        )
+        .values("project_id", "kind", "product", "profile_name", "compute_slices", "gpu__node__timeslice_replicas")
+        .annotate(held=Sum(held))
+        .order_by()
     )
     hours: dict[int, float] = dict.fromkeys(project_ids, 0.0)
-    for project_id, start, end, kind, product, profile, slices, replicas in rows:
-        held = (min(end or now, now) - max(start, since)).total_seconds() / 3600
-        share = unit_share(kind, product, profile, compute_slices=slices, replicas=replicas or 1)
-        hours[project_id] += max(0.0, held) * float(share)
+    for row in rows:
+        share = unit_share(
+            row["kind"],
+            row["product"],
+            row["profile_name"],
+            compute_slices=row["compute_slices"],
+            replicas=row["gpu__node__timeslice_replicas"] or 1,
+        )
+        hours[row["project_id"]] += max(0.0, row["held"].total_seconds() / 3600) * float(share)
     return hours
 
 
