@@ -226,13 +226,18 @@ def replay(arrivals: list[Arrival], *, gpus: int, days: int, policy: str) -> dic
         arg("--gpus", type=int, default=512),
         arg("--days", type=int, default=30),
         arg("--seed", type=int, default=1),
+        arg("--policies", default="refuse,queue", help="Comma-separated: refuse, queue (one run per policy)."),
         arg("--keep-db", action="store_true"),
     ],
 )
-def queue_benchmark(*, stdout, gpus, days, seed, keep_db, **_):
+def queue_benchmark(*, stdout, gpus, days, seed, policies, keep_db, **_):
     arrivals = generate(gpus=gpus, days=days, seed=seed)
+    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = sorted(set(chosen) - {"refuse", "queue"})
+    if unknown:
+        raise ValueError(f"--policies: unknown {', '.join(unknown)}; choose among refuse, queue")
     policies: dict[str, dict] = {}
-    for policy in ("refuse", "queue"):
+    for policy in chosen:
         started = time.perf_counter()
         with bench_database(keep_db):
             policies[policy] = replay(arrivals, gpus=gpus, days=days, policy=policy)

@@ -20,6 +20,15 @@ from tenancy.models import Project
 from .choices import QueueAction, RequestState
 
 
+def window_error(start: dt.time | None, end: dt.time | None) -> str | None:
+    """What is wrong with a policy's time window, or None (the model's clean() and the API share it)."""
+    if (start is None) != (end is None):
+        return "Give both ends of the time window, or neither."
+    if start is not None and start == end:
+        return "The window is empty: leave both ends empty for all day."
+    return None
+
+
 class AutoApprovalPolicyQuerySet(models.QuerySet):
     def enabled(self):
         return self.filter(enabled=True)
@@ -66,10 +75,9 @@ class AutoApprovalPolicy(models.Model):
         return self.name
 
     def clean(self) -> None:
-        if (self.window_start is None) != (self.window_end is None):
-            raise ValidationError({"window_end": "Give both ends of the time window, or neither."})
-        if self.window_start is not None and self.window_start == self.window_end:
-            raise ValidationError({"window_end": "The window is empty: leave both ends empty for all day."})
+        error = window_error(self.window_start, self.window_end)
+        if error:
+            raise ValidationError({"window_end": error})
 
     def in_window(self, at: dt.datetime) -> bool:
         if self.window_start is None:

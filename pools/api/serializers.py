@@ -20,7 +20,7 @@ from .. import queue, services
 from ..choices import Isolation
 from ..exceptions import SpecError
 from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
-from ..queue_models import AutoApprovalPolicy, QueueEntry
+from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
 
 # --- Projects and members ------------------------------------------------------------------------
 
@@ -311,10 +311,9 @@ class AutoApprovalPolicySerializer(StrictModelSerializer):
     def validate(self, attrs: dict) -> dict:
         start = attrs.get("window_start", getattr(self.instance, "window_start", None))
         end = attrs.get("window_end", getattr(self.instance, "window_end", None))
-        if (start is None) != (end is None):
-            raise serializers.ValidationError({"window_end": "Give both ends of the time window, or neither."})
-        if start is not None and start == end:
-            raise serializers.ValidationError({"window_end": "The window is empty: leave both ends empty for all day."})
+        error = window_error(start, end)
+        if error:
+            raise serializers.ValidationError({"window_end": error})
         return attrs
 
 

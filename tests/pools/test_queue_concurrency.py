@@ -1,10 +1,9 @@
 """Concurrent releases and queue passes on PostgreSQL: each freed unit goes to the queue once, in order."""
 
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection
+from test_pools_approval_concurrency import run_concurrently
 
 from pools import queue, services
 from pools.choices import QueueAction, RequestState
@@ -13,27 +12,6 @@ from pools.models import Allocation, AutoApprovalPolicy, PoolRequest, QueueEvent
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 FULL = {"isolation": "full", "product": "H100-80GB", "profile_name": "", "wait_if_full": True}
-
-
-def run_concurrently(jobs):
-    barrier = threading.Barrier(len(jobs))
-    outcomes = [None] * len(jobs)
-
-    def run(i, job):
-        try:
-            barrier.wait()
-            outcomes[i] = job()
-        except Exception as exc:  # the outcome under test
-            outcomes[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
 
 
 @pytest.fixture
