@@ -10,6 +10,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers
 
+from capacity.api.mig import WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from capacity.models import Cluster
 from tenancy import roles
@@ -288,6 +289,8 @@ class ForecastSerializer(serializers.Serializer):
 
 class AutoApprovalPolicySerializer(StrictModelSerializer):
     projects = serializers.PrimaryKeyRelatedField(queryset=Project.objects.all(), many=True, required=False)
+    window_start = WallClockTimeField(required=False, allow_null=True, help_text="UTC; empty with the end: all day.")
+    window_end = WallClockTimeField(required=False, allow_null=True, help_text="UTC; before the start = over midnight.")
 
     class Meta:
         model = AutoApprovalPolicy
