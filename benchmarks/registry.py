@@ -36,8 +36,18 @@ def arg(*args, **kwargs) -> tuple[tuple, dict]:
     return args, kwargs
 
 
-MODULES = ("capacity", "mig_planner", "mig_reconfigure", "pools", "billing", "monitoring", "dashboard", "demo_soak",
-           "dra_check")
+MODULES = (
+    "capacity",
+    "mig_planner",
+    "mig_reconfigure",
+    "pools",
+    "billing",
+    "monitoring",
+    "dashboard",
+    "demo_soak",
+    "dra_check",
+    "queueing",
+)
 
 
 def load() -> dict[str, Benchmark]:

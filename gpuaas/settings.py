@@ -314,6 +314,21 @@ POOL_EXPIRY_INTERVAL_S = env_int("POOL_EXPIRY_INTERVAL_S", 60, minimum=5)
 # The most units one pool request may ask for (the API answers 400 above it).
 POOL_REQUEST_MAX_UNITS = env_int("POOL_REQUEST_MAX_UNITS", 512, minimum=1)
 
+# --- Queue: fair share, processing, forecast (docs/queue.md) --------------------------------------
+# Fair share counts each project's GPU-hours reserved over this many past hours, over its weight.
+QUEUE_FAIR_SHARE_WINDOW_H = env_int("QUEUE_FAIR_SHARE_WINDOW_H", 168, minimum=1)
+# A pass over the queue after every release, and on this beat too (a node back, a reconfiguration done).
+QUEUE_PROCESS_INTERVAL_S = env_int("QUEUE_PROCESS_INTERVAL_S", 60, minimum=5)
+QUEUE_FORECAST_INTERVAL_S = env_int("QUEUE_FORECAST_INTERVAL_S", 300, minimum=10)
+QUEUE_FORECAST_DRAWS = env_int("QUEUE_FORECAST_DRAWS", 200, minimum=1)
+QUEUE_FORECAST_SEED = env_int("QUEUE_FORECAST_SEED", 17, minimum=0)
+QUEUE_FORECAST_MIN_SAMPLES = env_int("QUEUE_FORECAST_MIN_SAMPLES", 5, minimum=1)
+# With no history: open-ended pools are expected to hold this long; an overdue one to end within OVERDUE.
+QUEUE_FORECAST_DEFAULT_HOLD_H = env_int("QUEUE_FORECAST_DEFAULT_HOLD_H", 24, minimum=1)
+QUEUE_FORECAST_OVERDUE_H = env_int("QUEUE_FORECAST_OVERDUE_H", 1, minimum=0)
+# A MIG reconfiguration that would make room is expected to be done within this long.
+QUEUE_FORECAST_RECONFIGURATION_S = env_int("QUEUE_FORECAST_RECONFIGURATION_S", 900, minimum=0)
+
 # --- Monitoring: collection, storage, health, idle reservations (docs/monitoring.md) ------------
 METRICS_INTERVAL_S = env_int("METRICS_INTERVAL_S", 30, minimum=5)
 
@@ -401,6 +416,8 @@ CELERY_BEAT_SCHEDULE = {
     "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
     "pools-sweep-provisioning": every(WORKFLOW_SWEEP_S, "pools.tasks.sweep_provisioning_task"),
     "pools-reconcile": every(POOL_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_pools_task"),
+    "pools-process-queue": every(QUEUE_PROCESS_INTERVAL_S, "pools.tasks.process_queue_task"),
+    "pools-refresh-forecasts": every(QUEUE_FORECAST_INTERVAL_S, "pools.tasks.refresh_forecasts_task"),
     "monitoring-poll-metrics": every(METRICS_INTERVAL_S, "monitoring.tasks.poll_metrics_task"),
     "monitoring-rollup": every(MONITORING_ROLLUP_INTERVAL_S, "monitoring.tasks.rollup_metrics_task"),
     "monitoring-retention": every(MONITORING_RETENTION_INTERVAL_S, "monitoring.tasks.prune_metrics_task"),

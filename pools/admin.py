@@ -16,7 +16,7 @@ from django.utils.html import format_html
 
 from tenancy import roles
 
-from . import services
+from . import queue, services
 from .choices import PoolState, RequestState
 from .exceptions import DomainError
 from .models import HOLDING_STATES, PENDING_FIRST, Allocation, GpuPool, PoolRequest, PoolRequestTransition
@@ -85,15 +85,29 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request, model_admin):
-        return [("pending", "Awaiting approval"), ("holding", "Holding units"), ("closed", "Closed")]
+        return [
+            ("pending", "Awaiting approval"),
+            ("queued", "Queued for capacity"),
+            ("approvable", "Queued: can be approved now"),
+            ("holding", "Holding units"),
+            ("closed", "Closed"),
+        ]
 
     def queryset(self, request, queryset):
+        if self.value() == "queued":
+            return queryset.filter(state=RequestState.QUEUED)
+        if self.value() == "approvable":
+            return queryset.filter(
+                state=RequestState.QUEUED, queue_entry__approvable_at__isnull=False, queue_entry__on_hold=False
+            )
         if self.value() == "pending":
             return queryset.filter(state=RequestState.SUBMITTED)
         if self.value() == "holding":
             return queryset.filter(state__in=HOLDING_STATES)
         if self.value() == "closed":
-            return queryset.exclude(state__in=[RequestState.SUBMITTED, RequestState.DRAFT, *HOLDING_STATES])
+            return queryset.exclude(
+                state__in=[RequestState.SUBMITTED, RequestState.QUEUED, RequestState.DRAFT, *HOLDING_STATES]
+            )
         return queryset
 
 
@@ -113,10 +127,11 @@ class PoolRequestAdmin(admin.ModelAdmin):
         "start_at",
         "end_at",
         "pool_link",
+        "queue_column",
         "created_at",
     ]
     list_filter = [QueueFilter, "state", "isolation", "tier", "workload_type", "product"]
-    list_select_related = ["project", "requested_by", "pool"]
+    list_select_related = ["project", "requested_by", "pool", "queue_entry"]
     search_fields = ["=id", "project__name", "project__slug", "justification", "name"]
     readonly_fields = [
         "state",
@@ -151,6 +166,17 @@ class PoolRequestAdmin(admin.ModelAdmin):
             return "-"
         return format_html('<a href="{}">{}</a>', reverse("admin:pools_gpupool_change", args=[pool.pk]), pool.name)
 
+    @admin.display(description="Queue")
+    def queue_column(self, obj):
+        entry = getattr(obj, "queue_entry", None)
+        if entry is None or obj.state != RequestState.QUEUED:
+            return "-"
+        if entry.on_hold:
+            return "on hold"
+        if entry.approvable_at is not None:
+            return "can be approved now"
+        return f"P50 {entry.forecast_p50:%Y-%m-%d %H:%M}" if entry.forecast_p50 else "waiting"
+
     @admin.action(description="Approve selected requests…", permissions=["approve"])
     def approve_selected(self, request, queryset):
         return run_with_reason(
@@ -159,7 +185,7 @@ class PoolRequestAdmin(admin.ModelAdmin):
             queryset,
             verb="approved",
             title="Approve pool requests",
-            run=lambda obj, reason: services.approve(obj, actor=request.user, reason=reason),
+            run=lambda obj, reason: queue.approve_or_queue(obj, actor=request.user, reason=reason),
         )
 
     @admin.action(description="Reject selected requests…", permissions=["approve"])
@@ -322,3 +348,6 @@ class AllocationAdmin(admin.ModelAdmin):
     @admin.display(description="GPU")
     def gpu_uuid(self, obj):
         return obj.gpu.uuid
+
+
+from . import queue_admin  # noqa: E402, F401  the queue's own admin pages (policies, entries, weights)

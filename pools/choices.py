@@ -27,6 +27,29 @@ class RequestState(models.TextChoices):
     RELEASED = "released", "Released"
     EXPIRED = "expired", "Expired"
     FAILED = "failed", "Failed"
+    QUEUED = "queued", "Queued (waiting for capacity)"
+
+
+class PriorityClass(models.TextChoices):
+    """The queue's first key: production before staging before development."""
+
+    PRODUCTION = "production", "Production"
+    STAGING = "staging", "Staging"
+    DEVELOPMENT = "development", "Development"
+
+
+class QueueAction(models.TextChoices):
+    """What happened to a queued request, for the queue's audit trail."""
+
+    QUEUED = "queued", "Queued"
+    MOVED = "moved", "Moved"
+    HELD = "held", "Held"
+    UNHELD = "unheld", "Hold released"
+    CANCELLED = "cancelled", "Cancelled"
+    AUTO_APPROVED = "auto_approved", "Approved by policy"
+    APPROVED = "approved", "Approved by an operator"
+    APPROVABLE = "approvable", "Can be approved now"
+    WITHDRAWN = "withdrawn", "Withdrawn"
 
 
 class PoolState(models.TextChoices):

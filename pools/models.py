@@ -20,7 +20,7 @@ from capacity.models import WorkloadProfile
 from tenancy.models import Project
 
 from .cards import utilisation_expression
-from .choices import Isolation, PoolState, RequestState, WorkloadType
+from .choices import Isolation, PoolState, PriorityClass, RequestState, WorkloadType
 
 
 class PoolRequestQuerySet(models.QuerySet):
@@ -38,6 +38,12 @@ PENDING_FIRST = (
     "-created_at",
     "-id",
 )
+PRIORITY_BY_WORKLOAD = {
+    WorkloadType.INFERENCE: PriorityClass.PRODUCTION,
+    WorkloadType.TRAINING: PriorityClass.PRODUCTION,
+    WorkloadType.STAGING: PriorityClass.STAGING,
+    WorkloadType.DEVELOPMENT: PriorityClass.DEVELOPMENT,
+}
 # A request in one of these states holds allocated units until it is released or expires.
 HOLDING_STATES = (RequestState.APPROVED, RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.FAILED)
 
@@ -66,6 +72,25 @@ class PoolRequest(models.Model):
     end_at = models.DateTimeField(null=True, blank=True, help_text="Empty = open-ended.")
     justification = models.TextField(blank=True)
     tags = models.JSONField(default=list, blank=True)
+    # The queue (pools/queue.py): whether to wait when capacity is short, and in which class.
+    wait_if_full = models.BooleanField(
+        default=False, help_text="Wait in the queue when capacity is short instead of being refused."
+    )
+    priority_class = models.CharField(
+        max_length=16, choices=PriorityClass, blank=True, help_text="Empty: from the workload type."
+    )
+    allow_multi_cluster = models.BooleanField(
+        default=False, help_text="Approval may take units on several clusters when no one cluster has them all."
+    )
+    approved_by_policy = models.ForeignKey(
+        "pools.AutoApprovalPolicy",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="approved_requests",
+        editable=False,
+        help_text="The auto-approval policy that approved the request without a person.",
+    )
     state = models.CharField(max_length=16, choices=RequestState, default=RequestState.DRAFT, editable=False)
     state_reason = models.TextField(blank=True, editable=False)
     approved_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -98,6 +123,10 @@ class PoolRequest(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.project} {self.spec_label} x {self.count} ({self.state})"
+
+    @property
+    def effective_priority(self) -> str:
+        return self.priority_class or PRIORITY_BY_WORKLOAD.get(self.workload_type, PriorityClass.STAGING)
 
     @property
     def spec_label(self) -> str:
@@ -337,3 +366,18 @@ class Allocation(models.Model):
     def __str__(self) -> str:
         unit = self.profile_name or (f"replica {self.replica}" if self.kind == SpecKind.TIMESLICE else "full GPU")
         return f"{self.pool}: {self.product} {unit} on {self.gpu.uuid}"
+
+
+# The queue's tables (policies, entries, audit, weights) live in their own module; Django finds them here.
+from .queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent  # noqa: E402
+
+__all__ = [
+    "Allocation",
+    "AutoApprovalPolicy",
+    "GpuPool",
+    "PoolRequest",
+    "PoolRequestTransition",
+    "ProjectQueueWeight",
+    "QueueEntry",
+    "QueueEvent",
+]

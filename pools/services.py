@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 S = RequestState
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.DRAFT: frozenset({S.SUBMITTED, S.WITHDRAWN}),
-    S.SUBMITTED: frozenset({S.APPROVED, S.REJECTED, S.WITHDRAWN}),
+    S.SUBMITTED: frozenset({S.APPROVED, S.REJECTED, S.WITHDRAWN, S.QUEUED}),
+    S.QUEUED: frozenset({S.APPROVED, S.REJECTED, S.WITHDRAWN}),  # pools/queue.py
     S.APPROVED: frozenset({S.PROVISIONING}),
     S.PROVISIONING: frozenset({S.ACTIVE, S.FAILED, S.RELEASED, S.EXPIRED}),
     S.ACTIVE: frozenset({S.RELEASED, S.EXPIRED}),
@@ -136,8 +137,8 @@ def reject(request: PoolRequest, *, actor, reason: str) -> PoolRequest:
 # --- Approval ------------------------------------------------------------------------------------
 
 
-def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster | None = None) -> GpuPool:
-    """Approve a submitted request: take its units, create the pool and its allocations, start provisioning.
+def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster | None = None, policy=None) -> GpuPool:
+    """Approve a submitted (or queued) request: take its units, create the pool and its allocations, start provisioning.
 
     One transaction: claim submitted -> approved (a conditional UPDATE, which also row-locks the
     request), take units on one cluster (pools/units.py: SKIP LOCKED row locks on PostgreSQL), create
@@ -148,7 +149,8 @@ def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster |
     IllegalTransition when the request is not submitted, DomainError when it has already ended, and
     InsufficientCapacity (nothing written, nothing enqueued) when no one cluster has enough free units.
     If a unique constraint on Allocation catches a unit taken concurrently, the whole approval
-    starts over, up to APPROVAL_ATTEMPTS times.
+    starts over, up to APPROVAL_ATTEMPTS times. `policy` (an AutoApprovalPolicy) is recorded on the
+    request when a rule, not a person, approved it (pools/queue.py).
     """
     if request.end_at is not None and request.end_at <= timezone.now():
         raise DomainError(f"Pool request #{request.pk} ended at {request.end_at:%Y-%m-%d %H:%M}; it cannot start now.")
@@ -157,7 +159,7 @@ def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster |
     for attempt in range(1, APPROVAL_ATTEMPTS + 1):
         try:
             with transaction.atomic():
-                return _approve_once(request, actor=actor, reason=reason)
+                return _approve_once(request, actor=actor, reason=reason, policy=policy)
         except IntegrityError:
             _reload_state(request)
             if attempt == APPROVAL_ATTEMPTS:
@@ -170,12 +172,22 @@ def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster |
 
 
 def _reload_state(request: PoolRequest) -> None:
-    request.refresh_from_db(fields=["state", "state_reason", "approved_at", "approved_by", "updated_at"])
+    request.refresh_from_db(
+        fields=["state", "state_reason", "approved_at", "approved_by", "approved_by_policy", "updated_at"]
+    )
 
 
-def _approve_once(request: PoolRequest, *, actor, reason: str) -> GpuPool:
+def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None) -> GpuPool:
     now = timezone.now()
-    transition(request, S.APPROVED, actor, reason or "approved", approved_at=now, approved_by=_user(actor))
+    transition(
+        request,
+        S.APPROVED,
+        actor,
+        reason or "approved",
+        approved_at=now,
+        approved_by=_user(actor),
+        approved_by_policy=policy,
+    )
     free = units.free_by_cluster(request)
     taken: list[units.Unit] = []
     for cluster_id in units.choose_clusters(free, request.count):
@@ -231,6 +243,13 @@ def enqueue_provisioning(pool: GpuPool) -> None:
         claimed_by="", lease_expires_at=lease_until()
     )
     provision_pool_task.delay_on_commit(pool.pk)
+
+
+def enqueue_queue_processing() -> None:
+    """Units came free: offer them to the queue's head after commit (pools/queue.py process())."""
+    from .tasks import process_queue_task  # cycle: pools.tasks imports this module
+
+    process_queue_task.delay_on_commit()
 
 
 def enqueue_deprovisioning(pool: GpuPool) -> None:
@@ -315,6 +334,7 @@ def release(request: PoolRequest, *, actor, reason: str = "", to_state: str = S.
             GpuPool.objects.filter(pk=pool.pk).update(state=PoolState.RELEASED, released_at=now, state_reason=reason)
             Allocation.objects.filter(pool=pool, released_at__isnull=True).update(released_at=now)
             enqueue_deprovisioning(pool)
+            enqueue_queue_processing()
     return request
 
 
@@ -349,6 +369,7 @@ def release_allocation(allocation_id: int, *, at: dt.datetime | None = None) -> 
             return False
         allocation = Allocation.objects.select_related("pool").get(pk=allocation_id)
         reconcile_project_task.delay_on_commit(allocation.project_id, allocation.pool.cluster_id)
+        enqueue_queue_processing()
     return True
 
 

@@ -63,7 +63,7 @@ def pool_cards(pools) -> list[dict]:
 def recent_requests(projects) -> list[PoolRequest]:
     return list(
         PoolRequest.objects.filter(project__in=projects)
-        .select_related("project")
+        .select_related("project", "queue_entry")
         .order_by("-created_at", "-id")[:REQUESTS_SHOWN]
     )
 

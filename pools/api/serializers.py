@@ -10,6 +10,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers
 
+from capacity.api.mig import WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from capacity.choices import Binding
 from capacity.models import Cluster
@@ -17,10 +18,11 @@ from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
-from .. import services
+from .. import queue, services
 from ..choices import Isolation
 from ..exceptions import SpecError
 from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
 
 # --- Projects and members ------------------------------------------------------------------------
 
@@ -69,6 +71,37 @@ class TransitionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class QueueStateSerializer(serializers.ModelSerializer):
+    """Where a queued request stands: its place, hold, whether it could be approved now, its forecast."""
+
+    position = serializers.SerializerMethodField(help_text="1-based place in the queue; null once it left.")
+    can_be_approved_now = serializers.SerializerMethodField()
+
+    class Meta:
+        model = QueueEntry
+        fields = [
+            "queued_at",
+            "position",
+            "on_hold",
+            "can_be_approved_now",
+            "approvable_at",
+            "forecast_p50",
+            "forecast_p90",
+            "forecast_at",
+            "forecast_basis",
+            "first_p50",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_position(self, entry: QueueEntry) -> int | None:
+        return self.context.get("position", {}).get(entry.request_id)
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_can_be_approved_now(self, entry: QueueEntry) -> bool:
+        return entry.approvable_at is not None and not entry.on_hold
+
+
 class PoolRequestSerializer(StrictModelSerializer):
     """A pool request. On create, `project` must be one of yours (else 400 "does not exist"), and
     either `profile_name` or `memory_gib` (and optionally `compute_fraction`) gives the MIG spec.
@@ -85,6 +118,8 @@ class PoolRequestSerializer(StrictModelSerializer):
     spec = serializers.CharField(source="spec_label", read_only=True)
     tags = serializers.ListField(child=serializers.CharField(max_length=64), required=False, max_length=20)
     submit = serializers.BooleanField(write_only=True, required=False, default=False)
+    approved_by_policy = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    queue = serializers.SerializerMethodField()
 
     class Meta:
         model = PoolRequest
@@ -109,13 +144,18 @@ class PoolRequestSerializer(StrictModelSerializer):
             "end_at",
             "justification",
             "tags",
+            "wait_if_full",
+            "priority_class",
+            "allow_multi_cluster",
             "state",
             "state_reason",
             "requested_by",
             "approved_by",
+            "approved_by_policy",
             "approved_at",
             "expiry_notice_at",
             "pool",
+            "queue",
             "created_at",
             "updated_at",
             "submit",
@@ -149,6 +189,13 @@ class PoolRequestSerializer(StrictModelSerializer):
     def get_pool(self, obj: PoolRequest) -> int | None:
         pool = getattr(obj, "pool", None)
         return pool.pk if pool is not None else None
+
+    @extend_schema_field(QueueStateSerializer(allow_null=True))
+    def get_queue(self, obj: PoolRequest) -> dict | None:
+        entry = getattr(obj, "queue_entry", None)
+        if entry is None:
+            return None
+        return QueueStateSerializer(entry, context={"position": self.context.get("queue_positions", {})}).data
 
     def validate_count(self, count: int) -> int:
         # Again at run time: the field's max_value (and the schema's maximum) is read at import.
@@ -195,7 +242,10 @@ class PoolRequestSerializer(StrictModelSerializer):
     def create(self, validated_data: dict) -> PoolRequest:
         submit = validated_data.pop("submit", False)
         project = validated_data.pop("project")
-        return services.create_request(project, actor=self.context["request"].user, submit=submit, **validated_data)
+        created = services.create_request(project, actor=self.context["request"].user, submit=submit, **validated_data)
+        if submit:
+            queue.after_submit(created)  # approved by a policy, queued, or left for an operator
+        return created
 
 
 class PoolRequestDetailSerializer(PoolRequestSerializer):
@@ -217,6 +267,58 @@ class ApproveSerializer(ReasonSerializer):
     cluster = serializers.PrimaryKeyRelatedField(
         queryset=Cluster.objects.all(), required=False, allow_null=True, help_text="Take units from this cluster only."
     )
+
+
+class MoveSerializer(ReasonSerializer):
+    position = serializers.IntegerField(min_value=1, help_text="1-based place in the queue.")
+
+
+class ForecastRequestSerializer(PoolRequestSerializer):
+    """A dry run: the fields of a new request; nothing is saved."""
+
+    class Meta(PoolRequestSerializer.Meta):
+        fields = [f for f in PoolRequestSerializer.Meta.fields if f != "submit"]
+
+
+class ForecastSerializer(serializers.Serializer):
+    """Estimated start: P50 and P90 (null when the fleet could never hold it), and what it rests on."""
+
+    p50 = serializers.DateTimeField(allow_null=True)
+    p90 = serializers.DateTimeField(allow_null=True)
+    basis = serializers.DictField()
+
+
+class AutoApprovalPolicySerializer(StrictModelSerializer):
+    projects = serializers.PrimaryKeyRelatedField(queryset=Project.objects.all(), many=True, required=False)
+    window_start = WallClockTimeField(required=False, allow_null=True, help_text="UTC; empty with the end: all day.")
+    window_end = WallClockTimeField(required=False, allow_null=True, help_text="UTC; before the start = over midnight.")
+
+    class Meta:
+        model = AutoApprovalPolicy
+        fields = [
+            "id",
+            "name",
+            "enabled",
+            "projects",
+            "project_group",
+            "tier",
+            "spec_kind",
+            "profile_name",
+            "max_units",
+            "max_duration_h",
+            "window_start",
+            "window_end",
+            "created_at",
+        ]
+        read_only_fields = ["created_at"]
+
+    def validate(self, attrs: dict) -> dict:
+        start = attrs.get("window_start", getattr(self.instance, "window_start", None))
+        end = attrs.get("window_end", getattr(self.instance, "window_end", None))
+        error = window_error(start, end)
+        if error:
+            raise serializers.ValidationError({"window_end": error})
+        return attrs
 
 
 class ConflictSerializer(serializers.Serializer):

@@ -28,9 +28,10 @@ from tenancy import roles
 from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project
 
-from .. import services
+from .. import forecast, queue, queue_order, services
 from ..exceptions import DomainError
 from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from ..queue_models import AutoApprovalPolicy
 from . import filters, serializers
 
 
@@ -171,11 +172,21 @@ class PoolRequestViewSet(
     mixins.CreateModelMixin,
     viewsets.GenericViewSet,
 ):
-    queryset = PoolRequest.objects.select_related("project", "cluster", "requested_by", "approved_by", "pool")
+    queryset = PoolRequest.objects.select_related(
+        "project", "cluster", "requested_by", "approved_by", "approved_by_policy", "pool", "queue_entry"
+    )
     serializer_class = serializers.PoolRequestSerializer
     filterset_class = filters.PoolRequestFilter
     ordering_fields = ["created_at", "id", "state", "start_at", "end_at"]
-    operator_perms = {"approve": ("pools.approve_poolrequest",), "reject": ("pools.approve_poolrequest",)}
+    APPROVERS = ("pools.approve_poolrequest",)
+    operator_perms = {
+        "approve": APPROVERS,
+        "reject": APPROVERS,
+        "hold": APPROVERS,
+        "unhold": APPROVERS,
+        "move": APPROVERS,
+        "cancel": APPROVERS,
+    }
 
     def get_queryset(self):
         queryset = super().get_queryset()
@@ -197,7 +208,13 @@ class PoolRequestViewSet(
 
     def _detail(self, obj: PoolRequest) -> dict:
         fresh = self.get_queryset().get(pk=obj.pk)
-        return serializers.PoolRequestDetailSerializer(fresh, context=self.get_serializer_context()).data
+        context = self.get_serializer_context()
+        if fresh.state == "queued":
+            context["queue_positions"] = {fresh.pk: queue_order.position_of(fresh)}
+        return serializers.PoolRequestDetailSerializer(fresh, context=context).data
+
+    def retrieve(self, request, *args, **kwargs):
+        return Response(self._detail(self.get_object()))
 
     def _requester_action(self, perm: str = "request_capacity") -> PoolRequest:
         obj = self.get_object()
@@ -218,6 +235,7 @@ class PoolRequestViewSet(
     def submit(self, request, pk=None):
         obj = self._requester_action()
         services.submit(obj, actor=request.user, reason=self._reason()["reason"])
+        queue.after_submit(obj)
         return Response(self._detail(obj))
 
     @extend_schema(
@@ -232,7 +250,8 @@ class PoolRequestViewSet(
         return Response(self._detail(obj))
 
     @extend_schema(
-        summary="Approve (operators): take units, create the pool, start provisioning",
+        summary="Approve (operators): take units, create the pool, start provisioning; "
+        "a request that chose to wait is queued when capacity is short",
         request=serializers.ApproveSerializer,
         responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
     )
@@ -240,8 +259,83 @@ class PoolRequestViewSet(
     def approve(self, request, pk=None):
         obj = self.get_object()
         data = self._reason(serializers.ApproveSerializer)
-        services.approve(obj, actor=request.user, reason=data["reason"], cluster=data.get("cluster"))
+        queue.approve_or_queue(obj, actor=request.user, reason=data["reason"], cluster=data.get("cluster"))
         return Response(self._detail(obj))
+
+    # --- The queue ---------------------------------------------------------------------------------
+
+    @extend_schema(
+        summary="The queue: my projects' waiting requests in queue order, with place and forecast",
+        responses=serializers.PoolRequestSerializer(many=True),
+    )
+    @action(detail=False, methods=["get"], url_path="queue", pagination_class=None, filterset_class=None)
+    def waiting(self, request):
+        places = queue_order.ordered()
+        visible = {r.pk: r for r in self.get_queryset().filter(pk__in=[p.entry.request_id for p in places])}
+        context = {**self.get_serializer_context(), "queue_positions": {p.entry.request_id: p.position for p in places}}
+        rows = [visible[p.entry.request_id] for p in places if p.entry.request_id in visible]
+        return Response(serializers.PoolRequestSerializer(rows, many=True, context=context).data)
+
+    @extend_schema(
+        summary='Forecast a request not yet made ("if I asked for 4 x 3g.40gb now"): P50 and P90 start',
+        request=serializers.ForecastRequestSerializer,
+        responses={200: serializers.ForecastSerializer},
+    )
+    @action(detail=False, methods=["post"], url_path="forecast", filterset_class=None)
+    def forecast(self, request):
+        serializer = serializers.ForecastRequestSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        values = dict(serializer.validated_data)
+        values.pop("tags", None)
+        estimate = forecast.estimate_start(PoolRequest(**values))
+        return Response({"p50": estimate.p50, "p90": estimate.p90, "basis": estimate.basis})
+
+    def _queue_action(self, run, serializer_class=serializers.ReasonSerializer) -> Response:
+        obj = self.get_object()
+        data = self._reason(serializer_class)
+        run(obj, data)
+        return Response(self._detail(obj))
+
+    @extend_schema(
+        summary="Hold a queued request (operators): it keeps its place but is skipped",
+        request=serializers.ReasonSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
+    def hold(self, request, pk=None):
+        return self._queue_action(lambda obj, d: queue.hold(obj, actor=request.user, reason=d["reason"]))
+
+    @extend_schema(
+        summary="Release the hold on a queued request (operators)",
+        request=serializers.ReasonSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
+    def unhold(self, request, pk=None):
+        return self._queue_action(lambda obj, d: queue.unhold(obj, actor=request.user, reason=d["reason"]))
+
+    @extend_schema(
+        summary="Move a queued request to a place in the queue (operators)",
+        request=serializers.MoveSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
+    def move(self, request, pk=None):
+        return self._queue_action(
+            lambda obj, d: queue.move(obj, position=d["position"], actor=request.user, reason=d["reason"]),
+            serializers.MoveSerializer,
+        )
+
+    @extend_schema(
+        summary="Cancel a queued request (operators), with a reason",
+        request=serializers.RejectSerializer,
+        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
+    def cancel(self, request, pk=None):
+        return self._queue_action(
+            lambda obj, d: queue.cancel(obj, actor=request.user, reason=d["reason"]), serializers.RejectSerializer
+        )
 
     @extend_schema(
         summary="Reject (operators), with a reason",
@@ -264,6 +358,29 @@ class PoolRequestViewSet(
         obj = self._requester_action("manage_members")
         services.release(obj, actor=request.user, reason=self._reason()["reason"])
         return Response(self._detail(obj))
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Auto-approval policies (operators)"),
+    retrieve=extend_schema(summary="One auto-approval policy (operators)"),
+    create=extend_schema(summary="Add an auto-approval policy (operators)"),
+    update=extend_schema(summary="Change an auto-approval policy (operators)"),
+    partial_update=extend_schema(summary="Change part of an auto-approval policy (operators)"),
+    destroy=extend_schema(summary="Delete an auto-approval policy (operators); one that approved requests is kept"),
+)
+class AutoApprovalPolicyViewSet(DomainErrorsAs409, viewsets.ModelViewSet):
+    """Rules under which requests are approved without a person (pools/policies.py)."""
+
+    queryset = AutoApprovalPolicy.objects.prefetch_related("projects").order_by("name", "id")
+    serializer_class = serializers.AutoApprovalPolicySerializer
+    scope = Scope.OPERATOR
+    filterset_class = None
+    ordering_fields = ["name", "id"]
+
+    def perform_destroy(self, instance: AutoApprovalPolicy) -> None:
+        if instance.approved_requests.exists():
+            raise Conflict("This policy approved requests and stays on their record: disable it instead.")
+        instance.delete()
 
 
 # --- Pools and allocations -----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import pytest
 from dashboard_world import add_signals
+from django.utils import timezone
 
 pytestmark = pytest.mark.django_db
 
@@ -68,3 +69,18 @@ def test_costs_show_only_the_members_projects(client, world, bob):
     assert [(i["project"], i["total"], i["used"]) for i in costs["items"]] == [("team-a", "3.12", "1.25")]
     assert costs["rows"][0][0] == {"value": "team-a", "num": False}
     assert "0.36" not in client.get("/projects/").content.decode()
+
+
+def test_a_queued_request_shows_its_likely_start(client, project, bob):
+    from pools import services
+    from pools.models import QueueEntry
+
+    request = services.create_request(
+        project, actor=bob, submit=True, isolation="full", spec_kind="full", product="H100-80GB", wait_if_full=True
+    )
+    services.transition(request, "queued", None, "queued")
+    start = timezone.now().replace(year=2031, month=1, day=2, hour=3, minute=4)
+    QueueEntry.objects.create(request=request, queued_at=timezone.now(), forecast_p50=start, forecast_p90=start)
+    client.force_login(bob)
+    page = client.get(f"/projects/{project.slug}/").content.decode()
+    assert "likely start 2031-01-02 03:04" in page

@@ -103,7 +103,7 @@ def _world_objects():
         TimeSlicingPolicy,
     )
     from monitoring.models import IdleReservation, Series
-    from pools.models import Allocation
+    from pools.models import Allocation, AutoApprovalPolicy
     from tenancy.models import ApiToken, Project
     from tenancy.roles import operators_group, set_role
 
@@ -165,6 +165,7 @@ def _world_objects():
         "allocation": pair(a_alloc, b_alloc),
         "apitoken": {"own": token.pk},
         "ratecard": fleet(RateCard.objects.order_by("pk").first()),
+        "autoapprovalpolicy": fleet(AutoApprovalPolicy.objects.create(name="matrix")),
         "usagerecord": pair(
             UsageRecord.objects.filter(project=team_a).first(), UsageRecord.objects.filter(project=team_b).first()
         ),

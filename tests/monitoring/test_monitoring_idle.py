@@ -111,7 +111,7 @@ def test_release_of_a_pools_last_unit_releases_the_request(
     assert allocation.released_at is not None
     assert (flag.state, flag.closed_by) == (IdleState.RELEASED, operator)
     assert PoolRequest.objects.get(pk=allocation.pool.request_id).state == "released"
-    assert len(callbacks) == 1  # the pools app's Kubernetes clean-up
+    assert len(callbacks) == 2  # the pools app's Kubernetes clean-up, then the queue gets the units
     assert release_idle(flag.pk, actor=operator) is False  # already done
 
 
@@ -125,7 +125,7 @@ def test_release_of_one_unit_keeps_the_pool_and_reconciles_the_quota(
     second.refresh_from_db()
     first.refresh_from_db()
     assert (second.released_at, first.released_at) == (NOW, None)
-    assert len(callbacks) == 1
+    assert len(callbacks) == 2  # the quota's reconcile, then the queue gets the unit
     assert release_allocation(second.pk, at=NOW) is False
 
 

@@ -39,7 +39,10 @@ def test_notice_then_expiry(held, django_capture_on_commit_callbacks):
     assert held.state == "expired"
     assert not Allocation.objects.active().exists()
     assert Allocation.objects.get().released_at is not None
-    assert [cb.func.__self__.name for cb in callbacks] == ["pools.tasks.deprovision_pool_task"]
+    assert [cb.func.__self__.name for cb in callbacks] == [
+        "pools.tasks.deprovision_pool_task",
+        "pools.tasks.process_queue_task",  # freed units go to the queue
+    ]
     assert services.expire_due(now=end + HOUR, notice_s=3600) == {"noticed": 0, "expired": 0}
 
 

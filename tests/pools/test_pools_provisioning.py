@@ -70,7 +70,8 @@ def test_two_pools_in_one_namespace_each_carry_the_sum_and_release_reduces_it(
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         services.release(second.request, actor=alice, reason="done")
     assert [(cb.func.__self__.name, cb.args) for cb in callbacks] == [
-        ("pools.tasks.deprovision_pool_task", (second.pk,))
+        ("pools.tasks.deprovision_pool_task", (second.pk,)),
+        ("pools.tasks.process_queue_task", ()),
     ]
     assert not Allocation.objects.active().filter(pool=second).exists()
     assert deprovision_pool_task(second.pk) is True

@@ -1,0 +1,271 @@
+"""The fair queue: requests that chose to wait (`wait_if_full`) instead of being refused for capacity.
+
+Order (pools/queue_order.py): entries an operator moved come first, by the rank the move gave them; then by
+priority class (production, staging, development); then by fair share, the project's GPU-hours
+reserved over the last QUEUE_FAIR_SHARE_WINDOW_H hours divided by its operator-set weight
+(ProjectQueueWeight, default 1), lowest first; then by age (queued_at, id).
+
+When units come free (a release, an expiry, a unit released as idle, a reconfiguration done, a node
+back: services.enqueue_queue_processing() after commit, and the beat every QUEUE_PROCESS_INTERVAL_S)
+process() walks the queue in order. A request that fits now is approved at once when an
+auto-approval policy allows it (the policy is recorded on the request and in the audit); otherwise
+it is flagged "can be approved now" (QueueEntry.approvable_at) for an operator. A request that does
+not fit, or that waits for an operator, blocks the requests behind it that ask for the same kind of
+unit (spec_key()), so smaller requests never starve a larger one of the same spec; requests for
+other specs go on. Held requests keep their place and are skipped. A request whose end date came
+while it waited leaves the queue (rejected, "ended while waiting").
+
+Locking: process() locks the queued request rows (SELECT ... FOR UPDATE, in primary-key order) for
+its whole pass, so concurrent passes run one after the other and each sees what the previous one
+approved; each approval is itself claimed by a conditional UPDATE (services.transition), so a
+request is approved exactly once however many passes run. On SQLite the write transaction
+serialises passes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import forecast, policies, services, units
+from .choices import QueueAction, RequestState
+from .exceptions import DomainError, InsufficientCapacity
+from .models import GpuPool, PoolRequest
+from .queue_models import QueueEntry, QueueEvent
+from .queue_order import ordered, spec_key
+
+logger = logging.getLogger(__name__)
+
+# --- Entering the queue --------------------------------------------------------------------------
+
+
+def _event(request: PoolRequest, action: str, *, actor=None, detail: str = "", policy=None, at=None) -> None:
+    QueueEvent.objects.create(
+        request=request,
+        action=action,
+        actor=services._user(actor),
+        detail=detail,
+        policy=policy,
+        at=at or timezone.now(),
+    )
+
+
+def enqueue(request: PoolRequest, *, actor=None, reason: str = "") -> QueueEntry:
+    """submitted -> queued, with an entry, its first forecast (kept to score it later) and an audit row."""
+    now = timezone.now()
+    with transaction.atomic():
+        services.transition(request, RequestState.QUEUED, actor, reason or "queued: waiting for capacity")
+        entry = QueueEntry.objects.create(request=request, queued_at=now)
+        _event(request, QueueAction.QUEUED, actor=actor, detail=reason, at=now)
+        refresh_forecast(entry, first=True)
+    return entry
+
+
+def after_submit(request: PoolRequest, *, now: dt.datetime | None = None) -> GpuPool | None:
+    """A request was just submitted: approve it by policy when one allows and capacity is there; queue
+    it when capacity is short and it chose to wait; otherwise leave it for an operator."""
+    if request.state != RequestState.SUBMITTED:
+        return None
+    policy = policies.policy_for(request, now)
+    try:
+        if policy is not None:
+            return services.approve(request, actor=None, reason=f"auto-approved by policy {policy.name}", policy=policy)
+        if request.wait_if_full and not fits_now(request):
+            enqueue(request, reason=_shortage(request))
+    except InsufficientCapacity as exc:
+        if request.wait_if_full:
+            enqueue(request, reason=f"queued: {exc.message}")
+    return None
+
+
+def approve_or_queue(request: PoolRequest, *, actor, reason: str = "", cluster=None) -> GpuPool | None:
+    """An operator's approval: the pool, or None when capacity is short and the request chose to wait
+    (it is queued instead of refused). Approving a queued request takes it out of the queue."""
+    try:
+        return services.approve(request, actor=actor, reason=reason, cluster=cluster)
+    except InsufficientCapacity as exc:
+        if request.wait_if_full and request.state == RequestState.SUBMITTED:
+            enqueue(request, actor=actor, reason=f"queued: {exc.message}")
+            return None
+        raise
+
+
+def fits_now(request: PoolRequest) -> bool:
+    free = units.free_by_cluster(request)
+    if request.allow_multi_cluster:
+        return sum(free.values()) >= request.count
+    return any(n >= request.count for n in free.values())
+
+
+def _shortage(request: PoolRequest) -> str:
+    message, _ = units.shortage(request, units.free_by_cluster(request))
+    return f"queued: {message}"
+
+
+# --- Operator actions ----------------------------------------------------------------------------
+
+
+def _waiting_entry(request: PoolRequest) -> QueueEntry:
+    entry = QueueEntry.objects.filter(request=request, request__state=RequestState.QUEUED).first()
+    if entry is None:
+        raise DomainError(f"Pool request #{request.pk} is not waiting in the queue.", detail={"state": request.state})
+    return entry
+
+
+def move(request: PoolRequest, *, position: int, actor, reason: str = "") -> int:
+    """Put a queued request at `position` (1-based) and keep everyone else's relative order.
+
+    The entries down to the new place get ranks 1..position, so the order a move sets survives later
+    changes of fair share; the rest keep the computed order behind them. Returns the new position.
+    """
+    if position < 1:
+        raise DomainError("A position starts at 1.", detail={"position": "must be at least 1"})
+    with transaction.atomic():
+        _lock_queue()
+        entry = _waiting_entry(request)
+        order = [p.entry for p in ordered()]
+        before = next(i for i, e in enumerate(order, start=1) if e.pk == entry.pk)
+        order = [e for e in order if e.pk != entry.pk]
+        position = min(position, len(order) + 1)
+        order.insert(position - 1, entry)
+        for rank, e in enumerate(order[:position], start=1):
+            QueueEntry.objects.filter(pk=e.pk).update(manual_rank=rank)
+        QueueEntry.objects.filter(pk__in=[e.pk for e in order[position:]], manual_rank__isnull=False).update(
+            manual_rank=None
+        )
+        _event(request, QueueAction.MOVED, actor=actor, detail=f"from {before} to {position}. {reason}".strip())
+    return position
+
+
+def hold(request: PoolRequest, *, actor, reason: str = "") -> QueueEntry:
+    """Keep a queued request's place but skip it when capacity frees, until the hold is released."""
+    with transaction.atomic():
+        entry = _waiting_entry(request)
+        if QueueEntry.objects.filter(pk=entry.pk, on_hold=False).update(on_hold=True, approvable_at=None) != 1:
+            raise DomainError(f"Pool request #{request.pk} is already on hold.")
+        _event(request, QueueAction.HELD, actor=actor, detail=reason)
+    entry.on_hold = True
+    return entry
+
+
+def unhold(request: PoolRequest, *, actor, reason: str = "") -> QueueEntry:
+    with transaction.atomic():
+        entry = _waiting_entry(request)
+        if QueueEntry.objects.filter(pk=entry.pk, on_hold=True).update(on_hold=False) != 1:
+            raise DomainError(f"Pool request #{request.pk} is not on hold.")
+        _event(request, QueueAction.UNHELD, actor=actor, detail=reason)
+        services.enqueue_queue_processing()
+    entry.on_hold = False
+    return entry
+
+
+def cancel(request: PoolRequest, *, actor, reason: str) -> PoolRequest:
+    """An operator takes a request out of the queue: queued -> rejected, with the reason."""
+    if not reason.strip():
+        raise DomainError("Give a reason for the cancellation.", detail={"reason": "required"})
+    with transaction.atomic():
+        _waiting_entry(request)
+        services.transition(request, RequestState.REJECTED, actor, f"cancelled from the queue: {reason}")
+        _event(request, QueueAction.CANCELLED, actor=actor, detail=reason)
+        services.enqueue_queue_processing()  # those it blocked may go now
+    return request
+
+
+def _lock_queue() -> list[int]:
+    """Lock every queued request row, in primary-key order: queue passes and moves run one at a time."""
+    return list(
+        PoolRequest.objects.select_for_update()
+        .filter(state=RequestState.QUEUED)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+
+
+# --- Capacity freed --------------------------------------------------------------------------------
+
+
+@dataclass
+class Pass:
+    approved: list[int]
+    flagged: list[int]
+    blocked: list[int]
+    ended: list[int]
+
+
+def process(*, now: dt.datetime | None = None) -> Pass:
+    """Offer free units to the queue, in order; see the module docstring for the rules and the locking."""
+    now = now or timezone.now()
+    result = Pass([], [], [], [])
+    with transaction.atomic():
+        if not _lock_queue():
+            return result
+        book = policies.PolicyBook()
+        blocked: set[tuple] = set()
+        for place in ordered(now=now):
+            entry, request = place.entry, place.entry.request
+            key = spec_key(request)
+            if request.end_at is not None and request.end_at <= now:
+                services.transition(
+                    request, RequestState.REJECTED, None, f"ended at {request.end_at:%Y-%m-%d %H:%M} while waiting"
+                )
+                _event(request, QueueAction.CANCELLED, detail="its end came while it waited", at=now)
+                result.ended.append(request.pk)
+                continue
+            if entry.on_hold or key in blocked:
+                continue
+            if not fits_now(request):
+                blocked.add(key)
+                result.blocked.append(request.pk)
+                if entry.approvable_at is not None:
+                    QueueEntry.objects.filter(pk=entry.pk).update(approvable_at=None)
+                continue
+            policy = book.first_allowing(request, now)
+            if policy is None:
+                blocked.add(key)  # the units are the head's until an operator decides
+                if QueueEntry.objects.filter(pk=entry.pk, approvable_at__isnull=True).update(approvable_at=now):
+                    _event(request, QueueAction.APPROVABLE, detail="capacity is free for it now", at=now)
+                result.flagged.append(request.pk)
+                continue
+            try:
+                with transaction.atomic():
+                    services.approve(
+                        request,
+                        actor=None,
+                        reason=f"auto-approved from the queue by policy {policy.name}",
+                        policy=policy,
+                    )
+                    _event(request, QueueAction.AUTO_APPROVED, policy=policy, at=now)
+                result.approved.append(request.pk)
+            except DomainError as exc:  # taken meanwhile, or ended: leave it, block its spec this pass
+                logger.info("queue: request %s not approved: %s", request.pk, exc.message)
+                blocked.add(key)
+                result.blocked.append(request.pk)
+    return result
+
+
+def refresh_forecast(entry: QueueEntry, *, first: bool = False, now: dt.datetime | None = None) -> None:
+    """Store the request's current forecast on its entry (and as the first one, to be scored later)."""
+    estimate = forecast.estimate_start(entry.request, now=now)
+    fields = {
+        "forecast_p50": estimate.p50,
+        "forecast_p90": estimate.p90,
+        "forecast_basis": estimate.basis,
+        "forecast_at": now or timezone.now(),
+    }
+    if first:
+        fields.update(first_p50=estimate.p50, first_p90=estimate.p90)
+    QueueEntry.objects.filter(pk=entry.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(entry, name, value)
+
+
+def refresh_forecasts(*, now: dt.datetime | None = None) -> int:
+    """Beat: refresh every waiting entry's forecast. Returns how many."""
+    places = ordered(now=now)
+    for place in places:
+        refresh_forecast(place.entry, now=now)
+    return len(places)

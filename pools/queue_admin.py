@@ -1,0 +1,170 @@
+"""Operator console for the queue: the waiting requests in order, auto-approval policies, project weights.
+
+Queue entries are read-only; hold, release hold, move to the top and cancel are actions that call
+pools/queue.py (each writes a QueueEvent). The changelist's title carries the forecast's accuracy
+(pools/forecast.py accuracy()): predicted against actual start of every request that started.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from tenancy import roles
+
+from . import forecast, queue
+from .admin import run_with_reason
+from .choices import RequestState
+from .queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent
+from .queue_order import ordered
+
+
+@admin.register(AutoApprovalPolicy)
+class AutoApprovalPolicyAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "enabled",
+        "project_group",
+        "tier",
+        "spec_kind",
+        "profile_name",
+        "max_units",
+        "max_duration_h",
+        "window_start",
+        "window_end",
+    ]
+    list_filter = ["enabled", "tier", "spec_kind"]
+    filter_horizontal = ["projects"]
+    search_fields = ["name", "project_group", "profile_name"]
+
+
+@admin.register(ProjectQueueWeight)
+class ProjectQueueWeightAdmin(admin.ModelAdmin):
+    list_display = ["project", "weight"]
+    list_select_related = ["project"]
+    search_fields = ["project__slug", "project__name"]
+
+
+class ApprovableFilter(admin.SimpleListFilter):
+    title = "can be approved now"
+    parameter_name = "approvable"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(approvable_at__isnull=False, on_hold=False, request__state=RequestState.QUEUED)
+        if self.value() == "no":
+            return queryset.exclude(approvable_at__isnull=False, on_hold=False, request__state=RequestState.QUEUED)
+        return queryset
+
+
+class QueueEventInline(admin.TabularInline):
+    model = QueueEvent
+    fk_name = "request"
+    fields = ["action", "actor", "policy", "detail", "at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(QueueEntry)
+class QueueEntryAdmin(admin.ModelAdmin):
+    """The queue in its order (waiting first); the title says how good the forecast has been."""
+
+    list_display = [
+        "request",
+        "project",
+        "priority",
+        "position",
+        "on_hold",
+        "approvable_at",
+        "queued_at",
+        "forecast_p50",
+        "forecast_p90",
+        "first_p50",
+        "started",
+    ]
+    list_filter = [ApprovableFilter, "on_hold"]
+    list_select_related = ["request__project"]
+    actions = ["hold_selected", "unhold_selected", "move_to_top", "cancel_selected"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in QueueEntry._meta.fields]
+
+    def has_approve_permission(self, request) -> bool:
+        return roles.operator_can(request.user, "pools.approve_poolrequest")
+
+    def changelist_view(self, request, extra_context=None):
+        self._positions = {p.entry.pk: p.position for p in ordered()}
+        score = forecast.accuracy()
+        title = "Queue"
+        if score["started"]:
+            title += (
+                f" — forecast accuracy over {score['started']} started: P50 error {score['mae_h']} h"
+                f" on a mean wait of {score['mean_wait_h']} h (ratio {score['mae_ratio']}),"
+                f" {score['within_p90']:.0%} started by their P90"
+            )
+        return super().changelist_view(request, extra_context={"title": title, **(extra_context or {})})
+
+    @admin.display(description="Project")
+    def project(self, obj):
+        return obj.request.project
+
+    @admin.display(description="Priority")
+    def priority(self, obj):
+        return obj.request.effective_priority
+
+    @admin.display(description="Place")
+    def position(self, obj):
+        return getattr(self, "_positions", {}).get(obj.pk, "-")
+
+    @admin.display(description="Started")
+    def started(self, obj):
+        return obj.request.approved_at or "-"
+
+    def _run(self, request, queryset, verb, run, reason_required=False):
+        return run_with_reason(
+            self,
+            request,
+            queryset.select_related("request"),
+            verb=verb,
+            title=f"Queue: {verb}",
+            reason_required=reason_required,
+            run=lambda entry, reason: run(entry.request, reason),
+        )
+
+    @admin.action(description="Hold selected…", permissions=["approve"])
+    def hold_selected(self, request, queryset):
+        return self._run(request, queryset, "held", lambda r, why: queue.hold(r, actor=request.user, reason=why))
+
+    @admin.action(description="Release hold of selected…", permissions=["approve"])
+    def unhold_selected(self, request, queryset):
+        return self._run(
+            request, queryset, "released from hold", lambda r, why: queue.unhold(r, actor=request.user, reason=why)
+        )
+
+    @admin.action(description="Move selected to the top…", permissions=["approve"])
+    def move_to_top(self, request, queryset):
+        return self._run(
+            request,
+            queryset,
+            "moved to the top",
+            lambda r, why: queue.move(r, position=1, actor=request.user, reason=why),
+        )
+
+    @admin.action(description="Cancel selected…", permissions=["approve"])
+    def cancel_selected(self, request, queryset):
+        return self._run(
+            request,
+            queryset,
+            "cancelled",
+            lambda r, why: queue.cancel(r, actor=request.user, reason=why),
+            reason_required=True,
+        )

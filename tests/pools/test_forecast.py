@@ -1,0 +1,142 @@
+"""The start forecast against hand-built histories whose answer is known."""
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from capacity.models import MaintenanceWindow
+from pools import forecast, queue, services
+from pools.models import GpuPool, PoolRequest, QueueEntry
+
+pytestmark = pytest.mark.django_db
+
+FULL = {"isolation": "full", "product": "H100-80GB", "profile_name": ""}
+H = dt.timedelta(hours=1)
+
+
+@pytest.fixture
+def now():
+    return timezone.now().replace(microsecond=0)
+
+
+@pytest.fixture
+def hold(make_request, operator, now):
+    """hold(count, ends_in_h=None, held_h=0, **fields): an approved pool of whole GPUs, its start moved back."""
+
+    def make(count=1, ends_in_h=None, held_h=0.0, **fields):
+        end = now + ends_in_h * H if ends_in_h is not None else None
+        request = make_request(count=count, end_at=end, **{**FULL, **fields})
+        pool = services.approve(request, actor=operator)
+        GpuPool.objects.filter(pk=pool.pk).update(created_at=now - held_h * H)
+        return request
+
+    return make
+
+
+def history(project_workload_hours: list[float], make_request, operator, now, **fields):
+    """Released pools that held exactly these many hours (the observed hold times)."""
+    for hours in project_workload_hours:
+        request = make_request(count=1, **{**FULL, **fields})
+        pool = services.approve(request, actor=operator)
+        services.release(request, actor=operator)
+        GpuPool.objects.filter(pk=pool.pk).update(created_at=now - 100 * H, released_at=now - 100 * H + hours * H)
+
+
+def ask(count=1, **fields) -> PoolRequest:
+    """A request not yet made, resolved as the API's dry run resolves it."""
+    from tenancy.models import Project
+
+    spec = services.resolve_spec(isolation="full", product="H100-80GB")
+    return PoolRequest(
+        project=Project.objects.first(),
+        count=count,
+        spec_kind=spec.spec_kind,
+        product=spec.product,
+        tier=spec.tier,
+        isolation=spec.isolation,
+        **fields,
+    )
+
+
+def test_a_request_that_fits_starts_now(fleet, now):
+    fleet.full_node("t1", gpus=2)
+    estimate = forecast.estimate_start(ask(2, start_at=now), now=now)
+    assert (estimate.p50, estimate.p90) == (now, now)
+    assert estimate.basis["why"] == "fits now"
+
+
+def test_known_end_dates_give_the_start(fleet, hold, now):
+    fleet.full_node("t1", gpus=2)
+    hold(ends_in_h=2)
+    hold(ends_in_h=5)
+    assert forecast.estimate_start(ask(1), now=now).p50 == now + 2 * H
+    two = forecast.estimate_start(ask(2), now=now)
+    assert (two.p50, two.p90) == (now + 5 * H, now + 5 * H)
+    assert forecast.estimate_start(ask(3), now=now).p50 is None  # more than the fleet holds
+
+
+def test_requests_ahead_in_the_queue_take_the_first_units(fleet, hold, make_request, now):
+    fleet.full_node("t1", gpus=2)
+    hold(ends_in_h=2)
+    hold(ends_in_h=5)
+    ahead = make_request(count=1, wait_if_full=True, **FULL)
+    queue.enqueue(ahead)
+    assert QueueEntry.objects.get(request=ahead).first_p50 is not None
+    estimate = forecast.estimate_start(ask(1), now=now)
+    assert estimate.basis["ahead"] == 1
+    assert estimate.p50 == now + 5 * H
+
+
+def test_open_ended_pools_end_as_the_projects_history_says(fleet, hold, make_request, operator, now):
+    fleet.full_node("t1", gpus=1)
+    history([10] * 5, make_request, operator, now, workload_type="training")
+    hold(held_h=4, workload_type="training")
+    estimate = forecast.estimate_start(ask(1), now=now)
+    assert (estimate.p50, estimate.p90) == (now + 6 * H, now + 6 * H)  # held 4 of its 10 hours
+    assert estimate.basis["holders_by_basis"] == {"project and workload type": 1}
+
+
+def test_a_pool_held_longer_than_any_seen_is_expected_soon(fleet, hold, make_request, operator, now, settings):
+    settings.QUEUE_FORECAST_OVERDUE_H = 1
+    fleet.full_node("t1", gpus=1)
+    history([3] * 5, make_request, operator, now)
+    hold(held_h=12)
+    assert forecast.estimate_start(ask(1), now=now).p50 == now + 1 * H
+
+
+def test_the_spread_of_history_gives_p50_and_p90(fleet, hold, make_request, operator, now, settings):
+    settings.QUEUE_FORECAST_DRAWS = 1000
+    fleet.full_node("t1", gpus=1)
+    history([2, 4, 6, 8, 10] * 2, make_request, operator, now)
+    hold(held_h=0)
+    estimate = forecast.estimate_start(ask(1), now=now)
+    assert estimate.p50 == now + 6 * H  # the median of draws among five equally likely hold times
+    assert estimate.p90 == now + 10 * H
+
+
+def test_with_no_history_an_open_ended_pool_holds_the_default(fleet, hold, now, settings):
+    settings.QUEUE_FORECAST_DEFAULT_HOLD_H = 24
+    fleet.full_node("t1", gpus=1)
+    hold(held_h=20)
+    assert forecast.estimate_start(ask(1), now=now).p50 == now + 4 * H
+
+
+def test_a_start_inside_a_maintenance_window_moves_to_its_close(fleet, hold, now):
+    node = fleet.full_node("t1", gpus=1)
+    hold(ends_in_h=2)
+    MaintenanceWindow.objects.create(cluster=node.cluster, name="firmware", starts_at=now + 1 * H, ends_at=now + 3 * H)
+    assert forecast.estimate_start(ask(1), now=now).p50 == now + 3 * H
+
+
+def test_accuracy_compares_the_first_p50_with_the_actual_start(fleet, make_request, operator, now):
+    fleet.full_node("t1", gpus=2)
+    for wait_h, predicted_h in ((4, 5), (2, 2)):
+        request = make_request(count=1, wait_if_full=True, **FULL)
+        services.transition(request, "queued", None, "queued")
+        QueueEntry.objects.create(
+            request=request, queued_at=now, first_p50=now + predicted_h * H, first_p90=now + 9 * H
+        )
+        PoolRequest.objects.filter(pk=request.pk).update(approved_at=now + wait_h * H)
+    score = forecast.accuracy()
+    assert score == {"started": 2, "mae_h": 0.5, "mean_wait_h": 3.0, "mae_ratio": 0.167, "within_p90": 1.0}
