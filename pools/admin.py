@@ -215,12 +215,13 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "state",
         "units",
         "gpus",
+        "binding",
         "attempts",
         "created_at",
         "released_at",
     ]
     list_filter = ["state", "tier", "workload_type", "cluster"]
-    list_select_related = ["project", "cluster"]
+    list_select_related = ["project", "cluster", "request"]
     search_fields = ["name", "project__name", "project__slug"]
     readonly_fields = [
         "state",
@@ -252,6 +253,14 @@ class GpuPoolAdmin(admin.ModelAdmin):
     @admin.display(description="GPUs in use / total")
     def gpus(self, obj):
         return f"{obj.gpus_in_use}/{obj.gpus_total}"
+
+    @admin.display(description="Binding")
+    def binding(self, obj):
+        """The shared-node note, and the units short of the request when an instance was destroyed."""
+        parts = [obj.card()["binding"]] if obj.shared_node else []
+        if obj.shortfall:
+            parts.append(f"{obj.shortfall} unit(s) short")
+        return "; ".join(parts) or "-"
 
     @admin.action(description="Retry provisioning of selected failed pools", permissions=["change"])
     def retry_provisioning(self, request, queryset):
@@ -294,6 +303,7 @@ class AllocationAdmin(admin.ModelAdmin):
         "replica",
         "allocated_at",
         "released_at",
+        "end_reason",
     ]
     list_filter = ["kind", "product", "profile_name", ("released_at", admin.EmptyFieldListFilter)]
     list_select_related = ["pool__project", "project", "gpu__node__cluster"]

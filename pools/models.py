@@ -132,7 +132,10 @@ class PoolRequestTransition(models.Model):
 
 
 LABEL_PREFIX = "gpuaas.io/"
-CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation")
+CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation", "shared_node")
+# What a pool says when another project holds units on one of its nodes: under the device plugin
+# (no DRA) the quota and node selector bind a pod to a count of units there, not to these units.
+SHARED_NODE_NOTE = "shared node: binding is by count"
 
 
 class GpuPoolQuerySet(models.QuerySet):
@@ -153,7 +156,15 @@ class GpuPoolQuerySet(models.QuerySet):
             total = queryset.values("pool").annotate(n=expression).values("n")
             return Coalesce(models.Subquery(total), 0)
 
+        neighbours = (
+            Allocation.objects.active()
+            .filter(
+                gpu__node__in=active.values("gpu__node"),
+            )
+            .exclude(project=models.OuterRef("project"))
+        )
         return self.annotate(
+            shared_node=models.Exists(neighbours),
             units_total=count(active, models.Count("pk")),
             units_in_use=count(busy, models.Count("pk")),
             gpus_total=count(active, models.Count("gpu", distinct=True)),
@@ -233,7 +244,21 @@ class GpuPool(models.Model):
             "allocation": f"{self.units_in_use}/{self.units_total}",
             "tags": list(self.tags),
             "created": self.created_at.date().isoformat(),
+            "shortfall": self.shortfall,
+            "binding": SHARED_NODE_NOTE if self.shared_node else "",
         }
+
+    @property
+    def shortfall(self) -> int:
+        """Units the request asked for that the pool no longer holds (an instance destroyed under it); 0 if whole."""
+        if self.released_at is not None or not self.request_id:
+            return 0
+        held = (
+            self.units_total
+            if hasattr(self, "units_total")
+            else self.allocations.filter(released_at__isnull=True).count()
+        )
+        return max(0, self.request.count - held)
 
 
 class AllocationQuerySet(models.QuerySet):
@@ -291,6 +316,13 @@ class Allocation(models.Model):
     compute_slices = models.PositiveSmallIntegerField(default=7, help_text="Billing weight of the unit.")
     allocated_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(
+        max_length=300,
+        blank=True,
+        editable=False,
+        help_text="Why the unit ended before its pool was released (its MIG instance was destroyed); "
+        "the project's statement says so.",
+    )
 
     objects = AllocationQuerySet.as_manager()
 

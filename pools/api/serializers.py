@@ -19,7 +19,7 @@ from tenancy.models import ApiToken, Project
 from .. import services
 from ..choices import Isolation
 from ..exceptions import SpecError
-from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from ..models import SHARED_NODE_NOTE, Allocation, GpuPool, PoolRequest, PoolRequestTransition
 
 # --- Projects and members ------------------------------------------------------------------------
 
@@ -244,6 +244,12 @@ class GpuPoolSerializer(serializers.ModelSerializer):
     profiles_in_use = serializers.IntegerField(source="units_in_use", read_only=True)
     utilisation = serializers.FloatField(read_only=True, allow_null=True, help_text="Average SM activity 0..1.")
     allocation = serializers.SerializerMethodField()
+    shortfall = serializers.IntegerField(
+        read_only=True, help_text="Units the request asked for that the pool no longer holds (instance destroyed)."
+    )
+    binding = serializers.SerializerMethodField(
+        help_text='"shared node: binding is by count" when another project holds units on one of its nodes.'
+    )
 
     class Meta:
         model = GpuPool
@@ -267,6 +273,8 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "profiles_total",
             "profiles_in_use",
             "allocation",
+            "shortfall",
+            "binding",
             "attempts",
             "provisioned_at",
             "created_at",
@@ -276,6 +284,9 @@ class GpuPoolSerializer(serializers.ModelSerializer):
 
     def get_allocation(self, pool: GpuPool) -> str:
         return f"{pool.units_in_use}/{pool.units_total}"
+
+    def get_binding(self, pool: GpuPool) -> str:
+        return SHARED_NODE_NOTE if getattr(pool, "shared_node", False) else ""
 
 
 class AllocationSerializer(serializers.ModelSerializer):
