@@ -266,33 +266,52 @@ class AllocationQuerySet(models.QuerySet):
         return self.filter(released_at__isnull=True)
 
     def in_use(self):
-        """Units with a running workload on them (the seed's "In Use" profiles).
+        """Units with a running workload on them (the seed's "In Use" profiles), by the device the pod really got.
 
-        The device plugin, not gpuaas, picks which device of a resource a pod gets on a node, so use
-        is counted per (project, node, resource): when the project runs N such devices on that node,
-        its first N units there (in allocation order) are in use.
+        The device plugin, not gpuaas, picks which device of a resource a pod gets, so "in use" follows
+        the pod's device (WorkloadProfile's GPU or MIG instance, from the pod's device ids or NVML), not
+        the reservation: a MIG unit is in use when a pod runs on its instance, a full GPU when a pod runs
+        on the GPU. A reservation whose pods ran elsewhere is not in use; the unit they ran on is.
+        Time-slice replicas have no device of their own, and pods whose device is not known yet have
+        none either: those are counted per (project, GPU) and per (project, node, resource): when the
+        project runs N of them there, its first N units there (in allocation order) are in use.
         """
-        here = {
-            "project": models.OuterRef("project"),
-            "resource_name": models.OuterRef("resource_name"),
-        }
+        running = WorkloadProfile.objects.running().order_by()
+        on_instance = running.filter(mig_instance=models.OuterRef("mig_instance"))
+        on_gpu = running.filter(gpu=models.OuterRef("gpu"), mig_instance__isnull=True)
+        by_device = (Q(kind=SpecKind.MIG) & Q(models.Exists(on_instance))) | (
+            Q(kind=SpecKind.FULL) & Q(models.Exists(on_gpu))
+        )
+        replicas = self._first_n(
+            running.filter(gpu=models.OuterRef("gpu"), mig_instance__isnull=True),
+            {"gpu": models.OuterRef("gpu")},
+        )
+        unresolved = self._first_n(
+            running.filter(
+                gpu__isnull=True, node=models.OuterRef("gpu__node"), resource_name=models.OuterRef("resource_name")
+            ),
+            {"gpu__node": models.OuterRef("gpu__node"), "resource_name": models.OuterRef("resource_name")},
+        )
+        return self.filter(by_device | (Q(kind=SpecKind.TIMESLICE) & Q(replicas)) | Q(unresolved))
+
+    @staticmethod
+    def _first_n(workloads, where: dict):
+        """The allocation is among its project's first N units `where`, N being the project's pods counted there."""
         running = (
-            WorkloadProfile.objects.running()
-            .filter(node=models.OuterRef("gpu__node"), **here)
-            .order_by()
+            workloads.filter(project=models.OuterRef("project"))
             .values("project")
             .annotate(n=models.Sum("count"))
             .values("n")
         )
         before = (
             Allocation.objects.active()
-            .filter(gpu__node=models.OuterRef("gpu__node"), pk__lt=models.OuterRef("pk"), **here)
+            .filter(project=models.OuterRef("project"), pk__lt=models.OuterRef("pk"), **where)
             .order_by()
             .values("project")
             .annotate(n=models.Count("pk"))
             .values("n")
         )
-        return self.filter(LessThan(Coalesce(models.Subquery(before), 0), models.Subquery(running)))
+        return LessThan(Coalesce(models.Subquery(before), 0), models.Subquery(running))
 
 
 class Allocation(models.Model):

@@ -239,6 +239,29 @@ def detect_trespass(cluster_id: int, *, at: datetime | None = None) -> TrespassR
     return result
 
 
+def foreign_seconds(units: dict[int, Unit], start: datetime, end: datetime) -> dict[int, int]:
+    """{key: seconds of [start, end) a foreign pod ran on the unit}, for `units` {key: (gpu id, MIG id)}. One query.
+
+    What the owner of a unit did not use although its unit was busy: idle detection and billing's
+    "used" leave this time out (the trespasser pays for it).
+    """
+    mig = {m: key for key, (g, m) in units.items() if m}
+    gpu = {g: key for key, (g, m) in units.items() if not m}
+    if not units:
+        return {}
+    events = TrespassEvent.objects.filter(kind=TrespassKind.FOREIGN_POD, started_at__lt=end).filter(
+        Q(ended_at__isnull=True) | Q(ended_at__gt=start)
+    )
+    events = events.filter(Q(mig_instance_id__in=list(mig)) | Q(gpu_id__in=list(gpu), mig_instance__isnull=True))
+    spans: dict[int, list[tuple[datetime, datetime]]] = {}
+    for mig_id, gpu_id, started, ended in events.values_list("mig_instance_id", "gpu_id", "started_at", "ended_at"):
+        key = mig.get(mig_id) if mig_id else gpu.get(gpu_id)
+        if key is not None:
+            spans.setdefault(key, []).append((max(started, start), min(ended or end, end)))
+    whole = int((end - start).total_seconds())
+    return {key: min(whole, sum(int((b - a).total_seconds()) for a, b in pairs)) for key, pairs in spans.items()}
+
+
 EVICTION_RETRY = timedelta(minutes=5)
 
 

@@ -6,8 +6,10 @@ from datetime import timedelta
 import pytest
 from reconfig_sim import allocate, drive, gpu_row, node_row, start_sim
 
+from billing.choices import LineType
 from billing.models import UsageRecord
-from billing.periods import floor_hour
+from billing.periods import floor_hour, month_start
+from billing.services import generate_statement
 from billing.services.metering import meter_usage
 from billing.services.rate_cards import seed_default_card
 from capacity.choices import MigInstanceState
@@ -65,3 +67,6 @@ def test_drain_leaves_no_allocation_on_a_destroyed_instance_and_bills_nothing_af
     records = UsageRecord.objects.filter(allocation=gone)
     assert sum(r.seconds for r in records) == int((destroyed_at - start).total_seconds())
     assert not records.filter(hour__gt=floor_hour(destroyed_at)).exists()
+    statement = generate_statement(gone.project, month_start(destroyed_at.date()))
+    (notice,) = statement.lines.filter(line_type=LineType.NOTICE)
+    assert (notice.amount, notice.reason, notice.pool_id) == (0, gone.end_reason, gone.pool_id)

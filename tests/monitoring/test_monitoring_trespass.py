@@ -107,3 +107,14 @@ def test_eviction_is_optional_and_goes_through_the_eviction_api(sim, settings):
     assert event.evicted_at is not None, event.error
     pod = sim.pod("team-acme", event.pod_name)
     assert pod is None or pod["metadata"].get("deletionTimestamp")
+
+
+def test_in_use_follows_the_device_the_pod_got(sim):
+    """acme's one pod got vision's instance: vision's unit is in use, acme's reservation is not."""
+    from pools.models import Allocation
+
+    pod = sim.run_pod("team-acme", "ok")
+    assert _devices(pod) == sim.instance(4).uuid
+    sim.discover()
+
+    assert list(Allocation.objects.active().in_use().values_list("project__slug", flat=True)) == ["vision"]
