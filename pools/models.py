@@ -156,12 +156,10 @@ class GpuPoolQuerySet(models.QuerySet):
             total = queryset.values("pool").annotate(n=expression).values("n")
             return Coalesce(models.Subquery(total), 0)
 
+        # OuterRef(OuterRef): the pool's own nodes are read one level further down, inside `neighbours`.
+        own_nodes = Allocation.objects.active().filter(pool=models.OuterRef(models.OuterRef("pk"))).values("gpu__node")
         neighbours = (
-            Allocation.objects.active()
-            .filter(
-                gpu__node__in=active.values("gpu__node"),
-            )
-            .exclude(project=models.OuterRef("project"))
+            Allocation.objects.active().filter(gpu__node__in=own_nodes).exclude(project=models.OuterRef("project"))
         )
         return self.annotate(
             shared_node=models.Exists(neighbours),
