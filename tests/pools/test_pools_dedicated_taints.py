@@ -89,3 +89,22 @@ def test_a_shared_node_has_no_taint_and_its_pools_say_so(sim, make_request, oper
     with kube_for(sim.clusters["prod"]) as kube:
         assert _taint(kube, node) == []
     assert GpuPool.objects.with_card().get(pk=pool.pk).card()["binding"] == SHARED_NODE_NOTE
+
+
+def test_approval_prefers_nodes_and_gpus_no_other_project_uses(fleet, make_request, operator, other_project):
+    fleet.mig_node("n1", [["3g.40gb", "3g.40gb"], ["3g.40gb", "3g.40gb"]])
+    fleet.mig_node("n2", [["3g.40gb", "3g.40gb"]])
+    theirs = services.approve(make_request(target=other_project, count=1), actor=operator)
+    assert [a.gpu.node.name for a in theirs.allocations.all()] == ["n1"]
+
+    ours = services.approve(make_request(count=2), actor=operator)  # n2 holds two: a whole node
+
+    assert [(a.gpu.node.name, a.gpu.index) for a in ours.allocations.select_related("gpu__node")] == [
+        ("n2", 0),
+        ("n2", 0),
+    ]
+    more = services.approve(make_request(count=2), actor=operator)  # n1's GPU 1 is whole
+    assert [(a.gpu.node.name, a.gpu.index) for a in more.allocations.select_related("gpu__node")] == [
+        ("n1", 1),
+        ("n1", 1),
+    ]
