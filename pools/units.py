@@ -200,20 +200,18 @@ def _full_slices(gpu: GpuCapacity) -> int:
     return product.compute_slices if product else 7
 
 
+def _gpu_batch(base, seen: list[int], request: PoolRequest, limit: int) -> list[GpuCapacity]:
+    """The next `limit` candidate GPUs not seen yet, locked, whole nodes and GPUs first (_dedicated_first)."""
+    locked = _lock(base.exclude(pk__in=seen)).select_related("node")
+    return list(_dedicated_first(locked, request, node="node", gpu="pk", then=("node_id", "index"))[:limit])
+
+
 def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     base = full_candidates(request).filter(node__cluster_id=cluster_id)
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
-        batch = list(
-            _dedicated_first(
-                _lock(base.exclude(pk__in=seen)).select_related("node"),
-                request,
-                node="node",
-                gpu="pk",
-                then=("node_id", "index"),
-            )[: need - len(taken)]
-        )
+        batch = _gpu_batch(base, seen, request, need - len(taken))
         if not batch:
             break
         ids = [g.pk for g in batch]
@@ -232,15 +230,7 @@ def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Un
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
-        batch = list(
-            _dedicated_first(
-                _lock(base.exclude(pk__in=seen)).select_related("node"),
-                request,
-                node="node",
-                gpu="pk",
-                then=("node_id", "index"),
-            )[:need]
-        )
+        batch = _gpu_batch(base, seen, request, need)
         if not batch:
             break
         ids = [g.pk for g in batch]
