@@ -89,3 +89,26 @@ def test_the_dashboard_and_metrics_are_for_operators(client, events, bob, staff_
     }
     admin_page = client.get(reverse("admin:monitoring_trespassevent_changelist"))
     assert admin_page.status_code == 200 and "sneaky" in admin_page.content.decode()
+
+
+def test_real_activity_on_an_unallocated_unit_is_trespass(fleet, project):
+    """Over 20 % SM (the seed's "abnormal") or memory in use on a unit nobody holds opens an event."""
+    from django.utils import timezone
+    from monitoring_helpers import series_of, write
+
+    from monitoring.services.trespass import detect_trespass
+
+    allocate(project, fleet.mig_3g)
+    now = timezone.now()
+    write(series_of(fleet.full_gpu), now, sm_active=45.0, mem_used_mib=0)  # unallocated, busy
+    write(series_of(fleet.mig_gpu, fleet.mig_2g), now, sm_active=10.0, mem_used_mib=0)  # unallocated, quiet
+    write(series_of(fleet.mig_gpu, fleet.mig_1g), now, sm_active=0.0, mem_used_mib=4096)  # memory in use
+    write(series_of(fleet.mig_gpu, fleet.mig_3g), now, sm_active=90.0)  # held: its owner's business
+
+    detect_trespass(fleet.cluster.pk, at=now)
+
+    events = {(e.kind, e.unit_key, e.project_id) for e in TrespassEvent.objects.all()}
+    assert events == {
+        ("unallocated_activity", f"gpu:{fleet.full_gpu.pk}", None),
+        ("unallocated_activity", f"mig:{fleet.mig_1g.pk}", None),
+    }
