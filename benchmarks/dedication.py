@@ -27,6 +27,7 @@ import random
 import tempfile
 import time
 from collections import defaultdict
+from importlib import import_module
 from pathlib import Path
 
 from django.test.utils import override_settings
@@ -52,10 +53,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 def measure_dra_wrong_device() -> int | None:
     """The DRA path's figure: benchmarks.dra_check.measure_dra_wrong_device() once that module exists (#15's
-    DRA part, merged separately); None until then."""
+    DRA part, merged separately); None until then. Looked up by name: the module is optional until the merge."""
     try:
-        from . import dra_check  # noqa: PLC0415 - optional until the DRA branch is merged
-    except ImportError:
+        dra_check = import_module(f"{__package__}.dra_check")
+    except ModuleNotFoundError:
         return None
     return dra_check.measure_dra_wrong_device()
 
