@@ -47,6 +47,7 @@ MODULES = (
     "demo_soak",
     "dra_check",
     "queueing",
+    "dedication",
 )
 
 

@@ -14,6 +14,8 @@ class LineType(models.TextChoices):
     HEALTH_CREDIT = "health_credit", "Credit: critical health event"
     FAILED_CREDIT = "failed_credit", "Credit: provisioning failed"
     ADJUSTMENT = "adjustment", "Adjustment"
+    TRESPASS = "trespass", "Trespass: a unit the project did not hold, at the list rate"
+    NOTICE = "notice", "Notice: a unit ended early (no charge)"
 
 
 class RunKind(models.TextChoices):

@@ -12,6 +12,13 @@ to exercise the callers):
     the unit's share of the GPU for MIG and time-slice units (power is reported per GPU only); the
     energy counter's delta (mJ) is used when the bucket has no average power.
     A unit with no final rollup for the hour is left out: its record stays NULL ("not measured").
+    A trespasser's time is not the owner's use: while a foreign pod ran on the unit (monitoring's
+    TrespassEvent), that share of the hour is taken out of the SM activity (the trespasser pays the
+    list rate for it instead, billing.services.lines.event_lines). The activity within the hour is
+    taken as even: hourly rollups cannot say which minutes were whose.
+
+- trespasses(start, end, project_ids or None) -> monitoring.TrespassEvent queryset
+    Trespass events with a known offending project overlapping [start, end): what the trespasser pays.
 
 - critical_health_windows(gpu_ids or None, start, end) -> {(gpu_id, mig_instance_id or None): [(from, to)]}
     From monitoring.HealthEvent, level critical, open at some point in [start, end): from opened_at
@@ -30,7 +37,8 @@ from fractions import Fraction
 from django.db.models import Q
 
 from monitoring.choices import HealthLevel, RollupLevel
-from monitoring.models import HealthEvent, Rollup1h, RollupRun, Series
+from monitoring.models import HealthEvent, Rollup1h, RollupRun, Series, TrespassEvent
+from monitoring.services.trespass import foreign_seconds
 
 HOUR = timedelta(hours=1)
 SM_PLACES = Decimal("0.0001")
@@ -86,11 +94,14 @@ def measured_use(units: list[MeteredUnit], hour: datetime) -> dict[int, Measured
             series_id__in=sorted(set(series_of_gpu.values()) | set(series_of_mig.values())), bucket=hour
         ).values("series_id", "sm_active_avg", "power_w_avg", "energy_mj_min", "energy_mj_max")
     }
+    trespassed = _trespass_seconds(units, hour)
     result: dict[int, Measured] = {}
     for unit in units:
         gpu_rollup = rollups.get(series_of_gpu.get(unit.gpu_id))
         own = rollups.get(series_of_mig.get(unit.mig_instance_id)) if unit.mig_instance_id else gpu_rollup
         sm = own["sm_active_avg"] if own else None
+        if sm is not None and trespassed.get(unit.allocation_id):
+            sm *= max(0.0, 1 - trespassed[unit.allocation_id] / max(unit.seconds, 1))
         energy = _energy_kwh(gpu_rollup, unit) if gpu_rollup else None
         if sm is None and energy is None:
             continue
@@ -99,6 +110,21 @@ def measured_use(units: list[MeteredUnit], hour: datetime) -> dict[int, Measured
             energy_kwh=energy,
         )
     return result
+
+
+def _trespass_seconds(units: list[MeteredUnit], hour: datetime) -> dict[int, int]:
+    """allocation id -> seconds of the hour a foreign pod ran on its unit (one query)."""
+    return foreign_seconds({u.allocation_id: (u.gpu_id, u.mig_instance_id) for u in units}, hour, hour + HOUR)
+
+
+def trespasses(start: datetime, end: datetime, project_ids: list[int] | None = None):
+    """Trespass events with a known offending project, overlapping [start, end)."""
+    events = TrespassEvent.objects.filter(project__isnull=False, started_at__lt=end).filter(
+        Q(ended_at__isnull=True) | Q(ended_at__gt=start)
+    )
+    if project_ids is not None:
+        events = events.filter(project_id__in=project_ids)
+    return events
 
 
 def _fraction(percent: float) -> Decimal:

@@ -331,7 +331,9 @@ LINE_ORDER = {
     LineType.CARRY_OVER: 0,  # with the usage; ordered after it by usage_period
     LineType.FAILED_CREDIT: 1,
     LineType.HEALTH_CREDIT: 2,
-    LineType.ADJUSTMENT: 3,
+    LineType.TRESPASS: 3,
+    LineType.NOTICE: 4,
+    LineType.ADJUSTMENT: 5,
 }
 
 

@@ -18,11 +18,20 @@ from gpuaas.admin_permissions import OperatorActionsMixin
 from . import readers
 from .buckets import BUCKET, floor
 from .choices import HealthLevel, IdleState
-from .models import Collector, HealthEvent, IdleReservation, MaintenanceRun, RollupRun, Series, ShareViolation
+from .models import (
+    Collector,
+    HealthEvent,
+    IdleReservation,
+    MaintenanceRun,
+    RollupRun,
+    Series,
+    ShareViolation,
+    TrespassEvent,
+)
 from .services import health as health_services
 from .services import idle as idle_services
 from .sparkline import sparkline
-from .tasks import evict_over_share_task
+from .tasks import evict_over_share_task, evict_trespass_task
 
 LEVEL_COLOURS = {HealthLevel.NORMAL: "#2e7d32", HealthLevel.WARNING: "#ef6c00", HealthLevel.CRITICAL: "#c62828"}
 
@@ -183,6 +192,57 @@ class ShareViolationAdmin(ReadOnlyAdmin):
         ids = list(queryset.filter(resolved_at__isnull=True).order_by("pk").values_list("pk", flat=True))
         for pk in ids:
             evict_over_share_task.delay_on_commit(pk)
+        self.message_user(request, f"{len(ids)} eviction(s) queued.", messages.SUCCESS)
+
+
+class TrespassOpenFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return [("open", "Open"), ("closed", "Closed")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "open":
+            return queryset.filter(ended_at__isnull=True)
+        if self.value() == "closed":
+            return queryset.filter(ended_at__isnull=False)
+        return queryset
+
+
+@admin.register(TrespassEvent)
+class TrespassEventAdmin(ReadOnlyAdmin):
+    list_display = [
+        "started_at",
+        "kind",
+        "unit",
+        "owner_project",
+        "project",
+        "pod",
+        "state",
+        "ended_at",
+        "evicted_at",
+    ]
+    list_filter = [TrespassOpenFilter, "kind", "gpu__node__cluster"]
+    list_select_related = ["gpu__node", "mig_instance__profile", "owner_project", "project"]
+    search_fields = ["namespace", "pod_name", "pod_uid", "gpu__uuid", "mig_instance__uuid"]
+    actions = ["evict_selected"]
+
+    @admin.display(description="Unit")
+    def unit(self, obj):
+        return _unit(obj.gpu, obj.mig_instance)
+
+    @admin.display(description="Pod")
+    def pod(self, obj):
+        return f"{obj.namespace}/{obj.pod_name}" if obj.pod_name else "-"
+
+    @admin.action(description="Evict the selected trespassing pods now (Eviction API)", permissions=["operate"])
+    def evict_selected(self, request, queryset):
+        ids = list(
+            queryset.filter(ended_at__isnull=True).exclude(pod_name="").order_by("pk").values_list("pk", flat=True)
+        )
+        for pk in ids:
+            evict_trespass_task.delay_on_commit(pk)
         self.message_user(request, f"{len(ids)} eviction(s) queued.", messages.SUCCESS)
 
 

@@ -51,3 +51,9 @@ class ShareState(models.TextChoices):
     EVICTED = "evicted", "Evicted"
     EVICTION_FAILED = "eviction_failed", "Eviction failed"
     RESOLVED = "resolved", "Back within its share"
+
+
+class TrespassKind(models.TextChoices):
+    FOREIGN_POD = "foreign_pod", "Pod on another project's unit"
+    UNALLOCATED_POD = "unallocated_pod", "Pod on an unallocated unit"
+    UNALLOCATED_ACTIVITY = "unallocated_activity", "Activity on an unallocated unit"

@@ -18,7 +18,7 @@ from pools.models import Allocation, GpuPool
 from . import readers
 from .adapters.prometheus import Gauge, render
 from .choices import RollupLevel
-from .models import Collector, HealthEvent, IdleReservation, RollupRun
+from .models import Collector, HealthEvent, IdleReservation, RollupRun, TrespassEvent
 
 POOL_LABELS = ("cluster", "project", "pool")
 
@@ -105,7 +105,28 @@ def gauges(*, now=None) -> list[Gauge]:
         ((c.cluster.name, c.source, c.target), c.last_success_at.timestamp())
         for c in Collector.objects.select_related("cluster").filter(last_success_at__isnull=False)
     ]
-    return [units, sm, pool_events, idle, by_rule, gpus, collectors]
+    trespass = Gauge(
+        "gpuaas_trespass_events_open",
+        "Open trespass events: a unit used by a pod of another project, or used while unallocated "
+        "(owner or project empty when there is none or it is unknown).",
+        ("cluster", "kind", "owner", "project"),
+    )
+    trespass.samples = [
+        (
+            (
+                row["gpu__node__cluster__name"],
+                row["kind"],
+                row["owner_project__slug"] or "",
+                row["project__slug"] or "",
+            ),
+            float(row["n"]),
+        )
+        for row in TrespassEvent.objects.open()
+        .values("gpu__node__cluster__name", "kind", "owner_project__slug", "project__slug")
+        .annotate(n=Count("id"))
+        .order_by("gpu__node__cluster__name", "kind", "owner_project__slug", "project__slug")
+    ]
+    return [units, sm, pool_events, idle, by_rule, gpus, collectors, trespass]
 
 
 def exposition() -> tuple[bytes, str]:

@@ -21,7 +21,16 @@ from capacity.choices import SpecKind
 from pools.models import Allocation
 from tenancy.roles import projects_for, sees_all_projects
 
-from .choices import HealthLevel, HealthRule, IdleProposal, IdleState, MetricSource, RollupLevel, ShareState
+from .choices import (
+    HealthLevel,
+    HealthRule,
+    IdleProposal,
+    IdleState,
+    MetricSource,
+    RollupLevel,
+    ShareState,
+    TrespassKind,
+)
 
 
 class RealField(models.FloatField):
@@ -472,3 +481,91 @@ class ShareViolation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.pod_name}: {self.used_mib} MiB > share {self.share_mib} MiB"
+
+
+class TrespassEventQuerySet(models.QuerySet):
+    def open(self):
+        return self.filter(ended_at__isnull=True)
+
+    def visible_to(self, user):
+        """Operators see every event; a project member sees those on its own units and those by its own pods."""
+        if sees_all_projects(user):
+            return self
+        mine = projects_for(user).values("pk")
+        return self.filter(Q(owner_project__in=mine) | Q(project__in=mine))
+
+
+class TrespassEvent(models.Model):
+    """A unit used by someone it does not belong to: a pod on another project's unit, a pod on an unallocated
+    unit, or activity (SM over MONITORING_TRESPASS_SM_PCT or memory in use) on an unallocated unit.
+
+    Opened by the trespass check (monitoring/services/trespass.py) the first poll it is seen, kept open
+    (last_seen_at) while it lasts, ended the first poll it is not. One open row per (unit, kind, pod).
+    The trespasser's project is charged the unit's list rate for started_at..ended_at (billing); the
+    owner is not billed "used" for that time.
+    """
+
+    kind = models.CharField(max_length=24, choices=TrespassKind)
+    gpu = models.ForeignKey("capacity.GpuCapacity", on_delete=models.CASCADE, related_name="trespass_events")
+    mig_instance = models.ForeignKey(
+        "capacity.MigInstance", null=True, blank=True, on_delete=models.CASCADE, related_name="trespass_events"
+    )
+    unit_key = models.CharField(max_length=40, editable=False, help_text="gpu:<id> or mig:<id>: one open row per unit.")
+    owner_project = models.ForeignKey(
+        "tenancy.Project",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="trespassed_on",
+        help_text="The project holding the unit (empty: unallocated).",
+    )
+    project = models.ForeignKey(
+        "tenancy.Project",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="trespasses",
+        help_text="The offending project, when known (the pod's namespace is a project's).",
+    )
+    workload = models.ForeignKey(
+        "capacity.WorkloadProfile", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    namespace = models.CharField(max_length=63, blank=True)
+    pod_name = models.CharField(max_length=253, blank=True)
+    pod_uid = models.CharField(max_length=64, blank=True)
+    sm_active = models.FloatField(null=True, blank=True, help_text="Activity kind: SM percent when opened.")
+    mem_used_mib = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    eviction_attempted_at = models.DateTimeField(null=True, blank=True)
+    evicted_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    objects = TrespassEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["unit_key", "kind", "pod_uid"],
+                condition=Q(ended_at__isnull=True),
+                name="monitoring_trespass_unique_open",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["ended_at", "-started_at"], name="monitoring_trespass_open"),
+            models.Index(fields=["project", "started_at"], name="monitoring_trespass_project"),
+        ]
+
+    def __str__(self) -> str:
+        who = f"{self.namespace}/{self.pod_name}" if self.pod_name else "unknown process"
+        return f"{self.get_kind_display()}: {who} on {self.unit_key}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.ended_at is None
+
+    @property
+    def state(self) -> str:
+        return "open" if self.ended_at is None else "closed"

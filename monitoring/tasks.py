@@ -23,6 +23,7 @@ from monitoring.services.idle import detect_idle
 from monitoring.services.retention import prune
 from monitoring.services.rollups import run_rollups
 from monitoring.services.timeslice import evict_over_share
+from monitoring.services.trespass import detect_trespass, evict_trespasser
 
 
 def _slot_time(slot: int | None) -> datetime | None:
@@ -35,6 +36,7 @@ def poll_metrics_task() -> dict[str, int]:
     slot = int(poll_slot().timestamp())
     period = settings.METRICS_INTERVAL_S
     dcgm = list(Cluster.objects.exclude(dcgm_exporter_url="").order_by("pk").values_list("pk", flat=True))
+    clusters = list(Cluster.objects.order_by("pk").values_list("pk", flat=True))
     nodes = list(
         NodeCapacity.objects.present()
         .filter(gpu_count__gt=0)
@@ -50,9 +52,11 @@ def poll_metrics_task() -> dict[str, int]:
             poll_node_metrics_task.apply_async(
                 (node_id, slot), queue=node_queue(cluster_name, node_name), expires=period
             )
+        for cluster_id in clusters:
+            detect_trespass_task.apply_async((cluster_id, slot), expires=period)
 
     transaction.on_commit(send)
-    return {"nodes": len(nodes), "dcgm_clusters": len(dcgm)}
+    return {"nodes": len(nodes), "dcgm_clusters": len(dcgm), "trespass_checks": len(clusters)}
 
 
 @shared_task(acks_late=True)
@@ -97,3 +101,16 @@ def cordon_node_task(node_id: int, reason: str = "") -> bool:
 def evict_over_share_task(violation_id: int) -> str | None:
     """Evict a pod far above its share of a time-sliced GPU (MONITORING_EVICT_OVER_SHARE)."""
     return evict_over_share(violation_id)
+
+
+@shared_task(acks_late=True)
+def detect_trespass_task(cluster_id: int, slot: int | None = None) -> dict | None:
+    """Once per poll and cluster: open, keep and end trespass events (monitoring/services/trespass.py)."""
+    result = detect_trespass(cluster_id, at=_slot_time(slot))
+    return None if result is None else result.summary()
+
+
+@shared_task(acks_late=True)
+def evict_trespass_task(event_id: int) -> str:
+    """Evict a trespassing pod through the Eviction API (MONITORING_EVICT_TRESPASS)."""
+    return evict_trespasser(event_id)

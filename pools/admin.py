@@ -242,12 +242,13 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "units",
         "gpus",
         "binding",
+        "binding_note",
         "attempts",
         "created_at",
         "released_at",
     ]
     list_filter = ["state", "tier", "workload_type", "cluster"]
-    list_select_related = ["project", "cluster"]
+    list_select_related = ["project", "cluster", "request"]
     search_fields = ["name", "project__name", "project__slug"]
     readonly_fields = [
         "state",
@@ -284,6 +285,13 @@ class GpuPoolAdmin(admin.ModelAdmin):
     def binding(self, obj):
         """DRA (exact device, docs/dra.md) or device plugin (by count): the cluster's."""
         return obj.cluster.get_binding_display()
+    @admin.display(description="Dedication")
+    def binding_note(self, obj):
+        """The shared-node note, and the units short of the request when an instance was destroyed."""
+        parts = [obj.card()["binding_note"]] if obj.shared_node else []
+        if obj.shortfall:
+            parts.append(f"{obj.shortfall} unit(s) short")
+        return "; ".join(parts) or "-"
 
     @admin.action(description="Retry provisioning of selected failed pools", permissions=["change"])
     def retry_provisioning(self, request, queryset):
@@ -326,6 +334,7 @@ class AllocationAdmin(admin.ModelAdmin):
         "replica",
         "allocated_at",
         "released_at",
+        "end_reason",
     ]
     list_filter = ["kind", "product", "profile_name", ("released_at", admin.EmptyFieldListFilter)]
     list_select_related = ["pool__project", "project", "gpu__node__cluster"]

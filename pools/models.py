@@ -169,7 +169,12 @@ def claim_template_name(pool_id: int, kind: str, profile_name: str = "") -> str:
     if kind == SpecKind.FULL:
         return f"gpuaas-{pool_id}-gpu"
     return f"gpuaas-{pool_id}-mig-{profile_name.replace('+', '.')}"
-CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation")
+
+
+CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation", "shared_node")
+# What a pool says when another project holds units on one of its nodes: under the device plugin
+# (no DRA) the quota and node selector bind a pod to a count of units there, not to these units.
+SHARED_NODE_NOTE = "shared node: binding is by count"
 
 
 class GpuPoolQuerySet(models.QuerySet):
@@ -190,7 +195,14 @@ class GpuPoolQuerySet(models.QuerySet):
             total = queryset.values("pool").annotate(n=expression).values("n")
             return Coalesce(models.Subquery(total), 0)
 
+        # OuterRef(OuterRef): the pool's own nodes are read one level further down, inside `neighbours`.
+        own_nodes = Allocation.objects.active().filter(pool=models.OuterRef(models.OuterRef("pk"))).values("gpu__node")
+        neighbours = (
+            Allocation.objects.active().filter(gpu__node__in=own_nodes).exclude(project=models.OuterRef("project"))
+        )
         return self.annotate(
+            # Under DRA a pod gets exactly the pool's devices, so a shared node binds nothing by count.
+            shared_node=models.Exists(neighbours) & ~models.Q(cluster__binding=Binding.DRA),
             units_total=count(active, models.Count("pk")),
             units_in_use=count(busy, models.Count("pk")),
             gpus_total=count(active, models.Count("gpu", distinct=True)),
@@ -283,7 +295,21 @@ class GpuPool(models.Model):
             "allocation": f"{self.units_in_use}/{self.units_total}",
             "tags": list(self.tags),
             "created": self.created_at.date().isoformat(),
+            "shortfall": self.shortfall,
+            "binding_note": SHARED_NODE_NOTE if self.shared_node else "",
         }
+
+    @property
+    def shortfall(self) -> int:
+        """Units the request asked for that the pool no longer holds (an instance destroyed under it); 0 if whole."""
+        if self.released_at is not None or not self.request_id:
+            return 0
+        held = (
+            self.units_total
+            if hasattr(self, "units_total")
+            else self.allocations.filter(released_at__isnull=True).count()
+        )
+        return max(0, self.request.count - held)
 
 
 class AllocationQuerySet(models.QuerySet):
@@ -291,33 +317,52 @@ class AllocationQuerySet(models.QuerySet):
         return self.filter(released_at__isnull=True)
 
     def in_use(self):
-        """Units with a running workload on them (the seed's "In Use" profiles).
+        """Units with a running workload on them (the seed's "In Use" profiles), by the device the pod really got.
 
-        The device plugin, not gpuaas, picks which device of a resource a pod gets on a node, so use
-        is counted per (project, node, resource): when the project runs N such devices on that node,
-        its first N units there (in allocation order) are in use.
+        The device plugin, not gpuaas, picks which device of a resource a pod gets, so "in use" follows
+        the pod's device (WorkloadProfile's GPU or MIG instance, from the pod's device ids or NVML), not
+        the reservation: a MIG unit is in use when a pod runs on its instance, a full GPU when a pod runs
+        on the GPU. A reservation whose pods ran elsewhere is not in use; the unit they ran on is.
+        Time-slice replicas have no device of their own, and pods whose device is not known yet have
+        none either: those are counted per (project, GPU) and per (project, node, resource): when the
+        project runs N of them there, its first N units there (in allocation order) are in use.
         """
-        here = {
-            "project": models.OuterRef("project"),
-            "resource_name": models.OuterRef("resource_name"),
-        }
+        running = WorkloadProfile.objects.running().order_by()
+        on_instance = running.filter(mig_instance=models.OuterRef("mig_instance"))
+        on_gpu = running.filter(gpu=models.OuterRef("gpu"), mig_instance__isnull=True)
+        by_device = (Q(kind=SpecKind.MIG) & Q(models.Exists(on_instance))) | (
+            Q(kind=SpecKind.FULL) & Q(models.Exists(on_gpu))
+        )
+        replicas = self._first_n(
+            running.filter(gpu=models.OuterRef("gpu"), mig_instance__isnull=True),
+            {"gpu": models.OuterRef("gpu")},
+        )
+        unresolved = self._first_n(
+            running.filter(
+                gpu__isnull=True, node=models.OuterRef("gpu__node"), resource_name=models.OuterRef("resource_name")
+            ),
+            {"gpu__node": models.OuterRef("gpu__node"), "resource_name": models.OuterRef("resource_name")},
+        )
+        return self.filter(by_device | (Q(kind=SpecKind.TIMESLICE) & Q(replicas)) | Q(unresolved))
+
+    @staticmethod
+    def _first_n(workloads, where: dict):
+        """The allocation is among its project's first N units `where`, N being the project's pods counted there."""
         running = (
-            WorkloadProfile.objects.running()
-            .filter(node=models.OuterRef("gpu__node"), **here)
-            .order_by()
+            workloads.filter(project=models.OuterRef("project"))
             .values("project")
             .annotate(n=models.Sum("count"))
             .values("n")
         )
         before = (
             Allocation.objects.active()
-            .filter(gpu__node=models.OuterRef("gpu__node"), pk__lt=models.OuterRef("pk"), **here)
+            .filter(project=models.OuterRef("project"), pk__lt=models.OuterRef("pk"), **where)
             .order_by()
             .values("project")
             .annotate(n=models.Count("pk"))
             .values("n")
         )
-        return self.filter(LessThan(Coalesce(models.Subquery(before), 0), models.Subquery(running)))
+        return LessThan(Coalesce(models.Subquery(before), 0), models.Subquery(running))
 
 
 class Allocation(models.Model):
@@ -341,6 +386,13 @@ class Allocation(models.Model):
     compute_slices = models.PositiveSmallIntegerField(default=7, help_text="Billing weight of the unit.")
     allocated_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(
+        max_length=300,
+        blank=True,
+        editable=False,
+        help_text="Why the unit ended before its pool was released (its MIG instance was destroyed); "
+        "the project's statement says so.",
+    )
 
     objects = AllocationQuerySet.as_manager()
 

@@ -19,6 +19,14 @@ What gpuaas writes, per (project, cluster), all through capacity/adapters/kubern
   Templates are immutable in Kubernetes, so a changed unit set (release, reconfiguration) is written as
   delete + create; claims already made from the old one keep their device until their pod ends.
 
+- on every node whose held units all belong to one project: the taint `gpuaas.io/dedicated=project-<id>:NoSchedule`
+  (removed once another project holds a unit there), and on the project's namespace the matching
+  default toleration and the tolerations it may carry, through the PodTolerationRestriction admission
+  plugin's annotations `scheduler.alpha.kubernetes.io/defaultTolerations` and
+  `.../tolerationsWhitelist` (kubernetes plugin/pkg/admission/podtolerationrestriction): the device
+  plugin binds by count, so only the taint keeps other projects' pods off a dedicated node. A node
+  several projects share says so on their pools ("shared node: binding is by count", GpuPool.with_card).
+
 `reconcile()` makes the cluster match the database and is idempotent: provisioning, retries and
 clean-up after release all call it. Released pools lose their quota and pool label, and nodes
 left with no unit of the project lose the project label; the namespace itself stays.
@@ -26,6 +34,7 @@ left with no unit of the project lose the project label; the namespace itself st
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections import Counter, defaultdict
@@ -47,6 +56,16 @@ from .models import LABEL_PREFIX, Allocation, GpuPool, PoolRequestTransition, cl
 logger = logging.getLogger(__name__)
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuaas"}
+DEDICATED_TAINT = f"{LABEL_PREFIX}dedicated"
+DEFAULT_TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
+TOLERATIONS_WHITELIST_ANNOTATION = "scheduler.alpha.kubernetes.io/tolerationsWhitelist"
+# Tolerations a GPU namespace's pods may carry besides their project's: the GPU Operator's usual node
+# taint, and the two DefaultTolerationSeconds adds to every pod before PodTolerationRestriction runs.
+ALLOWED_TOLERATIONS = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+)
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 # NVIDIA's DRA driver: its name (the attribute domain in CEL) and its DeviceClasses (docs/dra.md).
 DRA_DRIVER = "gpu.nvidia.com"
@@ -63,6 +82,21 @@ def node_selector(project: Project) -> str:
     return f"{project_label(project)}=true"
 
 
+def dedicated_value(project: Project | int) -> str:
+    pk = project if isinstance(project, int) else project.pk
+    return f"project-{pk}"
+
+
+def toleration_annotations(project: Project) -> dict[str, str]:
+    """The namespace's PodTolerationRestriction annotations: its pods tolerate their project's dedicated nodes
+    (by default) and may tolerate no other project's."""
+    own = {"key": DEDICATED_TAINT, "operator": "Equal", "value": dedicated_value(project), "effect": "NoSchedule"}
+    return {
+        DEFAULT_TOLERATIONS_ANNOTATION: json.dumps([own], separators=(",", ":")),
+        TOLERATIONS_WHITELIST_ANNOTATION: json.dumps([own, *ALLOWED_TOLERATIONS], separators=(",", ":")),
+    }
+
+
 @dataclass
 class Desired:
     """What the cluster should hold for one project: quotas to apply and delete, node labels to patch."""
@@ -75,6 +109,8 @@ class Desired:
     cleaned_pools: list[int] = field(default_factory=list)
     dra: bool = False  # the cluster binds by DRA: claim_templates is the complete set to hold
     claim_templates: dict[str, ClaimTemplate] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    node_taints: dict[str, str | None] = field(default_factory=dict)  # node -> dedicated taint value, None: none
 
 
 @dataclass(frozen=True)
@@ -118,7 +154,12 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     )
     held = {p.pk for p in pools if p.released_at is None}
     gone = [p.pk for p in pools if p.released_at is not None]
-    desired = Desired(namespace=project.namespace, node_selector=node_selector(project), cleaned_pools=gone)
+    desired = Desired(
+        namespace=project.namespace,
+        node_selector=node_selector(project),
+        cleaned_pools=gone,
+        annotations=toleration_annotations(project),
+    )
 
     touched: dict[int, set[str]] = defaultdict(set)  # every node a unit of the pool was ever on
     carrying: dict[int, set[str]] = defaultdict(set)  # nodes with a unit the pool still holds
@@ -159,7 +200,19 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     project_nodes = set().union(*carrying.values())
     for node, labels in desired.node_labels.items():
         labels[project_label(project)] = "true" if node in project_nodes else None
+    desired.node_taints = dedicated_taints(cluster, set(desired.node_labels))
     return desired
+
+
+def dedicated_taints(cluster: Cluster, nodes: set[str]) -> dict[str, str | None]:
+    """Node -> the dedicated taint's value it should carry: its one holder's, or None when several projects
+    (or none) hold units there. Computed over every project (one query), so each project's reconcile
+    writes the same answer for a node they share."""
+    holders: dict[str, set[int]] = {name: set() for name in nodes}
+    rows = Allocation.objects.active().filter(gpu__node__cluster=cluster, gpu__node__name__in=nodes)
+    for name, project_id in rows.values_list("gpu__node__name", "project_id").distinct():
+        holders[name].add(project_id)
+    return {name: dedicated_value(next(iter(p))) if len(p) == 1 else None for name, p in sorted(holders.items())}
 
 
 def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesClient.for_cluster) -> Desired:
@@ -169,7 +222,9 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
     """
     desired = desired_state(project, cluster)
     with client_factory(cluster) as kube:
-        kube.ensure_namespace(desired.namespace, labels=MANAGED_BY, node_selector=desired.node_selector)
+        kube.ensure_namespace(
+            desired.namespace, labels=MANAGED_BY, annotations=desired.annotations, node_selector=desired.node_selector
+        )
         for name, hard in desired.quotas.items():
             kube.apply_resource_quota(desired.namespace, name, hard, labels=MANAGED_BY)
         crash_point("provisioning.quotas")  # fault suite: quotas written, node labels not yet
@@ -187,6 +242,11 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
                 if any(v is not None for v in labels.values()):
                     raise
                 # a vanished node carries no label to remove
+        for node, value in desired.node_taints.items():
+            try:
+                kube.set_node_taint(kube.get_node(node), DEDICATED_TAINT, value)
+            except NotFound:
+                pass  # a vanished node: nothing to taint
     if desired.cleaned_pools:
         GpuPool.objects.filter(pk__in=desired.cleaned_pools, deprovisioned_at__isnull=True).update(
             deprovisioned_at=timezone.now()
@@ -288,14 +348,17 @@ def repair_drift(project: Project, cluster: Cluster, kube: KubernetesClient, nod
         meta = kube.get_namespace(desired.namespace).get("metadata") or {}
     except NotFound:
         meta = None
+    namespace = dict(labels=MANAGED_BY, annotations=desired.annotations, node_selector=desired.node_selector)
     if meta is None:
-        kube.ensure_namespace(desired.namespace, labels=MANAGED_BY, node_selector=desired.node_selector)
+        kube.ensure_namespace(desired.namespace, **namespace)
         repairs.append(f"namespace {desired.namespace} recreated")
-    elif (meta.get("annotations") or {}).get(NODE_SELECTOR_ANNOTATION) != desired.node_selector or any(
-        (meta.get("labels") or {}).get(k) != v for k, v in MANAGED_BY.items()
+    elif (
+        (meta.get("annotations") or {}).get(NODE_SELECTOR_ANNOTATION) != desired.node_selector
+        or any((meta.get("labels") or {}).get(k) != v for k, v in MANAGED_BY.items())
+        or any((meta.get("annotations") or {}).get(k) != v for k, v in desired.annotations.items())
     ):
-        kube.patch_namespace(desired.namespace, labels=MANAGED_BY, node_selector=desired.node_selector)
-        repairs.append(f"namespace {desired.namespace}: node selector and labels restored")
+        kube.patch_namespace(desired.namespace, **namespace)
+        repairs.append(f"namespace {desired.namespace}: node selector, tolerations and labels restored")
     rewritten: list[str] = []
     for name, hard in desired.quotas.items():
         try:
@@ -314,6 +377,8 @@ def repair_drift(project: Project, cluster: Cluster, kube: KubernetesClient, nod
         if wrong:
             kube.patch_node_labels(node, wrong)
             repairs.append(f"node {node}: labels {', '.join(sorted(wrong))} restored")
+        if kube.set_node_taint(have, DEDICATED_TAINT, desired.node_taints.get(node)) is not None:
+            repairs.append(f"node {node}: dedicated taint restored")
     templates = apply_claim_templates(kube, desired) if desired.dra else {}
     repairs.extend(templates.values())
     # A pool released while this ran must not keep the quota or claim template just rewritten for it.

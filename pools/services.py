@@ -20,7 +20,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from capacity.choices import Binding
-from capacity.models import Cluster, GpuCapacity, NodeCapacity
+from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from gpuaas.leases import lease_until
 from tenancy.models import Project
 
@@ -361,14 +361,11 @@ def release_allocation(allocation_id: int, *, at: dt.datetime | None = None) -> 
     release() frees whole requests; this frees a single unit (idle reservations).
     Claimed with a conditional UPDATE (released_at still null): a repeat does nothing.
     """
-    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
-
     at = at or timezone.now()
     with transaction.atomic():
         if Allocation.objects.filter(pk=allocation_id, released_at__isnull=True).update(released_at=at) != 1:
             return False
-        allocation = Allocation.objects.select_related("pool").get(pk=allocation_id)
-        reconcile_project_task.delay_on_commit(allocation.project_id, allocation.pool.cluster_id)
+        _reconcile_after_commit(Allocation.objects.select_related("pool").get(pk=allocation_id))
         enqueue_queue_processing()
     return True
 
@@ -417,6 +414,61 @@ def pools_awaiting_cleanup(*, older_than_s: int = 300):
     """Released pools whose Kubernetes clean-up has not succeeded yet (for the periodic sweep)."""
     cutoff = timezone.now() - dt.timedelta(seconds=older_than_s)
     return GpuPool.objects.filter(released_at__lte=cutoff, deprovisioned_at__isnull=True)
+
+
+def rehome_allocations(instance_ids: list[int], *, at: dt.datetime) -> list[str]:
+    """Active MIG allocations on destroyed instances (`instance_ids`) move or end, now, in the caller's transaction.
+
+    Each moves to a free active instance of the same profile on the same GPU (the one at the same
+    start first: the unit is equivalent, the device plugin advertises it under the same resource).
+    Without one it ends: released_at = `at` (billing stops at that second), end_reason says why
+    (the project's statement shows it) and the pool keeps its other units, short of its request
+    (GpuPool.shortfall). Never leaves an active allocation on a destroyed instance. Locks the
+    allocations in primary-key order (select_for_update). Returns one note per allocation.
+    """
+    notes: list[str] = []
+    with transaction.atomic():
+        orphans = list(
+            Allocation.objects.active()
+            .filter(mig_instance_id__in=instance_ids)
+            .exclude(mig_instance__state="active")
+            .select_related("mig_instance__profile", "gpu", "pool")
+            .select_for_update(of=("self",))
+            .order_by("pk")
+        )
+        for allocation in orphans:
+            old = allocation.mig_instance
+            held = Allocation.objects.active().filter(mig_instance__isnull=False).values("mig_instance")
+            candidates = list(
+                MigInstance.objects.active()
+                .filter(gpu_id=allocation.gpu_id, profile_id=old.profile_id)
+                .exclude(pk__in=held)
+                .order_by("placement_start", "pk")
+            )
+            same_start = [m for m in candidates if m.placement_start == old.placement_start]
+            replacement = (same_start or candidates or [None])[0]
+            where = f"{old.profile.name} at {old.placement_start} on GPU {allocation.gpu.uuid}"
+            if replacement is not None and move_mig_allocation(allocation, from_instance=old, to_instance=replacement):
+                notes.append(
+                    f"allocation #{allocation.pk} moved from the destroyed {where} to the {old.profile.name} "
+                    f"at {replacement.placement_start}"
+                )
+                continue
+            reason = f"MIG instance {where} destroyed at {at:%Y-%m-%d %H:%M:%S} UTC; no equivalent instance left"
+            if Allocation.objects.filter(pk=allocation.pk, released_at__isnull=True).update(
+                released_at=at, end_reason=reason
+            ):
+                _reconcile_after_commit(allocation)
+            notes.append(f"allocation #{allocation.pk} ended: {reason}")
+    for note in notes:
+        logger.warning("%s", note)
+    return notes
+
+
+def _reconcile_after_commit(allocation: Allocation) -> None:
+    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
+
+    reconcile_project_task.delay_on_commit(allocation.project_id, allocation.pool.cluster_id)
 
 
 def move_mig_allocation(allocation: Allocation, *, from_instance, to_instance) -> bool:

@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from capacity.choices import Availability, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, find_product
@@ -123,11 +123,26 @@ def _lock(queryset):
     return queryset
 
 
+def _dedicated_first(queryset, request: PoolRequest, *, node: str, gpu: str, then: tuple[str, ...]):
+    """Order candidates so a pool gets whole nodes and whole GPUs where the demand allows: first units on
+    nodes no other project holds anything on, then on GPUs no other project holds anything on, then `then`.
+
+    Under the device plugin, binding is by count: only a node (or GPU) held by one project can be made
+    exclusive (provisioning's dedicated taint); a shared one only says so ("shared node").
+    """
+    others = Allocation.objects.active().exclude(project_id=request.project_id).order_by()
+    return queryset.annotate(
+        _node_shared=Exists(others.filter(gpu__node=OuterRef(node))),
+        _gpu_shared=Exists(others.filter(gpu=OuterRef(gpu))),
+    ).order_by("_node_shared", "_gpu_shared", *then)
+
+
 def take_units(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     """Lock and return up to `need` free units of one cluster (fewer if others hold the rest).
 
     Call inside the approval's transaction; see the module docstring for the locking contract.
-    Units are taken in (node, GPU, placement) order, so a pool packs onto few GPUs and nodes.
+    Units are taken on nodes and GPUs no other project uses first (_dedicated_first), then in (node,
+    GPU, placement) order, so a pool packs onto few GPUs and nodes.
     """
     if request.spec_kind == SpecKind.MIG:
         return _take_mig(request, cluster_id, need)
@@ -142,9 +157,13 @@ def _take_mig(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     seen: list[int] = []
     while len(taken) < need:
         batch = list(
-            _lock(base.exclude(pk__in=seen))
-            .select_related("profile", "gpu__node")
-            .order_by("gpu__node_id", "gpu_id", "placement_start")[: need - len(taken)]
+            _dedicated_first(
+                _lock(base.exclude(pk__in=seen)).select_related("profile", "gpu__node"),
+                request,
+                node="gpu__node",
+                gpu="gpu",
+                then=("gpu__node_id", "gpu_id", "placement_start"),
+            )[: need - len(taken)]
         )
         if not batch:
             break
@@ -181,14 +200,18 @@ def _full_slices(gpu: GpuCapacity) -> int:
     return product.compute_slices if product else 7
 
 
+def _gpu_batch(base, seen: list[int], request: PoolRequest, limit: int) -> list[GpuCapacity]:
+    """The next `limit` candidate GPUs not seen yet, locked, whole nodes and GPUs first (_dedicated_first)."""
+    locked = _lock(base.exclude(pk__in=seen)).select_related("node")
+    return list(_dedicated_first(locked, request, node="node", gpu="pk", then=("node_id", "index"))[:limit])
+
+
 def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     base = full_candidates(request).filter(node__cluster_id=cluster_id)
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
-        batch = list(
-            _lock(base.exclude(pk__in=seen)).select_related("node").order_by("node_id", "index")[: need - len(taken)]
-        )
+        batch = _gpu_batch(base, seen, request, need - len(taken))
         if not batch:
             break
         ids = [g.pk for g in batch]
@@ -207,7 +230,7 @@ def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Un
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
-        batch = list(_lock(base.exclude(pk__in=seen)).select_related("node").order_by("node_id", "index")[:need])
+        batch = _gpu_batch(base, seen, request, need)
         if not batch:
             break
         ids = [g.pk for g in batch]

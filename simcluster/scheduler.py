@@ -172,6 +172,7 @@ def admit_pod(cluster: Cluster, pod: dict) -> None:
             raise forbidden("pods", meta["name"], "pod node label selector conflicts with its namespace node label "
                             "selector")
         spec["nodeSelector"] = {**selector, **wanted}
+    _namespace_tolerations(ns_record.obj, pod)
     check_quota(cluster, pod)
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("schedulerName", "default-scheduler")
@@ -181,6 +182,41 @@ def admit_pod(cluster: Cluster, pod: dict) -> None:
     requests = pod_requests(pod)
     qos = "BestEffort" if not requests else "Burstable"
     pod["status"] = {"phase": "Pending", "qosClass": qos}
+
+
+DEFAULT_TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
+TOLERATIONS_WHITELIST_ANNOTATION = "scheduler.alpha.kubernetes.io/tolerationsWhitelist"
+
+
+def _same_toleration(a: dict, b: dict) -> bool:
+    keys = ("key", "operator", "value", "effect")
+    return all((a.get(k) or ("Equal" if k == "operator" else "")) == (b.get(k) or ("Equal" if k == "operator" else ""))
+               for k in keys)
+
+
+def _namespace_tolerations(namespace: dict, pod: dict) -> None:
+    """The PodTolerationRestriction admission plugin: the namespace's default tolerations are merged into the
+    pod's (a pod toleration of the same key and effect wins), then every toleration must be in the
+    namespace's whitelist, if it has one, or the pod is refused (403)."""
+    from .kube import forbidden
+
+    annotations = namespace["metadata"].get("annotations") or {}
+    spec = pod["spec"]
+    tolerations = list(spec.get("tolerations") or [])
+    defaults = json.loads(annotations.get(DEFAULT_TOLERATIONS_ANNOTATION) or "[]")
+    for default in defaults:
+        if not any(t.get("key") == default.get("key") and t.get("effect") == default.get("effect")
+                   for t in tolerations):
+            tolerations.append(dict(default))
+    if tolerations:
+        spec["tolerations"] = tolerations
+    whitelist = annotations.get(TOLERATIONS_WHITELIST_ANNOTATION)
+    if whitelist is None:
+        return
+    allowed = json.loads(whitelist or "[]")
+    if any(not any(_same_toleration(t, a) for a in allowed) for t in tolerations):
+        raise forbidden("pods", pod["metadata"]["name"], "pod tolerations (possibly merged with namespace default "
+                        "tolerations) conflict with its namespace whitelist")
 
 
 def _tolerated(taint: dict, tolerations: list[dict]) -> bool:

@@ -14,10 +14,14 @@ from django.db.models import DecimalField, ExpressionWrapper, F, OuterRef, Q, Su
 from django.db.models.functions import Coalesce, TruncMonth
 from django.utils import timezone
 
-from .. import rates
+from capacity.choices import SpecKind
+from pools.models import Allocation
+
+from .. import measurements, rates
 from ..choices import LineType, StatementState
 from ..models import CENTS, HOUR_S, LINE_ORDER, Statement, StatementLine, UsageRecord
-from ..periods import month_bounds
+from ..periods import floor_hour, month_bounds
+from .rate_cards import PriceBook
 
 HOURS_PLACES = Decimal("0.0001")
 SM_PLACES = Decimal("0.0001")
@@ -258,3 +262,97 @@ def refresh_totals(statement_ids: list[int]) -> int:
         energy_kwh=_line_sum("energy_kwh", *usage),
         generated_at=timezone.now(),
     )
+
+
+# ---- Lines from events: trespass charges and notices of units that ended early ------------------
+
+
+def event_projects(period: date, *, project_ids: list[int] | None = None) -> set[int]:
+    """Projects with a trespass to pay or a unit that ended early in `period`: they get a statement too."""
+    start, end = month_bounds(period)
+    trespass = measurements.trespasses(start, end, project_ids).values_list("project_id", flat=True)
+    ended = _ended_early(start, end, project_ids).values_list("project_id", flat=True)
+    return set(trespass) | set(ended)
+
+
+def _ended_early(start: datetime, end: datetime, project_ids: list[int] | None):
+    allocations = Allocation.objects.filter(released_at__gte=start, released_at__lt=end).exclude(end_reason="")
+    if project_ids is not None:
+        allocations = allocations.filter(project_id__in=project_ids)
+    return allocations
+
+
+def event_lines(period: date, statements: dict[int, int], *, now: datetime | None = None) -> list[StatementLine]:
+    """Trespass and notice lines of `period` for the draft statements `statements` ({project id: statement id}).
+
+    Trespass: the offending project pays the unit's list rate (the rate card in force at the hour the
+    trespass started; PriceBook, as metering prices a held unit) for the trespass time within the
+    month, started_at until ended_at (now while it lasts). The owner of the unit is not named.
+    Notice: a unit that ended before its pool did (its MIG instance was destroyed) gets a line
+    without charge saying why and when; billing of it stopped at that second.
+    """
+    if not statements:
+        return []
+    start, end = month_bounds(period)
+    now = now or timezone.now()
+    ids = sorted(statements)
+    lines: list[StatementLine] = []
+    book = None
+    events = (
+        measurements.trespasses(start, end, ids)
+        .select_related("gpu__node", "mig_instance__profile")
+        .order_by("started_at", "pk")
+    )
+    for event in events:
+        book = book or PriceBook()
+        stop = min(event.ended_at or now, end)
+        seconds = int((stop - max(event.started_at, start)).total_seconds())
+        if seconds <= 0:
+            continue
+        kind, profile, slices = _trespassed_spec(event)
+        replicas = event.gpu.node.timeslice_replicas if kind == SpecKind.TIMESLICE else 1
+        spec = rates.spec_key(kind, event.gpu.catalog_product or event.gpu.product, profile, replicas)
+        rate = book.price(book.card_at(floor_hour(event.started_at)), spec, slices)
+        whose = "another project's" if event.owner_project_id else "an unallocated"
+        pod = f"{event.namespace}/{event.pod_name}" if event.pod_name else "unknown pod"
+        lines.append(
+            StatementLine(
+                statement_id=statements[event.project_id],
+                line_type=LineType.TRESPASS,
+                position=LINE_ORDER[LineType.TRESPASS],
+                description=(
+                    f"Trespass: {pod} used {whose} {spec.label()} on {event.gpu.node.name} @ {rate.normalize():f}/h"
+                )[:200],
+                hours=_hours(seconds),
+                amount=round_money(rate * seconds / HOUR_S),
+                hourly_rate=rate,
+                reason=f"trespass event #{event.pk} from {event.started_at:%Y-%m-%d %H:%M:%S} UTC",
+                **rates.spec_fields(spec),
+            )
+        )
+    for allocation in _ended_early(start, end, ids).select_related("pool").order_by("released_at", "pk"):
+        lines.append(
+            StatementLine(
+                statement_id=statements[allocation.project_id],
+                pool_id=allocation.pool_id,
+                line_type=LineType.NOTICE,
+                position=LINE_ORDER[LineType.NOTICE],
+                description=(
+                    f"{allocation.pool.name}: {allocation.product} {allocation.profile_name} ended, "
+                    f"billed until {allocation.released_at:%Y-%m-%d %H:%M:%S} UTC"
+                )[:200],
+                amount=Decimal(0),
+                reason=allocation.end_reason,
+            )
+        )
+    return lines
+
+
+def _trespassed_spec(event) -> tuple[str, str, int | None]:
+    """(kind, MIG profile, compute slices) of the unit a trespass event is on."""
+    if event.mig_instance_id:
+        profile = event.mig_instance.profile
+        return SpecKind.MIG, profile.name, profile.compute_slices
+    if event.gpu.node.timeslice_replicas > 1:
+        return SpecKind.TIMESLICE, "", None
+    return SpecKind.FULL, "", None

@@ -23,7 +23,17 @@ from ..choices import LineType, RunKind, RunStatus, StatementState
 from ..models import BillingRun, MonthNotEnded, Statement, StatementFinalised, StatementLine, UsageRecord
 from ..periods import month_bounds, month_start, next_month, previous_month
 from .credits import refresh_credits
-from .lines import billable_records, billed_scope, carry_sources, lines_for, refresh_totals, round_money, statement_rows
+from .lines import (
+    billable_records,
+    billed_scope,
+    carry_sources,
+    event_lines,
+    event_projects,
+    lines_for,
+    refresh_totals,
+    round_money,
+    statement_rows,
+)
 from .metering import meter_usage
 
 
@@ -34,8 +44,9 @@ def _refresh_credits_for(period: date, project_ids: list[int] | None, sources: d
         refresh_credits(*month_bounds(month), project_ids=pids)
 
 
-def _rewrite_lines(drafts: dict[int, Statement], rows: list[dict]) -> None:
-    """Replace the usage, carry-over and credit lines of these drafts (by project) from `rows`; keep adjustments."""
+def _rewrite_lines(drafts: dict[int, Statement], rows: list[dict], period: date) -> None:
+    """Replace the usage, carry-over, credit, trespass and notice lines of these drafts (by project) from `rows`
+    and the period's events; keep adjustments."""
     draft_ids = [s.pk for s in drafts.values()]
     StatementLine.objects.filter(statement_id__in=draft_ids).exclude(line_type=LineType.ADJUSTMENT).delete()
     pool_names = dict(GpuPool.objects.filter(pk__in={row["pool_id"] for row in rows}).values_list("pk", "name"))
@@ -44,6 +55,7 @@ def _rewrite_lines(drafts: dict[int, Statement], rows: list[dict]) -> None:
         statement = drafts.get(row["project_id"])
         if statement is not None:
             new_lines.extend(lines_for(statement.pk, row, pool_names.get(row["pool_id"], "")))
+    new_lines.extend(event_lines(period, {project_id: s.pk for project_id, s in drafts.items()}))
     StatementLine.objects.bulk_create(new_lines, batch_size=2000)
     refresh_totals(draft_ids)
 
@@ -65,7 +77,7 @@ def generate_statements(period: date, *, project_ids: list[int] | None = None) -
     with transaction.atomic():
         records = billable_records(period, project_ids=project_ids, sources=sources)
         rows = statement_rows(records, period, carries=bool(sources))
-        wanted = {row["project_id"] for row in rows}
+        wanted = {row["project_id"] for row in rows} | event_projects(period, project_ids=project_ids)
         if project_ids is not None:
             wanted |= set(Project.objects.filter(pk__in=project_ids).values_list("pk", flat=True))
         existing_ids = Statement.objects.filter(period=period)
@@ -78,7 +90,7 @@ def generate_statements(period: date, *, project_ids: list[int] | None = None) -
         statements = list(
             Statement.objects.select_for_update().filter(period=period, project_id__in=wanted).order_by("pk")
         )
-        _rewrite_lines({s.project_id: s for s in statements if s.state == StatementState.DRAFT}, rows)
+        _rewrite_lines({s.project_id: s for s in statements if s.state == StatementState.DRAFT}, rows, period)
     return list(Statement.objects.filter(pk__in=[s.pk for s in statements]).order_by("project_id"))
 
 
@@ -169,7 +181,7 @@ def finalise_statement(statement: Statement, *, actor=None, now: datetime | None
         sources = carry_sources(period, project_ids=[project_id])
         billable_records(period, project_ids=[project_id], sources=sources).update(billed_on=locked.pk)
         billed = UsageRecord.objects.filter(billed_scope(period, [project_id], sources), billed_on=locked.pk)
-        _rewrite_lines({project_id: locked}, statement_rows(billed, period, carries=bool(sources)))
+        _rewrite_lines({project_id: locked}, statement_rows(billed, period, carries=bool(sources)), period)
         claimed = Statement.objects.filter(pk=locked.pk, state=StatementState.DRAFT).update(
             state=StatementState.FINALISED, finalised_at=timezone.now(), finalised_by=actor
         )

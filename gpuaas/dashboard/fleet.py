@@ -248,6 +248,7 @@ def overview() -> dict:
         "pending": pending_approvals(),
         "health_events": sources.recent_health_events(),
         "idle_reservations": sources.idle_reservations(),
+        "trespass_events": sources.trespass_events(),
         "costs": sources.month_costs(),
         "series": series,
     }

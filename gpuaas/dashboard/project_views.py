@@ -81,6 +81,7 @@ def _overview(request, scope, project=None):
             "requests": projects.recent_requests(scope),
             "profiles": projects.profile_distribution(Allocation.objects.filter(project__in=scope)),
             "costs": table_rows(sources.month_costs(project_ids)),
+            "trespass": table_rows(sources.trespass_events(project_ids)),
             "can_request": project is not None and can_request(request.user, project),
         },
     )

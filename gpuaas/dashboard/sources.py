@@ -5,6 +5,7 @@ Every function here runs a fixed number of queries, whatever the fleet size:
 - latest_unit_metrics: the newest monitoring Sample of each GPU and MIG instance (last 3 polls).
 - health_counters / open_events_by_gpu / recent_health_events: monitoring HealthEvent.
 - idle_reservations: monitoring IdleReservation (open flags).
+- trespass_events: monitoring TrespassEvent (open, and closed in the last day).
 - cluster_series / gpu_series / pool_series: monitoring Rollup5m (5-minute averages).
 - month_costs: billing UsageRecord of the current month, through billing.services.draft_lines,
   rounded per line exactly as a statement rounds.
@@ -33,7 +34,7 @@ from capacity.mig.share import unit_share
 from capacity.models import Cluster
 from monitoring import readers
 from monitoring.choices import HealthLevel, HealthRule, IdleState
-from monitoring.models import HealthEvent, IdleReservation, Rollup5m, Sample, Series
+from monitoring.models import HealthEvent, IdleReservation, Rollup5m, Sample, Series, TrespassEvent
 from monitoring.sample_reads import sample_rows
 from pools.models import Allocation
 from tenancy.models import Project
@@ -179,6 +180,66 @@ def recent_health_events() -> dict:
             {"key": "message", "label": "Message"},
             {"key": "occurrences", "label": "Seen", "num": True, "digits": 0},
             {"key": "opened_at", "label": "Since", "type": "datetime"},
+        ],
+        "items": items,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Trespass events
+# ---------------------------------------------------------------------------------------------
+
+
+def trespass_events(project_ids: list[int] | None = None) -> dict:
+    """Trespass events open now or ended in the last day, newest first. Two queries.
+
+    `project_ids` None: the operator's fleet-wide view. Otherwise only events on those projects' units or
+    by their pods, and any other project is named "another project" (it is not theirs to know).
+    """
+    events = TrespassEvent.objects.filter(
+        Q(ended_at__isnull=True) | Q(ended_at__gte=timezone.now() - timedelta(days=1))
+    )
+    if project_ids is not None:
+        events = events.filter(Q(owner_project_id__in=project_ids) | Q(project_id__in=project_ids))
+    rows = events.select_related("gpu__node__cluster", "mig_instance__profile", "owner_project", "project").order_by(
+        "-started_at", "-id"
+    )[:EVENTS_SHOWN]
+    total = events.filter(ended_at__isnull=True).count()
+
+    def name(project) -> str:
+        if project is None:
+            return "–"
+        return project.slug if project_ids is None or project.pk in project_ids else "another project"
+
+    items = []
+    for event in rows:
+        node = event.gpu.node
+        unit = f" {event.mig_instance.profile.name}@{event.mig_instance.placement_start}" if event.mig_instance else ""
+        items.append(
+            {
+                "id": event.pk,
+                "kind": event.get_kind_display(),
+                "where": f"{node.cluster.name}/{node.name} GPU {event.gpu.index}{unit}",
+                "owner": name(event.owner_project) if event.owner_project else "unallocated",
+                "by": f"{event.namespace}/{event.pod_name}" if event.pod_name else "unknown process",
+                "project": name(event.project),
+                "state": "open" if event.ended_at is None else "closed",
+                "started_at": event.started_at.isoformat(),
+                "url": reverse("admin:gpuaas_dashboard_gpu", args=[event.gpu_id]) if project_ids is None else "",
+            }
+        )
+    return {
+        "available": True,
+        "summary": f"{total} open event{'s' if total != 1 else ''}",
+        "empty": "No trespass: every unit in use is used by its own project.",
+        "columns": [
+            {"key": "kind", "label": "Kind"},
+            {"key": "where", "label": "Unit", "link": "url"},
+            {"key": "owner", "label": "Held by"},
+            {"key": "by", "label": "Used by"},
+            {"key": "project", "label": "Project"},
+            {"key": "state", "label": "State"},
+            {"key": "started_at", "label": "Since", "type": "datetime"},
         ],
         "items": items,
     }

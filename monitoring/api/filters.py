@@ -4,8 +4,8 @@ from django_filters import rest_framework as filters
 
 from capacity.api.strict import IsoDateTimeFilter
 
-from ..choices import HealthLevel, HealthRule, IdleState, MetricSource
-from ..models import HealthEvent, IdleReservation, Series
+from ..choices import HealthLevel, HealthRule, IdleState, MetricSource, TrespassKind
+from ..models import HealthEvent, IdleReservation, Series, TrespassEvent
 
 
 class SeriesFilter(filters.FilterSet):
@@ -48,3 +48,15 @@ class IdleReservationFilter(filters.FilterSet):
     class Meta:
         model = IdleReservation
         fields = ["state", "project", "pool"]
+
+
+class TrespassEventFilter(filters.FilterSet):
+    kind = filters.MultipleChoiceFilter(choices=TrespassKind.choices)
+    open = filters.BooleanFilter(field_name="ended_at", lookup_expr="isnull", help_text="true: open only")
+    cluster = filters.CharFilter(field_name="gpu__node__cluster__name")
+    started_after = IsoDateTimeFilter(field_name="started_at", lookup_expr="gte")
+    started_before = IsoDateTimeFilter(field_name="started_at", lookup_expr="lt")
+
+    class Meta:
+        model = TrespassEvent
+        fields = ["kind", "open", "cluster", "started_after", "started_before"]

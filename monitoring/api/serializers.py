@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..choices import RollupLevel
-from ..models import HealthEvent, IdleReservation, Series
+from ..models import HealthEvent, IdleReservation, Series, TrespassEvent
 from ..readers import AGGREGATES, METRICS
 
 MAX_RANGE = timedelta(days=400)
@@ -172,3 +173,53 @@ class IdleReservationSerializer(serializers.ModelSerializer):
             "detected_at",
             "closed_at",
         ]
+
+
+class TrespassEventSerializer(serializers.ModelSerializer):
+    """A trespass event; the other side's project is named only to those who may see that project."""
+
+    cluster = serializers.CharField(source="gpu.node.cluster.name", read_only=True)
+    node = serializers.CharField(source="gpu.node.name", read_only=True)
+    gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
+    mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None, allow_null=True)
+    profile = serializers.CharField(source="mig_instance.profile.name", read_only=True, default=None, allow_null=True)
+    owner_project = serializers.SerializerMethodField(help_text="Slug of the unit's holder; null when unallocated.")
+    project = serializers.SerializerMethodField(help_text="Slug of the offending project; null when unknown.")
+    state = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = TrespassEvent
+        fields = [
+            "id",
+            "kind",
+            "state",
+            "cluster",
+            "node",
+            "gpu_uuid",
+            "mig_instance_uuid",
+            "profile",
+            "owner_project",
+            "project",
+            "namespace",
+            "pod_name",
+            "sm_active",
+            "mem_used_mib",
+            "started_at",
+            "last_seen_at",
+            "ended_at",
+            "evicted_at",
+        ]
+
+    def _slug(self, project) -> str | None:
+        if project is None:
+            return None
+        visible = self.context.get("visible_project_ids")
+        return project.slug if visible is None or project.pk in visible else "another project"
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_owner_project(self, event) -> str | None:
+        return self._slug(event.owner_project)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_project(self, event) -> str | None:
+        return self._slug(event.project)

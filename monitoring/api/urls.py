@@ -8,5 +8,6 @@ router.register("monitoring/series", views.SeriesViewSet, basename="metric-serie
 router.register("monitoring/pools", views.PoolUtilisationViewSet, basename="pool-utilisation")
 router.register("monitoring/health-events", views.HealthEventViewSet, basename="health-event")
 router.register("monitoring/idle-reservations", views.IdleReservationViewSet, basename="idle-reservation")
+router.register("monitoring/trespass-events", views.TrespassEventViewSet, basename="trespass-event")
 
 urlpatterns: list = []

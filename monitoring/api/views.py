@@ -23,7 +23,7 @@ from pools.models import Allocation, GpuPool
 from tenancy.roles import projects_for, sees_all_projects
 
 from .. import readers
-from ..models import HealthEvent, IdleReservation, Series
+from ..models import HealthEvent, IdleReservation, Series, TrespassEvent
 from . import filters, serializers
 
 
@@ -199,3 +199,27 @@ class IdleReservationViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelV
     filterset_class = filters.IdleReservationFilter
     project_lookup = "allocation__project"
     ordering_fields = ["detected_at", "sm_active_avg"]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Trespass events on my units or by my pods"),
+    retrieve=extend_schema(summary="One trespass event"),
+)
+class TrespassEventViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
+    """Operators see every event; a member sees those on its projects' units and those by its projects' pods."""
+
+    project_lookup = None  # two projects per row (owner and trespasser): TrespassEvent.objects.visible_to(user)
+    queryset = TrespassEvent.objects.select_related(
+        "gpu__node__cluster", "mig_instance__profile", "owner_project", "project"
+    ).order_by("-started_at", "-id")
+    serializer_class = serializers.TrespassEventSerializer
+    filterset_class = filters.TrespassEventFilter
+    ordering_fields = ["started_at", "ended_at"]
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        user = self.request.user
+        context["visible_project_ids"] = (
+            None if sees_all_projects(user) else set(projects_for(user).values_list("pk", flat=True))
+        )
+        return context

@@ -11,6 +11,9 @@ Proposal: release when the unit's memory stayed under MONITORING_IDLE_MEM_MIB (n
 otherwise downsize to the smallest MIG profile of the same product whose memory holds the peak
 with 10 % headroom and that has fewer compute slices; release when none does.
 Time-sliced replicas are not assessed: their GPU-level activity belongs to several tenants.
+Activity follows the device: a unit's own series says what ran on it, so a reservation whose pods ran
+elsewhere is idle; and while another project's pod trespassed on it (TrespassEvent, foreign pod), that
+share of the window is taken out of the owner's activity (taken as even over the window).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from monitoring.choices import IdleProposal, IdleState
 from monitoring.models import IdleReservation
 from pools import services as pool_services
 from pools.models import Allocation
+
+from .trespass import foreign_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +79,7 @@ def detect_idle(*, now: datetime | None = None) -> dict[str, int]:
     )
     series = readers.allocation_series(allocations)
     stats = readers.window_stats(sorted(set(series.values())), start, now)
+    foreign = foreign_seconds({a.pk: (a.gpu_id, a.mig_instance_id) for a in allocations}, start, now)
     result = {"assessed": 0, "flagged": 0, "cleared": 0, "no_data": 0}
     idle_ids = []
     with transaction.atomic():
@@ -85,6 +91,8 @@ def detect_idle(*, now: datetime | None = None) -> dict[str, int]:
                 result["no_data"] += 1
                 continue
             result["assessed"] += 1
+            if foreign.get(allocation.pk):
+                activity *= max(0.0, 1 - foreign[allocation.pk] / window.total_seconds())
             if activity >= threshold:
                 continue
             idle_ids.append(allocation.pk)

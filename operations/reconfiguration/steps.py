@@ -20,10 +20,10 @@ from capacity.choices import ReconfigurationBackend as Backend
 from capacity.choices import ReconfigurationEvent as Event
 from capacity.choices import ReconfigurationStep as Step
 from capacity.mig.catalog import get_product
-from capacity.models import GPUAAS_CONFIG_PREFIX, MigInstance, MigReconfiguration, NodeCapacity
+from capacity.models import GPUAAS_CONFIG_PREFIX, MigReconfiguration, NodeCapacity
 from capacity.services import inventory, mig_configs
 from pools.models import Allocation
-from pools.services import move_mig_allocation
+from pools.services import rehome_allocations
 
 from .outcomes import Advance, ReconfigurationError, Refused, Wait
 from .plan import (
@@ -390,32 +390,17 @@ def rediscover(reconf: MigReconfiguration) -> str:
 
 
 def reattach_allocations(reconf: MigReconfiguration) -> list[str]:
-    """Point active MIG allocations whose instance is gone at the new instance of the same profile at the
-    same start on the same GPU (the unit is equivalent). Allocations left without one are reported.
-    The allocation is re-pointed by pools (pools.services.move_mig_allocation), which owns the table."""
-    notes = []
-    orphans = (
+    """Active MIG allocations on this node whose instance is gone move to a new instance of the same profile on
+    the same GPU, or end (pools.services.rehome_allocations, which owns the table). Rediscovery already did
+    this in its own transaction (the inventory's capacity.services.hooks); this catches any left over and
+    writes what happened to the reconfiguration's trail."""
+    gone = (
         Allocation.objects.active()
         .filter(gpu__node_id=reconf.node_id, mig_instance__isnull=False)
         .exclude(mig_instance__state="active")
-        .select_related("mig_instance__profile")
-        .order_by("id")
+        .values_list("mig_instance_id", flat=True)
     )
-    for allocation in orphans:
-        old = allocation.mig_instance
-        replacement = (
-            MigInstance.objects.active()
-            .filter(gpu_id=allocation.gpu_id, profile_id=old.profile_id, placement_start=old.placement_start)
-            .exclude(pk__in=Allocation.objects.active().filter(mig_instance__isnull=False).values("mig_instance"))
-            .first()
-        )
-        if replacement is not None and move_mig_allocation(allocation, from_instance=old, to_instance=replacement):
-            notes.append(f"allocation #{allocation.pk} moved to the new {old.profile.name} at {old.placement_start}")
-        else:
-            notes.append(
-                f"allocation #{allocation.pk}: its {old.profile.name} at {old.placement_start} is gone and no "
-                f"equivalent instance exists; release or move it"
-            )
+    notes = rehome_allocations(list(gone), at=timezone.now())
     for note in notes:
         audit(reconf, Step.VERIFY, Event.INFO, note)
     return notes

@@ -21,7 +21,7 @@ from tenancy.models import ApiToken, Project
 from .. import queue, services
 from ..choices import Isolation
 from ..exceptions import SpecError
-from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from ..models import SHARED_NODE_NOTE, Allocation, GpuPool, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
 
 # --- Projects and members ------------------------------------------------------------------------
@@ -359,6 +359,12 @@ class GpuPoolSerializer(serializers.ModelSerializer):
         help_text="DRA: the ResourceClaimTemplate in the project's namespace that a pod references "
         "(spec.resourceClaims[].resourceClaimTemplateName) to get one of the pool's units.",
     )
+    shortfall = serializers.IntegerField(
+        read_only=True, help_text="Units the request asked for that the pool no longer holds (instance destroyed)."
+    )
+    binding_note = serializers.SerializerMethodField(
+        help_text='"shared node: binding is by count" when another project holds units on one of its nodes.'
+    )
 
     class Meta:
         model = GpuPool
@@ -384,6 +390,8 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "allocation",
             "binding",
             "claim_template",
+            "shortfall",
+            "binding_note",
             "attempts",
             "provisioned_at",
             "created_at",
@@ -393,6 +401,9 @@ class GpuPoolSerializer(serializers.ModelSerializer):
 
     def get_allocation(self, pool: GpuPool) -> str:
         return f"{pool.units_in_use}/{pool.units_total}"
+
+    def get_binding_note(self, pool: GpuPool) -> str:
+        return SHARED_NODE_NOTE if getattr(pool, "shared_node", False) else ""
 
 
 class AllocationSerializer(serializers.ModelSerializer):

@@ -42,12 +42,29 @@ def test_an_allocation_follows_its_recreated_instance(sim):
 
     allocation.refresh_from_db()
     assert allocation.mig_instance_id == new.pk
-    assert notes == [f"allocation #{allocation.pk} moved to the new 3g.40gb at 4"]
+    assert notes == [
+        f"allocation #{allocation.pk} moved from the destroyed 3g.40gb at 4 on GPU {old.gpu.uuid} to the 3g.40gb at 4"
+    ]
     assert list(reconf.steps.filter(step="verify", event="info").values_list("message", flat=True)) == notes
 
 
-def test_an_allocation_without_an_equivalent_instance_is_reported_and_left_alone(sim):
+def test_an_allocation_moves_to_the_same_profile_at_another_start(sim):
+    """mig-parted may recreate the profile elsewhere on the GPU: the reservation follows it."""
     allocation = allocate(gpu_row("gpu-a", 0), mig_start=4)
+    old = allocation.mig_instance
+    reconf = rc.create(node_row("gpu-a"), {"0": ["3g.40gb", "3g.40gb"]}, backend="operator", force=True)
+    MigInstance.objects.filter(pk=old.pk).update(state=MigInstanceState.GONE)
+    other = MigInstance.objects.active().get(gpu=old.gpu, placement_start=0)
+
+    reattach_allocations(reconf)
+
+    allocation.refresh_from_db()
+    assert (allocation.mig_instance_id, allocation.released_at) == (other.pk, None)
+
+
+def test_an_allocation_without_an_equivalent_instance_ends(sim):
+    allocation = allocate(gpu_row("gpu-a", 0), mig_start=4)
+    allocate(gpu_row("gpu-a", 0), mig_start=0)  # the other 3g.40gb is held: no free equivalent
     old = allocation.mig_instance
     reconf = rc.create(node_row("gpu-a"), {"0": ["3g.40gb", "3g.40gb"]}, backend="operator", force=True)
     MigInstance.objects.filter(pk=old.pk).update(state=MigInstanceState.GONE)
@@ -56,9 +73,9 @@ def test_an_allocation_without_an_equivalent_instance_is_reported_and_left_alone
 
     allocation.refresh_from_db()
     assert allocation.mig_instance_id == old.pk
-    assert notes == [
-        f"allocation #{allocation.pk}: its 3g.40gb at 4 is gone and no equivalent instance exists; release or move it"
-    ]
+    assert allocation.released_at is not None
+    assert allocation.end_reason.startswith(f"MIG instance 3g.40gb at 4 on GPU {old.gpu.uuid} destroyed at ")
+    assert notes == [f"allocation #{allocation.pk} ended: {allocation.end_reason}"]
 
 
 def test_move_mig_allocation_claims_the_move(sim):

@@ -102,7 +102,7 @@ def _world_objects():
         SpecAndCount,
         TimeSlicingPolicy,
     )
-    from monitoring.models import IdleReservation, Series
+    from monitoring.models import IdleReservation, Series, TrespassEvent
     from pools.models import Allocation, AutoApprovalPolicy
     from tenancy.models import ApiToken, Project
     from tenancy.roles import operators_group, set_role
@@ -142,6 +142,16 @@ def _world_objects():
         coverage=0.9,
         proposal="release",
     )
+    trespass = {
+        p: TrespassEvent.objects.create(
+            kind="foreign_pod",
+            gpu=alloc.gpu,
+            mig_instance=alloc.mig_instance,
+            unit_key=f"matrix:{alloc.pk}",
+            owner_project=p,
+        )
+        for p, alloc in ((team_a, a_alloc), (team_b, b_alloc))
+    }
     node = world.gpus["a2-0"].node
     if not SpecAndCount.objects.exists():
         SpecAndCount.objects.create(
@@ -180,6 +190,7 @@ def _world_objects():
         "idle-reservation": pair(
             IdleReservation.objects.get(allocation__project=team_a), IdleReservation.objects.get(allocation=b_alloc)
         ),
+        "trespass-event": pair(trespass[team_a], trespass[team_b]),
         "capacity-cluster": fleet(world.alpha),
         "capacity-discovery-run": fleet(DiscoveryRun.objects.create(cluster=world.alpha)),
         "capacity-node": fleet(node),

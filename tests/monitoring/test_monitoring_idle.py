@@ -137,3 +137,22 @@ def test_dismissed_flags_close_without_touching_the_allocation(fleet, project, o
     allocation.refresh_from_db()
     assert allocation.released_at is None
     assert IdleReservation.objects.get().state == IdleState.DISMISSED
+
+
+def test_activity_of_a_trespasser_is_not_the_owners(fleet, project, other_project, coverage_per_5_minutes):
+    """The unit was busy all day, but with another project's pod: for its owner the reservation is idle."""
+    from monitoring.models import TrespassEvent
+
+    allocation = allocate(project, fleet.mig_3g)
+    fill(series_of(fleet.mig_gpu, fleet.mig_3g), sm=80.0)
+    TrespassEvent.objects.create(
+        kind="foreign_pod",
+        gpu=fleet.mig_gpu,
+        mig_instance=fleet.mig_3g,
+        unit_key=f"mig:{fleet.mig_3g.pk}",
+        owner_project=project,
+        project=other_project,
+        started_at=NOW - timedelta(days=2),
+    )
+    assert detect_idle(now=NOW)["flagged"] == 1
+    assert IdleReservation.objects.get().allocation == allocation

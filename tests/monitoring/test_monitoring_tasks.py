@@ -19,14 +19,16 @@ def test_polls_go_to_each_nodes_queue_after_commit(fleet, settings, django_captu
     with (
         mock.patch.object(tasks.poll_node_metrics_task, "apply_async") as poll,
         mock.patch.object(tasks.scrape_dcgm_task, "apply_async") as scrape,
+        mock.patch.object(tasks.detect_trespass_task, "apply_async") as trespass,
         django_capture_on_commit_callbacks(execute=True),
     ):
-        assert tasks.poll_metrics_task() == {"nodes": 1, "dcgm_clusters": 1}
+        assert tasks.poll_metrics_task() == {"nodes": 1, "dcgm_clusters": 1, "trespass_checks": 2}
     ((args, kwargs),) = poll.call_args_list
     assert args[0][0] == fleet.node.pk and args[0][1] % 30 == 0
     assert kwargs == {"queue": "node.c1.gpu-node-01", "expires": 30}
     ((args, kwargs),) = scrape.call_args_list
     assert args[0][0] == dcgm.pk and kwargs == {"expires": 30}
+    assert sorted(args[0][0] for args, _ in trespass.call_args_list) == sorted([fleet.cluster.pk, dcgm.pk])
 
 
 def test_a_poll_for_a_gone_node_does_nothing(fleet):

@@ -80,7 +80,7 @@ def test_deleted_quota_and_labels_and_edited_namespace_are_restored(sim, provisi
     audit = PoolRequestTransition.objects.filter(request=pool.request, reason__startswith="reconcile").get()
     assert (audit.from_state, audit.to_state) == ("active", "active")
     assert audit.reason == (
-        "reconcile repaired drift: namespace team-a: node selector and labels restored; "
+        "reconcile repaired drift: namespace team-a: node selector, tolerations and labels restored; "
         f"quota team-a/gpuaas-{pool.pk} recreated; node {node}: labels {pool_label}, {project_label} restored"
     )
 

@@ -25,6 +25,17 @@ class NodeCalls(Transport):
     def patch_node_annotations(self, name: str, annotations: dict[str, str | None]) -> Node:
         return self.patch_node(name, {"metadata": {"annotations": annotations}})
 
+    def set_node_taint(self, node: Node, key: str, value: str | None, effect: str = "NoSchedule") -> Node | None:
+        """Make `node` carry the taint `key`=`value`:`effect` (None: carry no `key` taint); None when it already did.
+
+        A merge patch replaces spec.taints whole, so the list is rebuilt from `node` (as read) with
+        every other taint kept."""
+        kept = [t for t in node.taints if t.get("key") != key]
+        wanted = kept + ([{"key": key, "value": value, "effect": effect}] if value is not None else [])
+        if wanted == node.taints:
+            return None
+        return self.patch_node(node.name, {"spec": {"taints": wanted}})
+
     def cordon(self, name: str) -> Node:
         return self.patch_node(name, {"spec": {"unschedulable": True}})
 

@@ -436,6 +436,7 @@
       pending.items, "Pending approvals") : null);
     fill("health_events", panel(data.health_events, "Health events"));
     fill("idle_reservations", panel(data.idle_reservations, "Idle reservations"));
+    fill("trespass_events", panel(data.trespass_events, "Trespass events"));
     fill("costs", panel(data.costs, "Cost this month by project"));
     chartsFor("series", data.series);
   }

@@ -1,0 +1,287 @@
+"""`python manage.py bench dedication`: trespass detection and attribution by device on a shared fleet.
+
+In a throwaway database (benchmarks.pools.bench_database) and an in-process simulator (SimServer):
+NODES H100 nodes of 8 GPUs, half with MIG (2 x 3g.40gb per GPU), half whole GPUs; PROJECTS projects
+share them (two or three per node, one unit per node left unallocated); allocations are written
+straight into the mirror. Then a churn of pods through the simulator's API server: each holder runs
+pods on its node up to its units there, a third of them are deleted, a second wave arrives and some
+projects run pods on nodes where they hold nothing (they ask for units of others). The simulated
+device plugin binds by count, so it hands out whichever devices are free.
+
+One poll cycle: discovery mirrors the pods (WorkloadProfile), then the trespass check runs once.
+
+- trespass_injected: (pod, device) pairs the simulator bound where the device's unit is not held by
+  the pod's project, read from the simulator's pods (device-id annotations) and the allocations;
+- trespass_detected: open trespass events matching such a pair; false_trespass: open events that
+  match none (both by (unit, pod uid));
+- attribution_errors: pods whose mirrored usage (WorkloadProfile unit and project) differs from
+  the device the simulator gave them and their namespace's project;
+- dra_wrong_device: benchmarks.dra_check on a DRA fleet of the same size (pods that got a device outside
+  their claim: must be 0), with dra_pods and dra_forged_obtained_foreign (hand-written claims, see dra.md);
+- detect_s: wall time of the trespass check for the cycle (target: at most 2 s at 200 nodes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from django.test.utils import override_settings
+
+from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
+from capacity.services.discovery import discover_cluster
+from monitoring.models import TrespassEvent
+from monitoring.services.trespass import detect_trespass, unit_key
+from pools.models import Allocation, GpuPool, PoolRequest
+from simcluster import SimServer
+from simcluster.kube import ClusterApi
+from simcluster.scenarios import Scenario
+from tenancy.models import Project
+
+from .dra_check import measure_dra_wrong_device
+from .pools import bench_database
+from .registry import arg, benchmark
+
+CLUSTER = "dedication"
+DEVICE_IDS = "gpuaas.io/device-ids"
+MIG_RESOURCE = "nvidia.com/mig-3g.40gb"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _scenario(nodes: int) -> Scenario:
+    mig_nodes = nodes // 2
+    return Scenario.from_dict(
+        {
+            "name": CLUSTER,
+            "seed": 15,
+            "clusters": [
+                {
+                    "name": CLUSTER,
+                    "node_groups": [
+                        {
+                            "name_prefix": "mig",
+                            "count": mig_nodes,
+                            "product": "H100-80GB",
+                            "gpus_per_node": 8,
+                            "mig_strategy": "mixed",
+                            "mig_layout": ["3g.40gb", "3g.40gb"],
+                        },
+                        {
+                            "name_prefix": "full",
+                            "count": nodes - mig_nodes,
+                            "product": "H100-80GB",
+                            "gpus_per_node": 8,
+                            "mig_strategy": "mixed",
+                        },
+                    ],
+                }
+            ],
+        }
+    )
+
+
+def _allocate(cluster: Cluster, projects: list[Project], rng: random.Random) -> dict[str, dict[int, list[str]]]:
+    """Share every node between two or three projects, one unit per node left free. Returns
+    {node name: {project id: [device uuids held]}}."""
+    units: dict[str, list[tuple[GpuCapacity, MigInstance | None]]] = defaultdict(list)
+    migs = MigInstance.objects.active().filter(gpu__node__cluster=cluster).select_related("gpu__node", "profile")
+    for instance in migs.order_by("gpu__node__name", "gpu__index", "placement_start"):
+        units[instance.gpu.node.name].append((instance.gpu, instance))
+    gpus = GpuCapacity.objects.filter(node__cluster=cluster, mig_mode_current=False).select_related("node")
+    for gpu in gpus.order_by("node__name", "index"):
+        units[gpu.node.name].append((gpu, None))
+    pools: dict[int, GpuPool] = {}
+    rows, held = [], {}
+    for node_name, node_units in sorted(units.items()):
+        holders = rng.sample(projects, rng.choice((2, 3)))
+        held[node_name] = {p.pk: [] for p in holders}
+        for i, (gpu, instance) in enumerate(node_units[:-1]):  # the last unit stays unallocated
+            project = holders[i % len(holders)]
+            kind = "mig" if instance else "full"
+            if (project.pk, kind) not in pools:
+                request = PoolRequest.objects.create(project=project, product="H100-80GB", state="active", count=1)
+                pools[(project.pk, kind)] = GpuPool.objects.create(
+                    project=project,
+                    request=request,
+                    cluster=cluster,
+                    name=f"{kind}-{project.slug}",
+                    workload_type="inference",
+                    state="active",
+                )
+            rows.append(
+                Allocation(
+                    pool=pools[(project.pk, kind)],
+                    project=project,
+                    kind=kind,
+                    gpu=gpu,
+                    mig_instance=instance,
+                    resource_name=instance.profile.resource_name if instance else GPU_RESOURCE,
+                    product="H100-80GB",
+                    profile_name=instance.profile.name if instance else "",
+                    compute_slices=instance.profile.compute_slices if instance else 7,
+                )
+            )
+            held[node_name][project.pk].append(instance.uuid if instance else gpu.uuid)
+    Allocation.objects.bulk_create(rows, batch_size=2000)
+    return held
+
+
+class Churn:
+    """Pods through the simulator's API, as projects would create and delete them."""
+
+    def __init__(self, state, projects: list[Project]):
+        self.state = state
+        self.cluster = state.cluster(CLUSTER)
+        self.api = ClusterApi(self.cluster)
+        self.names = itertools.count(1)
+        self.pods: list[tuple[str, str]] = []
+        with state.lock:
+            for project in projects:
+                self.api.create("namespaces", None, {"metadata": {"name": project.namespace}})
+
+    def run(self, namespace: str, node: str) -> None:
+        resource = MIG_RESOURCE if node.startswith("mig") else GPU_RESOURCE
+        name = f"w{next(self.names)}"
+        body = {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}],
+            },
+        }
+        with self.state.lock:
+            self.api.create("pods", namespace, body)
+        self.pods.append((namespace, name))
+
+    def delete(self, namespace: str, name: str) -> None:
+        with self.state.lock:
+            self.api.delete("pods", namespace, name, 0)
+        self.pods.remove((namespace, name))
+
+    def bound(self) -> list[tuple[str, str, str, list[str]]]:
+        """(namespace, name, uid, device ids) of every running pod the device plugin gave devices."""
+        with self.state.lock:
+            out = []
+            for (namespace, name), record in self.cluster.pods.items():
+                meta, status = record.obj["metadata"], record.obj.get("status") or {}
+                ids = [i for i in (meta.get("annotations") or {}).get(DEVICE_IDS, "").split(",") if i]
+                if ids and status.get("phase") == "Running":
+                    out.append((namespace, name, meta.get("uid", ""), ids))
+            return out
+
+
+def _churn(churn: Churn, held, projects, rng: random.Random) -> None:
+    namespace = {p.pk: p.namespace for p in projects}
+    for node, holders in sorted(held.items()):  # first wave: every holder fills its units but one
+        for project_id, devices in holders.items():
+            for _ in range(max(0, len(devices) - 1)):
+                churn.run(namespace[project_id], node)
+    for pod in rng.sample(list(churn.pods), len(churn.pods) // 3):
+        churn.delete(*pod)
+    for node, holders in sorted(held.items()):  # second wave: some come back, some go elsewhere
+        for project_id in holders:
+            if rng.random() < 0.5:
+                churn.run(namespace[project_id], node)
+        if rng.random() < 0.2:
+            outsider = rng.choice([p for p in projects if p.pk not in holders])
+            churn.run(outsider.namespace, node)
+
+
+def _truth(cluster: Cluster, bound) -> tuple[set, dict]:
+    """The trespasses the simulator actually bound, {(unit key, pod uid)}, and each pod's expected usage."""
+    active = Allocation.objects.active()
+    owner: dict[str, int] = dict(active.filter(mig_instance__isnull=False).values_list("mig_instance__uuid", "project"))
+    owner.update(active.filter(mig_instance__isnull=True).values_list("gpu__uuid", "project"))
+    units: dict[str, tuple[int, int | None]] = {}
+    for pk, uuid, gpu_id in (
+        MigInstance.objects.active().filter(gpu__node__cluster=cluster).values_list("id", "uuid", "gpu_id")
+    ):
+        units[uuid] = (gpu_id, pk)
+    for pk, uuid in GpuCapacity.objects.filter(node__cluster=cluster).values_list("id", "uuid"):
+        units[uuid] = (pk, None)
+    projects = dict(Project.objects.values_list("namespace", "id"))
+    trespass, expected = set(), {}
+    for namespace, _, uid, ids in bound:
+        project_id = projects.get(namespace)
+        expected[uid] = (units[ids[0]], project_id)
+        for device in ids:
+            if owner.get(device) != project_id:
+                trespass.add((unit_key(units[device]), uid))
+    return trespass, expected
+
+
+def _attribution_errors(cluster: Cluster, expected: dict) -> int:
+    mirrored = {
+        uid: ((gpu_id, mig_id), project_id)
+        for uid, gpu_id, mig_id, project_id in WorkloadProfile.objects.running()
+        .filter(cluster=cluster)
+        .values_list("pod_uid", "gpu_id", "mig_instance_id", "project_id")
+    }
+    return sum(1 for uid, want in expected.items() if mirrored.get(uid) != want)
+
+
+@benchmark(
+    "dedication",
+    help="Trespass detection and attribution by device on a fleet shared by projects (one poll cycle).",
+    arguments=[
+        arg("--nodes", type=int, default=200),
+        arg("--projects", type=int, default=50),
+        arg("--keep-db", action="store_true", help="Keep the throwaway database"),
+    ],
+)
+def dedication(*, stdout=None, nodes: int, projects: int, keep_db: bool = False, **_) -> dict:
+    rng = random.Random(15)
+    state = _scenario(nodes).build(mig_manager_delay=3600)
+    server = SimServer(state).start()
+    try:
+        with bench_database(keep_db), tempfile.TemporaryDirectory() as tmp:
+            path = server.write_kubeconfigs(Path(tmp))[CLUSTER]
+            cluster = Cluster.objects.create(name=CLUSTER, kubeconfig_path=str(path))
+            with override_settings(NVML_LIBRARY="benchmarks.capacity.snapshot_nvml"):
+                started = time.perf_counter()
+                outcome = discover_cluster(cluster.pk, inventory="inline")
+                first_sync_s = time.perf_counter() - started
+            if outcome.run.status != "succeeded":
+                return {"error": f"discovery failed: {outcome.run.error}"}
+            people = [
+                Project.objects.create(slug=f"p{i:03d}", name=f"Project {i}", namespace=f"team-{i:03d}")
+                for i in range(projects)
+            ]
+            held = _allocate(cluster, people, rng)
+            churn = Churn(state, people)
+            _churn(churn, held, people, rng)
+            bound = churn.bound()
+            truth, expected = _truth(cluster, bound)
+
+            started = time.perf_counter()  # the poll cycle: workloads mirrored, then the trespass check
+            outcome = discover_cluster(cluster.pk, inventory="none")
+            sync_s = time.perf_counter() - started
+            started = time.perf_counter()
+            detect_trespass(cluster.pk)
+            detect_s = time.perf_counter() - started
+
+            # The same fleet size under DRA (benchmarks.dra_check): no pod may get a device outside its claim.
+            dra = measure_dra_wrong_device(nodes, projects, 15, rounds=2)
+            found = set(TrespassEvent.objects.open().exclude(pod_uid="").values_list("unit_key", "pod_uid"))
+            return {
+                "nodes": nodes,
+                "projects": projects,
+                "units_allocated": Allocation.objects.active().count(),
+                "pods_running": len(bound),
+                "trespass_injected": len(truth),
+                "trespass_detected": len(found & truth),
+                "false_trespass": len(found - truth),
+                "attribution_errors": _attribution_errors(cluster, expected),
+                "dra_wrong_device": dra["dra_wrong_device"],
+                "dra_pods": dra["pods_created"],
+                "dra_forged_obtained_foreign": dra["forged_obtained_foreign"],
+                "detect_s": round(detect_s, 3),
+                "workload_sync_s": round(sync_s, 3),
+                "first_sync_s": round(first_sync_s, 3),
+            }
+    finally:
+        server.stop()
