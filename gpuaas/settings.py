@@ -220,6 +220,8 @@ SPECTACULAR_SETTINGS = {
         "ReconfigurationEventEnum": "capacity.choices.ReconfigurationEvent",
         "RequestStateEnum": "pools.choices.RequestState",
         "PoolStateEnum": "pools.choices.PoolState",
+        "IsolationNeedEnum": "pools.choices.IsolationNeed",
+        "IsolationOrNeedEnum": "pools.choices.ISOLATION_OR_NEED",
         "RoleEnum": "tenancy.choices.Role",
         "StatementStateEnum": "billing.choices.StatementState",
         "LineTypeEnum": "billing.choices.LineType",

@@ -20,7 +20,7 @@ from capacity.models import WorkloadProfile
 from tenancy.models import Project
 
 from .cards import utilisation_expression
-from .choices import Isolation, PoolState, RequestState, WorkloadType
+from .choices import Isolation, IsolationNeed, PoolState, RequestState, WorkloadType
 
 
 class PoolRequestQuerySet(models.QuerySet):
@@ -62,6 +62,15 @@ class PoolRequest(models.Model):
     count = models.PositiveIntegerField(validators=[MinValueValidator(1)], default=1)
     memory_gib = models.PositiveIntegerField(null=True, blank=True, help_text="Declared need, if no spec given.")
     compute_fraction = models.DecimalField(max_digits=4, decimal_places=3, null=True, blank=True)
+    declared_isolation = models.CharField(
+        max_length=16, choices=IsolationNeed, blank=True, help_text="Declared isolation need, when matched."
+    )
+    offer = models.JSONField(
+        default=dict, blank=True, editable=False, help_text="The offer matching chose (pools/matching.py)."
+    )
+    offer_reason = models.TextField(
+        blank=True, editable=False, help_text="Why that offer: the ranking and each rejected alternative."
+    )
     start_at = models.DateTimeField(default=timezone.now)
     end_at = models.DateTimeField(null=True, blank=True, help_text="Empty = open-ended.")
     justification = models.TextField(blank=True)
@@ -172,6 +181,9 @@ class GpuPool(models.Model):
     workload_type = models.CharField(max_length=16, choices=WorkloadType)
     tier = models.CharField(max_length=8, choices=Tier, blank=True)
     tags = models.JSONField(default=list, blank=True)
+    placement = models.CharField(
+        max_length=200, blank=True, editable=False, help_text="Where the units sit, when that matters (one node)."
+    )
     state = models.CharField(max_length=16, choices=PoolState, default=PoolState.PROVISIONING, editable=False)
     state_reason = models.TextField(blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)

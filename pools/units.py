@@ -26,6 +26,7 @@ from capacity.mig.catalog import PRODUCTS, find_product
 from capacity.mig.planner import GpuState, plan_onto_gpus
 from capacity.models import Cluster, GpuCapacity, MigInstance
 
+from . import topology
 from .models import Allocation, PoolRequest
 
 TIMESLICE_RESOURCE = "nvidia.com/gpu"
@@ -87,6 +88,18 @@ def full_candidates(request: PoolRequest):
     return queryset
 
 
+def full_hosts(request: PoolRequest):
+    """Present whole GPUs full_candidates() draws from, free or not (what a node could hold once released)."""
+    queryset = GpuCapacity.objects.units().filter(
+        _product_q(request.product),
+        Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
+        node__timeslice_replicas__lte=1,
+    )
+    if request.cluster_id:
+        queryset = queryset.filter(node__cluster_id=request.cluster_id)
+    return queryset
+
+
 def timeslice_candidates(request: PoolRequest):
     """GPUs of time-sliced nodes with at least one replica not held, annotated `free`."""
     queryset = GpuCapacity.objects.with_free_replicas().filter(
@@ -102,6 +115,8 @@ def free_by_cluster(request: PoolRequest) -> dict[int, int]:
     if request.spec_kind == SpecKind.MIG:
         rows = mig_candidates(request).values("gpu__node__cluster").annotate(n=Count("pk"))
         return {r["gpu__node__cluster"]: r["n"] for r in rows.order_by()}
+    if topology.one_node(request):
+        return topology.best_per_cluster(topology.free_by_node(full_candidates(request)))
     if request.spec_kind == SpecKind.FULL:
         rows = full_candidates(request).values("node__cluster").annotate(n=Count("pk"))
         return {r["node__cluster"]: r["n"] for r in rows.order_by()}
@@ -183,6 +198,17 @@ def _full_slices(gpu: GpuCapacity) -> int:
 
 def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     base = full_candidates(request).filter(node__cluster_id=cluster_id)
+    if topology.one_node(request):
+        by_node = topology.free_by_node(base)
+        for node_id in topology.nodes_that_fit(by_node, cluster_id, need):
+            taken = _take_full_from(base.filter(node_id=node_id), cluster_id, need)
+            if len(taken) == need:
+                return taken
+        return []
+    return _take_full_from(base, cluster_id, need)
+
+
+def _take_full_from(base, cluster_id: int, need: int) -> list[Unit]:
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
@@ -250,7 +276,10 @@ def shortage(request: PoolRequest, free: dict[int, int]) -> tuple[str, dict]:
     best_free = free.get(best, 0) if best is not None else 0
     total = sum(free.values())
     what = f"{request.count} x {unit_label(request)}"
-    if len(free) > 1:
+    if topology.one_node(request):
+        where = f" on {names[best]}" if best is not None else ""
+        message = f"need {what} on one node, at most {best_free} free on one node{where}"
+    elif len(free) > 1:
         message = f"need {what} on one cluster, at most {best_free} free on one ({names[best]}), {total} free in all"
     else:
         message = f"need {what}, {best_free} free"
@@ -261,6 +290,13 @@ def shortage(request: PoolRequest, free: dict[int, int]) -> tuple[str, dict]:
         "free_by_cluster": {names[c]: n for c, n in sorted(free.items(), key=lambda kv: names[kv[0]])},
         "reconfiguration": None,
     }
+    if topology.one_node(request):
+        fit = topology.what_would_fit(request, full_candidates(request), full_hosts(request))
+        detail["one_node"] = fit
+        if fit["node"] is None:
+            message += f"; no node has {request.count} such GPUs (the largest has {fit['largest']})"
+        else:
+            message += f"; {fit['node']} would hold it once {fit['to_release']} of its {fit['gpus']} GPUs are released"
     if request.spec_kind == SpecKind.MIG:
         hint = reconfiguration_hint(request, free)
         detail["reconfiguration"] = hint

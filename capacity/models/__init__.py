@@ -20,6 +20,7 @@ from .reconfiguration import (
     MigReconfigurationStep,
 )
 from .specs import SpecAndCount, SpecAndCountQuerySet
+from .tiers import TierProfilePolicy
 from .workloads import WorkloadProfile, WorkloadProfileQuerySet
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "NodeCapacityQuerySet",
     "SpecAndCount",
     "SpecAndCountQuerySet",
+    "TierProfilePolicy",
     "TimeSlicingPolicy",
     "WorkloadProfile",
     "WorkloadProfileQuerySet",
