@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db.models import Q
+
 from .choices import Tier
 from .mig.catalog import find_product
 from .models import TierProfilePolicy
@@ -51,11 +53,13 @@ def policies() -> dict[str, Policy]:
 
 
 def compute_slices(product: str, profile_name: str) -> int | None:
+    """A profile's compute slices: from the catalog, or the "<n>g" its name starts with (the same on every product)."""
     catalog_product = find_product(product) if product else None
-    if catalog_product is None:
-        return None
-    profile = catalog_product.by_name.get(profile_name)
-    return profile.compute_slices if profile else None
+    profile = catalog_product.by_name.get(profile_name) if catalog_product else None
+    if profile is not None:
+        return profile.compute_slices
+    head = profile_name.split("g.", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def profile_allowed(tier: str, product: str, profile_name: str, table: dict[str, Policy] | None = None) -> bool:
@@ -77,3 +81,21 @@ def allowed_profiles(tier: str, product: str, table: dict[str, Policy] | None = 
         return []
     policy = (table or DEFAULT_POLICIES).get(tier, Policy())
     return [p.name for p in catalog_product.profiles if policy.allows(p.compute_slices)]
+
+
+def allowed_instances_q(table: dict[str, Policy] | None = None, prefix: str = "") -> Q:
+    """MIG instances whose profile their node's tier allows, as one filter on MigInstance (`prefix` for joins)."""
+    condition = Q()
+    for tier, policy in (table if table is not None else policies()).items():
+        if policy.min_compute_slices <= 1 and policy.max_compute_slices >= 8:
+            continue
+        condition &= ~Q(**{f"{prefix}gpu__node__tier": tier}) | Q(
+            **{f"{prefix}profile__compute_slices__range": (policy.min_compute_slices, policy.max_compute_slices)}
+        )
+    return condition
+
+
+def tiers_allowing(product: str, profile_name: str, table: dict[str, Policy] | None = None) -> list[str]:
+    """The tiers whose nodes may carry `profile_name` (for the planners: GPUs of other tiers are left out)."""
+    table = table if table is not None else policies()
+    return [tier for tier in Tier.values if profile_allowed(tier, product, profile_name, table)]

@@ -399,6 +399,7 @@ def every(seconds: int, task: str) -> dict:
 # Static beat schedule; `expires` equals the period so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
     "discover-all-clusters": every(DISCOVERY_INTERVAL_S, "capacity.tasks.discover_all_task"),
+    "capacity-reconcile-tier-labels": every(DISCOVERY_INTERVAL_S, "capacity.tasks.reconcile_all_tier_labels_task"),
     "capacity-sweep-reconfigurations": every(MIG_RECONFIG_SWEEP_S, "capacity.tasks.sweep_reconfigurations_task"),
     "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
     "pools-sweep-provisioning": every(WORKFLOW_SWEEP_S, "pools.tasks.sweep_provisioning_task"),

@@ -141,6 +141,7 @@ class PoolRequestTransition(models.Model):
 
 
 LABEL_PREFIX = "gpuaas.io/"
+TIER_LABEL = f"{LABEL_PREFIX}tier"
 CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation")
 
 
@@ -227,6 +228,22 @@ class GpuPool(models.Model):
     @property
     def quota_name(self) -> str:
         return f"gpuaas-{self.pk}"
+
+    def scheduling(self) -> dict:
+        """What the pool's pods carry to land on its nodes: the pool's node label and its tier's.
+
+        Provisioning publishes it in the project's namespace (ConfigMap gpuaas-pool-<id>) and the
+        API shows it; node affinity per tier is how the seed puts each tier's work on its nodes.
+        """
+        selector = {self.pool_label: "true"}
+        if self.tier:
+            selector[TIER_LABEL] = self.tier
+        terms = [{"key": key, "operator": "In", "values": [value]} for key, value in selector.items()]
+        required = {"nodeSelectorTerms": [{"matchExpressions": terms}]}
+        return {
+            "nodeSelector": selector,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}},
+        }
 
     def card(self) -> dict:
         """The seed's pool card. Reads the with_card() annotations when present, else counts (3 queries)."""

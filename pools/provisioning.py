@@ -12,7 +12,10 @@ What gpuaas writes, per (project, cluster), all through capacity/adapters/kubern
   quota of a namespace independently (a pod must fit all of them), so each quota carries the
   namespace's total over all held pools of the project on that cluster: two pools of 2 x 3g.40gb
   give two quotas of `requests.nvidia.com/mig-3g.40gb: "4"`. GPU resources the nodes offer but the
-  project was not granted are listed with "0", so the project cannot take a neighbour's units.
+  project was not granted are listed with "0", so the project cannot take a neighbour's units;
+- one ConfigMap `gpuaas-pool-<pool id>` per held pool in that namespace with the pool's scheduling
+  (GpuPool.scheduling(): a node selector and the equivalent required node affinity on the pool's
+  label and its tier's `gpuaas.io/tier`), for the team's pod specs; a released pool's is deleted.
 
 `reconcile()` makes the cluster match the database and is idempotent: provisioning, retries and
 clean-up after release all call it. Released pools lose their quota and pool label, and nodes
@@ -21,6 +24,7 @@ left with no unit of the project lose the project label; the namespace itself st
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections import Counter, defaultdict
@@ -53,6 +57,20 @@ def node_selector(project: Project) -> str:
     return f"{project_label(project)}=true"
 
 
+def placement_name(pool_id: int) -> str:
+    return f"gpuaas-pool-{pool_id}"
+
+
+def placement_data(pool: GpuPool) -> dict[str, str]:
+    """The pool's scheduling (node selector and node affinity on its pool and tier labels) as ConfigMap data."""
+    scheduling = pool.scheduling()
+    return {
+        "tier": pool.tier,
+        "nodeSelector.json": json.dumps(scheduling["nodeSelector"], sort_keys=True),
+        "affinity.json": json.dumps(scheduling["affinity"], sort_keys=True),
+    }
+
+
 @dataclass
 class Desired:
     """What the cluster should hold for one project: quotas to apply and delete, node labels to patch."""
@@ -63,6 +81,8 @@ class Desired:
     stale_quotas: list[str] = field(default_factory=list)
     node_labels: dict[str, dict[str, str | None]] = field(default_factory=dict)
     cleaned_pools: list[int] = field(default_factory=list)
+    placements: dict[str, dict[str, str]] = field(default_factory=dict)  # ConfigMap name -> data
+    stale_placements: list[str] = field(default_factory=list)
 
 
 def desired_state(project: Project, cluster: Cluster) -> Desired:
@@ -95,6 +115,8 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     hard.update({f"requests.{r}": str(n) for r, n in granted.items()})
     desired.quotas = {f"gpuaas-{pk}": dict(sorted(hard.items())) for pk in sorted(held)}
     desired.stale_quotas = [f"gpuaas-{pk}" for pk in gone]
+    desired.placements = {placement_name(p.pk): placement_data(p) for p in pools if p.released_at is None}
+    desired.stale_placements = [placement_name(pk) for pk in gone]
 
     # A unit released on its own (monitoring's idle release) takes its node out of the pool too.
     for pk in sorted(touched):
@@ -122,6 +144,13 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
         for name in desired.stale_quotas:
             try:
                 kube.delete_resource_quota(desired.namespace, name)
+            except NotFound:
+                pass
+        for name, data in sorted(desired.placements.items()):
+            kube.apply_config_map(desired.namespace, name, data, labels=MANAGED_BY)
+        for name in desired.stale_placements:
+            try:
+                kube.delete_config_map(desired.namespace, name)
             except NotFound:
                 pass
         for node, labels in sorted(desired.node_labels.items()):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.models import Count, Q, Sum
 
+from capacity import tiers
 from capacity.choices import Availability, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, find_product
 from capacity.mig.planner import GpuState, plan_onto_gpus
@@ -68,7 +69,9 @@ def _tier_q(request: PoolRequest, allowed: tuple[str, ...], prefix: str = "") ->
 
 def mig_candidates(request: PoolRequest):
     """Free MIG instances (MigInstance.objects.free()) of the requested profile, product, tier and cluster."""
-    queryset = MigInstance.objects.free().filter(_tier_q(request, (), "gpu__"), profile__name=request.profile_name)
+    queryset = MigInstance.objects.free().filter(
+        _tier_q(request, (), "gpu__"), tiers.allowed_instances_q(), profile__name=request.profile_name
+    )
     if request.product:
         queryset = queryset.filter(profile__product=request.product)
     if request.cluster_id:
@@ -327,6 +330,7 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
     of the remaining slices may change. Returns None when no reconfiguration adds a unit.
     """
     gpus = GpuCapacity.objects.usable().filter(_tier_q(request, ()), mig_mode_current=True)
+    gpus = gpus.filter(node__tier__in=tiers.tiers_allowing(request.product, request.profile_name))
     if request.product:
         gpus = gpus.filter(catalog_product=request.product)
     else:

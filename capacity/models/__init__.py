@@ -20,7 +20,7 @@ from .reconfiguration import (
     MigReconfigurationStep,
 )
 from .specs import SpecAndCount, SpecAndCountQuerySet
-from .tiers import TierProfilePolicy
+from .tiers import TierAssignment, TierProfilePolicy
 from .workloads import WorkloadProfile, WorkloadProfileQuerySet
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "NodeCapacityQuerySet",
     "SpecAndCount",
     "SpecAndCountQuerySet",
+    "TierAssignment",
     "TierProfilePolicy",
     "TimeSlicingPolicy",
     "WorkloadProfile",

@@ -48,6 +48,7 @@ from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, Spe
 
 from . import bulk, workloads
 from .inventory import InventoryResult, inventory_nodes
+from .tiers import assigned_tiers
 
 logger = logging.getLogger(__name__)
 
@@ -369,6 +370,7 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
         )
     }
     ids = {name: row[0] for name, row in existing.items()}
+    assigned = assigned_tiers(cluster)  # gpuaas owns these nodes' tiers, whatever their label says now
     current = FINGERPRINT_VERSION + ":"
     changed: list[tuple[kube.Node, dict, str]] = []
     for node in nodes:
@@ -386,6 +388,8 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
         else:
             digest = fingerprint(node)
         values = node_values(node)
+        if node.name in assigned:
+            values["tier"] = assigned[node.name]
         result.gpus_seen += values["gpu_count"]
         result.not_ready += not values["ready"]
         changed.append((node, values, digest))

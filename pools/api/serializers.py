@@ -366,6 +366,9 @@ class GpuPoolSerializer(serializers.ModelSerializer):
     profiles_in_use = serializers.IntegerField(source="units_in_use", read_only=True)
     utilisation = serializers.FloatField(read_only=True, allow_null=True, help_text="Average SM activity 0..1.")
     allocation = serializers.SerializerMethodField()
+    scheduling = serializers.SerializerMethodField(
+        help_text="nodeSelector and affinity for the pool's pods: its pool label and its tier (gpuaas.io/tier)."
+    )
 
     class Meta:
         model = GpuPool
@@ -382,6 +385,7 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "spec",
             "tags",
             "placement",
+            "scheduling",
             "state",
             "state_reason",
             "total_gpus",
@@ -399,6 +403,10 @@ class GpuPoolSerializer(serializers.ModelSerializer):
 
     def get_allocation(self, pool: GpuPool) -> str:
         return f"{pool.units_in_use}/{pool.units_total}"
+
+    @extend_schema_field(serializers.DictField())
+    def get_scheduling(self, pool: GpuPool) -> dict:
+        return pool.scheduling()
 
 
 class AllocationSerializer(serializers.ModelSerializer):
