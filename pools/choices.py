@@ -7,6 +7,7 @@ class Isolation(models.TextChoices):
     MIG = "mig", "Hardware-isolated (MIG)"
     FULL = "full", "Full GPU"
     TIMESLICE = "timeslice", "Shared (time-slicing)"
+    MPS = "mps", "Shared with limits (MPS)"
 
 
 class WorkloadType(models.TextChoices):

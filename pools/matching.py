@@ -29,7 +29,7 @@ from fractions import Fraction
 
 from django.db.models import Count, Max, Q
 
-from capacity.choices import SpecKind, Tier
+from capacity.choices import SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, Product, find_product
 from capacity.mig.share import unit_share
 from capacity.models import GpuCapacity
@@ -63,9 +63,14 @@ KIND_ISOLATION: dict[str, tuple[str, str]] = {
     SpecKind.MIG: (IsolationNeed.HARDWARE, ""),
     SpecKind.TIMESLICE: (IsolationNeed.NONE, "no memory isolation"),
 }
+# An MPS replica: a time-slice replica on a node whose device plugin shares through MPS, so each
+# client is capped at memory / replicas and 100 / replicas % of the SMs (no one starves the others).
+MPS = "mps"
+KIND_ISOLATION[MPS] = (IsolationNeed.NONE, "no memory isolation (MPS caps each client, but faults are shared)")
+# Shared without limits: a long run starves the GPU's other tenants.
 SHARED_KINDS = frozenset({SpecKind.TIMESLICE})
 # On equal tier and price, the kind that isolates more wins.
-KIND_ORDER = (SpecKind.FULL, SpecKind.MIG, SpecKind.TIMESLICE)
+KIND_ORDER = (SpecKind.FULL, SpecKind.MIG, MPS, SpecKind.TIMESLICE)
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ class Candidate:
     def tier(self, workload_type: str) -> str:
         if self.kind == SpecKind.MIG:
             return Tier.SLA_INFERENCE if workload_type == WorkloadType.INFERENCE else Tier.STAGING
-        if self.kind in SHARED_KINDS:
+        if self.kind in SHARED_KINDS or self.kind == MPS:
             return Tier.DEVELOPMENT
         return Tier.TRAINING
 
@@ -128,11 +133,17 @@ class Candidate:
             return f"MIG {self.profile_name} ({self.product})"
         if self.kind == SpecKind.TIMESLICE:
             return f"time-slicing ({self.product}, 1/{self.replicas})"
+        if self.kind == MPS:
+            return f"MPS ({self.product}, 1/{self.replicas})"
         return f"full GPU ({self.product})"
 
     @property
+    def spec_kind(self) -> str:
+        return SpecKind.TIMESLICE if self.kind == MPS else self.kind
+
+    @property
     def share(self) -> Fraction:
-        return unit_share(self.kind, self.product, self.profile_name, replicas=self.replicas)
+        return unit_share(self.spec_kind, self.product, self.profile_name, replicas=self.replicas)
 
 
 @dataclass
@@ -178,7 +189,7 @@ class Offer:
         """The PoolRequest fields this offer sets."""
         c = self.candidate
         return {
-            "spec_kind": c.kind,
+            "spec_kind": c.spec_kind,
             "isolation": c.kind,
             "tier": self.tier,
             "product": c.product,
@@ -302,11 +313,13 @@ def _measure(need: Need, c: Candidate, price, policy_table) -> Offer:
     memory = need.memory_gib
     if c.kind == SpecKind.FULL and memory and memory > c.memory_gib and need.workload_type == WorkloadType.TRAINING:
         gpus_per_unit = math.ceil(Fraction(memory) / c.memory_gib)  # training spreads a model over GPUs
-    offer = Offer(c, tier, need.count, gpus_per_unit, price(c.kind, c.product, c.profile_name, c.replicas))
+    offer = Offer(c, tier, need.count, gpus_per_unit, price(c.spec_kind, c.product, c.profile_name, c.replicas))
     reject = offer.failures.append
 
     if memory and memory > c.memory_gib * gpus_per_unit:
-        if c.kind == SpecKind.TIMESLICE:
+        if c.kind == MPS:
+            reject(("memory_gib", f"each client is capped at {_gib(c.memory_gib)} GiB, you asked for {memory} GiB"))
+        elif c.kind == SpecKind.TIMESLICE:
             reject(
                 (
                     "memory_gib",
@@ -324,6 +337,8 @@ def _measure(need: Need, c: Candidate, price, policy_table) -> Offer:
                 f"a replica gets 1/{c.replicas} of the GPU's compute on average, with no guarantee;"
                 f" you asked for {need.compute_fraction}"
             )
+        elif c.kind == MPS:
+            why = f"each client is capped at {100 // c.replicas}% of the SMs; you asked for {need.compute_fraction}"
         else:
             why = f"gives {_frac(c.compute)} of a GPU's compute, you asked for {need.compute_fraction}"
         reject(("compute_fraction", why))
@@ -335,6 +350,8 @@ def _measure(need: Need, c: Candidate, price, policy_table) -> Offer:
         if why:
             reject(("end_at", why))
         offer.note = "shared compute and memory: a neighbour can slow you down or take memory"
+    if c.kind == MPS:
+        offer.note = f"capped at {_gib(c.memory_gib)} GiB and {100 // c.replicas}% of the SMs; faults are shared"
     if c.kind == SpecKind.MIG:
         if not profile_allowed(tier, c.product, c.profile_name, policy_table):
             reject(("tier", f"tier {tier} takes {policy_label(tier, policy_table)} (tier profile policy)"))
@@ -403,8 +420,9 @@ def full_candidate(product: str, memory_gib: Fraction, gpus_per_node: int) -> Ca
     return Candidate(SpecKind.FULL, product, memory_gib, Fraction(1), gpus_per_node=max(1, gpus_per_node))
 
 
-def timeslice_candidate(product: str, memory_gib: Fraction, replicas: int) -> Candidate:
-    return Candidate(SpecKind.TIMESLICE, product, memory_gib / replicas, Fraction(1, replicas), replicas=replicas)
+def timeslice_candidate(product: str, memory_gib: Fraction, replicas: int, *, mps: bool = False) -> Candidate:
+    kind = MPS if mps else SpecKind.TIMESLICE
+    return Candidate(kind, product, memory_gib / replicas, Fraction(1, replicas), replicas=replicas)
 
 
 def fleet_candidates(*, cluster_id: int | None = None) -> list[Candidate]:
@@ -442,17 +460,20 @@ def fleet_candidates(*, cluster_id: int | None = None) -> list[Candidate]:
     out += [full_candidate(name, memory, n) for name, (memory, n) in sorted(full.items())]
     shared = (
         whole.filter(Q(node__timeslice_replicas__gt=1))
-        .values("catalog_product", "product", "node__timeslice_replicas")
+        .values("catalog_product", "product", "node__timeslice_replicas", "node__sharing_strategy")
         .annotate(mib=Max("memory_mib"))
         .order_by()
     )
     seen = set()
     for row in shared:
         name = row["catalog_product"] or row["product"]
-        key = (name, row["node__timeslice_replicas"])
+        mps = row["node__sharing_strategy"] == SharingStrategy.MPS
+        key = (name, row["node__timeslice_replicas"], mps)
         if key not in seen:
             seen.add(key)
-            out.append(timeslice_candidate(name, _memory(name, row["mib"]), row["node__timeslice_replicas"]))
+            memory = _memory(name, row["mib"])
+            out.append(timeslice_candidate(name, memory, row["node__timeslice_replicas"], mps=mps))
+    out.sort(key=lambda c: (KIND_ORDER.index(c.kind), c.product, c.replicas, c.profile_name))
     return out
 
 

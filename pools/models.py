@@ -113,7 +113,8 @@ class PoolRequest(models.Model):
         if self.spec_kind == SpecKind.MIG:
             return f"{self.product} {self.profile_name}".strip()
         if self.spec_kind == SpecKind.TIMESLICE:
-            return f"{self.product} time-slice".strip()
+            sharing = "MPS replica" if self.isolation == Isolation.MPS else "time-slice"
+            return f"{self.product} {sharing}".strip()
         return f"{self.product} full GPU".strip()
 
     def clean(self) -> None:

@@ -62,6 +62,7 @@ def forecast_start(offer: matching.Offer, *, cluster_id: int | None, start_at: d
     spec = offer.spec()
     probe = PoolRequest(
         spec_kind=spec["spec_kind"],
+        isolation=spec["isolation"],
         tier=spec["tier"],
         product=spec["product"],
         profile_name=spec["profile_name"],

@@ -22,12 +22,13 @@ from django.db import connection
 from django.db.models import Count, Q, Sum
 
 from capacity import tiers
-from capacity.choices import Availability, SpecKind, Tier
+from capacity.choices import Availability, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, find_product
 from capacity.mig.planner import GpuState, plan_onto_gpus
 from capacity.models import Cluster, GpuCapacity, MigInstance
 
 from . import topology
+from .choices import Isolation
 from .models import Allocation, PoolRequest
 
 TIMESLICE_RESOURCE = "nvidia.com/gpu"
@@ -108,6 +109,11 @@ def timeslice_candidates(request: PoolRequest):
     queryset = GpuCapacity.objects.with_free_replicas().filter(
         _product_q(request.product), _tier_q(request, (Tier.DEVELOPMENT,))
     )
+    # An MPS request takes replicas of MPS nodes only; a time-slice request those of other nodes.
+    if request.isolation == Isolation.MPS:
+        queryset = queryset.filter(node__sharing_strategy=SharingStrategy.MPS)
+    else:
+        queryset = queryset.exclude(node__sharing_strategy=SharingStrategy.MPS)
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
     return queryset
@@ -319,7 +325,7 @@ def unit_label(request: PoolRequest) -> str:
     if request.spec_kind == SpecKind.MIG:
         return f"{request.product} {request.profile_name}".strip()
     if request.spec_kind == SpecKind.TIMESLICE:
-        return f"{product} time-slice replica"
+        return f"{product} {'MPS' if request.isolation == Isolation.MPS else 'time-slice'} replica"
     return f"{product} full GPU"
 
 

@@ -42,7 +42,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
-from capacity.choices import ClusterStatus, DiscoveryStatus, MigStrategy, SpecKind, Tier
+from capacity.choices import ClusterStatus, DiscoveryStatus, MigStrategy, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
 
@@ -61,6 +61,7 @@ MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 TIER_LABEL = "gpuaas.io/tier"
+SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"
 NODE_GROUP_LABEL = "gpuaas.io/node-group"
 VOLATILE_LABELS = frozenset({"nvidia.com/gfd.timestamp"})
 RESOURCE_PREFIX = "nvidia.com/"
@@ -84,6 +85,7 @@ NODE_FIELDS = (
     "mig_config",
     "mig_config_state",
     "timeslice_replicas",
+    "sharing_strategy",
     "ready",
     "cordoned",
     "labels",
@@ -92,7 +94,7 @@ NODE_FIELDS = (
 )
 SPEC_FIELDS = ("kind", "product", "profile_id", "profile_name", "count", "allocatable", "replicas")
 # Bump when node_values()/node_specs() change what they derive, so every node is rewritten once.
-FINGERPRINT_VERSION = "1"
+FINGERPRINT_VERSION = "2"
 _STRATEGIES = frozenset(MigStrategy.values)
 _TIERS = frozenset(Tier.values)
 
@@ -105,6 +107,13 @@ def _int(value, default: int = 0) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def _sharing_strategy(label: str, replicas: int) -> str:
+    """GFD's sharing-strategy label ("none" when not shared); older GFDs without it: time-slicing if replicated."""
+    if label in SharingStrategy.values:
+        return label
+    return SharingStrategy.TIME_SLICING if replicas > 1 and not label else ""
 
 
 def is_gpu_node(node: kube.Node) -> bool:
@@ -160,6 +169,7 @@ def node_values(node: kube.Node) -> dict:
         "mig_config": labels.get(MIG_CONFIG_LABEL, "")[:100],
         "mig_config_state": labels.get(MIG_CONFIG_STATE_LABEL, "")[:16],
         "timeslice_replicas": min(replicas, 32767),
+        "sharing_strategy": _sharing_strategy(labels.get(SHARING_STRATEGY_LABEL, ""), replicas),
         "ready": node.ready,
         "cordoned": node.unschedulable,
         "labels": labels,

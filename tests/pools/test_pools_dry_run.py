@@ -6,6 +6,8 @@ import pytest
 from django.utils import timezone
 
 from billing.services.rate_cards import seed_default_card
+from capacity.models import NodeCapacity
+from pools import services
 from pools.models import PoolRequest
 
 pytestmark = pytest.mark.django_db
@@ -117,3 +119,16 @@ def test_long_inference_is_never_time_sliced(api, bob, project, dev_fleet):
     assert response.status_code == 201, response.data
     assert response.data["spec_kind"] == "mig"
     assert "no performance guarantee for a long-running inference service" in response.data["offer_reason"]
+
+
+def test_mps_request_takes_mps_replicas_only(api, bob, operator, project, fleet):
+    fleet.timeslice_node("plain", gpus=1, replicas=4)
+    mps = fleet.timeslice_node("mps", gpus=1, replicas=4)
+    NodeCapacity.objects.filter(pk=mps.pk).update(sharing_strategy="mps")
+    body = {"project": project.pk, "workload_type": "development", "memory_gib": 8, "submit": True}
+    response = api(bob).post(URL, body, format="json")
+    assert response.status_code == 201, response.data
+    assert (response.data["isolation"], response.data["spec"]) == ("mps", "H100-80GB MPS replica")
+    request = PoolRequest.objects.get(pk=response.data["id"])
+    pool = services.approve(request, actor=operator)
+    assert set(pool.allocations.values_list("gpu__node__name", flat=True)) == {"mps"}

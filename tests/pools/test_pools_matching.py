@@ -194,3 +194,42 @@ def test_without_prices_ranks_by_gpu_share():
     result = match(Need("inference", memory_gib=8), FLEET, price=lambda *a: None)
     assert result.chosen.label == "MIG 3g.40gb (H100-80GB)"
     assert result.chosen.to_dict()["hourly_price"] is None
+
+
+MPS_FLEET = [*FLEET, timeslice_candidate("H100-80GB", Fraction(80), 4, mps=True)]
+
+
+@pytest.mark.parametrize(
+    ("declared", "expected", "reasons"),
+    [
+        (Need("development", memory_gib=8), "MPS (H100-80GB, 1/4)", {}),
+        (
+            Need("development", memory_gib=30),
+            TS_H200,
+            {"MPS (H100-80GB, 1/4)": "each client is capped at 20 GiB, you asked for 30 GiB"},
+        ),
+        (
+            Need("development", compute_fraction=Decimal("0.5")),
+            "MIG 4g.40gb (H100-80GB)",
+            {"MPS (H100-80GB, 1/4)": "each client is capped at 25% of the SMs; you asked for 0.5"},
+        ),
+        (Need("training", memory_gib=8, hours=48), "full GPU (H100-80GB)", {}),
+    ],
+    ids=["mps-before-plain-time-slicing", "mps-memory-cap", "mps-compute-cap", "training-still-whole"],
+)
+def test_mps_is_the_tier_3_option_with_limits(declared, expected, reasons):
+    result = match(declared, MPS_FLEET, price=price)
+    assert (result.chosen.label if result.chosen else None) == expected, result.why()
+    explained = {o.label: o.explanation() for o in result.rejected}
+    for label, words in reasons.items():
+        assert words in explained[label]
+    if expected.startswith("MPS"):
+        assert result.chosen.spec() == {
+            "spec_kind": "timeslice",
+            "isolation": "mps",
+            "tier": "3",
+            "product": "H100-80GB",
+            "profile_name": "",
+            "count": 1,
+        }
+        assert "capped at 20 GiB and 25% of the SMs" in result.chosen.note

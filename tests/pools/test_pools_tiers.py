@@ -79,9 +79,8 @@ def test_assignment_api_is_for_operators(api, operator, bob, fleet, django_captu
 
 
 def test_policy_api_refuses_an_upside_down_range(api, operator):
-    response = api(operator).post(
-        "/api/v1/capacity/tier-policies/", {"tier": "1", "min_compute_slices": 4, "max_compute_slices": 2}, format="json"
-    )
+    body = {"tier": "1", "min_compute_slices": 4, "max_compute_slices": 2}
+    response = api(operator).post("/api/v1/capacity/tier-policies/", body, format="json")
     assert response.status_code == 400 and set(response.data) == {"max_compute_slices"}
     assert not TierProfilePolicy.objects.exists()
 
