@@ -44,6 +44,7 @@ class SpecKind(models.TextChoices):
     FULL = "full", "Full GPU"
     MIG = "mig", "MIG instance"
     TIMESLICE = "timeslice", "Time-slice replica"
+    VGPU = "vgpu", "vGPU (virtual machines)"
 
 
 class MigInstanceState(models.TextChoices):

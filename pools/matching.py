@@ -32,8 +32,9 @@ from django.db.models import Count, Max, Q
 from capacity.choices import SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, Product, find_product
 from capacity.mig.share import unit_share
-from capacity.models import GpuCapacity
+from capacity.models import GpuCapacity, SpecAndCount
 from capacity.tiers import Policy, policy_label, profile_allowed
+from capacity.vgpu import OVERHEAD_RANGE_PCT, VGPU_TYPES, VgpuType
 
 from . import prices
 from .choices import IsolationNeed, WorkloadType
@@ -67,10 +68,13 @@ KIND_ISOLATION: dict[str, tuple[str, str]] = {
 # client is capped at memory / replicas and 100 / replicas % of the SMs (no one starves the others).
 MPS = "mps"
 KIND_ISOLATION[MPS] = (IsolationNeed.NONE, "no memory isolation (MPS caps each client, but faults are shared)")
+# A vGPU: a VM's share of a GPU (KubeVirt, vm-vgpu nodes): dedicated framebuffer, time-sliced compute.
+VGPU = SpecKind.VGPU
+KIND_ISOLATION[VGPU] = (IsolationNeed.MEMORY, "time-sliced compute: no compute isolation")
 # Shared without limits: a long run starves the GPU's other tenants.
 SHARED_KINDS = frozenset({SpecKind.TIMESLICE})
 # On equal tier and price, the kind that isolates more wins.
-KIND_ORDER = (SpecKind.FULL, SpecKind.MIG, MPS, SpecKind.TIMESLICE)
+KIND_ORDER = (SpecKind.FULL, SpecKind.MIG, VGPU, MPS, SpecKind.TIMESLICE)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class Need:
     hours: float | None = None
     count: int = 1
     product: str = ""
+    vm: bool = False  # the workload is a virtual machine (KubeVirt): only vGPUs serve it
 
     @property
     def isolation_need(self) -> str:
@@ -125,6 +130,8 @@ class Candidate:
             return Tier.SLA_INFERENCE if workload_type == WorkloadType.INFERENCE else Tier.STAGING
         if self.kind in SHARED_KINDS or self.kind == MPS:
             return Tier.DEVELOPMENT
+        if self.kind == VGPU:
+            return Tier.STAGING
         return Tier.TRAINING
 
     @property
@@ -135,6 +142,8 @@ class Candidate:
             return f"time-slicing ({self.product}, 1/{self.replicas})"
         if self.kind == MPS:
             return f"MPS ({self.product}, 1/{self.replicas})"
+        if self.kind == VGPU:
+            return f"vGPU {self.profile_name} ({self.product})"
         return f"full GPU ({self.product})"
 
     @property
@@ -143,6 +152,8 @@ class Candidate:
 
     @property
     def share(self) -> Fraction:
+        if self.kind == VGPU:
+            return Fraction(1, self.replicas)
         return unit_share(self.spec_kind, self.product, self.profile_name, replicas=self.replicas)
 
 
@@ -246,6 +257,7 @@ class Match:
     def to_dict(self) -> dict:
         return {
             "declared": {
+                "vm": self.need.vm,
                 "workload_type": self.need.workload_type,
                 "memory_gib": self.need.memory_gib,
                 "compute_fraction": None if self.need.compute_fraction is None else str(self.need.compute_fraction),
@@ -329,6 +341,8 @@ def _measure(need: Need, c: Candidate, price, policy_table) -> Offer:
             )
         elif c.kind == SpecKind.MIG:
             reject(("memory_gib", f"offers {_gib(c.memory_gib)} GiB, you asked for {memory} GiB"))
+        elif c.kind == VGPU:
+            reject(("memory_gib", f"has a {_gib(c.memory_gib)} GB framebuffer, you asked for {memory} GiB"))
         else:
             reject(("memory_gib", f"one GPU has {_gib(c.memory_gib)} GiB, you asked for {memory} GiB"))
     if need.compute_fraction is not None and c.compute * gpus_per_unit < Fraction(need.compute_fraction):
@@ -342,6 +356,16 @@ def _measure(need: Need, c: Candidate, price, policy_table) -> Offer:
         else:
             why = f"gives {_frac(c.compute)} of a GPU's compute, you asked for {need.compute_fraction}"
         reject(("compute_fraction", why))
+    if need.vm and c.kind != VGPU:
+        reject(("vm", "a virtual machine gets its GPU as a vGPU (KubeVirt on vm-vgpu nodes)"))
+    if c.kind == VGPU:
+        if not need.vm:
+            reject(("vm", "vGPUs serve virtual machines (KubeVirt); declare vm=true for a VM workload"))
+        low, high = OVERHEAD_RANGE_PCT
+        offer.note = (
+            f"dedicated {_gib(c.memory_gib)} GB framebuffer, compute time-sliced 1/{c.replicas} when all vGPUs"
+            f" are busy, {low}-{high}% slower than bare metal; price includes the vGPU licence"
+        )
     level, lacking = KIND_ISOLATION[c.kind]
     if _LEVEL[level] < _LEVEL[need.isolation_need]:
         reject(("isolation", f"{lacking}, you asked for isolation={need.isolation_need}"))
@@ -473,8 +497,25 @@ def fleet_candidates(*, cluster_id: int | None = None) -> list[Candidate]:
             seen.add(key)
             memory = _memory(name, row["mib"])
             out.append(timeslice_candidate(name, memory, row["node__timeslice_replicas"], mps=mps))
+    vgpus = SpecAndCount.objects.filter(kind=SpecKind.VGPU, node__gone_at__isnull=True)
+    if cluster_id is not None:
+        vgpus = vgpus.filter(node__cluster_id=cluster_id)
+    for name in sorted(set(vgpus.values_list("profile_name", flat=True))):
+        if name in VGPU_TYPES:
+            out.append(vgpu_candidate(VGPU_TYPES[name]))
     out.sort(key=lambda c: (KIND_ORDER.index(c.kind), c.product, c.replicas, c.profile_name))
     return out
+
+
+def vgpu_candidate(vgpu: VgpuType) -> Candidate:
+    return Candidate(
+        VGPU,
+        vgpu.product,
+        Fraction(vgpu.framebuffer_gb),
+        vgpu.compute_share,
+        profile_name=vgpu.name,
+        replicas=vgpu.max_per_gpu,
+    )
 
 
 def _memory(name: str, memory_mib: int | None) -> Fraction:
@@ -482,3 +523,11 @@ def _memory(name: str, memory_mib: int | None) -> Fraction:
     if product is not None:
         return product_memory_gib(product)
     return Fraction(memory_mib or 0, 1024)
+
+
+def free_vgpus(vgpu_type: str, *, cluster_id: int | None = None) -> int:
+    """vGPUs of a type the fleet's vm-vgpu nodes have allocatable now (gpuaas does not allocate them yet)."""
+    rows = SpecAndCount.objects.filter(kind=SpecKind.VGPU, profile_name=vgpu_type, node__gone_at__isnull=True)
+    if cluster_id is not None:
+        rows = rows.filter(node__cluster_id=cluster_id)
+    return sum(rows.values_list("allocatable", flat=True))

@@ -31,6 +31,7 @@ def match_declared(
     end_at: dt.datetime | None = None,
     kinds: frozenset[str] | None = None,
     forecast: bool = True,
+    vm: bool = False,
 ) -> matching.Match:
     """Match a declaration against what the fleet offers now; `kinds` narrows to kinds the team pinned."""
     need = matching.Need.from_request(
@@ -42,6 +43,7 @@ def match_declared(
         isolation=isolation,
         count=count,
         product=product,
+        vm=vm,
     )
     candidates = matching.fleet_candidates(cluster_id=cluster_id)
     if kinds is not None:
@@ -60,6 +62,12 @@ def forecast_start(offer: matching.Offer, *, cluster_id: int | None, start_at: d
     this looks at free units only, so an offer short of units says it waits, without a time.
     """
     spec = offer.spec()
+    if spec["spec_kind"] == SpecKind.VGPU:
+        free = matching.free_vgpus(spec["profile_name"], cluster_id=cluster_id)
+        offer.forecast = "free now" if free >= spec["count"] else f"waits: {free} of {spec['count']} vGPUs free"
+        if free >= spec["count"]:
+            offer.forecast_start = max(start_at or timezone.now(), timezone.now())
+        return
     probe = PoolRequest(
         spec_kind=spec["spec_kind"],
         isolation=spec["isolation"],

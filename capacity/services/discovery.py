@@ -45,6 +45,7 @@ from capacity.adapters import kubernetes as kube
 from capacity.choices import ClusterStatus, DiscoveryStatus, MigStrategy, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
+from capacity.vgpu import vgpu_type_for_resource
 
 from . import bulk, workloads
 from .inventory import InventoryResult, inventory_nodes
@@ -227,6 +228,10 @@ def node_specs(node: kube.Node, values: dict) -> list[Spec]:
         elif base.startswith(RESOURCE_MIG_PREFIX):
             kind, profile_name = SpecKind.MIG, base[len(RESOURCE_MIG_PREFIX) :]
             replicas = max(1, _int(labels.get(f"{base}.replicas"), 1))
+        elif (vgpu := vgpu_type_for_resource(resource)) is not None:
+            # A vm-vgpu node: the sandbox device plugin advertises each vGPU type as its own resource.
+            specs.append(Spec(resource, SpecKind.VGPU, vgpu.product, vgpu.name, count, allocatable, vgpu.max_per_gpu))
+            continue
         else:
             continue
         if kind == SpecKind.MIG:

@@ -12,6 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers
 
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
+from capacity.choices import SpecKind
 from capacity.mig.catalog import find_product
 from capacity.models import Cluster
 from tenancy import roles
@@ -235,6 +236,8 @@ class PoolRequestSerializer(StrictModelSerializer):
         chosen = result.chosen
         if chosen is None:
             raise serializers.ValidationError(_errors(result))
+        if chosen.candidate.kind == SpecKind.VGPU:  # never reached without vm=true, which requests do not take yet
+            raise serializers.ValidationError({"isolation": "vGPU pools cannot be requested yet; see the dry run."})
         attrs.update(
             chosen.spec(),
             declared_isolation=result.need.isolation_need,
@@ -265,6 +268,7 @@ def _declared(attrs: dict, **override) -> dict:
         "cluster_id": cluster.pk if cluster is not None else None,
         "start_at": attrs.get("start_at"),
         "end_at": attrs.get("end_at"),
+        "vm": attrs.get("vm", False),
     }
     return {**declared, **override}
 
@@ -304,6 +308,7 @@ class DryRunSerializer(StrictSerializer):
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
     start_at = serializers.DateTimeField(required=False, allow_null=True)
     end_at = serializers.DateTimeField(required=False, allow_null=True)
+    vm = serializers.BooleanField(default=False, help_text="A virtual machine (KubeVirt): only vGPUs serve it.")
 
     def validate(self, attrs: dict) -> dict:
         start, end = attrs.get("start_at") or timezone.now(), attrs.get("end_at")
