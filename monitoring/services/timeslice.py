@@ -51,25 +51,24 @@ def limit_sm_pct(replicas: int) -> int:
 
 def pod_sm_util(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: list[WorkloadProfile]) -> dict:
     """pod UID -> SM utilisation % of its processes on this GPU (only processes that were measured)."""
-    on_gpu = [w for w in workloads if w.gpu_id == gpu.pk or any(str(d).startswith(gpu.uuid) for d in w.device_ids)]
-    fallback = on_gpu[0].pod_uid if len(on_gpu) == 1 else None
-    used: dict[str, int] = defaultdict(int)
-    for process in processes:
-        pod_uid = process.pod_uid or fallback
-        if pod_uid and process.sm_util_pct is not None:
-            used[pod_uid] += process.sm_util_pct
-    return dict(used)
+    return _per_pod(gpu, processes, workloads, "sm_util_pct")
 
 
 def pod_memory(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: list[WorkloadProfile]) -> dict:
     """pod UID -> MiB used on this GPU; processes without an attributable pod are skipped."""
+    return _per_pod(gpu, processes, workloads, "used_memory_mib")
+
+
+def _per_pod(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: list[WorkloadProfile], field: str) -> dict:
+    """pod UID -> the sum of one measured process field on this GPU (see the module docstring for attribution)."""
     on_gpu = [w for w in workloads if w.gpu_id == gpu.pk or any(str(d).startswith(gpu.uuid) for d in w.device_ids)]
     fallback = on_gpu[0].pod_uid if len(on_gpu) == 1 else None
     used: dict[str, int] = defaultdict(int)
     for process in processes:
         pod_uid = process.pod_uid or fallback
-        if pod_uid and process.used_memory_mib is not None:
-            used[pod_uid] += process.used_memory_mib
+        value = getattr(process, field)
+        if pod_uid and value is not None:
+            used[pod_uid] += value
     return dict(used)
 
 
