@@ -33,7 +33,8 @@ class TierAssignmentSerializer(StrictModelSerializer):
     def save(self, **kwargs):
         user = self.context["request"].user
         node = self.validated_data.get("node") or self.instance.node
-        self.instance = tier_services.assign_tier(node, self.validated_data["tier"], actor=user)
+        tier = self.validated_data.get("tier", self.instance.tier if self.instance is not None else "")
+        self.instance = tier_services.assign_tier(node, tier, actor=user)
         return self.instance
 
 

@@ -122,3 +122,12 @@ def test_provisioning_publishes_the_pools_tier_affinity(sim, make_request, opera
     with kube_for(prod) as kube:
         with pytest.raises(NotFound):
             kube.get_config_map("team-a", f"gpuaas-pool-{pool.pk}")
+
+
+def test_assignment_patch_changes_the_tier(api, operator, fleet):
+    node = fleet.full_node("n1", gpus=1, tier="")
+    created = api(operator).post(URL, {"node": node.pk, "tier": "1"}, format="json").data
+    assert api(operator).patch(f"{URL}{created['id']}/", {}, format="json").status_code == 200
+    response = api(operator).patch(f"{URL}{created['id']}/", {"tier": "2"}, format="json")
+    assert (response.status_code, response.data["tier"]) == (200, "2")
+    assert NodeCapacity.objects.get(pk=node.pk).tier == "2"
