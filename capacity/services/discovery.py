@@ -385,7 +385,7 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
         )
     }
     ids = {name: row[0] for name, row in existing.items()}
-    assigned = assigned_tiers(cluster)  # gpuaas owns these nodes' tiers, whatever their label says now
+    assigned: dict[str, str] | None = None  # gpuaas owns these nodes' tiers; read once, when a node changed
     current = FINGERPRINT_VERSION + ":"
     changed: list[tuple[kube.Node, dict, str]] = []
     for node in nodes:
@@ -403,6 +403,8 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
         else:
             digest = fingerprint(node)
         values = node_values(node)
+        if assigned is None:
+            assigned = assigned_tiers(cluster)
         if node.name in assigned:
             values["tier"] = assigned[node.name]
         result.gpus_seen += values["gpu_count"]
