@@ -1,13 +1,15 @@
-"""MPS sharing: the policy's replicas reach the device plugin's config as sharing.mps, GFD labels the node
-mps, discovery records it, and each client's limits (memory / replicas, 100 / replicas % SMs) are shown."""
+"""MPS: the policy's replicas reach the device plugin's config as sharing.mps, GFD labels the node mps,
+discovery records it, each client's limits (memory / replicas, 100 / replicas % SMs) are shown.
+vGPU: the simulator's vm-vgpu nodes advertise their vGPU type, discovery inventories it."""
 
 import pytest
 import yaml
 from reconfig_sim import start_sim
 
-from capacity.models import NodeCapacity, TimeSlicingPolicy
+from capacity.models import NodeCapacity, SpecAndCount, TimeSlicingPolicy
 from capacity.services.discovery import discover_cluster
 from capacity.services.mig_configs import apply_time_slicing
+from simcluster.gpuoperator import refresh_devices
 from simcluster.kube import ClusterApi
 
 pytestmark = pytest.mark.django_db
@@ -49,3 +51,25 @@ def test_time_slicing_policy_has_no_client_limits(sim):
     apply_time_slicing(sim.cluster)
     assert discover_cluster(sim.cluster.pk, inventory="none").run.status == "succeeded"
     assert NodeCapacity.objects.get(cluster=sim.cluster, name="gpu-dev").sharing_strategy == "time-slicing"
+
+
+@pytest.fixture
+def vgpu_sim(tmp_path):
+    sim = start_sim(tmp_path, [("kv-h100", "H100-80GB", 2, None, "vm"), ("kv-a100", "A100-40GB", 1, None, "vm")])
+    with sim.state.lock:
+        for name, vgpu_type in (("kv-h100", "H100XM-20C"), ("kv-a100", "A100-5C")):
+            node = sim.node(name)
+            node.labels.update({"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": vgpu_type})
+            refresh_devices(sim.sim_cluster, node)
+    yield sim
+    sim.server.stop()
+
+
+def test_simulated_vgpu_nodes_are_inventoried_with_real_type_names_and_counts(vgpu_sim):
+    assert vgpu_sim.node("kv-h100").device_capacity == {"nvidia.com/NVIDIA_H100XM-20C": 8}  # 2 GPUs x 4
+    assert discover_cluster(vgpu_sim.cluster.pk, inventory="none").run.status == "succeeded"
+    rows = SpecAndCount.objects.filter(node__cluster=vgpu_sim.cluster, kind="vgpu").order_by("node__name")
+    assert [(r.node.name, r.resource_name, r.product, r.profile_name, r.count, r.replicas) for r in rows] == [
+        ("kv-a100", "nvidia.com/NVIDIA_A100-5C", "A100-40GB", "A100-5C", 8, 8),
+        ("kv-h100", "nvidia.com/NVIDIA_H100XM-20C", "H100-80GB", "H100XM-20C", 8, 4),
+    ]
