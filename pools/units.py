@@ -82,19 +82,13 @@ def mig_candidates(request: PoolRequest):
 
 def full_candidates(request: PoolRequest):
     """Free whole GPUs on nodes without time-slicing, of the training tier or untiered."""
-    queryset = GpuCapacity.objects.free().filter(
-        _product_q(request.product),
-        Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
-        node__timeslice_replicas__lte=1,
-    )
-    if request.cluster_id:
-        queryset = queryset.filter(node__cluster_id=request.cluster_id)
-    return queryset
+    return full_hosts(request, GpuCapacity.objects.free())
 
 
-def full_hosts(request: PoolRequest):
-    """Present whole GPUs full_candidates() draws from, free or not (what a node could hold once released)."""
-    queryset = GpuCapacity.objects.units().filter(
+def full_hosts(request: PoolRequest, gpus=None):
+    """Whole GPUs (default: present ones, free or not) on nodes without time-slicing, of the training
+    tier or untiered: what full_candidates() draws from, and what a node could hold once released."""
+    queryset = (GpuCapacity.objects.units() if gpus is None else gpus).filter(
         _product_q(request.product),
         Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
         node__timeslice_replicas__lte=1,
