@@ -9,7 +9,7 @@ refuse UPDATE/DELETE of it and INSERT/UPDATE/DELETE of its lines.
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from django.conf import settings
@@ -59,6 +59,19 @@ class RateCard(models.Model):
     currency = models.CharField(max_length=3, default=billing_currency, editable=False)
     effective_from = models.DateTimeField(unique=True, help_text="UTC, on a whole hour.")
     notes = models.TextField(blank=True)
+    off_peak_start_hour = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(23)], help_text="UTC hour off-peak starts; empty = none."
+    )
+    off_peak_end_hour = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(23)], help_text="UTC hour off-peak ends (exclusive)."
+    )
+    off_peak_multiplier = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal(1),
+        validators=[MinValueValidator(Decimal("0.001"))],
+        help_text="Every price x this in off-peak hours (0.6 = 40% off), so batch work moved there costs less.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
@@ -77,6 +90,21 @@ class RateCard(models.Model):
             self.effective_from.minute or self.effective_from.second or self.effective_from.microsecond
         ):
             raise ValidationError({"effective_from": "Rate changes take effect on whole hours (minutes = 00:00)."})
+        if (self.off_peak_start_hour is None) != (self.off_peak_end_hour is None):
+            raise ValidationError({"off_peak_end_hour": "Give both the start and the end of off-peak, or neither."})
+        if self.off_peak_start_hour is not None and self.off_peak_start_hour == self.off_peak_end_hour:
+            raise ValidationError({"off_peak_end_hour": "Off-peak must end at another hour than it starts."})
+
+    def is_off_peak(self, hour: datetime) -> bool:
+        """Is the UTC hour starting at `hour` off-peak? A window may run past midnight (22 -> 6)."""
+        start, end = self.off_peak_start_hour, self.off_peak_end_hour
+        if start is None or end is None or start == end:
+            return False
+        h = hour.astimezone(UTC).hour
+        return start <= h < end if start < end else (h >= start or h < end)
+
+    def multiplier_at(self, hour: datetime) -> Decimal:
+        return self.off_peak_multiplier if self.is_off_peak(hour) else Decimal(1)
 
     @property
     def in_force(self) -> bool:

@@ -34,10 +34,13 @@ from .models import (
     MigReconfiguration,
     NodeCapacity,
     SpecAndCount,
+    TierAssignment,
+    TierProfilePolicy,
     TimeSlicingPolicy,
     WorkloadProfile,
 )
 from .services import mig_configs
+from .services import tiers as tier_services
 from .tasks import queue_discovery
 
 
@@ -518,3 +521,42 @@ class TimeSlicingPolicyAdmin(admin.ModelAdmin):
         for cluster_id in clusters:
             mig_configs.enqueue_time_slicing(cluster_id)
         self.message_user(request, ngettext("%d cluster queued.", "%d clusters queued.", len(clusters)) % len(clusters))
+
+
+@admin.register(TierAssignment)
+class TierAssignmentAdmin(admin.ModelAdmin):
+    """Nodes whose tier gpuaas owns: saving writes the gpuaas.io/tier label (after commit) and keeps it."""
+
+    list_display = ["node", "tier", "assigned_by", "assigned_at", "labelled_at", "last_error"]
+    list_filter = ["tier", "node__cluster"]
+    list_select_related = ["node__cluster", "assigned_by"]
+    search_fields = ["node__name"]
+    autocomplete_fields = ["node"]
+    readonly_fields = ["assigned_by", "labelled_at", "last_error"]
+    actions = ["reconcile_labels"]
+
+    def save_model(self, request, obj, form, change):
+        tier_services.assign_tier(obj.node, obj.tier, actor=request.user)
+        obj.refresh_from_db()
+
+    def delete_model(self, request, obj):
+        tier_services.unassign_tier(obj.node)
+
+    def delete_queryset(self, request, queryset):
+        for assignment in queryset.select_related("node"):
+            tier_services.unassign_tier(assignment.node)
+
+    @admin.action(description="Write or restore the tier labels of the selected clusters", permissions=["change"])
+    def reconcile_labels(self, request, queryset):
+        clusters = sorted(set(queryset.values_list("node__cluster_id", flat=True)))
+        with transaction.atomic():
+            for cluster_id in clusters:
+                tier_services.enqueue_tier_labels(cluster_id)
+        self.message_user(request, ngettext("%d cluster queued.", "%d clusters queued.", len(clusters)) % len(clusters))
+
+
+@admin.register(TierProfilePolicy)
+class TierProfilePolicyAdmin(admin.ModelAdmin):
+    """Which MIG profiles each tier carries; a tier without a row follows the seed (capacity/tiers.py)."""
+
+    list_display = ["tier", "min_compute_slices", "max_compute_slices", "updated_at"]

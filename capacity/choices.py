@@ -28,6 +28,13 @@ class Tier(models.TextChoices):
     NONE = "", "Untiered"
 
 
+class SharingStrategy(models.TextChoices):
+    """How the device plugin shares a GPU between pods (label nvidia.com/gpu.sharing-strategy)."""
+
+    TIME_SLICING = "time-slicing", "Time-slicing (no limits: one pod can take all memory and compute)"
+    MPS = "mps", "MPS (each client capped at memory / replicas and 100 / replicas % of the SMs)"
+
+
 class MigStrategy(models.TextChoices):
     NONE = "none", "none"
     SINGLE = "single", "single"
@@ -45,6 +52,7 @@ class SpecKind(models.TextChoices):
     FULL = "full", "Full GPU"
     MIG = "mig", "MIG instance"
     TIMESLICE = "timeslice", "Time-slice replica"
+    VGPU = "vgpu", "vGPU (virtual machines)"
 
 
 class MigInstanceState(models.TextChoices):

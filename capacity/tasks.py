@@ -19,6 +19,7 @@ from capacity.models import Cluster
 from capacity.services.discovery import discover_cluster
 from capacity.services.inventory import inventory_node
 from capacity.services.mig_configs import apply_time_slicing, write_mig_parted_config
+from capacity.services.tiers import reconcile_tier_labels
 from gpuaas.celery import node_queue
 
 logger = logging.getLogger(__name__)
@@ -99,3 +100,27 @@ def write_mig_parted_config_task(cluster_id: int) -> int | None:
     if cluster is None:
         return None
     return len(write_mig_parted_config(cluster)["mig-configs"])
+
+
+# --- Tier labels ------------------------------------------------------------------------------
+
+
+@shared_task(acks_late=True)
+def reconcile_tier_labels_task(cluster_id: int) -> dict | None:
+    """Write or restore the `gpuaas.io/tier` label of every assigned node of one cluster. Idempotent."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return None
+    try:
+        return reconcile_tier_labels(cluster)
+    except KubernetesError as exc:  # recorded on the assignments (last_error); the next beat retries
+        return {"error": str(exc)}
+
+
+@shared_task(acks_late=True)
+def reconcile_all_tier_labels_task() -> int:
+    """Beat: one reconcile per cluster with assigned nodes."""
+    ids = list(Cluster.objects.filter(nodes__tier_assignment__isnull=False).values_list("pk", flat=True).distinct())
+    for cluster_id in ids:
+        reconcile_tier_labels_task.apply_async((cluster_id,), expires=settings.DISCOVERY_INTERVAL_S)
+    return len(ids)

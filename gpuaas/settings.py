@@ -220,6 +220,8 @@ SPECTACULAR_SETTINGS = {
         "ReconfigurationEventEnum": "capacity.choices.ReconfigurationEvent",
         "RequestStateEnum": "pools.choices.RequestState",
         "PoolStateEnum": "pools.choices.PoolState",
+        "IsolationNeedEnum": "pools.choices.IsolationNeed",
+        "IsolationOrNeedEnum": "pools.choices.ISOLATION_OR_NEED",
         "RoleEnum": "tenancy.choices.Role",
         "StatementStateEnum": "billing.choices.StatementState",
         "LineTypeEnum": "billing.choices.LineType",
@@ -380,10 +382,21 @@ if len(BILLING_CURRENCY) != 3 or not BILLING_CURRENCY.isalpha():
     raise ConfigurationError(f"BILLING_CURRENCY={BILLING_CURRENCY!r} is not an ISO 4217 code such as EUR")
 
 
-def _gpu_prices(name: str, default: str) -> dict:
-    """Parse "H100-80GB=2.50,H200-141GB=3.20" into {"H100-80GB": Decimal("2.50"), ...}; junk stops start-up."""
+def _gpu_prices(name: str, default: str, *, single: bool = False):
+    """Parse "H100-80GB=2.50,H200-141GB=3.20" into {"H100-80GB": Decimal("2.50"), ...}; junk stops start-up.
+
+    `single`: one price, "0.05", returned as a Decimal.
+    """
     from decimal import Decimal, InvalidOperation
 
+    if single:
+        try:
+            value = Decimal((env_str(name, default) or default).strip())
+        except InvalidOperation:
+            value = Decimal(-1)
+        if not value.is_finite() or value < 0:
+            raise ConfigurationError(f"{name}: give a price per hour >= 0, e.g. 0.05")
+        return value
     prices = {}
     for item in env_list(name, default.split(",")):
         product, _, price = item.partition("=")
@@ -401,6 +414,8 @@ def _gpu_prices(name: str, default: str) -> dict:
 BILLING_DEFAULT_GPU_HOURLY = _gpu_prices(
     "BILLING_DEFAULT_GPU_HOURLY", "H100-80GB=2.50,H200-141GB=3.20,A100-80GB=1.60,A100-40GB=1.20,A30-24GB=0.60"
 )
+# NVIDIA vGPU licence cost per vGPU-hour, added to a vGPU's derived price (full GPU / vGPUs per GPU).
+BILLING_VGPU_LICENCE_HOURLY = _gpu_prices("BILLING_VGPU_LICENCE_HOURLY", "0.05", single=True)
 BILLING_METER_INTERVAL_S = env_int("BILLING_METER_INTERVAL_S", 600, minimum=60)
 # Credits and showback of the last N hours are recomputed after each metering pass.
 BILLING_REFRESH_HOURS = env_int("BILLING_REFRESH_HOURS", 48, minimum=1)
@@ -417,6 +432,7 @@ def every(seconds: int, task: str) -> dict:
 # Static beat schedule; `expires` equals the period so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
     "discover-all-clusters": every(DISCOVERY_INTERVAL_S, "capacity.tasks.discover_all_task"),
+    "capacity-reconcile-tier-labels": every(DISCOVERY_INTERVAL_S, "capacity.tasks.reconcile_all_tier_labels_task"),
     "capacity-sweep-reconfigurations": every(MIG_RECONFIG_SWEEP_S, "capacity.tasks.sweep_reconfigurations_task"),
     "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
     "pools-sweep-provisioning": every(WORKFLOW_SWEEP_S, "pools.tasks.sweep_provisioning_task"),

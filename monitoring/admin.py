@@ -175,14 +175,16 @@ class ShareViolationAdmin(ReadOnlyAdmin):
         "namespace",
         "pod_name",
         "gpu",
+        "over",
         "used_mib",
         "share_mib",
+        "sm_util_pct",
         "replicas",
         "state",
         "last_seen_at",
         "resolved_at",
     ]
-    list_filter = ["state", ("resolved_at", admin.EmptyFieldListFilter)]
+    list_filter = ["state", "over", ("resolved_at", admin.EmptyFieldListFilter)]
     list_select_related = ["gpu__node"]
     search_fields = ["namespace", "pod_name", "pod_uid", "gpu__uuid"]
     actions = ["evict_selected"]

@@ -444,7 +444,7 @@ class IdleReservation(models.Model):
 
 
 class ShareViolation(models.Model):
-    """A pod on a time-sliced GPU using far more memory than its share (total / replicas x factor).
+    """A pod on a time-sliced GPU using far more memory or compute than its share (1 / replicas x factor).
 
     Open until the pod is back within its share or gone (resolved_at); meanwhile it may be evicted
     (MONITORING_EVICT_OVER_SHARE). One unresolved row per (gpu, pod).
@@ -461,6 +461,12 @@ class ShareViolation(models.Model):
     used_mib = models.PositiveIntegerField()
     share_mib = models.PositiveIntegerField()
     replicas = models.PositiveSmallIntegerField()
+    sm_util_pct = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The pod's SM utilisation (per-process NVML); empty = not measured."
+    )
+    over = models.CharField(
+        max_length=16, default="memory", help_text="What the pod is over its share of: memory, compute, or both."
+    )
     state = models.CharField(max_length=16, choices=ShareState, default=ShareState.OPEN, editable=False)
     first_seen_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now)

@@ -7,6 +7,7 @@ class Isolation(models.TextChoices):
     MIG = "mig", "Hardware-isolated (MIG)"
     FULL = "full", "Full GPU"
     TIMESLICE = "timeslice", "Shared (time-slicing)"
+    MPS = "mps", "Shared with limits (MPS)"
 
 
 class WorkloadType(models.TextChoices):
@@ -57,3 +58,15 @@ class PoolState(models.TextChoices):
     ACTIVE = "active", "Active"
     FAILED = "failed", "Failed"
     RELEASED = "released", "Released"
+
+
+class IsolationNeed(models.TextChoices):
+    """What a team declares about isolation; matching turns it into a kind of unit (pools/matching.py)."""
+
+    NONE = "none", "None: sharing a GPU is fine"
+    MEMORY = "memory", "Own memory (dedicated framebuffer), compute may be time-sliced"
+    HARDWARE = "hardware", "Hardware: own compute and memory (MIG or whole GPUs)"
+
+
+# What a request's `isolation` accepts: a need (matching chooses the kind) or a kind (the team pins it).
+ISOLATION_OR_NEED = [*IsolationNeed.choices, *Isolation.choices]

@@ -20,7 +20,7 @@ from capacity.models import WorkloadProfile
 from tenancy.models import Project
 
 from .cards import utilisation_expression
-from .choices import Isolation, PoolState, PriorityClass, RequestState, WorkloadType
+from .choices import Isolation, IsolationNeed, PoolState, PriorityClass, RequestState, WorkloadType
 
 
 class PoolRequestQuerySet(models.QuerySet):
@@ -68,6 +68,15 @@ class PoolRequest(models.Model):
     count = models.PositiveIntegerField(validators=[MinValueValidator(1)], default=1)
     memory_gib = models.PositiveIntegerField(null=True, blank=True, help_text="Declared need, if no spec given.")
     compute_fraction = models.DecimalField(max_digits=4, decimal_places=3, null=True, blank=True)
+    declared_isolation = models.CharField(
+        max_length=16, choices=IsolationNeed, blank=True, help_text="Declared isolation need, when matched."
+    )
+    offer = models.JSONField(
+        default=dict, blank=True, editable=False, help_text="The offer matching chose (pools/matching.py)."
+    )
+    offer_reason = models.TextField(
+        blank=True, editable=False, help_text="Why that offer: the ranking and each rejected alternative."
+    )
     start_at = models.DateTimeField(default=timezone.now)
     end_at = models.DateTimeField(null=True, blank=True, help_text="Empty = open-ended.")
     justification = models.TextField(blank=True)
@@ -133,7 +142,8 @@ class PoolRequest(models.Model):
         if self.spec_kind == SpecKind.MIG:
             return f"{self.product} {self.profile_name}".strip()
         if self.spec_kind == SpecKind.TIMESLICE:
-            return f"{self.product} time-slice".strip()
+            sharing = "MPS replica" if self.isolation == Isolation.MPS else "time-slice"
+            return f"{self.product} {sharing}".strip()
         return f"{self.product} full GPU".strip()
 
     def clean(self) -> None:
@@ -171,6 +181,7 @@ def claim_template_name(pool_id: int, kind: str, profile_name: str = "") -> str:
     return f"gpuaas-{pool_id}-mig-{profile_name.replace('+', '.')}"
 
 
+TIER_LABEL = f"{LABEL_PREFIX}tier"
 CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation", "shared_node")
 # What a pool says when another project holds units on one of its nodes: under the device plugin
 # (no DRA) the quota and node selector bind a pod to a count of units there, not to these units.
@@ -221,6 +232,9 @@ class GpuPool(models.Model):
     workload_type = models.CharField(max_length=16, choices=WorkloadType)
     tier = models.CharField(max_length=8, choices=Tier, blank=True)
     tags = models.JSONField(default=list, blank=True)
+    placement = models.CharField(
+        max_length=200, blank=True, editable=False, help_text="Where the units sit, when that matters (one node)."
+    )
     state = models.CharField(max_length=16, choices=PoolState, default=PoolState.PROVISIONING, editable=False)
     state_reason = models.TextField(blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
@@ -277,6 +291,22 @@ class GpuPool(models.Model):
         if self.cluster.binding != Binding.DRA or self.request.spec_kind not in (SpecKind.FULL, SpecKind.MIG):
             return None
         return claim_template_name(self.pk, self.request.spec_kind, self.request.profile_name)
+
+    def scheduling(self) -> dict:
+        """What the pool's pods carry to land on its nodes: the pool's node label and its tier's.
+
+        Provisioning publishes it in the project's namespace (ConfigMap gpuaas-pool-<id>) and the
+        API shows it; node affinity per tier is how the seed puts each tier's work on its nodes.
+        """
+        selector = {self.pool_label: "true"}
+        if self.tier:
+            selector[TIER_LABEL] = self.tier
+        terms = [{"key": key, "operator": "In", "values": [value]} for key, value in selector.items()]
+        required = {"nodeSelectorTerms": [{"matchExpressions": terms}]}
+        return {
+            "nodeSelector": selector,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}},
+        }
 
     def card(self) -> dict:
         """The seed's pool card. Reads the with_card() annotations when present, else counts (3 queries)."""

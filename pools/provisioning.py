@@ -18,7 +18,6 @@ What gpuaas writes, per (project, cluster), all through capacity/adapters/kubern
   the units the pool holds now: a pod that references it gets one of the pool's devices, never another's.
   Templates are immutable in Kubernetes, so a changed unit set (release, reconfiguration) is written as
   delete + create; claims already made from the old one keep their device until their pod ends.
-
 - on every node whose held units all belong to one project: the taint `gpuaas.io/dedicated=project-<id>:NoSchedule`
   (removed once another project holds a unit there), and on the project's namespace the matching
   default toleration and the tolerations it may carry, through the PodTolerationRestriction admission
@@ -26,6 +25,9 @@ What gpuaas writes, per (project, cluster), all through capacity/adapters/kubern
   `.../tolerationsWhitelist` (kubernetes plugin/pkg/admission/podtolerationrestriction): the device
   plugin binds by count, so only the taint keeps other projects' pods off a dedicated node. A node
   several projects share says so on their pools ("shared node: binding is by count", GpuPool.with_card).
+- one ConfigMap `gpuaas-pool-<pool id>` per held pool in that namespace with the pool's scheduling
+  (GpuPool.scheduling(): a node selector and the equivalent required node affinity on the pool's
+  label and its tier's `gpuaas.io/tier`), for the team's pod specs; a released pool's is deleted.
 
 `reconcile()` makes the cluster match the database and is idempotent: provisioning, retries and
 clean-up after release all call it. Released pools lose their quota and pool label, and nodes
@@ -97,6 +99,20 @@ def toleration_annotations(project: Project) -> dict[str, str]:
     }
 
 
+def placement_name(pool_id: int) -> str:
+    return f"gpuaas-pool-{pool_id}"
+
+
+def placement_data(pool: GpuPool) -> dict[str, str]:
+    """The pool's scheduling (node selector and node affinity on its pool and tier labels) as ConfigMap data."""
+    scheduling = pool.scheduling()
+    return {
+        "tier": pool.tier,
+        "nodeSelector.json": json.dumps(scheduling["nodeSelector"], sort_keys=True),
+        "affinity.json": json.dumps(scheduling["affinity"], sort_keys=True),
+    }
+
+
 @dataclass
 class Desired:
     """What the cluster should hold for one project: quotas to apply and delete, node labels to patch."""
@@ -111,6 +127,8 @@ class Desired:
     claim_templates: dict[str, ClaimTemplate] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     node_taints: dict[str, str | None] = field(default_factory=dict)  # node -> dedicated taint value, None: none
+    placements: dict[str, dict[str, str]] = field(default_factory=dict)  # ConfigMap name -> data
+    stale_placements: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -190,6 +208,8 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     hard.update({f"requests.{r}": str(n) for r, n in granted.items()})
     desired.quotas = {f"gpuaas-{pk}": dict(sorted(hard.items())) for pk in sorted(held)}
     desired.stale_quotas = [f"gpuaas-{pk}" for pk in gone]
+    desired.placements = {placement_name(p.pk): placement_data(p) for p in pools if p.released_at is None}
+    desired.stale_placements = [placement_name(pk) for pk in gone]
 
     # A unit released on its own (monitoring's idle release) takes its node out of the pool too.
     for pk in sorted(touched):
@@ -233,6 +253,13 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
         for name in desired.stale_quotas:
             try:
                 kube.delete_resource_quota(desired.namespace, name)
+            except NotFound:
+                pass
+        for name, data in sorted(desired.placements.items()):
+            kube.apply_config_map(desired.namespace, name, data, labels=MANAGED_BY)
+        for name in desired.stale_placements:
+            try:
+                kube.delete_config_map(desired.namespace, name)
             except NotFound:
                 pass
         for node, labels in sorted(desired.node_labels.items()):

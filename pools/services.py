@@ -24,7 +24,7 @@ from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from gpuaas.leases import lease_until
 from tenancy.models import Project
 
-from . import specs, units
+from . import specs, topology, units
 from .choices import PoolState, RequestState
 from .exceptions import DomainError, IllegalTransition, InsufficientCapacity
 from .models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
@@ -207,6 +207,7 @@ def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None) -> G
         workload_type=request.workload_type,
         tier=request.tier,
         tags=[request.spec_label, *[t for t in request.tags if t != request.spec_label]],
+        placement=topology.placement(request, [u.node_name for u in taken]),
         created_at=now,
     )
     Allocation.objects.bulk_create(

@@ -31,6 +31,7 @@ ISOLATION_KIND: dict[str, str] = {
     Isolation.MIG: SpecKind.MIG,
     Isolation.FULL: SpecKind.FULL,
     Isolation.TIMESLICE: SpecKind.TIMESLICE,
+    Isolation.MPS: SpecKind.TIMESLICE,  # an MPS replica is a time-slice replica with limits, on an MPS node
 }
 _NOMINAL_GB = re.compile(r"\.(\d+)gb")
 
@@ -49,7 +50,7 @@ def default_tier(isolation: str, workload_type: str) -> str:
     time-slicing tier 3, full GPUs the training tier."""
     if isolation == Isolation.MIG:
         return Tier.SLA_INFERENCE if workload_type == WorkloadType.INFERENCE else Tier.STAGING
-    if isolation == Isolation.TIMESLICE:
+    if isolation in (Isolation.TIMESLICE, Isolation.MPS):
         return Tier.DEVELOPMENT
     return Tier.TRAINING
 

@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, Sum
 
-from capacity.choices import Availability, SpecKind, Tier
+from capacity import tiers
+from capacity.choices import Availability, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, find_product
 from capacity.mig.planner import GpuState, plan_onto_gpus
 from capacity.models import Cluster, GpuCapacity, MigInstance
 
+from . import topology
+from .choices import Isolation
 from .models import Allocation, PoolRequest
 
 TIMESLICE_RESOURCE = "nvidia.com/gpu"
@@ -67,7 +70,9 @@ def _tier_q(request: PoolRequest, allowed: tuple[str, ...], prefix: str = "") ->
 
 def mig_candidates(request: PoolRequest):
     """Free MIG instances (MigInstance.objects.free()) of the requested profile, product, tier and cluster."""
-    queryset = MigInstance.objects.free().filter(_tier_q(request, (), "gpu__"), profile__name=request.profile_name)
+    queryset = MigInstance.objects.free().filter(
+        _tier_q(request, (), "gpu__"), tiers.allowed_instances_q(), profile__name=request.profile_name
+    )
     if request.product:
         queryset = queryset.filter(profile__product=request.product)
     if request.cluster_id:
@@ -77,7 +82,13 @@ def mig_candidates(request: PoolRequest):
 
 def full_candidates(request: PoolRequest):
     """Free whole GPUs on nodes without time-slicing, of the training tier or untiered."""
-    queryset = GpuCapacity.objects.free().filter(
+    return full_hosts(request, GpuCapacity.objects.free())
+
+
+def full_hosts(request: PoolRequest, gpus=None):
+    """Whole GPUs (default: present ones, free or not) on nodes without time-slicing, of the training
+    tier or untiered: what full_candidates() draws from, and what a node could hold once released."""
+    queryset = (GpuCapacity.objects.units() if gpus is None else gpus).filter(
         _product_q(request.product),
         Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
         node__timeslice_replicas__lte=1,
@@ -92,6 +103,11 @@ def timeslice_candidates(request: PoolRequest):
     queryset = GpuCapacity.objects.with_free_replicas().filter(
         _product_q(request.product), _tier_q(request, (Tier.DEVELOPMENT,))
     )
+    # An MPS request takes replicas of MPS nodes only; a time-slice request those of other nodes.
+    if request.isolation == Isolation.MPS:
+        queryset = queryset.filter(node__sharing_strategy=SharingStrategy.MPS)
+    else:
+        queryset = queryset.exclude(node__sharing_strategy=SharingStrategy.MPS)
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
     return queryset
@@ -102,6 +118,8 @@ def free_by_cluster(request: PoolRequest) -> dict[int, int]:
     if request.spec_kind == SpecKind.MIG:
         rows = mig_candidates(request).values("gpu__node__cluster").annotate(n=Count("pk"))
         return {r["gpu__node__cluster"]: r["n"] for r in rows.order_by()}
+    if topology.one_node(request):
+        return topology.best_per_cluster(topology.free_by_node(full_candidates(request)))
     if request.spec_kind == SpecKind.FULL:
         rows = full_candidates(request).values("node__cluster").annotate(n=Count("pk"))
         return {r["node__cluster"]: r["n"] for r in rows.order_by()}
@@ -208,6 +226,17 @@ def _gpu_batch(base, seen: list[int], request: PoolRequest, limit: int) -> list[
 
 def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     base = full_candidates(request).filter(node__cluster_id=cluster_id)
+    if topology.one_node(request):
+        by_node = topology.free_by_node(base)
+        for node_id in topology.nodes_that_fit(by_node, cluster_id, need):
+            taken = _take_full_from(request, base.filter(node_id=node_id), cluster_id, need)
+            if len(taken) == need:
+                return taken
+        return []
+    return _take_full_from(request, base, cluster_id, need)
+
+
+def _take_full_from(request: PoolRequest, base, cluster_id: int, need: int) -> list[Unit]:
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
@@ -273,7 +302,10 @@ def shortage(request: PoolRequest, free: dict[int, int]) -> tuple[str, dict]:
     best_free = free.get(best, 0) if best is not None else 0
     total = sum(free.values())
     what = f"{request.count} x {unit_label(request)}"
-    if len(free) > 1:
+    if topology.one_node(request):
+        where = f" on {names[best]}" if best is not None else ""
+        message = f"need {what} on one node, at most {best_free} free on one node{where}"
+    elif len(free) > 1:
         message = f"need {what} on one cluster, at most {best_free} free on one ({names[best]}), {total} free in all"
     else:
         message = f"need {what}, {best_free} free"
@@ -284,6 +316,13 @@ def shortage(request: PoolRequest, free: dict[int, int]) -> tuple[str, dict]:
         "free_by_cluster": {names[c]: n for c, n in sorted(free.items(), key=lambda kv: names[kv[0]])},
         "reconfiguration": None,
     }
+    if topology.one_node(request):
+        fit = topology.what_would_fit(request, full_candidates(request), full_hosts(request))
+        detail["one_node"] = fit
+        if fit["node"] is None:
+            message += f"; no node has {request.count} such GPUs (the largest has {fit['largest']})"
+        else:
+            message += f"; {fit['node']} would hold it once {fit['to_release']} of its {fit['gpus']} GPUs are released"
     if request.spec_kind == SpecKind.MIG:
         hint = reconfiguration_hint(request, free)
         detail["reconfiguration"] = hint
@@ -303,7 +342,7 @@ def unit_label(request: PoolRequest) -> str:
     if request.spec_kind == SpecKind.MIG:
         return f"{request.product} {request.profile_name}".strip()
     if request.spec_kind == SpecKind.TIMESLICE:
-        return f"{product} time-slice replica"
+        return f"{product} {'MPS' if request.isolation == Isolation.MPS else 'time-slice'} replica"
     return f"{product} full GPU"
 
 
@@ -314,6 +353,7 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
     of the remaining slices may change. Returns None when no reconfiguration adds a unit.
     """
     gpus = GpuCapacity.objects.usable().filter(_tier_q(request, ()), mig_mode_current=True)
+    gpus = gpus.filter(node__tier__in=tiers.tiers_allowing(request.product, request.profile_name))
     if request.product:
         gpus = gpus.filter(catalog_product=request.product)
     else:

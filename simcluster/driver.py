@@ -77,8 +77,8 @@ def node_snapshot(cluster: Cluster, node: Node) -> dict:
             "remapped_rows": [gpu.remapped_correctable, gpu.remapped_uncorrectable, int(gpu.remap_pending),
                               int(gpu.remap_failure)],
             "clocks_event_reasons": gpu.clocks_event_reasons,
-            "processes": [{"pid": p["pid"], "used_bytes": p["used_bytes"], "gi": p["gi"], "pod_uid": p["pod_uid"]}
-                          for p in procs],
+            "processes": [{"pid": p["pid"], "used_bytes": p["used_bytes"], "gi": p["gi"], "pod_uid": p["pod_uid"],
+                           "sm_util": p.get("sm_util", 0)} for p in procs],
             "instances": instances,
         })
     settings = cluster.settings

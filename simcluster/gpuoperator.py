@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from capacity.mig.catalog import Product, Profile, mig_parted_entries
+from capacity.vgpu import VGPU_CONFIG_LABEL, VGPU_TYPES, VM_VGPU, WORKLOAD_CONFIG_LABEL
 
 from . import dra
 from .hardware import HardwareError, plan_layout
@@ -298,6 +299,9 @@ def _single_strategy_state(gpus: list[Gpu]) -> str:
 
 def advertised_devices(node: Node) -> dict[str, list[tuple[str, bool]]]:
     """resource name -> [(device id, healthy)] the device plugin registers for the node."""
+    vgpus = _vgpu_devices(node)
+    if vgpus is not None:
+        return vgpus
     strategy = node.mig_strategy
     raw: dict[str, list[tuple[str, bool]]] = {}
 
@@ -325,6 +329,23 @@ def advertised_devices(node: Node) -> dict[str, list[tuple[str, bool]]]:
             (f"{device_id}::{n}", healthy) for n in range(replicas) for device_id, healthy in devices
         ]
     return shared
+
+
+def _vgpu_devices(node: Node) -> dict[str, list[tuple[str, bool]]] | None:
+    """A vm-vgpu node (nvidia.com/gpu.workload.config=vm-vgpu): the vGPU device manager carves every GPU
+    into the vGPUs of the type nvidia.com/vgpu.config names, and the sandbox device plugin advertises them
+    as nvidia.com/NVIDIA_<type> (no nvidia.com/gpu). None for any other node."""
+    labels = node.labels or {}
+    if labels.get(WORKLOAD_CONFIG_LABEL) != VM_VGPU:
+        return None
+    vgpu = VGPU_TYPES.get(labels.get(VGPU_CONFIG_LABEL, ""))
+    if vgpu is None:
+        return {}
+    return {
+        vgpu.resource_name: [
+            (f"{gpu.uuid}::vgpu-{n}", not gpu.lost) for gpu in node.gpus for n in range(vgpu.max_per_gpu)
+        ]
+    }
 
 
 def refresh_devices(cluster: Cluster, node: Node) -> None:

@@ -1030,6 +1030,24 @@ class SimulatedLibrary:
             out[i].computeInstanceId = _UNAVAILABLE if proc["gi"] is None else 0
         _set(count, len(procs))
 
+    @_c_call
+    def nvmlDeviceGetProcessUtilization(self, handle, samples, count, last_seen):
+        """Per-process SM utilisation of a whole GPU (NOT_SUPPORTED on a MIG device, as on hardware)."""
+        gpu = self._full_gpu(handle)
+        procs = gpu["processes"]
+        if samples is None:
+            _set(count, len(procs))
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if procs else pynvml.NVML_ERROR_NOT_FOUND
+        out = _out_array(samples, len(procs))
+        for i, proc in enumerate(procs):
+            out[i].pid = proc["pid"]
+            out[i].timeStamp = int(self._current()["snap"]["time"] * 1_000_000)
+            out[i].smUtil = int(proc.get("sm_util", 0))
+            out[i].memUtil = 0
+            out[i].encUtil = 0
+            out[i].decUtil = 0
+        _set(count, len(procs))
+
     # --- clocks, performance state, power limits, BAR1, field values -----------------------
 
     @staticmethod

@@ -578,6 +578,16 @@ def unit_work(cluster: Cluster, node: Node) -> dict[int, dict[int | None, str]]:
     return work
 
 
+SIM_SM_UTIL_ANNOTATION = "gpuaas.io/sim-sm-util"
+
+
+def _sm_util(record, fraction: float, replicas: int) -> int:
+    forced = (record.obj["metadata"].get("annotations") or {}).get(SIM_SM_UTIL_ANNOTATION)
+    if forced is not None and str(forced).isdigit():
+        return min(100, int(forced))
+    return int(100 * fraction / replicas)
+
+
 def processes(cluster: Cluster, node: Node) -> list[dict]:
     """The compute processes NVML reports: one per assigned device, memory in bytes."""
     owners = device_owners(node)
@@ -597,6 +607,9 @@ def processes(cluster: Cluster, node: Node) -> list[dict]:
             "gi": owner[1],
             "pid": 2000 + seed % 60000,
             "used_bytes": int(unit_mib * fraction / replicas) * 1024 * 1024,
+            # SM utilisation as nvmlDeviceGetProcessUtilization reports it: within the pod's share, unless
+            # the pod is annotated gpuaas.io/sim-sm-util (a greedy tenant, for the over-use checks).
+            "sm_util": _sm_util(record, fraction, replicas),
             "pod": f"{key[0]}/{key[1]}",
             "pod_uid": record.obj["metadata"]["uid"],
         })

@@ -25,7 +25,17 @@ class RateCardSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RateCard
-        fields = ["id", "name", "currency", "effective_from", "notes", "entries"]
+        fields = [
+            "id",
+            "name",
+            "currency",
+            "effective_from",
+            "notes",
+            "off_peak_start_hour",
+            "off_peak_end_hour",
+            "off_peak_multiplier",
+            "entries",
+        ]
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):

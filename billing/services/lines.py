@@ -10,8 +10,21 @@ from collections import defaultdict
 from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import DecimalField, ExpressionWrapper, F, OuterRef, Q, Subquery, Sum, Value
-from django.db.models.functions import Coalesce, TruncMonth
+from django.db.models import (
+    BooleanField,
+    Case,
+    DecimalField,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, ExtractHour, TruncMonth
+from django.db.models.lookups import GreaterThanOrEqual, LessThan
 from django.utils import timezone
 
 from capacity.choices import SpecKind
@@ -47,13 +60,32 @@ def usage_totals(period: date, *, project_ids: list[int] | None = None):
 
 
 def usage_keys(records):
-    """Per project, pool, spec and rate: the summed seconds, credits and measurements of `records`."""
+    """Per project, pool, spec, rate and peak/off-peak: the summed seconds, credits and measurements of `records`."""
     return _grouped(records, "project_id", "pool_id", "kind", "product", "profile_name", "replicas", "hourly_rate")
+
+
+def off_peak_expression() -> Case:
+    """Was a record's hour off-peak on its rate card? The card's window may run past midnight (22 -> 6)."""
+    start, end = F("rate_card__off_peak_start_hour"), F("rate_card__off_peak_end_hour")
+    hod = ExtractHour("hour", tzinfo=UTC)
+    return Case(
+        When(
+            Q(rate_card__off_peak_start_hour__lt=end) & Q(GreaterThanOrEqual(hod, start)) & Q(LessThan(hod, end)),
+            then=Value(True),
+        ),
+        When(
+            Q(rate_card__off_peak_start_hour__gt=end) & (Q(GreaterThanOrEqual(hod, start)) | Q(LessThan(hod, end))),
+            then=Value(True),
+        ),
+        default=Value(False),
+        output_field=BooleanField(),
+    )
 
 
 def _grouped(records, *keys):
     return (
-        records.values(*keys)
+        records.annotate(off_peak=off_peak_expression())
+        .values(*keys, "off_peak")
         .annotate(
             total_seconds=Sum("seconds"),
             failed_seconds=Sum("failed_credit_seconds"),
@@ -148,7 +180,7 @@ def statement_rows(records, period: date, *, carries: bool = True) -> list[dict]
         month = row.pop("usage_month")
         month = month.astimezone(UTC).date() if isinstance(month, datetime) else month
         row["usage_period"] = None if month == period else month
-    rows.sort(key=lambda r: (r["project_id"], r["usage_period"] or date.min, r["pool_id"]))
+    rows.sort(key=lambda r: (r["project_id"], r["usage_period"] or date.min, r["pool_id"], r["off_peak"]))
     return rows
 
 
@@ -166,6 +198,8 @@ def lines_for(statement_id: int | None, row: dict, pool_name: str) -> list[State
     rate = as_decimal(row["hourly_rate"])
     carried = row.get("usage_period")
     label = f"{pool_name}: {spec.label()} @ {rate.normalize():f}/h"
+    if row.get("off_peak"):
+        label += " off-peak"
     prefix = f"carry-over from {carried:%Y-%m}: " if carried else ""
     common = dict(
         statement_id=statement_id,

@@ -103,7 +103,7 @@ def _records_for(units_hours: list[tuple[Unit, datetime]], book: PriceBook, unti
                     f.seconds,
                     f.failed,
                     f.health,
-                    book.price(card, spec, unit.compute_slices),
+                    book.price(card, spec, unit.compute_slices, hour),
                     card_id,
                     m.sm_activity if m else None,
                     m.energy_kwh if m else None,

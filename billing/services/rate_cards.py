@@ -110,6 +110,9 @@ def copy_rate_card(card: RateCard, *, effective_from: datetime, name: str = "", 
         name=name or f"{card.name} (copy)",
         effective_from=effective_from,
         notes=f"Copied from {card}.",
+        off_peak_start_hour=card.off_peak_start_hour,
+        off_peak_end_hour=card.off_peak_end_hour,
+        off_peak_multiplier=card.off_peak_multiplier,
         created_by=actor,
     )
     RateCardEntry.objects.bulk_create(
@@ -156,7 +159,16 @@ class PriceBook:
                 break
         return found
 
-    def price(self, card: RateCard | None, key: rates.SpecKey, compute_slices: int | None) -> Decimal:
+    def price(
+        self, card: RateCard | None, key: rates.SpecKey, compute_slices: int | None, hour: datetime | None = None
+    ) -> Decimal:
+        """The hourly rate of `key` in `hour`: the card's price, times its off-peak multiplier in off-peak hours."""
+        base = self.base_price(card, key, compute_slices)
+        if card is None or hour is None or not card.is_off_peak(hour):
+            return base
+        return rates.quantize_price(base * card.off_peak_multiplier)
+
+    def base_price(self, card: RateCard | None, key: rates.SpecKey, compute_slices: int | None) -> Decimal:
         """The card's entry for `key`; else derived from its full-GPU price; else 0 (logged once per spec)."""
         if card is None:
             return Decimal(0)

@@ -7,7 +7,7 @@ from django.urls import path
 
 from gpuaas.api import router
 
-from . import discovery, mig
+from . import discovery, mig, tiers
 
 # MIG layouts, maintenance windows, time-slicing, capacity plan (operators).
 router.register("mig-layouts", mig.MigLayoutViewSet, basename="mig-layout")
@@ -23,3 +23,7 @@ router.register("capacity/discovery-runs", discovery.DiscoveryRunViewSet, basena
 router.register("capacity/nodes", discovery.NodeViewSet, basename="capacity-node")
 router.register("capacity/gpus", discovery.GpuViewSet, basename="capacity-gpu")
 router.register("capacity/specs", discovery.SpecViewSet, basename="capacity-spec")
+
+# Tier placement: node-to-tier assignments (gpuaas writes gpuaas.io/tier) and each tier's MIG profiles (operators).
+router.register("capacity/tier-assignments", tiers.TierAssignmentViewSet, basename="tier-assignment")
+router.register("capacity/tier-policies", tiers.TierProfilePolicyViewSet, basename="tier-policy")

@@ -20,6 +20,7 @@ from .reconfiguration import (
     MigReconfigurationStep,
 )
 from .specs import SpecAndCount, SpecAndCountQuerySet
+from .tiers import TierAssignment, TierProfilePolicy
 from .workloads import WorkloadProfile, WorkloadProfileQuerySet
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "NodeCapacityQuerySet",
     "SpecAndCount",
     "SpecAndCountQuerySet",
+    "TierAssignment",
+    "TierProfilePolicy",
     "TimeSlicingPolicy",
     "WorkloadProfile",
     "WorkloadProfileQuerySet",

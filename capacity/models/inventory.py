@@ -46,6 +46,9 @@ class NodeCapacity(models.Model):
     mig_config = models.CharField(max_length=100, blank=True, help_text="nvidia.com/mig.config")
     mig_config_state = models.CharField(max_length=16, blank=True, help_text="nvidia.com/mig.config.state")
     timeslice_replicas = models.PositiveSmallIntegerField(default=1)
+    sharing_strategy = models.CharField(
+        max_length=16, blank=True, help_text="nvidia.com/gpu.sharing-strategy: time-slicing, mps, or empty."
+    )
     ready = models.BooleanField(default=False)
     cordoned = models.BooleanField(default=False)
     labels = models.JSONField(default=dict, blank=True)

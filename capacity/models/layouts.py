@@ -7,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q
 
+from ..choices import SharingStrategy
 from ..mig.catalog import get_product
 from ..mig.layout import validate_layout
 from .clusters import Cluster
@@ -104,6 +105,12 @@ class TimeSlicingPolicy(models.Model):
         default=False, help_text="Advertise nvidia.com/gpu.shared instead of nvidia.com/gpu."
     )
     fail_requests_greater_than_one = models.BooleanField(default=True)
+    strategy = models.CharField(
+        max_length=16,
+        choices=SharingStrategy,
+        default=SharingStrategy.TIME_SLICING,
+        help_text="MPS caps each client (the device plugin's MPS daemon sets the limits from the replicas).",
+    )
     enabled = models.BooleanField(default=True)
     applied_at = models.DateTimeField(null=True, blank=True, editable=False)
     nodes_labelled = models.PositiveIntegerField(default=0, editable=False)
@@ -120,11 +127,20 @@ class TimeSlicingPolicy(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.cluster}/{self.node_group or '*'}: {self.replicas}x time-slicing"
+        return f"{self.cluster}/{self.node_group or '*'}: {self.replicas}x {self.strategy}"
+
+    def client_limits(self, memory_mib: int) -> dict | None:
+        """MPS only: what each client gets, as the device plugin's MPS control daemon sets it
+        (set_default_device_pinned_mem_limit = memory / replicas, set_default_active_thread_percentage
+        = 100 / replicas; NVIDIA/k8s-device-plugin cmd/mps-control-daemon/mps/daemon.go)."""
+        if self.strategy != SharingStrategy.MPS:
+            return None
+        return {"pinned_memory_mib": memory_mib // self.replicas, "active_thread_percentage": 100 // self.replicas}
 
     @property
     def config_key(self) -> str:
         """Key in the device-plugin ConfigMap; the replica count is in the name so a change relabels nodes."""
         group = self.node_group or "all"
         safe = "".join(c if c.isalnum() or c in "-." else "-" for c in group.lower()).strip("-.") or "group"
-        return f"{GPUAAS_CONFIG_PREFIX}{safe}-x{self.replicas}"
+        mps = "-mps" if self.strategy == SharingStrategy.MPS else ""
+        return f"{GPUAAS_CONFIG_PREFIX}{safe}{mps}-x{self.replicas}"

@@ -46,12 +46,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
-from capacity.choices import Binding, ClusterStatus, DiscoveryStatus, MigStrategy, SpecKind, Tier
+from capacity.choices import Binding, ClusterStatus, DiscoveryStatus, MigStrategy, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
+from capacity.vgpu import vgpu_type_for_resource
 
 from . import bulk, workloads
 from .inventory import InventoryResult, inventory_nodes
+from .tiers import assigned_tiers
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 TIER_LABEL = "gpuaas.io/tier"
+SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"
 NODE_GROUP_LABEL = "gpuaas.io/node-group"
 VOLATILE_LABELS = frozenset({"nvidia.com/gfd.timestamp"})
 RESOURCE_PREFIX = "nvidia.com/"
@@ -87,6 +90,7 @@ NODE_FIELDS = (
     "mig_config",
     "mig_config_state",
     "timeslice_replicas",
+    "sharing_strategy",
     "ready",
     "cordoned",
     "labels",
@@ -108,6 +112,13 @@ def _int(value, default: int = 0) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def _sharing_strategy(label: str, replicas: int) -> str:
+    """GFD's sharing-strategy label ("none" when not shared); older GFDs without it: time-slicing if replicated."""
+    if label in SharingStrategy.values:
+        return label
+    return SharingStrategy.TIME_SLICING if replicas > 1 and not label else ""
 
 
 def is_gpu_node(node: kube.Node) -> bool:
@@ -167,6 +178,7 @@ def node_values(node: kube.Node) -> dict:
         "mig_config": labels.get(MIG_CONFIG_LABEL, "")[:100],
         "mig_config_state": labels.get(MIG_CONFIG_STATE_LABEL, "")[:16],
         "timeslice_replicas": min(replicas, 32767),
+        "sharing_strategy": _sharing_strategy(labels.get(SHARING_STRATEGY_LABEL, ""), replicas),
         "ready": node.ready,
         "cordoned": node.unschedulable,
         "labels": labels,
@@ -224,6 +236,10 @@ def node_specs(node: kube.Node, values: dict) -> list[Spec]:
         elif base.startswith(RESOURCE_MIG_PREFIX):
             kind, profile_name = SpecKind.MIG, base[len(RESOURCE_MIG_PREFIX) :]
             replicas = max(1, _int(labels.get(f"{base}.replicas"), 1))
+        elif (vgpu := vgpu_type_for_resource(resource)) is not None:
+            # A vm-vgpu node: the sandbox device plugin advertises each vGPU type as its own resource.
+            specs.append(Spec(resource, SpecKind.VGPU, vgpu.product, vgpu.name, count, allocatable, vgpu.max_per_gpu))
+            continue
         else:
             continue
         if kind == SpecKind.MIG:
@@ -418,6 +434,7 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
         )
     }
     ids = {name: row[0] for name, row in existing.items()}
+    assigned: dict[str, str] | None = None  # gpuaas owns these nodes' tiers; read once, when a node changed
     current = FINGERPRINT_VERSION + ":"
     changed: list[tuple[kube.Node, dict, str]] = []
     for node in nodes:
@@ -435,6 +452,10 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
         else:
             digest = fingerprint(node)
         values = node_values(node)
+        if assigned is None:
+            assigned = assigned_tiers(cluster)
+        if node.name in assigned:
+            values["tier"] = assigned[node.name]
         result.gpus_seen += values["gpu_count"]
         result.not_ready += not values["ready"]
         changed.append((node, values, digest))

@@ -24,6 +24,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
+from capacity.choices import SharingStrategy
 from capacity.mig.catalog import Product, get_product, mig_parted_entries, named_configs
 from capacity.models import (
     GPUAAS_CONFIG_PREFIX,
@@ -218,14 +219,24 @@ def _write_mig_parted(cluster, client: kube.KubernetesClient) -> dict:
 
 
 def time_slicing_document(policy) -> dict:
-    """The device plugin v1 config for one policy (sharing.timeSlicing)."""
+    """The device plugin v1 config for one policy: sharing.timeSlicing, or sharing.mps for an MPS policy.
+
+    MPS takes replicas only: the plugin's MPS daemon caps each client at memory / replicas and
+    100 / replicas % of the SMs, and always fails requests for more than one replica.
+    """
+    resources = [{"name": "nvidia.com/gpu", "replicas": int(policy.replicas)}]
+    if policy.strategy == SharingStrategy.MPS:
+        return {
+            "version": "v1",
+            "sharing": {"mps": {"renameByDefault": bool(policy.rename_by_default), "resources": resources}},
+        }
     return {
         "version": "v1",
         "sharing": {
             "timeSlicing": {
                 "renameByDefault": bool(policy.rename_by_default),
                 "failRequestsGreaterThanOne": bool(policy.fail_requests_greater_than_one),
-                "resources": [{"name": "nvidia.com/gpu", "replicas": int(policy.replicas)}],
+                "resources": resources,
             }
         },
     }

@@ -1,8 +1,10 @@
-"""Time-sliced GPUs: pods far above their memory share are flagged and, by policy, evicted.
+"""Time-sliced GPUs: pods far above their memory or compute share are flagged and, by policy, evicted.
 
-Time-slicing gives no memory isolation: one pod can take the whole framebuffer and starve the
-others. A pod's share is total / replicas; it is over when its processes' memory (NVML running
-processes) exceeds share x MONITORING_SHARE_FACTOR_PCT / 100. The seed's tier 3 (development)
+Time-slicing gives no memory or performance isolation: one pod can take the whole framebuffer, or
+keep the SMs busy, and starve the others. A pod's share is 1 / replicas; it is over when its
+processes' memory (NVML running processes) exceeds total / replicas x MONITORING_SHARE_FACTOR_PCT
+/ 100, or their SM utilisation (nvmlDeviceGetProcessUtilization) exceeds 100 / replicas % x the
+same factor. The seed's tier 3 (development)
 advice is to evict such pods; gpuaas does so only when MONITORING_EVICT_OVER_SHARE is on, through
 the Eviction API (PodDisruptionBudgets are honoured; a refused eviction is retried later).
 
@@ -42,15 +44,31 @@ def limit_mib(total_mib: int, replicas: int) -> int:
     return share_mib(total_mib, replicas) * settings.MONITORING_SHARE_FACTOR_PCT // 100
 
 
+def limit_sm_pct(replicas: int) -> int:
+    """SM utilisation above which a pod is over its compute share."""
+    return 100 * settings.MONITORING_SHARE_FACTOR_PCT // 100 // max(1, replicas)
+
+
+def pod_sm_util(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: list[WorkloadProfile]) -> dict:
+    """pod UID -> SM utilisation % of its processes on this GPU (only processes that were measured)."""
+    return _per_pod(gpu, processes, workloads, "sm_util_pct")
+
+
 def pod_memory(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: list[WorkloadProfile]) -> dict:
     """pod UID -> MiB used on this GPU; processes without an attributable pod are skipped."""
+    return _per_pod(gpu, processes, workloads, "used_memory_mib")
+
+
+def _per_pod(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: list[WorkloadProfile], field: str) -> dict:
+    """pod UID -> the sum of one measured process field on this GPU (see the module docstring for attribution)."""
     on_gpu = [w for w in workloads if w.gpu_id == gpu.pk or any(str(d).startswith(gpu.uuid) for d in w.device_ids)]
     fallback = on_gpu[0].pod_uid if len(on_gpu) == 1 else None
     used: dict[str, int] = defaultdict(int)
     for process in processes:
         pod_uid = process.pod_uid or fallback
-        if pod_uid and process.used_memory_mib is not None:
-            used[pod_uid] += process.used_memory_mib
+        value = getattr(process, field)
+        if pod_uid and value is not None:
+            used[pod_uid] += value
     return dict(used)
 
 
@@ -76,8 +94,15 @@ def check_shares(node: NodeCapacity, shared: list[tuple[GpuCapacity, nvml.GpuMet
         for gpu, reading in shared:
             total = reading.memory_total_mib or gpu.memory_mib
             limit = limit_mib(total, replicas)
-            over = {pod: mib for pod, mib in pod_memory(gpu, reading.processes, workloads).items() if mib > limit}
+            memory = pod_memory(gpu, reading.processes, workloads)
+            compute = pod_sm_util(gpu, reading.processes, workloads)
+            over_memory = {pod for pod, mib in memory.items() if mib > limit}
+            over_compute = {pod for pod, pct in compute.items() if pct > limit_sm_pct(replicas)}
+            over = {pod: memory.get(pod, 0) for pod in sorted(over_memory | over_compute)}
             for pod_uid, used in over.items():
+                what = "+".join(
+                    name for name, pods in (("memory", over_memory), ("compute", over_compute)) if pod_uid in pods
+                )
                 violation = current.pop((gpu.pk, pod_uid), None)
                 workload = by_pod.get(pod_uid)
                 if violation is None:
@@ -91,11 +116,15 @@ def check_shares(node: NodeCapacity, shared: list[tuple[GpuCapacity, nvml.GpuMet
                         used_mib=used,
                         share_mib=share_mib(total, replicas),
                         replicas=replicas,
+                        sm_util_pct=compute.get(pod_uid),
+                        over=what,
                         first_seen_at=at,
                         last_seen_at=at,
                     )
                 else:
-                    ShareViolation.objects.filter(pk=violation.pk).update(used_mib=used, last_seen_at=at)
+                    ShareViolation.objects.filter(pk=violation.pk).update(
+                        used_mib=used, sm_util_pct=compute.get(pod_uid), over=what, last_seen_at=at
+                    )
                 open_count += 1
                 if settings.MONITORING_EVICT_OVER_SHARE and _due_for_eviction(violation, at):
                     evict.append(violation.pk)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -12,14 +13,15 @@ from rest_framework import exceptions, serializers
 
 from capacity.api.mig import WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
-from capacity.choices import Binding
+from capacity.choices import Binding, SpecKind
+from capacity.mig.catalog import find_product
 from capacity.models import Cluster
 from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
-from .. import queue, services
-from ..choices import Isolation
+from .. import offers, queue, services
+from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, WorkloadType
 from ..exceptions import SpecError
 from ..models import SHARED_NODE_NOTE, Allocation, GpuPool, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
@@ -102,16 +104,25 @@ class QueueStateSerializer(serializers.ModelSerializer):
         return entry.approvable_at is not None and not entry.on_hold
 
 
+ISOLATION_HELP = (
+    "A need (none, memory, hardware; empty: the workload's default) lets matching choose the offer;"
+    " a kind (mig, full, timeslice), a tier or a profile pins the spec."
+)
+
+
 class PoolRequestSerializer(StrictModelSerializer):
-    """A pool request. On create, `project` must be one of yours (else 400 "does not exist"), and
-    either `profile_name` or `memory_gib` (and optionally `compute_fraction`) gives the MIG spec.
-    `submit: true` submits it at once instead of leaving a draft."""
+    """A pool request. On create, `project` must be one of yours (else 400 "does not exist").
+
+    Declare needs (memory_gib, compute_fraction, isolation as a need, end_at, workload_type) and
+    matching (pools/matching.py) chooses the offer and records why in `offer` and `offer_reason`; or
+    pin the spec with a profile_name, a tier or an isolation kind. `submit: true` submits it at once.
+    """
 
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.none())
     project_slug = serializers.CharField(source="project.slug", read_only=True)
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True, default=None, allow_null=True)
-    isolation = serializers.ChoiceField(choices=Isolation.choices, required=False)
+    isolation = serializers.ChoiceField(choices=ISOLATION_OR_NEED, required=False, help_text=ISOLATION_HELP)
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     pool = serializers.SerializerMethodField()
@@ -140,6 +151,9 @@ class PoolRequestSerializer(StrictModelSerializer):
             "count",
             "memory_gib",
             "compute_fraction",
+            "declared_isolation",
+            "offer",
+            "offer_reason",
             "start_at",
             "end_at",
             "justification",
@@ -162,6 +176,9 @@ class PoolRequestSerializer(StrictModelSerializer):
         ]
         read_only_fields = [
             "spec_kind",
+            "declared_isolation",
+            "offer",
+            "offer_reason",
             "state",
             "state_reason",
             "approved_at",
@@ -217,11 +234,18 @@ class PoolRequestSerializer(StrictModelSerializer):
             raise serializers.ValidationError({"end_at": "The end must be after the start."})
         if end is not None and end <= now:
             raise serializers.ValidationError({"end_at": "The end must be in the future."})
+        attrs["start_at"] = start
+        if _pinned(attrs):
+            return self._pinned(attrs)
+        return self._matched(attrs)
+
+    def _pinned(self, attrs: dict) -> dict:
+        """The team named the spec: resolve it, and refuse memory or compute its units cannot give."""
         try:
             spec = services.resolve_spec(
                 isolation=attrs.get("isolation", ""),
                 tier=attrs.get("tier", ""),
-                workload_type=attrs.get("workload_type") or PoolRequest._meta.get_field("workload_type").default,
+                workload_type=attrs.get("workload_type") or WorkloadType.INFERENCE,
                 product=attrs.get("product", ""),
                 profile_name=attrs.get("profile_name", ""),
                 memory_gib=attrs.get("memory_gib"),
@@ -229,13 +253,43 @@ class PoolRequestSerializer(StrictModelSerializer):
             )
         except SpecError as exc:
             raise serializers.ValidationError(exc.errors) from None
+        if spec.spec_kind != Isolation.MIG and (attrs.get("memory_gib") or attrs.get("compute_fraction")):
+            result = offers.match_declared(
+                **_declared(attrs, isolation=IsolationNeed.NONE, product=spec.product),
+                kinds=frozenset({spec.spec_kind}),
+                forecast=False,
+            )
+            physical = {"memory_gib", "compute_fraction"}
+            if result.rejected and not any(
+                not {need for need, _ in o.failures} & physical for o in result.offers + result.rejected
+            ):
+                raise serializers.ValidationError(_errors(result, only=physical))
         attrs.update(
-            start_at=start,
             isolation=spec.isolation,
             tier=spec.tier,
             spec_kind=spec.spec_kind,
             product=spec.product,
             profile_name=spec.profile_name,
+            offer_reason="spec named by the team",
+        )
+        return attrs
+
+    def _matched(self, attrs: dict) -> dict:
+        """The team declared needs: matching chooses the offer and says why."""
+        product = attrs.get("product", "")
+        if product and product not in services.inventory_products() and not find_product(product):
+            raise serializers.ValidationError({"product": f"Unknown GPU product {product!r}."})
+        result = offers.match_declared(**_declared(attrs), forecast=False)
+        chosen = result.chosen
+        if chosen is None:
+            raise serializers.ValidationError(_errors(result))
+        if chosen.candidate.kind == SpecKind.VGPU:  # never reached without vm=true, which requests do not take yet
+            raise serializers.ValidationError({"isolation": "vGPU pools cannot be requested yet; see the dry run."})
+        attrs.update(
+            chosen.spec(),
+            declared_isolation=result.need.isolation_need,
+            offer=chosen.to_dict(),
+            offer_reason=result.why(),
         )
         return attrs
 
@@ -246,6 +300,78 @@ class PoolRequestSerializer(StrictModelSerializer):
         if submit:
             queue.after_submit(created)  # approved by a policy, queued, or left for an operator
         return created
+
+
+def _pinned(attrs: dict) -> bool:
+    return bool(attrs.get("profile_name") or attrs.get("tier") or attrs.get("isolation") in Isolation.values)
+
+
+def _declared(attrs: dict, **override) -> dict:
+    cluster = attrs.get("cluster")
+    declared = {
+        "workload_type": attrs.get("workload_type") or WorkloadType.INFERENCE,
+        "memory_gib": attrs.get("memory_gib"),
+        "compute_fraction": attrs.get("compute_fraction"),
+        "isolation": attrs.get("isolation", ""),
+        "count": attrs.get("count", 1),
+        "product": attrs.get("product", ""),
+        "cluster_id": cluster.pk if cluster is not None else None,
+        "start_at": attrs.get("start_at"),
+        "end_at": attrs.get("end_at"),
+        "vm": attrs.get("vm", False),
+    }
+    return {**declared, **override}
+
+
+def _errors(result, only: set[str] | None = None) -> dict:
+    """400 detail for a declaration no offer meets: each need that every offer fails, with each offer's reason."""
+    failing = [{need for need, _ in o.failures} for o in result.rejected]
+    common = set.intersection(*failing) if failing else set()
+    if only is not None:
+        common &= only
+    if not result.rejected:
+        return {"product": ["No GPU in the fleet offers units of that kind."]}
+    if not common:
+        return {"non_field_errors": [o.explanation() for o in result.rejected]}
+    return {
+        need: [f"{o.label}: {why}" for o in result.rejected for n, why in o.failures if n == need]
+        for need in sorted(common)
+    }
+
+
+class DryRunSerializer(StrictSerializer):
+    """What a team declares; the dry run answers with ranked offers, prices and a start forecast."""
+
+    workload_type = serializers.ChoiceField(choices=WorkloadType.choices, default=WorkloadType.INFERENCE)
+    memory_gib = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    compute_fraction = serializers.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        min_value=Decimal("0.001"),
+        max_value=Decimal(1),
+        required=False,
+        allow_null=True,
+    )
+    isolation = serializers.ChoiceField(choices=IsolationNeed.choices, required=False, allow_blank=True, default="")
+    count = serializers.IntegerField(min_value=1, default=1)
+    product = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
+    start_at = serializers.DateTimeField(required=False, allow_null=True)
+    end_at = serializers.DateTimeField(required=False, allow_null=True)
+    vm = serializers.BooleanField(default=False, help_text="A virtual machine (KubeVirt): only vGPUs serve it.")
+
+    def validate(self, attrs: dict) -> dict:
+        start, end = attrs.get("start_at") or timezone.now(), attrs.get("end_at")
+        if end is not None and end <= start:
+            raise serializers.ValidationError({"end_at": "The end must be after the start."})
+        if attrs["count"] > settings.POOL_REQUEST_MAX_UNITS:
+            too_many = TOO_MANY_UNITS.format(max_value=settings.POOL_REQUEST_MAX_UNITS)
+            raise serializers.ValidationError({"count": too_many})
+        attrs["start_at"] = start
+        return attrs
+
+    def match(self):
+        return offers.match_declared(**_declared(self.validated_data))
 
 
 class PoolRequestDetailSerializer(PoolRequestSerializer):
@@ -365,6 +491,9 @@ class GpuPoolSerializer(serializers.ModelSerializer):
     binding_note = serializers.SerializerMethodField(
         help_text='"shared node: binding is by count" when another project holds units on one of its nodes.'
     )
+    scheduling = serializers.SerializerMethodField(
+        help_text="nodeSelector and affinity for the pool's pods: its pool label and its tier (gpuaas.io/tier)."
+    )
 
     class Meta:
         model = GpuPool
@@ -380,6 +509,8 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "tier",
             "spec",
             "tags",
+            "placement",
+            "scheduling",
             "state",
             "state_reason",
             "total_gpus",
@@ -404,6 +535,10 @@ class GpuPoolSerializer(serializers.ModelSerializer):
 
     def get_binding_note(self, pool: GpuPool) -> str:
         return SHARED_NODE_NOTE if getattr(pool, "shared_node", False) else ""
+
+    @extend_schema_field(serializers.DictField())
+    def get_scheduling(self, pool: GpuPool) -> dict:
+        return pool.scheduling()
 
 
 class AllocationSerializer(serializers.ModelSerializer):

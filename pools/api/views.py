@@ -227,6 +227,21 @@ class PoolRequestViewSet(
         return serializer.validated_data
 
     @extend_schema(
+        summary="Dry run: the offers that meet a declaration, ranked, with prices and a start forecast",
+        request=serializers.DryRunSerializer,
+        responses={200: OpenApiResponse(description="declared, chosen, offers (ranked), rejected (with reasons)")},
+    )
+    @action(
+        detail=False, methods=["post"], url_path="dry-run", filterset_class=None, pagination_class=None,
+        scope=Scope.SIGNED_IN,
+    )
+    def dry_run(self, request):
+        """Fleet-wide facts and list prices, no one's secret; writes nothing."""
+        serializer = serializers.DryRunSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return Response(serializer.match().to_dict())
+
+    @extend_schema(
         summary="Submit a draft for approval",
         request=serializers.ReasonSerializer,
         responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},

@@ -48,6 +48,7 @@ def test_full_gpu_node_values_and_specs():
         "mig_config": "",
         "mig_config_state": "",
         "timeslice_replicas": 1,
+        "sharing_strategy": "",
         "ready": True,
         "cordoned": False,
     }

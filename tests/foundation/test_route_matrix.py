@@ -100,6 +100,8 @@ def _world_objects():
         MigLayout,
         MigReconfiguration,
         SpecAndCount,
+        TierAssignment,
+        TierProfilePolicy,
         TimeSlicingPolicy,
     )
     from monitoring.models import IdleReservation, Series, TrespassEvent
@@ -210,6 +212,8 @@ def _world_objects():
         "time-slicing-policy": fleet(
             TimeSlicingPolicy.objects.create(cluster=world.beta, node_group="shared", replicas=4)
         ),
+        "tier-assignment": fleet(TierAssignment.objects.create(node=node, tier="full")),
+        "tier-policy": fleet(TierProfilePolicy.objects.create(tier="1", min_compute_slices=3)),
         # plain views and the admin's own views, by URL name
         "projects:project": {"own": {"slug": team_a.slug}, "other": {"slug": team_b.slug}},
         "projects:request_new": {"own": {"slug": team_a.slug}, "other": {"slug": team_b.slug}},

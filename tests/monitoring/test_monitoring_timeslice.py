@@ -137,3 +137,43 @@ def test_a_single_pod_on_the_gpu_is_attributed_without_a_pod_uid(shared):
     metrics.processes[0].pod_uid = None
     check_shares(shared.node, [(gpu, metrics)], at=T0)
     assert ShareViolation.objects.get().pod_uid == "uid-greedy"
+
+
+def busy(gpu, **sm_by_pod):
+    return GpuMetrics(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        memory_total_mib=81559,
+        processes=[
+            ProcessInfo(pid=200 + i, used_memory_mib=5000, pod_uid=uid, sm_util_pct=pct)
+            for i, (uid, pct) in enumerate(sm_by_pod.items())
+        ],
+    )
+
+
+def test_a_pod_over_its_compute_share_is_flagged_and_evicted_by_policy(
+    shared, settings, django_capture_on_commit_callbacks
+):
+    settings.MONITORING_SHARE_FACTOR_PCT = 150  # 4 replicas: 25% each, over above 37%
+    settings.MONITORING_EVICT_OVER_SHARE = True
+    gpu = shared.full_gpu
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert check_shares(shared.node, [(gpu, busy(gpu, **{"uid-greedy": 90, "uid-polite": 20}))], at=T0) == 1
+    violation = ShareViolation.objects.get()
+    seen = (violation.pod_name, violation.over, violation.sm_util_pct, violation.used_mib)
+    assert seen == ("nb-0", "compute", 90, 5000)
+    assert [(cb.func.__self__.name, cb.args) for cb in callbacks] == [
+        ("monitoring.tasks.evict_over_share_task", (violation.pk,))
+    ]
+    check_shares(shared.node, [(gpu, busy(gpu, **{"uid-greedy": 30}))], at=T0 + timedelta(seconds=30))
+    violation.refresh_from_db()
+    assert violation.state == ShareState.RESOLVED
+
+
+def test_memory_and_compute_together(shared, settings):
+    settings.MONITORING_SHARE_FACTOR_PCT = 150
+    gpu = shared.full_gpu
+    metrics = busy(gpu, **{"uid-greedy": 80})
+    metrics.processes[0].used_memory_mib = 60000
+    check_shares(shared.node, [(gpu, metrics)], at=T0)
+    assert ShareViolation.objects.get().over == "memory+compute"

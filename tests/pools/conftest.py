@@ -107,11 +107,18 @@ class Fleet:
         return node
 
     def timeslice_node(
-        self, name: str, gpus: int = 1, replicas: int = 4, *, cluster: str = "c1", tier: str = Tier.DEVELOPMENT
+        self,
+        name: str,
+        gpus: int = 1,
+        replicas: int = 4,
+        *,
+        cluster: str = "c1",
+        tier: str = Tier.DEVELOPMENT,
+        product: str = "H100-80GB",
     ) -> NodeCapacity:
-        node = self.node(name, cluster=cluster, tier=tier, replicas=replicas)
+        node = self.node(name, cluster=cluster, tier=tier, replicas=replicas, product=product)
         for index in range(gpus):
-            self.gpu(node, index)
+            self.gpu(node, index, product=product)
         return node
 
     def mig_node(

@@ -383,3 +383,21 @@ def test_library_for_node_uses_the_in_process_server(server, state):
     missing = library_for_node(server.cluster_url("dev"), "no-such-node")
     with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
         missing.nvmlInit()
+
+
+def test_per_process_sm_utilisation_on_whole_gpus(nvml, state):
+    full = full_nvml(state, "prod-h100-full-01")
+    handles = [full.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+    running = {p.pid for h in handles for p in full.nvmlDeviceGetComputeRunningProcesses(h)}
+    samples = []
+    for handle in handles:
+        try:
+            samples += full.nvmlDeviceGetProcessUtilization(handle, 0)
+        except pynvml.NVMLError_NotFound:  # an idle GPU has no sample, as on hardware
+            continue
+    assert {s.pid for s in samples} == running
+    assert all(0 <= s.smUtil <= 100 for s in samples)
+    detector = state.cluster("prod").pods[("team-vision", "detector")].obj
+    mig = nvml.nvmlDeviceGetHandleByUUID(detector["metadata"]["annotations"][DEVICE_IDS_ANNOTATION])
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetProcessUtilization(mig, 0)

@@ -33,6 +33,7 @@ class ProcessInfo:
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
     pod_uid: str | None = None
+    sm_util_pct: int | None = None  # nvmlDeviceGetProcessUtilization: SM utilisation over the last samples
 
 
 @dataclass(slots=True)
@@ -118,6 +119,17 @@ def read_processes(s: NvmlSession, handle: Any) -> list[ProcessInfo]:
             )
         )
     return out
+
+
+def read_process_utilization(s: NvmlSession, handle: Any, processes: list[ProcessInfo]) -> None:
+    """Fill each process's SM utilisation from nvmlDeviceGetProcessUtilization (whole GPUs only; MIG
+    devices do not report it). Processes without a recent sample keep None (not measured)."""
+    samples = s.optional("nvmlDeviceGetProcessUtilization", handle, 0) or []
+    by_pid: dict[int, int] = {}
+    for sample in samples:
+        by_pid[int(sample.pid)] = max(by_pid.get(int(sample.pid), 0), int(sample.smUtil))
+    for process in processes:
+        process.sm_util_pct = by_pid.get(process.pid, process.sm_util_pct)
 
 
 def _mig_devices(s: NvmlSession, handle: Any) -> list[MigDeviceInfo]:

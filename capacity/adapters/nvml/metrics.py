@@ -13,7 +13,7 @@ from typing import Any
 
 import pynvml
 
-from .inventory import ProcessInfo, read_processes
+from .inventory import ProcessInfo, read_process_utilization, read_processes
 from .sessions import (
     UNAVAILABLE,
     GpuLost,
@@ -303,6 +303,7 @@ def node_metrics(api_url: str, node_name: str, *, gpm_interval_s: float = 0.15) 
                         m.mig = read_mig_metrics(s, handle)
                     else:
                         m.processes = read_processes(s, handle)
+                        read_process_utilization(s, handle, m.processes)
                     if watcher is not None and watcher.register(s, index, handle):
                         m.xids = []
                     if _gpm_supported(s, handle):

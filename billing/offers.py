@@ -1,0 +1,36 @@
+"""Prices for pools' matching: the rate card in force now, registered into pools.prices at start-up."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.utils import timezone
+
+from capacity.choices import SpecKind
+
+from . import rates
+from .models import RateCard
+
+
+def price_lookup():
+    """One card read (entries prefetched); each offer is its entry, else derived from the product's full price."""
+    card = RateCard.objects.effective_at(timezone.now())
+    prices = card.price_map() if card is not None else {}
+
+    def lookup(kind: str, product: str, profile_name: str = "", replicas: int = 1) -> Decimal | None:
+        if kind == SpecKind.VGPU:
+            full = prices.get(rates.spec_key(rates.FULL, product))
+            return None if full is None else vgpu_price(full, replicas)
+        key = rates.spec_key(kind, product, profile_name, replicas)
+        if key in prices:
+            return prices[key]
+        full = prices.get(rates.spec_key(rates.FULL, product))
+        return None if full is None else rates.derive_price(full, key)
+
+    return lookup
+
+
+def vgpu_price(full_price: Decimal, per_gpu: int) -> Decimal:
+    """A vGPU's hour: its share of the GPU (1 / vGPUs per GPU) plus the vGPU licence (BILLING_VGPU_LICENCE_HOURLY)."""
+    return rates.quantize_price(full_price / max(1, per_gpu) + settings.BILLING_VGPU_LICENCE_HOURLY)

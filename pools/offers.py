@@ -1,0 +1,87 @@
+"""Matching against the live fleet: candidates, tier policy, prices and a start forecast per offer.
+
+The API's dry run and request creation both call `match_declared()`, so what the dry run shows is
+what a request gets.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from django.utils import timezone
+
+from capacity import tiers
+from capacity.choices import SpecKind
+
+from . import matching, prices, units
+from .models import PoolRequest
+
+
+def match_declared(
+    *,
+    workload_type: str,
+    memory_gib: int | None = None,
+    compute_fraction: Decimal | None = None,
+    isolation: str = "",
+    count: int = 1,
+    product: str = "",
+    cluster_id: int | None = None,
+    start_at: dt.datetime | None = None,
+    end_at: dt.datetime | None = None,
+    kinds: frozenset[str] | None = None,
+    forecast: bool = True,
+    vm: bool = False,
+) -> matching.Match:
+    """Match a declaration against what the fleet offers now; `kinds` narrows to kinds the team pinned."""
+    need = matching.Need.from_request(
+        start_at=start_at,
+        end_at=end_at,
+        workload_type=workload_type,
+        memory_gib=memory_gib,
+        compute_fraction=compute_fraction,
+        isolation=isolation,
+        count=count,
+        product=product,
+        vm=vm,
+    )
+    candidates = matching.fleet_candidates(cluster_id=cluster_id)
+    if kinds is not None:
+        candidates = [c for c in candidates if c.kind in kinds]
+    result = matching.match(need, candidates, price=prices.price_lookup(), policy_table=tiers.policies())
+    if forecast:
+        for offer in result.offers:
+            forecast_start(offer, cluster_id=cluster_id, start_at=start_at)
+    return result
+
+
+def forecast_start(offer: matching.Offer, *, cluster_id: int | None, start_at: dt.datetime | None) -> None:
+    """When the offer could start: now (or the requested start) when its units are free on one cluster today.
+
+    STAND-IN until the queue and wait-time forecast (#17, pools.forecast.estimate_start) is merged:
+    this looks at free units only, so an offer short of units says it waits, without a time.
+    """
+    spec = offer.spec()
+    if spec["spec_kind"] == SpecKind.VGPU:
+        free = matching.free_vgpus(spec["profile_name"], cluster_id=cluster_id)
+        offer.forecast = "free now" if free >= spec["count"] else f"waits: {free} of {spec['count']} vGPUs free"
+        if free >= spec["count"]:
+            offer.forecast_start = max(start_at or timezone.now(), timezone.now())
+        return
+    probe = PoolRequest(
+        spec_kind=spec["spec_kind"],
+        isolation=spec["isolation"],
+        tier=spec["tier"],
+        product=spec["product"],
+        profile_name=spec["profile_name"],
+        count=spec["count"],
+        cluster_id=cluster_id,
+    )
+    free = units.free_by_cluster(probe)
+    most = max(free.values(), default=0)
+    if most >= probe.count:
+        offer.forecast_start = max(start_at or timezone.now(), timezone.now())
+        offer.forecast = "free now"
+    else:
+        where = "on one node" if probe.spec_kind == SpecKind.FULL and probe.count > 1 else "on one cluster"
+        offer.forecast = f"waits: {most} of {probe.count} units free {where}"

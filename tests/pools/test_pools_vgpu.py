@@ -1,0 +1,111 @@
+"""The vGPU tier: vm-vgpu nodes' vGPU types inventoried by discovery, offered to VM workloads with honest
+isolation and overhead, priced with the vGPU licence. (Approval and provisioning of vGPU pools: not yet.)"""
+
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+
+from billing import rates
+from billing.offers import vgpu_price
+from billing.services.rate_cards import seed_default_card
+from capacity.adapters.kubernetes import Node
+from capacity.mig.catalog import PRODUCTS
+from capacity.models import SpecAndCount
+from capacity.services.discovery import node_specs, node_values
+from capacity.vgpu import VGPU_TYPES, vgpu_type_for_resource
+from pools.matching import Need, full_candidate, match, mig_candidates, timeslice_candidate, vgpu_candidate
+
+URL = "/api/v1/pool-requests/"
+
+
+def vgpu_node(name="kv-1", **resources) -> Node:
+    capacity = {f"nvidia.com/NVIDIA_{t}": str(n) for t, n in resources.items()}
+    labels = {"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": "H100XM-20C"}
+    return Node(name, "uid", "1", labels, {}, capacity, dict(capacity), False, True)
+
+
+def test_vgpu_types_have_the_real_names_and_counts():
+    assert (VGPU_TYPES["H100XM-20C"].framebuffer_gb, VGPU_TYPES["H100XM-20C"].max_per_gpu) == (20, 4)
+    assert (VGPU_TYPES["A100-40C"].framebuffer_gb, VGPU_TYPES["A100-40C"].max_per_gpu) == (40, 1)
+    assert (VGPU_TYPES["A100-5C"].product, VGPU_TYPES["A100-5C"].max_per_gpu) == ("A100-40GB", 8)
+    assert VGPU_TYPES["H100-80C"].resource_name == "nvidia.com/NVIDIA_H100-80C"
+    assert vgpu_type_for_resource("nvidia.com/NVIDIA_H100XM-10C").max_per_gpu == 8
+    assert vgpu_type_for_resource("nvidia.com/gpu") is None
+
+
+def test_discovery_inventories_vgpu_types_per_node():
+    node = vgpu_node(**{"H100XM-20C": 32})
+    specs = node_specs(node, node_values(node))
+    assert [(s.resource_name, s.kind, s.product, s.profile_name, s.count, s.replicas) for s in specs] == [
+        ("nvidia.com/NVIDIA_H100XM-20C", "vgpu", "H100-80GB", "H100XM-20C", 32, 4)
+    ]
+
+
+FLEET = [
+    *mig_candidates(PRODUCTS["H100-80GB"]),
+    full_candidate("H100-80GB", Fraction(80), 8),
+    timeslice_candidate("H100-80GB", Fraction(80), 4),
+    vgpu_candidate(VGPU_TYPES["H100XM-20C"]),
+    vgpu_candidate(VGPU_TYPES["H100XM-40C"]),
+]
+
+
+def price(kind, product, profile_name, replicas):
+    if kind == "vgpu":
+        return vgpu_price(Decimal("2.50"), replicas)
+    return rates.derive_price(Decimal("2.50"), rates.spec_key(kind, product, profile_name, replicas))
+
+
+def test_a_vm_gets_the_smallest_vgpu_that_fits_and_says_what_it_costs(settings):
+    settings.BILLING_VGPU_LICENCE_HOURLY = Decimal("0.10")
+    result = match(Need("staging", memory_gib=16, vm=True), FLEET, price=price)
+    chosen = result.chosen
+    assert (chosen.label, chosen.tier, chosen.unit_price) == ("vGPU H100XM-20C (H100-80GB)", "2", Decimal("0.725000"))
+    assert "dedicated 20 GB framebuffer, compute time-sliced 1/4" in chosen.note
+    assert "5-15% slower than bare metal" in chosen.note
+    explained = {o.label: o.explanation() for o in result.rejected}
+    assert "a virtual machine gets its GPU as a vGPU" in explained["MIG 3g.40gb (H100-80GB)"]
+
+
+def test_containers_are_not_offered_vgpus_and_compute_isolation_is_honest():
+    result = match(Need("inference", memory_gib=16), FLEET, price=price)
+    explained = {o.label: o.explanation() for o in result.rejected}
+    assert "time-sliced compute: no compute isolation, you asked for isolation=hardware" in explained[
+        "vGPU H100XM-20C (H100-80GB)"
+    ]
+    assert "declare vm=true for a VM workload" in explained["vGPU H100XM-20C (H100-80GB)"]
+    too_big = match(Need("staging", memory_gib=60, vm=True), FLEET, price=price)
+    assert too_big.chosen is None
+    assert "has a 40 GB framebuffer, you asked for 60 GiB" in {o.label: o.explanation() for o in too_big.rejected}[
+        "vGPU H100XM-40C (H100-80GB)"
+    ]
+
+
+@pytest.mark.django_db
+def test_dry_run_offers_the_fleets_vgpus_with_licence_and_forecast(api, bob, fleet, settings):
+    settings.BILLING_VGPU_LICENCE_HOURLY = Decimal("0.05")
+    node = fleet.full_node("kv-1", gpus=8, tier="2")
+    SpecAndCount.objects.create(
+        node=node,
+        kind="vgpu",
+        product="H100-80GB",
+        profile_name="H100XM-20C",
+        resource_name="nvidia.com/NVIDIA_H100XM-20C",
+        count=32,
+        allocatable=32,
+        replicas=4,
+    )
+    seed_default_card()
+    response = api(bob).post(
+        f"{URL}dry-run/", {"workload_type": "staging", "memory_gib": 16, "vm": True, "count": 2}, format="json"
+    )
+    assert response.status_code == 200, response.data
+    chosen = response.data["chosen"]
+    assert (chosen["kind"], chosen["profile_name"], chosen["unit_hourly_price"], chosen["forecast"]) == (
+        "vgpu",
+        "H100XM-20C",
+        "0.675000",
+        "free now",
+    )
+    assert chosen["isolation"] == "memory"
