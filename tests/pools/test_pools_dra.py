@@ -150,7 +150,7 @@ def test_release_of_a_unit_then_of_the_pool_keeps_the_template_in_step(
     first = Allocation.objects.active().filter(pool=a).order_by("pk").first()
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert services.release_allocation(first.pk) is True
-    assert [cb.func.__self__.name for cb in callbacks] == ["pools.tasks.reconcile_project_task"]
+    assert "pools.tasks.reconcile_project_task" in [getattr(cb.func, "__self__", cb.func).name for cb in callbacks]
     assert reconcile_project_task(a.project_id, a.cluster_id) is True
     with kube_for(dra_sim.cluster) as kube:
         assert template_uuids(kube, "team-a", name) == pool_uuids(a)
