@@ -36,7 +36,17 @@ def arg(*args, **kwargs) -> tuple[tuple, dict]:
     return args, kwargs
 
 
-MODULES = ("capacity", "mig_planner", "mig_reconfigure", "pools", "billing", "monitoring", "dashboard", "demo_soak")
+MODULES = (
+    "capacity",
+    "mig_planner",
+    "mig_reconfigure",
+    "pools",
+    "billing",
+    "monitoring",
+    "dashboard",
+    "demo_soak",
+    "poll_cycle",
+)
 
 
 def load() -> dict[str, Benchmark]:

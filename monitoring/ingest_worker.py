@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from capacity.agent import transport
+from gpuaas.leases import crash_point
 
 from .services.reports import IngestOutcome, ingest_reports
 
@@ -85,6 +86,7 @@ class IngestWorker:
                 outcome.results.update(one.results)
                 outcome.samples += one.samples
                 outcome.refused += one.refused
+        crash_point("ingest.committed")  # fault tests: written but not acknowledged
         for _, message in batch:
             message.ack()
         self.batches += 1

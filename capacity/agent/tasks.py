@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from gpuaas.leases import crash_point
+
 from . import node, transport
 
 
@@ -15,5 +17,6 @@ from . import node, transport
 def read_node_metrics_task(cluster: str, node_name: str, api_url: str, slot: int) -> int:
     """Read this node's GPUs and publish the signed report on the ingest queue; returns GPUs read."""
     report = node.read_metrics(cluster, node_name, api_url=api_url, slot=slot)
+    crash_point("agent.read")
     transport.publish(report)
     return len(report["body"]["gpus"])

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -242,14 +242,18 @@ def write_samples(samples: list[UnitSample], *, ts: datetime, source: str) -> in
 
 
 def _update_series(ids: dict, samples: list[UnitSample], source: str) -> None:
+    """Keep each series' memory total and source in step: one UPDATE per distinct (total, source) pair.
+
+    A fleet has few distinct memory totals, so a first poll of thousands of new series costs a handful
+    of statements (a bulk_update's CASE over every row took seconds at 2,000 nodes).
+    """
     wanted = {ids[(s.gpu_id, s.mig_instance_id)]: s.mem_total_mib for s in samples}
-    stale = [
-        Series(id=pk, mem_total_mib=wanted[pk] if wanted[pk] is not None else total, source=source)
-        for pk, total, was in Series.objects.filter(pk__in=wanted).values_list("id", "mem_total_mib", "source")
-        if (wanted[pk] is not None and wanted[pk] != total) or was != source
-    ]
-    if stale:
-        Series.objects.bulk_update(stale, ["mem_total_mib", "source"])
+    stale: dict[tuple[int | None, str], list[int]] = defaultdict(list)
+    for pk, total, was in Series.objects.filter(pk__in=wanted).values_list("id", "mem_total_mib", "source"):
+        if (wanted[pk] is not None and wanted[pk] != total) or was != source:
+            stale[(wanted[pk] if wanted[pk] is not None else total, source)].append(pk)
+    for (total, new_source), pks in sorted(stale.items(), key=lambda item: (item[0][0] or 0, item[0][1])):
+        Series.objects.filter(pk__in=sorted(pks)).update(mem_total_mib=total, source=new_source)
 
 
 def _record_collector(
