@@ -89,6 +89,7 @@ class PollFleet:
         self.agents: list[subprocess.Popen] = [None] * len(queues)
         self.workers: list[subprocess.Popen] = [None] * workers
         self.started = 0
+        self.exit_codes: list[int] = []  # of every process that died and was replaced
 
     def _spawn(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
         self.started += 1
@@ -118,14 +119,13 @@ class PollFleet:
     def replace_dead(self) -> int:
         """Restart every process that exited (a DaemonSet or Deployment would); how many were."""
         dead = 0
-        for i, process in enumerate(self.agents):
-            if process is None or process.poll() is not None:
-                self.start_agent(i)
-                dead += 1
-        for j, process in enumerate(self.workers):
-            if process is None or process.poll() is not None:
-                self.start_worker(j)
-                dead += 1
+        for processes, start in ((self.agents, self.start_agent), (self.workers, self.start_worker)):
+            for i, process in enumerate(processes):
+                if process is None or process.poll() is not None:
+                    if process is not None:
+                        self.exit_codes.append(process.returncode)
+                    start(i)
+                    dead += 1
         return dead
 
     def kill(self, process: subprocess.Popen) -> int:
@@ -206,13 +206,16 @@ def ingest_queue_length() -> int:
         return conn.default_channel.client.llen("ingest")
 
 
-def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None, pause=None) -> dict:
+def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None, pause=None, clear=False) -> dict:
     """Beat's fan-out, then wait until `expected` samples of this slot are in (or the deadline).
 
     `pause=(fleet, reports)`: the ingest workers are stopped (SIGSTOP) until `reports` reports are queued
-    (agents_s), then continued (ingest_s: the control plane alone).
+    (agents_s), then continued (ingest_s: the control plane alone). `clear`: delete the cluster's samples
+    of this slot first, so a cycle can reuse the slot of the one before (no wait for the next slot).
     """
     ts = poll_slot()
+    if clear:
+        Sample.objects.filter(ts=ts, series__gpu__node__cluster=cluster).delete()
     phases = {}
     if pause is not None:
         for worker in pause[0].workers:
@@ -289,6 +292,7 @@ def wait_ready(fleet: PollFleet, *, timeout_s: float) -> None:
         arg("--threads", type=int, default=8, help="threads per agent process (concurrent node reads)"),
         arg("--kill-agent", action="store_true", help="SIGKILL agent 0 mid-cycle and restart it"),
         arg("--cycles", type=int, default=1, help="end-to-end cycles to measure (the median is cycle_s)"),
+        arg("--phased-only", action="store_true", help="only the phased cycle (cycle_s = its agents + ingest phases)"),
         arg(
             "--period",
             type=int,
@@ -309,6 +313,7 @@ def run_poll_cycle(
     kill_agent: bool,
     cycles: int,
     period: int | None,
+    phased_only: bool,
 ) -> dict:
     if connection.vendor != "postgresql" or not settings.CELERY_BROKER_URL.startswith("redis"):
         return {
@@ -361,15 +366,15 @@ def run_poll_cycle(
                     killed["at_samples"] = count
                     fleet.replace_dead()
 
-            for n in range(max(1, cycles)):
-                wait_for_slot_boundary(period)
-                runs.append(run_cycle(cluster, expected, deadline_s=2 * period, during=kill_once if n == 0 else None))
+            for n in range(0 if phased_only else max(1, cycles)):
+                during = kill_once if n == 0 else None
+                runs.append(run_cycle(cluster, expected, deadline_s=period, during=during, clear=True))
                 stdout.write(f"# end-to-end cycle {n + 1}: {_short(runs[-1])}")
             if kill_agent:
                 wait_ready(fleet, timeout_s=300)
             # The same cycle in two phases: ingest workers paused (SIGSTOP) until every report is queued.
-            wait_for_slot_boundary(period)
-            split = run_cycle(cluster, expected, deadline_s=2 * period, pause=(fleet, len(names)))
+            split = run_cycle(cluster, expected, deadline_s=period, pause=(fleet, len(names)), clear=True)
+            runs = runs or [split]
             stdout.write(f"# phased cycle: {_short(split)}")
             first = runs[0]
             floor = ingest_floor_s(cluster, first["ts"])
