@@ -20,7 +20,8 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import close_old_connections
 
-from capacity.agent import transport
+from capacity.agent import protocol, transport
+from capacity.services.inventory import ingest_inventory_reports
 from gpuaas.leases import crash_point
 
 from .services.reports import IngestOutcome, ingest_reports
@@ -73,13 +74,13 @@ class IngestWorker:
         batch, self.pending = self.pending, []
         close_old_connections()
         try:
-            outcome = ingest_reports([body for body, _ in batch])
+            outcome = _ingest([body for body, _ in batch])
         except Exception:
             logger.exception("ingest of a batch of %d reports failed; retrying them one by one", len(batch))
             outcome = IngestOutcome()
             for body, _ in batch:
                 try:
-                    one = ingest_reports([body])
+                    one = _ingest([body])
                 except Exception:
                     logger.exception("a report failed to ingest and is dropped: %.200r", body)
                     continue
@@ -95,3 +96,13 @@ class IngestWorker:
             self.on_batch(outcome)
         logger.info("ingested %s", outcome.summary())
         return outcome
+
+
+def _ingest(reports: list) -> IngestOutcome:
+    """Inventory reports to capacity's reconcile, everything else to the metrics ingest (which refuses junk)."""
+    inventory = [r for r in reports if isinstance(r, dict) and r.get("kind") == protocol.KIND_INVENTORY]
+    if inventory:
+        ingest_inventory_reports(inventory)
+    return ingest_reports(
+        [r for r in reports if not (isinstance(r, dict) and r.get("kind") == protocol.KIND_INVENTORY)]
+    )

@@ -28,3 +28,16 @@ def read_metrics(cluster: str, node: str, *, api_url: str, slot: int) -> dict:
         error = str(exc)
     body = protocol.metrics_body(readings, error=error, elapsed_ms=int((time.monotonic() - started) * 1000))
     return protocol.sign(protocol.KIND_METRICS, cluster, node, slot, body)
+
+
+def read_inventory(cluster: str, node: str, *, api_url: str) -> dict:
+    """One signed inventory report of `node` (GPUs, MIG devices with placements, processes).
+
+    The slot is the read's time (epoch seconds): inventories are not periodic; it dates the report.
+    """
+    slot = int(time.time())
+    try:
+        body = protocol.inventory_body(nvml.node_inventory(api_url, node))
+    except nvml.NvmlError as exc:
+        body = protocol.inventory_body(None, error=str(exc))
+    return protocol.sign(protocol.KIND_INVENTORY, cluster, node, slot, body)

@@ -25,6 +25,7 @@ from capacity.adapters import nvml
 
 VERSION = 1
 KIND_METRICS = "metrics"
+KIND_INVENTORY = "inventory"
 
 
 class BadReport(ValueError):
@@ -135,3 +136,27 @@ def metrics_from_body(body: Any) -> tuple[list[nvml.GpuMetrics], str, int]:
     if not isinstance(body["ms"], int) or not isinstance(body["error"], str):
         raise BadReport("metrics body: ms must be an integer and error a string")
     return [_gpu(g) for g in body["gpus"]], body["error"], body["ms"]
+
+
+def inventory_body(inventory: nvml.NodeInventory | None, *, error: str = "") -> dict:
+    return {"error": error, "inventory": None if inventory is None else dataclasses.asdict(inventory)}
+
+
+def _mig_device(data: Any) -> nvml.MigDeviceInfo:
+    return _build(nvml.MigDeviceInfo, data, {"processes": _process})
+
+
+def _gpu_info(data: Any) -> nvml.GpuInfo:
+    return _build(nvml.GpuInfo, data, {"mig_devices": _mig_device, "processes": _process})
+
+
+def inventory_from_body(body: Any, node: str) -> tuple[nvml.NodeInventory | None, str]:
+    """(inventory, error) of an inventory report's body; the inventory must be of the report's own node."""
+    if not isinstance(body, dict) or set(body) != {"error", "inventory"} or not isinstance(body["error"], str):
+        raise BadReport("inventory body must be {error, inventory}")
+    if body["inventory"] is None:
+        return None, body["error"] or "no inventory"
+    inventory = _build(nvml.NodeInventory, body["inventory"], {"gpus": _gpu_info})
+    if inventory.node_name != node:
+        raise BadReport(f"inventory of {inventory.node_name!r} in a report of {node!r}")
+    return inventory, body["error"]

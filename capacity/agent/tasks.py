@@ -20,3 +20,12 @@ def read_node_metrics_task(cluster: str, node_name: str, api_url: str, slot: int
     crash_point("agent.read")
     transport.publish(report)
     return len(report["body"]["gpus"])
+
+
+@shared_task(acks_late=True)
+def read_node_inventory_task(cluster: str, node_name: str, api_url: str) -> int:
+    """Read this node's NVML inventory and publish the signed report on the ingest queue; returns GPUs read."""
+    report = node.read_inventory(cluster, node_name, api_url=api_url)
+    transport.publish(report)
+    inventory = report["body"]["inventory"]
+    return 0 if inventory is None else len(inventory["gpus"])
