@@ -35,6 +35,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from unittest import mock
 
 from django.conf import settings
 from django.db import connection, connections
@@ -47,7 +48,7 @@ from gpuaas.celery import node_queue
 from monitoring.models import SAMPLE_COLUMNS, Collector, Sample
 from monitoring.services.collect import poll_slot
 from monitoring.services.ingest import ingest_samples
-from monitoring.tasks import poll_metrics_task
+from monitoring.tasks import poll_metrics_task, repoll_missing_task
 
 from .capacity import _read_inventories, _serve, delete_cluster_rows
 from .registry import arg, benchmark
@@ -220,9 +221,13 @@ def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None
     if pause is not None:
         for worker in pause[0].workers:
             worker.send_signal(signal.SIGSTOP)
+    repolled = None
     with ConnectionSampler() as sampler:
         started = time.monotonic()
-        poll_metrics_task()  # autocommit: the fan-out is sent at once (on_commit)
+        with mock.patch.object(
+            repoll_missing_task, "apply_async"
+        ):  # run below, in this process, as beat's worker would
+            poll_metrics_task()  # autocommit: the fan-out is sent at once (on_commit)
         if pause is not None:
             try:
                 queued = pause[1] - len(pause[0].workers)  # a stopped worker's pending BRPOP still takes one each
@@ -239,6 +244,8 @@ def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None
                 during(count)
             if count >= expected:
                 break
+            if repolled is None and time.monotonic() - started >= settings.METRICS_REPOLL_AFTER_S:
+                repolled = repoll_missing_task(int(ts.timestamp()))
             time.sleep(0.05)
         cycle_s = time.monotonic() - started
     if pause is not None:
@@ -248,6 +255,7 @@ def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None
         "cycle_s": cycle_s,
         **phases,
         "samples": count,
+        "repolled_nodes": repolled or 0,
         "lost": expected - count,
         "duplicated": duplicated(cluster, ts),
         "db_connections_max": sampler.peak,
@@ -324,7 +332,8 @@ def run_poll_cycle(
     period = period or settings.METRICS_INTERVAL_S
     if period < 5:
         return {"error": "--period must be at least 5 (seconds)"}
-    saved_period, settings.METRICS_INTERVAL_S = settings.METRICS_INTERVAL_S, period
+    saved = settings.METRICS_INTERVAL_S, settings.METRICS_REPOLL_AFTER_S
+    settings.METRICS_INTERVAL_S, settings.METRICS_REPOLL_AFTER_S = period, period * 2 // 3
     _delete_bench_clusters()
     with tempfile.TemporaryDirectory() as tmp:
         stdout.write(f"# building the scale scenario: {nodes} nodes x {gpus_per_node} GPUs")
@@ -398,6 +407,7 @@ def run_poll_cycle(
                 "ingest_phase_s": round(split["ingest_s"], 3),
                 "ingest_ratio_to_floor": round(split["ingest_s"] / floor, 2),
                 "phased_lost": split["lost"],
+                "repolled_nodes": sum(r["repolled_nodes"] for r in runs + [split]),
                 "agent_read_ms_median": _median_read_ms(cluster),
                 "db_connections_max": max(r["db_connections_max"] for r in runs + [split]),
                 "load_average_1m": round(os.getloadavg()[0], 2),
@@ -412,7 +422,7 @@ def run_poll_cycle(
                 }
             return result
         finally:
-            settings.METRICS_INTERVAL_S = saved_period
+            settings.METRICS_INTERVAL_S, settings.METRICS_REPOLL_AFTER_S = saved
             if fleet is not None:
                 fleet.stop()
             gc.unfreeze()

@@ -335,6 +335,13 @@ POOL_REQUEST_MAX_UNITS = env_int("POOL_REQUEST_MAX_UNITS", 512, minimum=1)
 
 # --- Monitoring: collection, storage, health, idle reservations (docs/monitoring.md) ------------
 METRICS_INTERVAL_S = env_int("METRICS_INTERVAL_S", 30, minimum=5)
+# Seconds into a poll period when the nodes without a report for it are asked once more (an agent that
+# died mid-read loses its messages until Redis's visibility timeout, an hour, long after they expired).
+METRICS_REPOLL_AFTER_S = env_int("METRICS_REPOLL_AFTER_S", METRICS_INTERVAL_S * 2 // 3, minimum=1)
+if METRICS_REPOLL_AFTER_S >= METRICS_INTERVAL_S:
+    raise ConfigurationError(
+        "METRICS_REPOLL_AFTER_S must be below METRICS_INTERVAL_S (the re-poll is within the period)"
+    )
 
 
 def _int_set(name: str, default: str) -> frozenset[int]:
@@ -444,9 +451,9 @@ NVML_LIBRARY = env_str(
 # key from AGENT_SIGNING_SECRET (default: derived from SECRET_KEY); a node agent holds only its own node's
 # key (AGENT_NODE_KEY, hex, from `manage.py agent-key CLUSTER NODE`) and signs for
 # AGENT_CLUSTER_NAME/AGENT_NODE_NAME only. A simulated agent serving many nodes gets the secret instead.
-AGENT_SIGNING_SECRET = env_str("AGENT_SIGNING_SECRET", "") or hashlib.sha256(
-    ("gpuaas-agent-signing:" + SECRET_KEY).encode()
-).hexdigest()
+AGENT_SIGNING_SECRET = (
+    env_str("AGENT_SIGNING_SECRET", "") or hashlib.sha256(("gpuaas-agent-signing:" + SECRET_KEY).encode()).hexdigest()
+)
 AGENT_NODE_KEY = env_str("AGENT_NODE_KEY", "")
 AGENT_CLUSTER_NAME = env_str("AGENT_CLUSTER_NAME", "")
 AGENT_NODE_NAME = env_str("AGENT_NODE_NAME", "")

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.agent.tasks import read_node_metrics_task
@@ -24,6 +25,7 @@ from monitoring.services import run_tracked
 from monitoring.services.collect import poll_slot, scrape_cluster
 from monitoring.services.health import cordon_node
 from monitoring.services.idle import detect_idle
+from monitoring.services.reports import missing_nodes
 from monitoring.services.retention import prune
 from monitoring.services.rollups import run_rollups
 from monitoring.services.timeslice import evict_over_share
@@ -39,27 +41,44 @@ def poll_metrics_task() -> dict[str, int]:
     slot = int(poll_slot().timestamp())
     period = settings.METRICS_INTERVAL_S
     dcgm = list(Cluster.objects.exclude(dcgm_exporter_url="").order_by("pk").values_list("pk", flat=True))
-    nodes = list(
-        NodeCapacity.objects.present()
-        .filter(gpu_count__gt=0)
-        .filter(cluster__dcgm_exporter_url="")
-        .order_by("pk")
-        .values_list("cluster_id", "cluster__name", "name")
-    )
-    api_urls = {c.pk: kube.api_url_for(c) for c in Cluster.objects.filter(pk__in={n[0] for n in nodes})}
+    nodes = list(NodeCapacity.objects.nvml_polled().values_list("cluster_id", "cluster__name", "name"))
 
     def send():
         for cluster_id in dcgm:
             scrape_dcgm_task.apply_async((cluster_id, slot), expires=period)
-        for cluster_id, cluster_name, node_name in nodes:
-            read_node_metrics_task.apply_async(
-                (cluster_name, node_name, api_urls[cluster_id], slot),
-                queue=node_queue(cluster_name, node_name),
-                expires=period,
-            )
+        send_reads(nodes, slot, expires=period)
+        repoll_missing_task.apply_async((slot,), countdown=settings.METRICS_REPOLL_AFTER_S, expires=period)
 
     transaction.on_commit(send)
     return {"nodes": len(nodes), "dcgm_clusters": len(dcgm)}
+
+
+def send_reads(nodes: list[tuple[int, str, str]], slot: int, *, expires: float) -> None:
+    """One read_node_metrics_task per (cluster id, cluster name, node name) on the node's own queue."""
+    api_urls = {c.pk: kube.api_url_for(c) for c in Cluster.objects.filter(pk__in={n[0] for n in nodes})}
+    for cluster_id, cluster_name, node_name in nodes:
+        read_node_metrics_task.apply_async(
+            (cluster_name, node_name, api_urls[cluster_id], slot),
+            queue=node_queue(cluster_name, node_name),
+            expires=expires,
+        )
+
+
+@shared_task(acks_late=True)
+def repoll_missing_task(slot: int) -> int:
+    """Once per period, METRICS_REPOLL_AFTER_S in: ask the nodes that have not reported for `slot` again.
+
+    Their first read may have died with its agent (the message is then unacknowledged for Redis's
+    visibility timeout, far past its expiry). A node whose read is merely slow is read twice; its second
+    report writes nothing new (insert-or-ignore). Returns how many nodes were asked again.
+    """
+    ts = _slot_time(slot)
+    remaining = settings.METRICS_INTERVAL_S - (timezone.now() - ts).total_seconds()
+    if remaining <= 1:
+        return 0
+    nodes = missing_nodes(ts)
+    send_reads(nodes, slot, expires=remaining)
+    return len(nodes)
 
 
 @shared_task(acks_late=True)

@@ -183,3 +183,16 @@ def _record_collectors(readings: list[tuple[NodeReading, int]]) -> None:
                 unique_fields=["cluster", "source", "target"],
                 update_fields=fields + (["last_success_at"] if ok else []),
             )
+
+
+def missing_nodes(ts: datetime) -> list[tuple[int, str, str]]:
+    """(cluster id, cluster name, node name) of the NVML-polled nodes with no report ingested since `ts`.
+
+    Every ingested report (a failed read too) stamps its collector's last_attempt_at.
+    """
+    reported = Collector.objects.filter(source=MetricSource.NVML, node__isnull=False, last_attempt_at__gte=ts)
+    return list(
+        NodeCapacity.objects.nvml_polled()
+        .exclude(pk__in=reported.values("node_id"))
+        .values_list("cluster_id", "cluster__name", "name")
+    )

@@ -45,7 +45,7 @@ def _purge_ingest(queues: list[str]) -> None:
 
 
 def test_agents_and_ingest_workers_killed_mid_cycle_lose_nothing_in_the_next_cycle(tmp_path, settings):
-    settings.METRICS_INTERVAL_S = PERIOD_S
+    settings.METRICS_INTERVAL_S, settings.METRICS_REPOLL_AFTER_S = PERIOD_S, PERIOD_S * 2 // 3
     server, kubeconfig = _serve(12, 2, tmp_path)
     fleet = None
     try:

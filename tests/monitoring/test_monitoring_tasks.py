@@ -3,11 +3,13 @@
 from unittest import mock
 
 import pytest
+from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.models import Cluster, NodeCapacity
 from monitoring import tasks
-from monitoring.models import MaintenanceRun
+from monitoring.models import Collector, MaintenanceRun
+from monitoring.services.collect import poll_slot
 
 pytestmark = pytest.mark.django_db
 
@@ -20,6 +22,7 @@ def test_polls_go_to_each_nodes_queue_after_commit(fleet, settings, django_captu
     with (
         mock.patch.object(tasks.read_node_metrics_task, "apply_async") as poll,
         mock.patch.object(tasks.scrape_dcgm_task, "apply_async") as scrape,
+        mock.patch.object(tasks.repoll_missing_task, "apply_async") as repoll,
         django_capture_on_commit_callbacks(execute=True),
     ):
         assert tasks.poll_metrics_task() == {"nodes": 1, "dcgm_clusters": 1}
@@ -30,6 +33,25 @@ def test_polls_go_to_each_nodes_queue_after_commit(fleet, settings, django_captu
     assert kwargs == {"queue": "node.c1.gpu-node-01", "expires": 30}
     ((args, kwargs),) = scrape.call_args_list
     assert args[0][0] == dcgm.pk and kwargs == {"expires": 30}
+    ((args, kwargs),) = repoll.call_args_list
+    assert args == ((slot,),) and kwargs == {"countdown": settings.METRICS_REPOLL_AFTER_S, "expires": 30}
+
+
+def test_the_repoll_asks_again_only_the_nodes_that_have_not_reported(fleet, settings):
+    settings.METRICS_INTERVAL_S = 30
+    other = NodeCapacity.objects.create(cluster=fleet.cluster, name="gpu-node-02", gpu_count=8)
+    slot = int(poll_slot().timestamp())
+    Collector.objects.create(  # gpu-node-01's report of this slot was ingested (a failed read counts)
+        cluster=fleet.cluster, node=fleet.node, source="nvml", target=fleet.node.name, last_attempt_at=timezone.now()
+    )
+    with mock.patch.object(tasks.read_node_metrics_task, "apply_async") as poll:
+        assert tasks.repoll_missing_task(slot) == 1
+    ((args, kwargs),) = poll.call_args_list
+    assert args[0][:2] == ("c1", other.name) and args[0][3] == slot
+    assert kwargs["queue"] == "node.c1.gpu-node-02" and 0 < kwargs["expires"] <= 30
+    with mock.patch.object(tasks.read_node_metrics_task, "apply_async") as poll:
+        assert tasks.repoll_missing_task(slot - 60) == 0  # its period is over: nothing is sent
+    assert poll.call_args_list == []
 
 
 def test_a_scrape_without_an_exporter_does_nothing(fleet):
