@@ -133,15 +133,22 @@ def _present_nodes(names: set[tuple[str, str]]) -> dict[tuple[str, str], NodeCap
 
 
 def _units(nodes) -> tuple[dict[int, list[GpuCapacity]], dict[int, list[MigInstance]]]:
-    """The present GPUs and active MIG instances of these nodes, by node id: two queries for the batch."""
+    """The present GPUs and active MIG instances of these nodes, by node id: two queries for the batch, and
+    only the columns the mapping, the health rules and the share checks read (a batch is thousands of rows)."""
     ids = [n.pk for n in nodes]
     gpus: dict[int, list[GpuCapacity]] = defaultdict(list)
-    for gpu in GpuCapacity.objects.filter(node_id__in=ids, lost_at__isnull=True):
+    node_of_gpu = {}
+    for gpu in GpuCapacity.objects.filter(node_id__in=ids, lost_at__isnull=True).only(*_GPU_COLUMNS):
         gpus[gpu.node_id].append(gpu)
+        node_of_gpu[gpu.pk] = gpu.node_id
     instances: dict[int, list[MigInstance]] = defaultdict(list)
-    for instance in MigInstance.objects.active().filter(gpu__node_id__in=ids).select_related("profile", "gpu"):
-        instances[instance.gpu.node_id].append(instance)
+    query = MigInstance.objects.active().filter(gpu_id__in=node_of_gpu).select_related("profile")
+    for instance in query.only("id", "gpu_id", "gi_id", "uuid", "profile__id", "profile__compute_slices"):
+        instances[node_of_gpu[instance.gpu_id]].append(instance)
     return gpus, instances
+
+
+_GPU_COLUMNS = ("id", "node_id", "index", "uuid", "product", "catalog_product", "memory_mib")
 
 
 def _write(ts: datetime, readings: list[NodeReading]) -> int:
