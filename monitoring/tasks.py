@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.agent.tasks import read_node_metrics_task
@@ -66,18 +65,16 @@ def send_reads(nodes: list[tuple[int, str, str]], slot: int, *, expires: float) 
 
 @shared_task(acks_late=True)
 def repoll_missing_task(slot: int) -> int:
-    """Once per period, METRICS_REPOLL_AFTER_S in: ask the nodes that have not reported for `slot` again.
+    """Once per period, METRICS_REPOLL_AFTER_S after the fan-out: ask the nodes that have not reported since
+    `slot` began again (sent with the fan-out; it expires with the period, so a late one does nothing).
 
     Their first read may have died with its agent (the message is then unacknowledged for Redis's
     visibility timeout, far past its expiry). A node whose read is merely slow is read twice; its second
-    report writes nothing new (insert-or-ignore). Returns how many nodes were asked again.
+    report writes nothing new (insert-or-ignore). The reads expire with the period. Returns how many nodes
+    were asked again.
     """
-    ts = _slot_time(slot)
-    remaining = settings.METRICS_INTERVAL_S - (timezone.now() - ts).total_seconds()
-    if remaining <= 1:
-        return 0
-    nodes = missing_nodes(ts)
-    send_reads(nodes, slot, expires=remaining)
+    nodes = missing_nodes(_slot_time(slot))
+    send_reads(nodes, slot, expires=settings.METRICS_INTERVAL_S - settings.METRICS_REPOLL_AFTER_S)
     return len(nodes)
 
 
