@@ -90,6 +90,10 @@ def test_agents_and_ingest_workers_killed_mid_cycle_lose_nothing_in_the_next_cyc
         after = run_cycle(cluster, expected, deadline_s=3 * PERIOD_S)
         assert (after["samples"], after["lost"], after["duplicated"]) == (expected, 0, 0), fleet.log_tail()
         assert fleet.exit_codes == [-9, -9]  # nothing else died
+        # Collectors are upserted after a batch's samples commit: the last batch's may lag the samples briefly.
+        deadline = time.monotonic() + 30
+        while Collector.objects.filter(cluster=cluster).count() < len(names) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert Collector.objects.filter(cluster=cluster).count() == len(names)  # one per node, never two
         assert Sample.objects.filter(ts=after["ts"]).count() == expected
     finally:
