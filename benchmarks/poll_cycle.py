@@ -44,7 +44,7 @@ from django.db.models import Count
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from capacity.services.discovery import INVENTORY_NONE, discover_cluster
 from capacity.services.inventory import reconcile_inventory
-from gpuaas.celery import node_queue
+from gpuaas.celery import app, node_queue
 from monitoring.models import SAMPLE_COLUMNS, Collector, Sample
 from monitoring.services.collect import poll_slot
 from monitoring.services.ingest import ingest_samples
@@ -201,8 +201,6 @@ def wait_for_slot_boundary(period: int) -> datetime:
 
 
 def ingest_queue_length() -> int:
-    from gpuaas.celery import app
-
     with app.connection_for_write() as conn:
         return conn.default_channel.client.llen("ingest")
 
@@ -277,8 +275,6 @@ def ingest_floor_s(cluster: Cluster, ts: datetime) -> float:
 
 def wait_ready(fleet: PollFleet, *, timeout_s: float) -> None:
     """Until every agent answers a ping (Celery control) or the timeout; raises with the logs if not."""
-    from gpuaas.celery import app
-
     deadline = time.monotonic() + timeout_s
     want = len(fleet.agents)
     while time.monotonic() < deadline:
