@@ -48,6 +48,7 @@ MODULES = (
     "dra_check",
     "queueing",
     "dedication",
+    "poll_cycle",
 )
 
 

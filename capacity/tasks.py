@@ -2,8 +2,9 @@
 
 Discovery (this block): discover_all_task (beat, every DISCOVERY_INTERVAL_S) fans out one
 discover_cluster_task per cluster on the `discovery` queue, so one failing cluster never holds up
-the others; discovery enqueues inventory_node_task on each new or changed node's own queue
-(node.<cluster>.<node>), consumed by that node's agent.
+the others; discovery enqueues the agent's inventory read (read_node_inventory_task) on each new
+or changed node's own queue (node.<cluster>.<node>); the agent publishes its signed report on the
+ingest queue and the ingest worker reconciles it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from capacity.adapters import kubernetes as kube
 from capacity.adapters.kubernetes import KubernetesError
+from capacity.agent.tasks import read_node_inventory_task
 from capacity.models import Cluster
 from capacity.services.discovery import discover_cluster
-from capacity.services.inventory import inventory_node
 from capacity.services.mig_configs import apply_time_slicing, write_mig_parted_config
 from capacity.services.tiers import reconcile_tier_labels
 from gpuaas.celery import node_queue
@@ -57,23 +59,16 @@ def discover_cluster_task(self, cluster_id: int) -> str | None:
     return outcome.run.status
 
 
-@shared_task(acks_late=True)
-def inventory_node_task(cluster_id: int, node_name: str) -> dict | None:
-    """The node agent's work: read this node's NVML and reconcile GPUs and MIG instances.
-
-    Runs on the node's own queue; returns early when the cluster or node is gone. Idempotent.
-    """
-    if not Cluster.objects.filter(pk=cluster_id).exists():
-        return None
-    result = inventory_node(cluster_id, node_name)
-    return {"gpus": result.gpus, "mig_instances": result.mig_instances, "errors": result.errors}
-
-
 def enqueue_inventory(cluster_id: int, cluster_name: str, node_names: list[str]) -> None:
-    """Send inventory_node_task to each node's queue (call after commit)."""
+    """Send the agent's inventory read to each node's queue (call after commit); the report comes back
+    through the ingest queue (capacity.services.inventory.ingest_inventory_reports)."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return
+    api_url = kube.api_url_for(cluster)
     for name in node_names:
-        inventory_node_task.apply_async(
-            (cluster_id, name), queue=node_queue(cluster_name, name), expires=INVENTORY_EXPIRES_S
+        read_node_inventory_task.apply_async(
+            (cluster_name, name, api_url), queue=node_queue(cluster_name, name), expires=INVENTORY_EXPIRES_S
         )
 
 

@@ -29,8 +29,9 @@ from capacity.services.clusters import register_cluster
 from capacity.services.discovery import INVENTORY_INLINE, discover_cluster
 from gpuaas.celery import node_queue
 from monitoring.models import HealthEvent, IdleReservation
-from monitoring.services.collect import UnitSample, poll_node, poll_slot, write_samples
+from monitoring.services.collect import UnitSample, poll_slot, write_samples
 from monitoring.services.idle import detect_idle
+from monitoring.services.reports import poll_node
 from monitoring.services.rollups import run_rollups
 from pools import services as pool_services
 from pools.choices import Isolation, RequestState, WorkloadType

@@ -7,6 +7,7 @@ clusters with real kubeconfigs to run on PostgreSQL, Redis and real clusters. Se
 
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,10 +31,19 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 # Safe by default: DEBUG is off unless set; `make demo` and the test suite set DEBUG=1 themselves.
 DEBUG = env_bool("DEBUG", False)
+# control-plane (web, workers, beat, ingest worker) or node-agent (NVML on a GPU node, no database).
+GPUAAS_ROLE = env_str("GPUAAS_ROLE", "control-plane")
+if GPUAAS_ROLE not in ("control-plane", "node-agent"):
+    raise ConfigurationError(f"GPUAAS_ROLE must be control-plane or node-agent, got {GPUAAS_ROLE!r}")
 # Public, in the source: accepted only with DEBUG=1 (a development machine).
 PUBLIC_DEVELOPMENT_SECRET_KEY = "gpuaas-insecure-development-key-set-SECRET_KEY-in-production"
 _SECRET_KEY_HINT = 'generate one with: python -c "import secrets; print(secrets.token_urlsafe(50))"'
 SECRET_KEY = env_str("SECRET_KEY") or (PUBLIC_DEVELOPMENT_SECRET_KEY if DEBUG else "")
+if GPUAAS_ROLE == "node-agent" and not SECRET_KEY:
+    # An agent serves no web requests and signs with its node key: it must not need the project's secret.
+    import secrets
+
+    SECRET_KEY = secrets.token_urlsafe(50)
 if not DEBUG:
     if not SECRET_KEY:
         raise ConfigurationError(f"SECRET_KEY is required when DEBUG is off; {_SECRET_KEY_HINT} (DEBUG=1: development)")
@@ -42,7 +52,7 @@ if not DEBUG:
     if len(SECRET_KEY) < 50:
         raise ConfigurationError(f"SECRET_KEY must be at least 50 characters when DEBUG is off; {_SECRET_KEY_HINT}")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
-if not DEBUG and not ALLOWED_HOSTS:
+if not DEBUG and not ALLOWED_HOSTS and GPUAAS_ROLE != "node-agent":  # agents serve no HTTP
     raise ConfigurationError("ALLOWED_HOSTS is required when DEBUG is off (comma-separated host names)")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -102,7 +112,14 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------------
-DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'gpuaas.sqlite3'}")}
+if GPUAAS_ROLE == "node-agent":
+    # Node agents hold no database credentials: Django's dummy engine raises on any query, so ORM
+    # use on an agent fails loudly (capacity/agent/, docs/security.md "Node agents").
+    if env_str("DATABASE_URL"):
+        raise ConfigurationError("DATABASE_URL must be unset for GPUAAS_ROLE=node-agent (agents have no database)")
+    DATABASES = {"default": {"ENGINE": "django.db.backends.dummy"}}
+else:
+    DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'gpuaas.sqlite3'}")}
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 if IS_POSTGRES:
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("CONN_MAX_AGE", 60, minimum=0)
@@ -278,6 +295,8 @@ CELERY_TASK_ROUTES = {
     "monitoring.tasks.*": {"queue": "metrics"},
     "billing.tasks.*": {"queue": "billing"},
 }
+# The node agent's tasks live outside the apps' tasks modules.
+CELERY_IMPORTS = ["capacity.agent.tasks"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
@@ -333,6 +352,13 @@ QUEUE_FORECAST_RECONFIGURATION_S = env_int("QUEUE_FORECAST_RECONFIGURATION_S", 9
 
 # --- Monitoring: collection, storage, health, idle reservations (docs/monitoring.md) ------------
 METRICS_INTERVAL_S = env_int("METRICS_INTERVAL_S", 30, minimum=5)
+# Seconds into a poll period when the nodes without a report for it are asked once more (an agent that
+# died mid-read loses its messages until Redis's visibility timeout, an hour, long after they expired).
+METRICS_REPOLL_AFTER_S = env_int("METRICS_REPOLL_AFTER_S", METRICS_INTERVAL_S * 2 // 3, minimum=1)
+if METRICS_REPOLL_AFTER_S >= METRICS_INTERVAL_S:
+    raise ConfigurationError(
+        "METRICS_REPOLL_AFTER_S must be below METRICS_INTERVAL_S (the re-poll is within the period)"
+    )
 
 
 def _int_set(name: str, default: str) -> frozenset[int]:
@@ -459,6 +485,31 @@ CELERY_BEAT_SCHEDULE = {
 NVML_LIBRARY = env_str(
     "NVML_LIBRARY", "simcluster.nvml.library_for_node" if DEBUG else "capacity.adapters.nvml.local_pynvml"
 )
+# Node agents (capacity/agent/, docs/security.md "Node agents"). The control plane derives every node's
+# key from AGENT_SIGNING_SECRET (default: derived from SECRET_KEY); a node agent holds only its own node's
+# key (AGENT_NODE_KEY, hex, from `manage.py agent-key CLUSTER NODE`) and signs for
+# AGENT_CLUSTER_NAME/AGENT_NODE_NAME only. A simulated agent serving many nodes gets the secret instead.
+AGENT_SIGNING_SECRET = (
+    env_str("AGENT_SIGNING_SECRET", "") or hashlib.sha256(("gpuaas-agent-signing:" + SECRET_KEY).encode()).hexdigest()
+)
+AGENT_NODE_KEY = env_str("AGENT_NODE_KEY", "")
+AGENT_CLUSTER_NAME = env_str("AGENT_CLUSTER_NAME", "")
+AGENT_NODE_NAME = env_str("AGENT_NODE_NAME", "")
+if AGENT_NODE_KEY:
+    if not (AGENT_CLUSTER_NAME and AGENT_NODE_NAME):
+        raise ConfigurationError("AGENT_NODE_KEY needs AGENT_CLUSTER_NAME and AGENT_NODE_NAME (the node it signs for)")
+    try:
+        if len(bytes.fromhex(AGENT_NODE_KEY)) != 32:
+            raise ValueError
+    except ValueError:
+        raise ConfigurationError("AGENT_NODE_KEY must be 64 hex digits (`manage.py agent-key CLUSTER NODE`)") from None
+if GPUAAS_ROLE == "node-agent" and not DEBUG and not (AGENT_NODE_KEY or env_str("AGENT_SIGNING_SECRET", "")):
+    raise ConfigurationError("a node agent needs AGENT_NODE_KEY (its node's key: `manage.py agent-key CLUSTER NODE`)")
+# The ingest worker (`manage.py ingest-worker`): reports per transaction, how long a partial batch
+# waits for more, and when a killed ingest worker's unacknowledged batch is delivered again (Redis).
+AGENT_INGEST_BATCH = env_int("AGENT_INGEST_BATCH", 500, minimum=1)
+AGENT_INGEST_LINGER_MS = env_int("AGENT_INGEST_LINGER_MS", 200, minimum=0)
+AGENT_INGEST_VISIBILITY_S = env_int("AGENT_INGEST_VISIBILITY_S", 60, minimum=5)
 KUBERNETES_TIMEOUT_S = env_int("KUBERNETES_TIMEOUT_S", 10, minimum=1)
 KUBERNETES_RETRIES = env_int("KUBERNETES_RETRIES", 4, minimum=0)
 KUBERNETES_PAGE_SIZE = env_int("KUBERNETES_PAGE_SIZE", 500, minimum=1)
@@ -467,7 +518,7 @@ KUBERNETES_PAGE_SIZE = env_int("KUBERNETES_PAGE_SIZE", 500, minimum=1)
 # one-key form. Required when DEBUG is off; with DEBUG=1 a key derived from SECRET_KEY is the default.
 CREDENTIALS_KEYS = env_fernet_keys("CREDENTIALS_KEYS", "CREDENTIALS_KEY")
 if not CREDENTIALS_KEYS:
-    if not DEBUG:
+    if not DEBUG and GPUAAS_ROLE != "node-agent":  # agents never read cluster credentials
         raise ConfigurationError(
             "CREDENTIALS_KEYS is required when DEBUG is off (Fernet keys, comma-separated, the first encrypts);"
             ' generate one with: python -c "from cryptography.fernet import Fernet;'

@@ -1,9 +1,11 @@
 """Celery tasks of the monitoring app: thin wrappers that load ids and call services.
 
-poll_metrics_task (beat, every METRICS_INTERVAL_S) fans out one poll per NVML node, on that node's
-own queue (node.<cluster>.<node>: its agent reads the local GPUs), and one DCGM scrape per cluster
+poll_metrics_task (beat, every METRICS_INTERVAL_S) fans out one read per NVML node, on that node's
+own queue (node.<cluster>.<node>: its agent, which has no database, reads the local GPUs and
+publishes a signed report on the ingest queue; capacity/agent/), and one DCGM scrape per cluster
 that runs an exporter. Each carries the poll's slot time, so a redelivered or duplicated message
 writes the same keys again (ignored). Messages expire after one period: a late poll is useless.
+The reports are written by the ingest worker (`manage.py ingest-worker`, monitoring/ingest_worker.py).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from capacity.adapters import kubernetes as kube
+from capacity.agent.tasks import read_node_metrics_task
 from capacity.models import Cluster, NodeCapacity
 from gpuaas.celery import node_queue
 from monitoring.services import run_tracked
-from monitoring.services.collect import poll_node, poll_slot, scrape_cluster
+from monitoring.services.collect import poll_slot, scrape_cluster
 from monitoring.services.health import cordon_node
 from monitoring.services.idle import detect_idle
+from monitoring.services.reports import missing_nodes
 from monitoring.services.retention import prune
 from monitoring.services.rollups import run_rollups
 from monitoring.services.timeslice import evict_over_share
@@ -37,21 +42,13 @@ def poll_metrics_task() -> dict[str, int]:
     period = settings.METRICS_INTERVAL_S
     dcgm = list(Cluster.objects.exclude(dcgm_exporter_url="").order_by("pk").values_list("pk", flat=True))
     clusters = list(Cluster.objects.order_by("pk").values_list("pk", flat=True))
-    nodes = list(
-        NodeCapacity.objects.present()
-        .filter(gpu_count__gt=0)
-        .filter(cluster__dcgm_exporter_url="")
-        .order_by("pk")
-        .values_list("pk", "cluster__name", "name")
-    )
+    nodes = list(NodeCapacity.objects.nvml_polled().values_list("cluster_id", "cluster__name", "name"))
 
     def send():
         for cluster_id in dcgm:
             scrape_dcgm_task.apply_async((cluster_id, slot), expires=period)
-        for node_id, cluster_name, node_name in nodes:
-            poll_node_metrics_task.apply_async(
-                (node_id, slot), queue=node_queue(cluster_name, node_name), expires=period
-            )
+        send_reads(nodes, slot, expires=period)
+        repoll_missing_task.apply_async((slot,), countdown=settings.METRICS_REPOLL_AFTER_S, expires=period)
         for cluster_id in clusters:
             detect_trespass_task.apply_async((cluster_id, slot), expires=period)
 
@@ -59,11 +56,30 @@ def poll_metrics_task() -> dict[str, int]:
     return {"nodes": len(nodes), "dcgm_clusters": len(dcgm), "trespass_checks": len(clusters)}
 
 
+def send_reads(nodes: list[tuple[int, str, str]], slot: int, *, expires: float) -> None:
+    """One read_node_metrics_task per (cluster id, cluster name, node name) on the node's own queue."""
+    api_urls = {c.pk: kube.api_url_for(c) for c in Cluster.objects.filter(pk__in={n[0] for n in nodes})}
+    for cluster_id, cluster_name, node_name in nodes:
+        read_node_metrics_task.apply_async(
+            (cluster_name, node_name, api_urls[cluster_id], slot),
+            queue=node_queue(cluster_name, node_name),
+            expires=expires,
+        )
+
+
 @shared_task(acks_late=True)
-def poll_node_metrics_task(node_id: int, slot: int | None = None) -> dict | None:
-    """The node agent's poll (runs on the node's queue): NVML -> samples, health, share checks."""
-    result = poll_node(node_id, at=_slot_time(slot))
-    return None if result is None else result.summary()
+def repoll_missing_task(slot: int) -> int:
+    """Once per period, METRICS_REPOLL_AFTER_S after the fan-out: ask the nodes that have not reported since
+    `slot` began again (sent with the fan-out; it expires with the period, so a late one does nothing).
+
+    Their first read may have died with its agent (the message is then unacknowledged for Redis's
+    visibility timeout, far past its expiry). A node whose read is merely slow is read twice; its second
+    report writes nothing new (insert-or-ignore). The reads expire with the period. Returns how many nodes
+    were asked again.
+    """
+    nodes = missing_nodes(_slot_time(slot))
+    send_reads(nodes, slot, expires=settings.METRICS_INTERVAL_S - settings.METRICS_REPOLL_AFTER_S)
+    return len(nodes)
 
 
 @shared_task(acks_late=True)

@@ -19,6 +19,10 @@ class NodeCapacityQuerySet(models.QuerySet):
     def present(self):
         return self.filter(gone_at__isnull=True)
 
+    def nvml_polled(self):
+        """Present GPU nodes whose metrics their node agent reads (clusters without a DCGM exporter), by pk."""
+        return self.present().filter(gpu_count__gt=0, cluster__dcgm_exporter_url="").order_by("pk")
+
     def for_cluster(self, cluster):
         return self.filter(cluster=cluster)
 

@@ -1,7 +1,9 @@
 """Node-agent inventory: what NVML says about a node's GPUs, reconciled into the database.
 
-`inventory_node(cluster_id, node_name)` is the node agent's work (inventory_node_task, routed to
-the node's own queue): read the node's NVML (capacity.adapters.nvml) and reconcile
+A node agent reads the node's NVML (read_node_inventory_task on the node's own queue,
+capacity/agent/) and publishes a signed report; the ingest worker passes the reports to
+`ingest_inventory_reports`, which checks them and reconciles. `inventory_node(cluster_id, node_name)`
+does both in this process (the same read and reconcile). The reconcile writes
 - GpuCapacity, by UUID: product, catalog key, memory, MIG mode, driver/CUDA, serial, PCI bus id.
   A GPU NVML reports lost (GpuIsLost), or that is no longer enumerated, gets health "lost" and
   lost_at; it is never deleted. A lost GPU seen again healthy is back (lost_at cleared).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +34,8 @@ from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
+from capacity.agent import node as agent
+from capacity.agent import protocol
 from capacity.choices import GpuHealth, MigInstanceState
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigPlacement, MigProfile, NodeCapacity, WorkloadProfile
@@ -57,6 +62,8 @@ GPU_FIELDS = (
 MIG_FIELDS = ("gpu_id", "profile_id", "placement_id", "placement_start", "placement_size", "gi_id", "ci_id")
 _GPU_UPDATE = [*GPU_FIELDS, "last_seen_at", "lost_at"]
 _MIG_UPDATE = [*MIG_FIELDS, "state", "last_seen_at", "gone_at"]
+# An inventory report older than this is refused (discovery asks again; its messages expire after 10 minutes).
+INVENTORY_MAX_AGE_S = 15 * 60
 # Above this many nodes, rows are loaded for the whole cluster rather than by node id list.
 _BY_CLUSTER = 50
 
@@ -86,15 +93,25 @@ def inventory_node(cluster_id: int, node_name: str, *, api_url: str | None = Non
 
 
 def inventory_nodes(cluster_id: int, node_names: list[str], *, api_url: str) -> InventoryResult:
-    """Read NVML of each node (failures are reported per node, not raised), then reconcile all at once."""
+    """Read NVML of each node in this process, as its agent would (failures are reported per node, not
+    raised), then reconcile all at once: the agent's read and the ingest worker's reconcile, one path."""
+    cluster_name = Cluster.objects.values_list("name", flat=True).get(pk=cluster_id)
+    return reconcile_reports(
+        cluster_id, [agent.read_inventory(cluster_name, name, api_url=api_url) for name in node_names]
+    )
+
+
+def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
+    """Inventory reports of one cluster's nodes (verified, or read in this process): failed reads and partial
+    ones are noted per node, the rest reconciled in one transaction."""
     result = InventoryResult()
     inventories = []
-    for name in node_names:
-        try:
-            inventory = nvml.node_inventory(api_url, name)
-        except nvml.NvmlError as exc:
-            result.errors[name] = str(exc)
-            logger.warning("inventory of %s failed: %s", name, exc)
+    for report in reports:
+        name = report["node"]
+        inventory, error = protocol.inventory_from_body(report["body"], name)
+        if inventory is None:
+            result.errors[name] = error
+            logger.warning("inventory of %s failed: %s", name, error)
             continue
         inventories.append(inventory)
         if inventory.warnings:
@@ -103,6 +120,48 @@ def inventory_nodes(cluster_id: int, node_names: list[str], *, api_url: str) -> 
                 logger.warning("inventory of %s is partial: %s", name, warning)
     reconcile_inventory(cluster_id, inventories, result=result)
     return result
+
+
+def ingest_inventory_reports(reports: list) -> tuple[dict[str, InventoryResult], list[str]]:
+    """Node agents' inventory reports from the ingest queue: each must be signed by the node it names, be of a
+    present node of a registered cluster, and be at most INVENTORY_MAX_AGE_S old. Per cluster name its
+    result, and the refusals (logged)."""
+    refused: list[str] = []
+    by_cluster: dict[str, list[dict]] = defaultdict(list)
+    now = time.time()
+    for report in reports:
+        try:
+            protocol.verify(report)
+            if report["kind"] != protocol.KIND_INVENTORY:
+                raise protocol.BadReport(f"kind {report['kind']!r} is not an inventory")
+            if not now - INVENTORY_MAX_AGE_S <= report["slot"] <= now + 60:
+                raise protocol.BadReport(f"read at {report['slot']}: outside the accepted window")
+            protocol.inventory_from_body(report["body"], report["node"])
+        except protocol.BadReport as exc:
+            who = f"{report.get('cluster')}/{report.get('node')}" if isinstance(report, dict) else "?"
+            refused.append(f"{who}: {exc}")
+            continue
+        by_cluster[report["cluster"]].append(report)
+    results = {}
+    for cluster in Cluster.objects.filter(name__in=by_cluster).order_by("pk"):
+        present = set(
+            NodeCapacity.objects.for_cluster(cluster)
+            .present()
+            .filter(name__in=[r["node"] for r in by_cluster[cluster.name]])
+            .values_list("name", flat=True)
+        )
+        refused += [
+            f"{cluster.name}/{r['node']}: not a present node"
+            for r in by_cluster[cluster.name]
+            if r["node"] not in present
+        ]
+        results[cluster.name] = reconcile_reports(
+            cluster.pk, [r for r in by_cluster[cluster.name] if r["node"] in present]
+        )
+    refused += [f"{name}/*: no registered cluster of that name" for name in by_cluster if name not in results]
+    for reason in refused:
+        logger.warning("node agent inventory refused: %s", reason)
+    return results, refused
 
 
 def reconcile_inventory(

@@ -1,8 +1,10 @@
 """Collection: node agents read NVML, DCGM exporters are scraped; both become the same sample rows.
 
 One source per cluster: a cluster with `dcgm_exporter_url` is scraped (its exporter is the agent),
-every other cluster is polled node by node through NVML (poll_node_metrics_task on the node's
-queue). Either way a poll:
+every other cluster is polled node by node through NVML: the node's agent reads and signs
+(capacity/agent/, read_node_metrics_task on node.<cluster>.<node>) and the control plane's ingest
+worker writes many nodes' reports at once (services/reports.py, which uses `map_nvml` here). Either
+way a poll:
 1. maps readings to our rows (GPU by UUID, MIG instance by UUID or by parent GPU + GI id);
 2. writes one sample per GPU and per MIG instance at the poll's slot time (insert-or-ignore, so a
    retried poll writes nothing twice);
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -25,7 +27,6 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
 from capacity.choices import MigInstanceState
 from capacity.mig.catalog import find_product
@@ -38,7 +39,6 @@ from monitoring.models import Collector, Series
 
 from .health import HealthOutcome, UnitHealth, apply_health
 from .ingest import ingest_samples, sample_row, series_ids, slot
-from .timeslice import check_shares
 
 logger = logging.getLogger(__name__)
 
@@ -103,42 +103,32 @@ def poll_slot(at: datetime | None = None) -> datetime:
     return slot(at or timezone.now(), settings.METRICS_INTERVAL_S)
 
 
-# --- NVML (node agent) ---------------------------------------------------------------------------
+# --- NVML (node agents) ---------------------------------------------------------------------------
 
 
-def poll_node(node_id: int, *, at: datetime | None = None) -> CollectResult | None:
-    """The node agent's poll: read this node's NVML and record it. None if the node is gone."""
-    node = NodeCapacity.objects.select_related("cluster").filter(pk=node_id, gone_at__isnull=True).first()
-    if node is None:
-        return None
-    ts = poll_slot(at)
-    started = time.monotonic()
-    try:
-        readings = nvml.node_metrics(
-            kube.api_url_for(node.cluster), node.name, gpm_interval_s=settings.MONITORING_GPM_INTERVAL_MS / 1000
-        )
-    except nvml.NvmlError as exc:
-        result = CollectResult(error=str(exc))
-        _record_collector(node.cluster, node, MetricSource.NVML, node.name, result, started)
-        return result
-    result = record_nvml(node, readings, ts=ts)
-    _record_collector(node.cluster, node, MetricSource.NVML, node.name, result, started)
-    return result
+@dataclass(slots=True)
+class NodeReading:
+    """One node's NVML poll mapped to our rows, not yet written."""
+
+    node: NodeCapacity
+    samples: list[UnitSample] = field(default_factory=list)
+    health: list[UnitHealth] = field(default_factory=list)
+    shared: list[tuple[GpuCapacity, nvml.GpuMetrics]] = field(default_factory=list)
+    result: CollectResult = field(default_factory=CollectResult)
 
 
-def record_nvml(node: NodeCapacity, readings: list[nvml.GpuMetrics], *, ts: datetime) -> CollectResult:
-    """Write one NVML poll of `node` (samples, health events, share checks) at slot time `ts`."""
-    result = CollectResult()
-    gpus = list(GpuCapacity.objects.filter(node=node, lost_at__isnull=True))
+def map_nvml(
+    node: NodeCapacity, readings: list[nvml.GpuMetrics], gpus: list[GpuCapacity], instances: list[MigInstance]
+) -> NodeReading:
+    """Map one NVML poll of `node` to sample and health rows: GPUs by UUID (else index), MIG instances by
+    UUID (else parent GPU + GI id). `gpus`: the node's present GPUs; `instances`: their active MIG instances
+    (with profile). Reads nothing from the database."""
+    out = NodeReading(node)
+    result = out.result
     by_uuid = {g.uuid: g for g in gpus}
     by_index = {g.index: g for g in gpus}
-    instances = list(MigInstance.objects.active().filter(gpu__node=node).select_related("profile"))
     mig_by_uuid = {m.uuid: m for m in instances}
     mig_by_gi = {(m.gpu_id, m.gi_id): m for m in instances if m.gi_id is not None}
-
-    samples: list[UnitSample] = []
-    health: list[UnitHealth] = []
-    shared: list[tuple[GpuCapacity, nvml.GpuMetrics]] = []
     for r in readings:
         gpu = by_uuid.get(r.uuid) if r.uuid else by_index.get(r.index)
         if gpu is None:
@@ -146,7 +136,7 @@ def record_nvml(node: NodeCapacity, readings: list[nvml.GpuMetrics], *, ts: date
             continue
         if r.lost:
             result.lost += 1
-            health.append(UnitHealth(gpu.pk, None, rules.Reading(lost=True, xids=_codes(r.xids, None))))
+            out.health.append(UnitHealth(gpu.pk, None, rules.Reading(lost=True, xids=_codes(r.xids, None))))
             continue
         result.gpus += 1
         values = {name: getattr(r, attr) for name, attr in _NVML_GPU_FIELDS}
@@ -160,7 +150,7 @@ def record_nvml(node: NodeCapacity, readings: list[nvml.GpuMetrics], *, ts: date
                 continue
             result.mig_instances += 1
             mig_xids = _codes(r.xids, m.gpu_instance_id)
-            samples.append(
+            out.samples.append(
                 UnitSample(
                     gpu.pk,
                     instance.pk,
@@ -168,12 +158,12 @@ def record_nvml(node: NodeCapacity, readings: list[nvml.GpuMetrics], *, ts: date
                     m.memory_total_mib,
                 )
             )
-            health.append(UnitHealth(gpu.pk, instance.pk, rules.Reading(xids=mig_xids)))
+            out.health.append(UnitHealth(gpu.pk, instance.pk, rules.Reading(xids=mig_xids)))
             unit_slices.append((m.sm_active, instance.profile.compute_slices))
         if values["sm_active"] is None and r.mig_enabled:
             values["sm_active"] = _derived_sm_active(gpu, unit_slices, expected=len(r.mig))
-        samples.append(UnitSample(gpu.pk, None, values, r.memory_total_mib))
-        health.append(
+        out.samples.append(UnitSample(gpu.pk, None, values, r.memory_total_mib))
+        out.health.append(
             UnitHealth(
                 gpu.pk,
                 None,
@@ -187,13 +177,8 @@ def record_nvml(node: NodeCapacity, readings: list[nvml.GpuMetrics], *, ts: date
             )
         )
         if not r.mig_enabled and node.timeslice_replicas > 1:
-            shared.append((gpu, r))
-
-    result.samples = write_samples(samples, ts=ts, source=MetricSource.NVML)
-    result.health = apply_health(health, at=ts, source=MetricSource.NVML)
-    if shared:
-        result.share_violations = check_shares(node, shared, at=ts)
-    return result
+            out.shared.append((gpu, r))
+    return out
 
 
 _NVML_GPU_FIELDS = (
@@ -257,14 +242,18 @@ def write_samples(samples: list[UnitSample], *, ts: datetime, source: str) -> in
 
 
 def _update_series(ids: dict, samples: list[UnitSample], source: str) -> None:
+    """Keep each series' memory total and source in step: one UPDATE per distinct (total, source) pair.
+
+    A fleet has few distinct memory totals, so a first poll of thousands of new series costs a handful
+    of statements (a bulk_update's CASE over every row took seconds at 2,000 nodes).
+    """
     wanted = {ids[(s.gpu_id, s.mig_instance_id)]: s.mem_total_mib for s in samples}
-    stale = [
-        Series(id=pk, mem_total_mib=wanted[pk] if wanted[pk] is not None else total, source=source)
-        for pk, total, was in Series.objects.filter(pk__in=wanted).values_list("id", "mem_total_mib", "source")
-        if (wanted[pk] is not None and wanted[pk] != total) or was != source
-    ]
-    if stale:
-        Series.objects.bulk_update(stale, ["mem_total_mib", "source"])
+    stale: dict[tuple[int | None, str], list[int]] = defaultdict(list)
+    for pk, total, was in Series.objects.filter(pk__in=wanted).values_list("id", "mem_total_mib", "source"):
+        if (wanted[pk] is not None and wanted[pk] != total) or was != source:
+            stale[(wanted[pk] if wanted[pk] is not None else total, source)].append(pk)
+    for (total, new_source), pks in sorted(stale.items(), key=lambda item: (item[0][0] or 0, item[0][1])):
+        Series.objects.filter(pk__in=sorted(pks)).update(mem_total_mib=total, source=new_source)
 
 
 def _record_collector(

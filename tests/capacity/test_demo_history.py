@@ -7,7 +7,7 @@ import pytest
 from capacity.models import NodeCapacity
 from gpuaas import demo_world
 from monitoring.models import Sample, Series
-from monitoring.services.collect import poll_node
+from monitoring.services.reports import poll_node
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
 

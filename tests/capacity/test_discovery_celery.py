@@ -1,13 +1,15 @@
-"""discover_cluster_task and inventory_node_task through a real broker (Redis) and a real worker."""
+"""Discovery and the node agents' inventory through a real broker (Redis), a real worker and the ingest worker."""
 
 import time
 
 import pytest
 from celery.contrib.testing.worker import start_worker
 
+from capacity.agent.transport import INGEST_QUEUE
 from capacity.models import DiscoveryRun, GpuCapacity, NodeCapacity
 from capacity.tasks import discover_cluster_task
 from gpuaas.celery import app, node_queue
+from monitoring.ingest_worker import IngestWorker
 
 pytestmark = [
     pytest.mark.redis,
@@ -36,11 +38,13 @@ def wait_for(condition, timeout=30.0):
 def test_discovery_then_node_inventory_through_the_broker(simcluster):
     sim = simcluster("demo")
     dev = sim.register("dev")["dev"]
-    queues = ["discovery", *(node_queue("dev", n) for n in NODES)]
+    queues = ["discovery", *(node_queue("dev", n) for n in NODES), INGEST_QUEUE]
     purge(queues)
     try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=queues, shutdown_timeout=10):
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=queues[:-1], shutdown_timeout=10):
             discover_cluster_task.delay(dev.pk)
+            # The agents' two signed reports, written by one batch of the ingest worker.
+            IngestWorker(batch=2, linger_ms=5000).run(max_batches=1)
             assert wait_for(lambda: GpuCapacity.objects.filter(node__cluster=dev).count() == 16)
     finally:
         purge(queues)

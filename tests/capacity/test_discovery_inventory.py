@@ -1,14 +1,17 @@
 """The node agent's inventory reconciled into GpuCapacity and MigInstance rows."""
 
 import copy
+import json
+from unittest import mock
 
 import pytest
 
+from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
+from capacity.agent import tasks as agent_tasks
 from capacity.models import GpuCapacity, MigInstance, MigPlacement, NodeCapacity
 from capacity.services.discovery import discover_cluster
-from capacity.services.inventory import inventory_node, reconcile_inventory
-from capacity.tasks import inventory_node_task
+from capacity.services.inventory import ingest_inventory_reports, inventory_node, reconcile_inventory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
 
@@ -49,14 +52,27 @@ def test_mig_instances_point_at_the_catalog_placement_they_occupy(sim):
     assert MigPlacement.objects.filter(instances__gpu__node__name=NODE).count() == 32
 
 
-def test_the_task_runs_the_same_inventory_and_is_idempotent(sim):
+def test_the_agents_report_is_the_same_inventory_and_is_idempotent(sim):
+    """The node agent's task reads and publishes; the ingest worker's reconcile writes what inventory_node writes."""
     cluster = sim.clusters["prod"]
-    assert inventory_node_task(cluster.pk, NODE) == {"gpus": 8, "mig_instances": 32, "errors": {}}
+    sent = []
+    with mock.patch.object(agent_tasks.transport, "publish", sent.append):
+        assert agent_tasks.read_node_inventory_task(cluster.name, NODE, kube.api_url_for(cluster)) == 8
+    results, refused = ingest_inventory_reports(json.loads(json.dumps(sent)))  # as the broker hands it over
+    assert refused == []
+    assert (results[cluster.name].gpus, results[cluster.name].mig_instances, results[cluster.name].errors) == (
+        8,
+        32,
+        {},
+    )
     ids = sorted(GpuCapacity.objects.filter(node__name=NODE).values_list("id", flat=True))
     again = inventory_node(cluster.pk, NODE)
     assert (again.gpus_written, again.mig_written, again.gpus_lost, again.mig_gone) == (0, 0, 0, 0)
     assert sorted(GpuCapacity.objects.filter(node__name=NODE).values_list("id", flat=True)) == ids
-    assert inventory_node_task(987654, NODE) is None
+    forged = {**sent[0], "node": "another-node"}
+    assert ingest_inventory_reports([forged])[1] == [
+        f"{cluster.name}/another-node: signature does not match node {cluster.name}/another-node"
+    ]
     assert inventory_node(cluster.pk, "not-a-node").nodes == 0
 
 

@@ -11,7 +11,7 @@ from monitoring_sim import start
 
 from capacity.choices import GpuHealth
 from monitoring.models import Collector, HealthEvent, Sample, Series
-from monitoring.services.collect import poll_node
+from monitoring.services.reports import poll_node
 
 pytestmark = pytest.mark.django_db
 

@@ -148,7 +148,7 @@ class Command(BaseCommand):
         queues = ",".join(["default", "discovery", "metrics", "billing", *demo_world.node_queues()])
         if no_serve:
             return
-        out.write("4/5 worker and beat: starting (logs in var/logs/)")
+        out.write("4/5 worker, beat and ingest worker: starting (logs in var/logs/)")
         self._program(
             "worker",
             "-m",
@@ -179,6 +179,8 @@ class Command(BaseCommand):
             settings.CELERY_BEAT_SCHEDULE_FILENAME,
             log="beat.log",
         )
+        # Node agents' reports (the worker above serves the simulated nodes' queues) are written by the ingest worker.
+        self._program("ingest", "manage.py", "ingest-worker", log="ingest.log")
         out.write("5/5 web server: starting")
         self._program("web", "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload", log="web.log")
         self._wait_for_port(web_port, "web server (see var/logs/web.log)")

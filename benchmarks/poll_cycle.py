@@ -1,0 +1,453 @@
+"""`python manage.py bench poll-cycle`: one metrics poll cycle through thin node agents and ingest workers.
+
+    manage.py bench poll-cycle --nodes 2000 --gpus-per-node 8 --agents 8 --workers 2 [--kill-agent]
+
+Builds the simulator's "scale" scenario in this process, serves it over HTTP (SimServer), registers
+and discovers it into the database (PostgreSQL), then starts real processes: --agents Celery
+workers with GPUAAS_ROLE=node-agent and no DATABASE_URL, each consuming an equal share of the
+nodes' queues (node.<cluster>.<node>, threads pool), and --workers `manage.py ingest-worker`
+processes. A cycle is beat's fan-out (`poll_metrics_task`) until every unit of every node has its
+sample at the cycle's slot committed. Figures:
+
+- cycle_s: fan-out to the last sample committed (target: within the 30 s poll period);
+- floor_s / ratio_to_floor: the same rows written in-process in one `ingest_samples` call (one COPY),
+  and cycle_s over it;
+- samples: rows the cycle wrote; expected: units of the present nodes (GPUs + active MIG instances);
+- db_connections_max: the most backends pg_stat_activity showed on the bench database during the
+  cycle, sampled every 50 ms (this process's two connections included);
+- lost: expected - samples once the cycle is over (or its deadline passed); duplicated: rows beyond
+  one per (ts, series) (the primary key makes it 0; counted, not assumed);
+- with --kill-agent: agent 0 is SIGKILLed once a quarter of the samples are in and restarted (as
+  its DaemonSet would); the next cycle is measured too (next_cycle_*).
+
+`PollFleet` (the processes) is also what tests/faults/test_fault_agents.py runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from unittest import mock
+
+from django.conf import settings
+from django.db import connection, connections
+from django.db.models import Count
+
+from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+from capacity.services.discovery import INVENTORY_NONE, discover_cluster
+from capacity.services.inventory import reconcile_inventory
+from gpuaas.celery import app, node_queue
+from monitoring.models import SAMPLE_COLUMNS, Collector, Sample
+from monitoring.services.collect import poll_slot
+from monitoring.services.ingest import ingest_samples
+from monitoring.tasks import poll_metrics_task, repoll_missing_task
+
+from .capacity import _read_inventories, _serve, delete_cluster_rows
+from .registry import arg, benchmark
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_PREFIX = "bench-poll-"
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+class PollFleet:
+    """Node-agent and ingest-worker processes for one cluster's nodes; killed ones can be replaced.
+
+    `queues[i]` are agent i's node queues. Agents get no DATABASE_URL (GPUAAS_ROLE=node-agent);
+    ingest workers get the database. `env` is added to every process's environment.
+    """
+
+    def __init__(self, logs: Path, *, queues: list[list[str]], workers: int, threads: int = 8, env: dict | None = None):
+        self.logs = logs
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.queues = queues
+        self.threads = threads
+        base = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "gpuaas.settings",
+            "AGENT_SIGNING_SECRET": settings.AGENT_SIGNING_SECRET,
+            **(env or {}),
+        }
+        # Simulated agents: the simulator's NVML over HTTP, and the secret (each serves many nodes).
+        self.agent_env = {k: v for k, v in base.items() if k != "DATABASE_URL"} | {
+            "GPUAAS_ROLE": "node-agent",
+            "NVML_LIBRARY": "simcluster.nvml.library_for_node",
+        }
+        self.worker_env = base | {"DATABASE_URL": database_url()}
+        self.agents: list[subprocess.Popen] = [None] * len(queues)
+        self.workers: list[subprocess.Popen] = [None] * workers
+        self.started = 0
+        self.exit_codes: list[int] = []  # of every process that died and was replaced
+
+    def _spawn(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
+        self.started += 1
+        log = open(self.logs / f"{name}-{self.started}.log", "wb")  # noqa: SIM115 - closed with the process
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_agent(self, i: int) -> None:
+        self.agents[i] = self._spawn(
+            f"agent{i}",
+            [sys.executable, "-m", "celery", "-A", "gpuaas", "worker", "-P", "threads", "-c", str(self.threads)]
+            + ["-Q", ",".join(self.queues[i]), "-n", f"agent{i}-{self.started}@localhost", "-l", "WARNING"]
+            + ["--without-heartbeat", "--without-gossip", "--without-mingle"],
+            self.agent_env,
+        )
+
+    def start_worker(self, j: int) -> None:
+        self.workers[j] = self._spawn(
+            f"ingest{j}", [sys.executable, "manage.py", "ingest-worker", "-v", "0"], self.worker_env
+        )
+
+    def start(self) -> None:
+        for i in range(len(self.agents)):
+            self.start_agent(i)
+        for j in range(len(self.workers)):
+            self.start_worker(j)
+
+    def replace_dead(self) -> int:
+        """Restart every process that exited (a DaemonSet or Deployment would); how many were."""
+        dead = 0
+        for processes, start in ((self.agents, self.start_agent), (self.workers, self.start_worker)):
+            for i, process in enumerate(processes):
+                if process is None or process.poll() is not None:
+                    if process is not None:
+                        self.exit_codes.append(process.returncode)
+                    start(i)
+                    dead += 1
+        return dead
+
+    def kill(self, process: subprocess.Popen) -> int:
+        process.send_signal(signal.SIGKILL)
+        return process.wait(30)
+
+    def stop(self) -> None:
+        for process in self.agents + self.workers:
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait(30)
+
+    def log_tail(self) -> str:
+        return "\n".join(f"== {p.name}\n" + p.read_text(errors="replace")[-2000:] for p in sorted(self.logs.iterdir()))
+
+
+def split_queues(nodes: list[tuple[str, str]], agents: int) -> list[list[str]]:
+    """Each agent's share of the node queues (round robin)."""
+    return [[node_queue(c, n) for c, n in nodes[i::agents]] for i in range(agents)]
+
+
+def expected_units(cluster: Cluster) -> int:
+    """Samples one complete poll of the cluster writes: present GPUs and their active MIG instances."""
+    nodes = NodeCapacity.objects.present().filter(cluster=cluster, gpu_count__gt=0)
+    gpus = GpuCapacity.objects.filter(node__in=nodes, lost_at__isnull=True).count()
+    return gpus + MigInstance.objects.active().filter(gpu__node__in=nodes, gpu__lost_at__isnull=True).count()
+
+
+def written(cluster: Cluster, ts: datetime) -> int:
+    return Sample.objects.filter(ts=ts, series__gpu__node__cluster=cluster).count()
+
+
+def duplicated(cluster: Cluster, ts: datetime) -> int:
+    """Rows beyond one per (ts, series) at `ts`."""
+    rows = Sample.objects.filter(ts=ts, series__gpu__node__cluster=cluster)
+    return rows.count() - rows.values("series_id").annotate(n=Count("ts")).count()
+
+
+class ConnectionSampler:
+    """The most backends pg_stat_activity shows on this database, sampled every `every_s` in a thread."""
+
+    def __init__(self, every_s: float = 0.05):
+        self.every_s = every_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                while not self._stop.is_set():
+                    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+                    self.peak = max(self.peak, cursor.fetchone()[0])
+                    self._stop.wait(self.every_s)
+        finally:
+            connections["default"].close()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def wait_for_slot_boundary(period: int) -> datetime:
+    """Sleep into the next poll slot (a fresh slot per cycle); returns it."""
+    now = time.time()
+    time.sleep(period - now % period + 0.05)
+    return poll_slot()
+
+
+def ingest_queue_length() -> int:
+    with app.connection_for_write() as conn:
+        return conn.default_channel.client.llen("ingest")
+
+
+def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None, pause=None, clear=False) -> dict:
+    """Beat's fan-out, then wait until `expected` samples of this slot are in (or the deadline).
+
+    `pause=(fleet, reports)`: the ingest workers are stopped (SIGSTOP) until `reports` reports are queued
+    (agents_s), then continued (ingest_s: the control plane alone). `clear`: delete the cluster's samples
+    of this slot first, so a cycle can reuse the slot of the one before (no wait for the next slot).
+    """
+    ts = poll_slot()
+    if clear:
+        Sample.objects.filter(ts=ts, series__gpu__node__cluster=cluster).delete()
+    phases = {}
+    if pause is not None:
+        for worker in pause[0].workers:
+            worker.send_signal(signal.SIGSTOP)
+    repolled = None
+    with ConnectionSampler() as sampler:
+        started = time.monotonic()
+        with mock.patch.object(
+            repoll_missing_task, "apply_async"
+        ):  # run below, in this process, as beat's worker would
+            poll_metrics_task()  # autocommit: the fan-out is sent at once (on_commit)
+        if pause is not None:
+            try:
+                queued = pause[1] - len(pause[0].workers)  # a stopped worker's pending BRPOP still takes one each
+                while ingest_queue_length() < queued and time.monotonic() - started < deadline_s:
+                    time.sleep(0.05)
+            finally:
+                phases["agents_s"] = time.monotonic() - started
+                for worker in pause[0].workers:
+                    worker.send_signal(signal.SIGCONT)
+        count = 0
+        while time.monotonic() - started < deadline_s:
+            count = written(cluster, ts)
+            if during is not None:
+                during(count)
+            if count >= expected:
+                break
+            if repolled is None and time.monotonic() - started >= settings.METRICS_REPOLL_AFTER_S:
+                repolled = repoll_missing_task(int(ts.timestamp()))
+            time.sleep(0.05)
+        cycle_s = time.monotonic() - started
+    if pause is not None:
+        phases["ingest_s"] = cycle_s - phases["agents_s"]
+    return {
+        "ts": ts,
+        "cycle_s": cycle_s,
+        **phases,
+        "samples": count,
+        "repolled_nodes": repolled or 0,
+        "lost": expected - count,
+        "duplicated": duplicated(cluster, ts),
+        "db_connections_max": sampler.peak,
+    }
+
+
+def ingest_floor_s(cluster: Cluster, ts: datetime) -> float:
+    """The cycle's rows written again in-process in one ingest_samples call, a day earlier (then removed)."""
+    rows = list(Sample.objects.filter(ts=ts, series__gpu__node__cluster=cluster).values_list(*SAMPLE_COLUMNS))
+    earlier = datetime.fromtimestamp(ts.timestamp() - 86400, tz=UTC)
+    shifted = [(earlier, *row[1:]) for row in rows]
+    shifted.sort(key=lambda row: row[2])
+    started = time.perf_counter()
+    ingest_samples(shifted)
+    elapsed = time.perf_counter() - started
+    Sample.objects.filter(ts=earlier, series__gpu__node__cluster=cluster).delete()
+    return elapsed
+
+
+def wait_ready(fleet: PollFleet, *, timeout_s: float) -> None:
+    """Until every agent answers a ping (Celery control) or the timeout; raises with the logs if not."""
+    deadline = time.monotonic() + timeout_s
+    want = len(fleet.agents)
+    while time.monotonic() < deadline:
+        replies = app.control.ping(timeout=1.0) or []
+        if sum(1 for r in replies for name in r if name.startswith("agent")) >= want:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"agents did not start within {timeout_s} s:\n{fleet.log_tail()}")
+
+
+@benchmark(
+    "poll-cycle",
+    help="A metrics poll cycle through thin node agents (no database) and batch ingest workers (PostgreSQL, Redis).",
+    arguments=[
+        arg("--nodes", type=int, default=2000),
+        arg("--gpus-per-node", type=int, default=8),
+        arg("--agents", type=int, default=8, help="node-agent processes, each serving nodes/agents node queues"),
+        arg("--workers", type=int, default=2, help="ingest-worker processes"),
+        arg("--threads", type=int, default=8, help="threads per agent process (concurrent node reads)"),
+        arg("--kill-agent", action="store_true", help="SIGKILL agent 0 mid-cycle and restart it"),
+        arg("--cycles", type=int, default=1, help="end-to-end cycles to measure (the median is cycle_s)"),
+        arg("--phased-only", action="store_true", help="only the phased cycle (cycle_s = its agents + ingest phases)"),
+        arg(
+            "--period",
+            type=int,
+            default=None,
+            help="poll period and message expiry for this run (default METRICS_INTERVAL_S); raise it when the"
+            " simulated agents of many nodes cannot finish within 30 s on this machine, so the cycle is measured whole",
+        ),
+    ],
+)
+def run_poll_cycle(
+    *,
+    stdout,
+    nodes: int,
+    gpus_per_node: int,
+    agents: int,
+    workers: int,
+    threads: int,
+    kill_agent: bool,
+    cycles: int,
+    period: int | None,
+    phased_only: bool,
+) -> dict:
+    if connection.vendor != "postgresql" or not settings.CELERY_BROKER_URL.startswith("redis"):
+        return {
+            "error": "poll-cycle needs PostgreSQL and Redis (DATABASE_URL=postgres://..., CELERY_BROKER_URL=redis://...)"
+        }
+    if agents < 1 or workers < 1 or nodes < agents:
+        return {"error": "--agents and --workers must be at least 1, and --nodes at least --agents"}
+    period = period or settings.METRICS_INTERVAL_S
+    if period < 5:
+        return {"error": "--period must be at least 5 (seconds)"}
+    saved = settings.METRICS_INTERVAL_S, settings.METRICS_REPOLL_AFTER_S
+    settings.METRICS_INTERVAL_S, settings.METRICS_REPOLL_AFTER_S = period, period * 2 // 3
+    _delete_bench_clusters()
+    with tempfile.TemporaryDirectory() as tmp:
+        stdout.write(f"# building the scale scenario: {nodes} nodes x {gpus_per_node} GPUs")
+        server, kubeconfig = _serve(nodes, gpus_per_node, Path(tmp))
+        gc.collect()
+        gc.freeze()
+        fleet = None
+        try:
+            cluster = Cluster.objects.create(
+                name=f"{BENCH_PREFIX}{time.strftime('%H%M%S')}-{nodes}", kubeconfig_path=str(kubeconfig)
+            )
+            _discover(cluster, server)
+            others = NodeCapacity.objects.present().filter(gpu_count__gt=0).exclude(cluster=cluster).count()
+            if others:
+                stdout.write(f"# note: {others} GPU nodes of other clusters get polls too (queues no agent serves)")
+            names = list(
+                NodeCapacity.objects.present()
+                .filter(cluster=cluster, gpu_count__gt=0)
+                .order_by("name")
+                .values_list("cluster__name", "name")
+            )
+            expected = expected_units(cluster)
+            stdout.write(f"# {len(names)} nodes, {expected} units; {agents} agents, {workers} ingest workers")
+            fleet = PollFleet(
+                Path(tmp) / "logs",
+                queues=split_queues(names, agents),
+                workers=workers,
+                threads=threads,
+                env={"METRICS_INTERVAL_S": str(period)},
+            )
+            fleet.start()
+            wait_ready(fleet, timeout_s=300)
+            runs = []
+            killed = {}
+
+            def kill_once(count: int) -> None:
+                if kill_agent and not killed and count >= expected // 4:
+                    killed["exit"] = fleet.kill(fleet.agents[0])
+                    killed["at_samples"] = count
+                    fleet.replace_dead()
+
+            for n in range(0 if phased_only else max(1, cycles)):
+                during = kill_once if n == 0 else None
+                runs.append(run_cycle(cluster, expected, deadline_s=period, during=during, clear=True))
+                stdout.write(f"# end-to-end cycle {n + 1}: {_short(runs[-1])}")
+            if kill_agent:
+                wait_ready(fleet, timeout_s=300)
+            # The same cycle in two phases: ingest workers paused (SIGSTOP) until every report is queued.
+            split = run_cycle(cluster, expected, deadline_s=period, pause=(fleet, len(names)), clear=True)
+            runs = runs or [split]
+            stdout.write(f"# phased cycle: {_short(split)}")
+            first = runs[0]
+            floor = ingest_floor_s(cluster, first["ts"])
+            cycle_s = sorted(r["cycle_s"] for r in runs)[len(runs) // 2]
+            result = {
+                "nodes": len(names),
+                "gpus_per_node": gpus_per_node,
+                "agents": agents,
+                "workers": workers,
+                "threads_per_agent": threads,
+                "period_s": period,
+                "expected": expected,
+                "cycle_s": round(cycle_s, 3),
+                "cycle_runs_s": [round(r["cycle_s"], 3) for r in runs],
+                "samples": first["samples"],
+                "lost": first["lost"],
+                "duplicated": sum(r["duplicated"] for r in runs + [split]),
+                "floor_s": round(floor, 3),
+                "ratio_to_floor": round(cycle_s / floor, 1),
+                "agents_phase_s": round(split["agents_s"], 3),
+                "ingest_phase_s": round(split["ingest_s"], 3),
+                "ingest_ratio_to_floor": round(split["ingest_s"] / floor, 2),
+                "phased_lost": split["lost"],
+                "repolled_nodes": sum(r["repolled_nodes"] for r in runs + [split]),
+                "agent_read_ms_median": _median_read_ms(cluster),
+                "db_connections_max": max(r["db_connections_max"] for r in runs + [split]),
+                "load_average_1m": round(os.getloadavg()[0], 2),
+                "cpus": os.cpu_count(),
+            }
+            if kill_agent:
+                result |= {
+                    "killed_agent_exit": killed.get("exit"),
+                    "killed_at_samples": killed.get("at_samples"),
+                    "next_cycle_samples": split["samples"],
+                    "next_cycle_lost": split["lost"],
+                }
+            return result
+        finally:
+            settings.METRICS_INTERVAL_S, settings.METRICS_REPOLL_AFTER_S = saved
+            if fleet is not None:
+                fleet.stop()
+            gc.unfreeze()
+            server.stop()
+            _delete_bench_clusters()
+
+
+def _median_read_ms(cluster: Cluster) -> int | None:
+    """The agents' own time per node read (NVML, GPM's sleep included), as their last reports said."""
+    values = sorted(Collector.objects.filter(cluster=cluster).values_list("last_duration_ms", flat=True))
+    return values[len(values) // 2] if values else None
+
+
+def _short(run: dict) -> str:
+    return ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in run.items() if k != "ts")
+
+
+def _discover(cluster: Cluster, server) -> None:
+    outcome = discover_cluster(cluster.pk, inventory=INVENTORY_NONE)
+    if outcome.run.status != "succeeded":
+        raise RuntimeError(f"discovery failed: {outcome.run.error}")
+    inventories, _ = _read_inventories(cluster, server)
+    result = reconcile_inventory(cluster.pk, inventories)
+    if result.errors:
+        raise RuntimeError(f"inventory failed: {result.errors}")
+
+
+def _delete_bench_clusters() -> None:
+    clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
+    Sample.objects.filter(series__gpu__node__cluster__in=clusters).delete()
+    delete_cluster_rows(clusters)
+    clusters.delete()

@@ -1,0 +1,162 @@
+"""What a node agent sends the control plane: a signed report of one node, as JSON.
+
+Keys: every node has its own key, HMAC-SHA256(AGENT_SIGNING_SECRET, "gpuaas-node-agent" + cluster +
+node). The control plane holds the secret and derives any node's key; a node agent holds only its
+own node's key (AGENT_NODE_KEY), so a compromised node can sign reports for itself and nobody else
+(docs/security.md "Node agents"). A simulated agent that serves many nodes' queues (tests, the
+poll-cycle benchmark) is given the secret instead.
+
+A report is a JSON object: v, kind, cluster, node, slot, body, sig. `sig` is the hex HMAC of the
+canonical JSON (sorted keys, no spaces) of everything else. Readings travel as plain dicts of the
+NVML adapter's dataclasses and are rebuilt field by field; an unknown field is a bad report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+from typing import Any
+
+from django.conf import settings
+
+from capacity.adapters import nvml
+
+VERSION = 1
+KIND_METRICS = "metrics"
+KIND_INVENTORY = "inventory"
+
+
+class BadReport(ValueError):
+    """A report that is malformed, unsigned, or signed with another node's key."""
+
+
+def node_key(secret: str, cluster: str, node: str) -> bytes:
+    """The key of one node, derived from the shared secret (the NUL separators keep names apart)."""
+    return hmac.new(secret.encode(), f"gpuaas-node-agent\0{cluster}\0{node}".encode(), hashlib.sha256).digest()
+
+
+def signing_key(cluster: str, node: str) -> bytes:
+    """The key this process signs `node`'s reports with: its own AGENT_NODE_KEY, else derived from the secret.
+
+    An agent holding one node's key refuses to sign for any other node (it could not be verified anyway).
+    """
+    if settings.AGENT_NODE_KEY:
+        if (cluster, node) != (settings.AGENT_CLUSTER_NAME, settings.AGENT_NODE_NAME):
+            raise BadReport(
+                f"this agent holds the key of {settings.AGENT_CLUSTER_NAME}/{settings.AGENT_NODE_NAME},"
+                f" not of {cluster}/{node}"
+            )
+        return bytes.fromhex(settings.AGENT_NODE_KEY)
+    return node_key(settings.AGENT_SIGNING_SECRET, cluster, node)
+
+
+def _canonical(fields: dict) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def sign(kind: str, cluster: str, node: str, slot: int, body: dict) -> dict:
+    """A signed report of `node` (the body is plain JSON data)."""
+    fields = {"v": VERSION, "kind": kind, "cluster": cluster, "node": node, "slot": slot, "body": body}
+    sig = hmac.new(signing_key(cluster, node), _canonical(fields), hashlib.sha256).hexdigest()
+    return {**fields, "sig": sig}
+
+
+def verify(report: Any) -> dict:
+    """The report if it is well formed and signed with its own node's key; BadReport otherwise.
+
+    Control plane only: it derives the claimed node's key from AGENT_SIGNING_SECRET.
+    """
+    if not isinstance(report, dict) or set(report) != {"v", "kind", "cluster", "node", "slot", "body", "sig"}:
+        raise BadReport("not a report object")
+    if report["v"] != VERSION:
+        raise BadReport(f"report version {report['v']!r}, this control plane reads {VERSION}")
+    cluster, node, slot, sig = report["cluster"], report["node"], report["slot"], report["sig"]
+    if not (isinstance(cluster, str) and isinstance(node, str) and isinstance(slot, int) and isinstance(sig, str)):
+        raise BadReport("cluster, node, sig must be strings and slot an integer")
+    fields = {k: v for k, v in report.items() if k != "sig"}
+    try:
+        expected = hmac.new(
+            node_key(settings.AGENT_SIGNING_SECRET, cluster, node), _canonical(fields), hashlib.sha256
+        ).hexdigest()
+    except ValueError as exc:  # NaN or infinity in the body: not JSON we sent
+        raise BadReport(str(exc)) from None
+    if not hmac.compare_digest(expected, sig):
+        raise BadReport(f"signature does not match node {cluster}/{node}")
+    return report
+
+
+# --- readings <-> JSON ------------------------------------------------------------------------------
+
+
+def metrics_body(readings: list[nvml.GpuMetrics] | None, *, error: str = "", elapsed_ms: int = 0) -> dict:
+    return {"error": error, "ms": elapsed_ms, "gpus": [dataclasses.asdict(r) for r in readings or []]}
+
+
+def _build(cls, data: Any, nested: dict[str, Any]):
+    if not isinstance(data, dict):
+        raise BadReport(f"{cls.__name__}: not an object")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise BadReport(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+    values = dict(data)
+    for name, build in nested.items():
+        if values.get(name) is not None:
+            if not isinstance(values[name], list):
+                raise BadReport(f"{cls.__name__}.{name}: not a list")
+            values[name] = [build(item) for item in values[name]]
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise BadReport(f"{cls.__name__}: {exc}") from None
+
+
+def _process(data: Any) -> nvml.ProcessInfo:
+    return _build(nvml.ProcessInfo, data, {})
+
+
+def _xid(data: Any) -> nvml.XidEvent:
+    return _build(nvml.XidEvent, data, {})
+
+
+def _mig(data: Any) -> nvml.MigMetrics:
+    return _build(nvml.MigMetrics, data, {"processes": _process})
+
+
+def _gpu(data: Any) -> nvml.GpuMetrics:
+    return _build(nvml.GpuMetrics, data, {"mig": _mig, "processes": _process, "xids": _xid})
+
+
+def metrics_from_body(body: Any) -> tuple[list[nvml.GpuMetrics], str, int]:
+    """(readings, error, elapsed_ms) of a metrics report's body; BadReport if it is not what an agent sends."""
+    if not isinstance(body, dict) or set(body) != {"error", "ms", "gpus"} or not isinstance(body["gpus"], list):
+        raise BadReport("metrics body must be {error, ms, gpus}")
+    if not isinstance(body["ms"], int) or not isinstance(body["error"], str):
+        raise BadReport("metrics body: ms must be an integer and error a string")
+    return [_gpu(g) for g in body["gpus"]], body["error"], body["ms"]
+
+
+def inventory_body(inventory: nvml.NodeInventory | None, *, error: str = "") -> dict:
+    return {"error": error, "inventory": None if inventory is None else dataclasses.asdict(inventory)}
+
+
+def _mig_device(data: Any) -> nvml.MigDeviceInfo:
+    return _build(nvml.MigDeviceInfo, data, {"processes": _process})
+
+
+def _gpu_info(data: Any) -> nvml.GpuInfo:
+    return _build(nvml.GpuInfo, data, {"mig_devices": _mig_device, "processes": _process})
+
+
+def inventory_from_body(body: Any, node: str) -> tuple[nvml.NodeInventory | None, str]:
+    """(inventory, error) of an inventory report's body; the inventory must be of the report's own node."""
+    if not isinstance(body, dict) or set(body) != {"error", "inventory"} or not isinstance(body["error"], str):
+        raise BadReport("inventory body must be {error, inventory}")
+    if body["inventory"] is None:
+        return None, body["error"] or "no inventory"
+    inventory = _build(nvml.NodeInventory, body["inventory"], {"gpus": _gpu_info})
+    if inventory.node_name != node:
+        raise BadReport(f"inventory of {inventory.node_name!r} in a report of {node!r}")
+    return inventory, body["error"]

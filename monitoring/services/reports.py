@@ -1,0 +1,205 @@
+"""The control plane's side of node agents: check their signed reports and write many nodes at once.
+
+A report (capacity/agent/protocol.py) says which node it is from and is signed with that node's key;
+`ingest_reports` refuses any report whose signature does not match the node it names, whose node is
+not a present node of that cluster, whose slot lies in the future or is older than
+MONITORING_ROLLUP_LATENESS_S (the rollups have passed it). Accepted reports are mapped to rows
+(collect.map_nvml) and written together: per poll slot one bulk insert-or-ignore of every node's
+samples (one COPY on PostgreSQL), one health pass, the time-sliced nodes' share checks, and one
+upsert of the collectors. A redelivered report writes nothing twice: samples are keyed by
+(ts, series), health events by (unit, rule), collectors by (cluster, source, target).
+
+The ingest worker (monitoring/ingest_worker.py) calls this with a batch from the broker; `poll_node`
+calls it with the one report it just read in-process (embedded demo, tests): one path either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from capacity.adapters import kubernetes as kube
+from capacity.agent import node as agent
+from capacity.agent import protocol
+from capacity.models import GpuCapacity, MigInstance, NodeCapacity
+from monitoring.choices import MetricSource
+from monitoring.models import Collector
+
+from .collect import CollectResult, NodeReading, map_nvml, poll_slot, write_samples
+from .health import apply_health
+from .timeslice import check_shares
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class IngestOutcome:
+    """What one batch did: per node its CollectResult, the samples written, the reports refused and why."""
+
+    results: dict[int, CollectResult] = field(default_factory=dict)
+    samples: int = 0
+    refused: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"nodes": len(self.results), "samples": self.samples, "refused": len(self.refused)}
+
+
+def poll_node(node_id: int, *, at: datetime | None = None) -> CollectResult | None:
+    """One node's poll in this process (embedded demo, tests): the agent's read, then the ingest of its report.
+
+    The same two functions a node agent and the ingest worker run across the broker. None if the node is gone.
+    """
+    node = NodeCapacity.objects.select_related("cluster").filter(pk=node_id, gone_at__isnull=True).first()
+    if node is None:
+        return None
+    report = agent.read_metrics(
+        node.cluster.name, node.name, api_url=kube.api_url_for(node.cluster), slot=int(poll_slot(at).timestamp())
+    )
+    # The slot is this call's own choice (tests poll at chosen times): no window to check.
+    return ingest_reports([report], window=False).results.get(node.pk)
+
+
+def ingest_reports(reports: list, *, window: bool = True) -> IngestOutcome:
+    """Check and write a batch of node agents' reports (see the module doc). Refusals are logged, not raised.
+
+    `window=False` skips the slot-window check (only for a report this process has just read itself).
+    """
+    outcome = IngestOutcome()
+    accepted = _accepted(reports, outcome, window=window)
+    if not accepted:
+        return outcome
+    nodes = _present_nodes({(r["cluster"], r["node"]) for r, *_ in accepted})
+    gpus, instances = _units(nodes.values())
+    by_slot: dict[datetime, list[tuple[NodeReading, int]]] = defaultdict(list)
+    for report, readings, error, elapsed_ms in accepted:
+        node = nodes.get((report["cluster"], report["node"]))
+        if node is None:
+            outcome.refused.append(f"{report['cluster']}/{report['node']}: not a present node of that cluster")
+            continue
+        ts = datetime.fromtimestamp(report["slot"], tz=UTC)
+        if error:
+            reading = NodeReading(node, result=CollectResult(error=error))
+        else:
+            reading = map_nvml(node, readings, gpus.get(node.pk, []), instances.get(node.pk, []))
+        by_slot[ts].append((reading, elapsed_ms))
+        outcome.results[node.pk] = reading.result
+    for ts, batch in sorted(by_slot.items()):
+        outcome.samples += _write(ts, [reading for reading, _ in batch])
+    _record_collectors([pair for batch in by_slot.values() for pair in batch])
+    for reason in outcome.refused:
+        logger.warning("node agent report refused: %s", reason)
+    return outcome
+
+
+def _accepted(reports: list, outcome: IngestOutcome, *, window: bool) -> list[tuple[dict, list, str, int]]:
+    """(report, readings, error, elapsed_ms) of each report with a valid signature, a slot in the window and
+    a well-formed body; the others noted in outcome.refused."""
+    now = timezone.now()
+    newest = poll_slot(now).timestamp() + settings.METRICS_INTERVAL_S
+    oldest = (now - timedelta(seconds=settings.MONITORING_ROLLUP_LATENESS_S)).timestamp()
+    accepted = []
+    for report in reports:
+        try:
+            protocol.verify(report)
+            if report["kind"] != protocol.KIND_METRICS:
+                raise protocol.BadReport(f"kind {report['kind']!r} is not ingested here")
+            if window and not oldest <= report["slot"] <= newest:
+                raise protocol.BadReport(f"slot {report['slot']} is outside the accepted window")
+            readings, error, elapsed_ms = protocol.metrics_from_body(report["body"])
+        except protocol.BadReport as exc:
+            who = f"{report.get('cluster')}/{report.get('node')}" if isinstance(report, dict) else "?"
+            outcome.refused.append(f"{who}: {exc}")
+            continue
+        accepted.append((report, readings, error, elapsed_ms))
+    return accepted
+
+
+def _present_nodes(names: set[tuple[str, str]]) -> dict[tuple[str, str], NodeCapacity]:
+    """(cluster name, node name) -> the present node row, in one query."""
+    match = Q()
+    by_cluster: dict[str, set[str]] = defaultdict(set)
+    for cluster, node in names:
+        by_cluster[cluster].add(node)
+    for cluster, node_names in by_cluster.items():
+        match |= Q(cluster__name=cluster, name__in=node_names)
+    rows = NodeCapacity.objects.present().filter(match).select_related("cluster")
+    return {(n.cluster.name, n.name): n for n in rows}
+
+
+def _units(nodes) -> tuple[dict[int, list[GpuCapacity]], dict[int, list[MigInstance]]]:
+    """The present GPUs and active MIG instances of these nodes, by node id: two queries for the batch, and
+    only the columns the mapping, the health rules and the share checks read (a batch is thousands of rows)."""
+    ids = [n.pk for n in nodes]
+    gpus: dict[int, list[GpuCapacity]] = defaultdict(list)
+    node_of_gpu = {}
+    for gpu in GpuCapacity.objects.filter(node_id__in=ids, lost_at__isnull=True).only(*_GPU_COLUMNS):
+        gpus[gpu.node_id].append(gpu)
+        node_of_gpu[gpu.pk] = gpu.node_id
+    instances: dict[int, list[MigInstance]] = defaultdict(list)
+    query = MigInstance.objects.active().filter(gpu_id__in=node_of_gpu).select_related("profile")
+    for instance in query.only("id", "gpu_id", "gi_id", "uuid", "profile__id", "profile__compute_slices"):
+        instances[node_of_gpu[instance.gpu_id]].append(instance)
+    return gpus, instances
+
+
+_GPU_COLUMNS = ("id", "node_id", "index", "uuid", "product", "catalog_product", "memory_mib")
+
+
+def _write(ts: datetime, readings: list[NodeReading]) -> int:
+    """One slot's rows of every node in the batch: samples in one insert, health in one pass, then shares."""
+    samples = write_samples([s for r in readings for s in r.samples], ts=ts, source=MetricSource.NVML)
+    health = apply_health([h for r in readings for h in r.health], at=ts, source=MetricSource.NVML)
+    for reading in readings:
+        reading.result.samples = len(reading.samples)
+        reading.result.health = health  # the batch's outcome: events are not attributed per node
+        if reading.shared:
+            reading.result.share_violations = check_shares(reading.node, reading.shared, at=ts)
+    return samples
+
+
+def _record_collectors(readings: list[tuple[NodeReading, int]]) -> None:
+    """Upsert the Collector row of every node in the batch (two statements: with and without a success)."""
+    now = timezone.now()
+    rows = {True: {}, False: {}}
+    for reading, elapsed_ms in readings:
+        result = reading.result
+        node = reading.node
+        rows[not result.error][node.pk] = Collector(
+            cluster_id=node.cluster_id,
+            node=node,
+            source=MetricSource.NVML,
+            target=node.name[:500],
+            last_attempt_at=now,
+            last_success_at=None if result.error else now,
+            last_samples=result.samples,
+            last_duration_ms=max(0, elapsed_ms),
+            last_error=result.error[:2000],
+        )
+    fields = ["node", "last_attempt_at", "last_samples", "last_duration_ms", "last_error"]
+    for ok, by_node in rows.items():
+        if by_node:
+            Collector.objects.bulk_create(
+                [by_node[pk] for pk in sorted(by_node)],
+                update_conflicts=True,
+                unique_fields=["cluster", "source", "target"],
+                update_fields=fields + (["last_success_at"] if ok else []),
+            )
+
+
+def missing_nodes(ts: datetime) -> list[tuple[int, str, str]]:
+    """(cluster id, cluster name, node name) of the NVML-polled nodes with no report ingested since `ts`.
+
+    Every ingested report (a failed read too) stamps its collector's last_attempt_at.
+    """
+    reported = Collector.objects.filter(source=MetricSource.NVML, node__isnull=False, last_attempt_at__gte=ts)
+    return list(
+        NodeCapacity.objects.nvml_polled()
+        .exclude(pk__in=reported.values("node_id"))
+        .values_list("cluster_id", "cluster__name", "name")
+    )
