@@ -151,6 +151,23 @@ def test_a_member_cannot_forge_a_claim_or_template_for_another_projects_unit(two
     assert pod_devices(dra_sim, "team-a", "own")[0] in pool_uuids(a)
 
 
+def test_gpuaas_under_another_service_account_than_the_policy_names_fails_provisioning_and_says_why(
+    dra_sim, make_request, operator
+):
+    """Installed in another namespace without editing the policy: the template write is refused and the pool says so."""
+    from simcluster.rbac import Role
+
+    dra_sim.state.api.role = Role([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
+                                  user="system:serviceaccount:platform:gpuaas-controller")
+    pool = services.approve(make_request(count=1), actor=operator)
+    assert provision_pool_task(pool.pk) == "failed"
+    pool.refresh_from_db()
+    assert "403" in pool.state_reason
+    assert "ValidatingAdmissionPolicy 'gpuaas-dra-claims' with binding 'gpuaas-dra-claims' denied request" in (
+        pool.state_reason)
+    assert not [k for k in dra_sim.sim.resourceclaimtemplates if k[0] == "team-a"]
+
+
 def test_workload_tracker_takes_the_device_from_the_claim(two_pools, dra_sim, project):
     a, _ = two_pools
     run_pod(dra_sim, "team-a", "infer", f"gpuaas-{a.pk}-mig-3g.40gb")
