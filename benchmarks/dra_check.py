@@ -9,8 +9,8 @@ ResourceClaimTemplate per pool and kind, through the official client), then runs
 
 - `own`: a pod referencing one of its project's templates;
 - `foreign_template`: a pod referencing another project's template name (not in its namespace: it must wait);
-- `forged`: a ResourceClaim written by hand in the project's namespace whose CEL selector names a device of
-  another project, and a pod using it;
+- `forged`: a ResourceClaim, or a ResourceClaimTemplate, written by a project member in the project's namespace
+  whose CEL selector names a device of another project, and a pod using it (when the write is admitted);
 - deletions of running pods, so devices are freed and taken again.
 
 After every step each pod's allocated devices are checked against what its claim admits, computed
@@ -19,9 +19,10 @@ independently from the database (template pods: the pool's unit UUIDs; forged cl
 - `dra_wrong_device`: pods given a device outside their claim (must be 0);
 - `cross_project_via_template`: pods given another project's device through a gpuaas template (must be 0);
 - `double_allocated`: devices held by two running pods at once (must be 0);
-- `forged_obtained_foreign`: hand-written claims that obtained another project's device. A DRA claim may
-  name any device; nothing in gpuaas stops a user who writes one for a device that is free at that
-  moment. Reported, not hidden: closing it needs an admission policy on ResourceClaims (docs/dra.md);
+- `forged_refused`: forged writes kube-apiserver refused at admission (gpuaas's ValidatingAdmissionPolicy,
+  deploy/admission-policy.yaml, on in the "dra" scenario as on a cluster installed by docs/deploying.md);
+- `forged_obtained_foreign`: forged claims that obtained another project's device (must be 0 with the policy;
+  `--without-admission-policy` shows what a cluster without it lets through: any free device);
 - `attribution_errors`: after one discovery, running pods whose WorkloadProfile does not name the device
   their claim holds, or names another project (must be 0).
 
@@ -54,6 +55,7 @@ from .pools import bench_database
 from .registry import arg, benchmark
 
 UUID = 'device.attributes["gpu.nvidia.com"].uuid'
+MEMBER = "alice"  # a project member: may create pods, claims and templates in the project's namespace (RBAC)
 
 
 def _pod(name: str, claim_ref: dict) -> dict:
@@ -84,9 +86,10 @@ def _allocated(cluster, namespace: str, pod: dict, uuids: dict[tuple[str, str], 
     return found
 
 
-def _world(nodes: int, projects: int, seed: int, workdir: Path):
+def _world(nodes: int, projects: int, seed: int, workdir: Path, admission_policy: bool):
     """Serve the scenario, register + discover it, create projects and pools, provision them."""
     state = load_scenario("dra", nodes=nodes).build(SimState(seed=seed), mig_manager_delay=3600)
+    state.cluster("dra").settings.admission_policy = admission_policy
     server = SimServer(state).start()
     path = server.write_kubeconfigs(workdir)["dra"]
     name = f"bench-dra-{seed}-{int(time.time() * 1000) % 10**9}"
@@ -120,11 +123,12 @@ def _world(nodes: int, projects: int, seed: int, workdir: Path):
     return state, server, cluster, pools
 
 
-def measure_dra_wrong_device(nodes: int = 20, projects: int = 5, seed: int = 15, *, rounds: int = 6) -> dict:
+def measure_dra_wrong_device(nodes: int = 20, projects: int = 5, seed: int = 15, *, rounds: int = 6,
+                             admission_policy: bool = True) -> dict:
     """Build a DRA fleet, provision pools for `projects` projects, run a seeded churn of pods; see the module doc."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
-        state, server, cluster, pools = _world(nodes, projects, seed, Path(workdir))
+        state, server, cluster, pools = _world(nodes, projects, seed, Path(workdir), admission_policy)
         try:
             return _churn(state, cluster, pools, seed, rounds, started)
         finally:
@@ -135,7 +139,7 @@ def _churn(state, cluster_row: Cluster, pools: dict[int, list[GpuPool]], seed: i
            started: float) -> dict:
     rng = random.Random(seed)
     sim = state.cluster("dra")
-    api = ClusterApi(sim)
+    api = ClusterApi(sim, user=MEMBER)  # a project member's kubectl
     projects = {p.pk: p for p in Project.objects.filter(pk__in=list(pools))}
     owned: dict[str, int] = {}  # uuid -> project id
     templates: dict[int, list[tuple[str, set[str]]]] = {}  # project -> [(template name, admitted uuids)]
@@ -148,7 +152,7 @@ def _churn(state, cluster_row: Cluster, pools: dict[int, list[GpuPool]], seed: i
                 templates.setdefault(project_id, []).append((pool.claim_template, uuids))
     admitted: dict[tuple[str, str], set[str]] = {}  # pod key -> what its claim admits
     kinds: dict[tuple[str, str], str] = {}
-    counts = {"pods_created": 0, "own": 0, "foreign_template": 0, "forged": 0, "deleted": 0}
+    counts = {"pods_created": 0, "own": 0, "foreign_template": 0, "forged": 0, "forged_refused": 0, "deleted": 0}
     # Distinct pods (devices, for double_allocated) seen breaking each rule at any check.
     checks: dict[str, set] = {name: set() for name in (
         "dra_wrong_device", "cross_project_via_template", "double_allocated", "forged_obtained_foreign",
@@ -176,19 +180,30 @@ def _churn(state, cluster_row: Cluster, pools: dict[int, list[GpuPool]], seed: i
                         admitted[key], kinds[key] = set(), "foreign_template"
                     else:
                         target = rng.choice([u for u, p in owned.items() if p != project_id] or list(owned))
-                        claim = f"forged-{serial}"
+                        forged = f"forged-{serial}"
+                        as_template = rng.random() < 0.5
+                        spec = {"devices": {"requests": [{"name": "gpu", "exactly": {
+                            "deviceClassName": "mig.nvidia.com" if target.startswith("MIG-") else "gpu.nvidia.com",
+                            "selectors": [{"cel": {"expression": f"{UUID} == '{target}'"}}]}}]}}
+                        counts["forged"] += 1
                         try:
-                            api.create("resourceclaims", namespace, {"metadata": {"name": claim}, "spec": {
-                                "devices": {"requests": [{"name": "gpu", "exactly": {
-                                    "deviceClassName": "mig.nvidia.com" if target.startswith("MIG-") else
-                                    "gpu.nvidia.com",
-                                    "selectors": [{"cel": {"expression": f"{UUID} == '{target}'"}}]}}]}}})
+                            if as_template:
+                                api.create("resourceclaimtemplates", namespace,
+                                           {"metadata": {"name": forged}, "spec": {"spec": spec}})
+                            else:
+                                api.create("resourceclaims", namespace, {"metadata": {"name": forged}, "spec": spec})
                         except ApiError as exc:
-                            raise RuntimeError(f"forged claim refused: {exc.message}") from None
-                        api.create("pods", namespace, _pod(name, {"resourceClaimName": claim}))
+                            if exc.code != 403 or "ValidatingAdmissionPolicy" not in exc.message:
+                                raise RuntimeError(f"forged {'template' if as_template else 'claim'} refused for "
+                                                   f"another reason: {exc.message}") from None
+                            counts["forged_refused"] += 1
+                            continue
+                        api.create("pods", namespace, _pod(name, {"resourceClaimTemplateName" if as_template else
+                                                                  "resourceClaimName": forged}))
                         admitted[key], kinds[key] = {target}, "forged"
                     counts["pods_created"] += 1
-                    counts[kinds[key]] += 1
+                    if kinds[key] != "forged":
+                        counts[kinds[key]] += 1
             with state.lock:  # churn: some running pods of the project end
                 running = [k for k, r in sim.pods.items() if k[0] == namespace and r.obj["spec"].get("nodeName")]
                 for key in rng.sample(running, k=len(running) // 3):
@@ -274,8 +289,13 @@ def _attribution(sim, cluster_row: Cluster, admitted, owned) -> int:
         arg("--projects", type=int, default=5),
         arg("--seed", type=int, default=15),
         arg("--rounds", type=int, default=6),
+        arg("--without-admission-policy", action="store_true",
+            help="a cluster without deploy/admission-policy.yaml: forged claims are admitted"),
     ],
 )
-def run_dra_bench(*, nodes: int, projects: int, seed: int, rounds: int, **_options) -> dict:
+def run_dra_bench(*, nodes: int, projects: int, seed: int, rounds: int, without_admission_policy: bool = False,
+                  **_options) -> dict:
     with bench_database():
-        return {"benchmark": "dra", **measure_dra_wrong_device(nodes, projects, seed, rounds=rounds)}
+        return {"benchmark": "dra", "admission_policy": not without_admission_policy,
+                **measure_dra_wrong_device(nodes, projects, seed, rounds=rounds,
+                                           admission_policy=not without_admission_policy)}

@@ -176,7 +176,9 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and (answer := _discovery(cluster, segments, self.headers.get("Host", ""))) is not None:
             self._send_json(200, answer)
             return
-        api = kube.ClusterApi(cluster)
+        # One token, gpuaas's: its requests are its ServiceAccount's (the user RBAC names, admission reads).
+        role = cluster.state.api.role
+        api = kube.ClusterApi(cluster, user=role.user if role is not None else rbac.DEFAULT_USER)
         if segments[:3] == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
             self._dra(method, api, segments[3:], query)
             return

@@ -35,12 +35,13 @@ import functools
 import re
 from dataclasses import dataclass
 
+from . import admission
 from .state import Cluster, Node, Record
 
 DRIVER = "gpu.nvidia.com"
 GROUP = "resource.k8s.io"
 API_VERSION = "resource.k8s.io/v1"
-POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+POD_CLAIM_NAME_ANNOTATION = admission.POD_CLAIM_NAME_ANNOTATION
 CANNOT_ALLOCATE = "cannot allocate all claims"
 # The driver's DeviceClasses (deployments/helm/nvidia-dra-driver-gpu templates; docs/dra.md).
 DEVICE_CLASSES = {
@@ -443,7 +444,7 @@ def ensure_claims(cluster: Cluster, record: Record) -> tuple[list[Record], str |
                                      "uid": pod["metadata"]["uid"], "controller": True,
                                      "blockOwnerDeletion": True}],
             }
-            ClusterApi(cluster).create("resourceclaims", namespace, body)
+            ClusterApi(cluster, user=admission.CLAIM_CONTROLLER).create("resourceclaims", namespace, body)
             status = pod.setdefault("status", {}).setdefault("resourceClaimStatuses", [])
             status.append({"name": entry["name"], "resourceClaimName": generated})
             name = generated

@@ -30,7 +30,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from . import dra, gpuoperator, scheduler
+from . import admission, dra, gpuoperator, scheduler
 from .state import Cluster, Node, Record
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -732,11 +732,18 @@ KINDS = {
 DRA_PLURALS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
 
 
-class ClusterApi:
-    """kube-apiserver behaviour for one cluster. Callers hold `cluster.state.lock`."""
+# Who an in-process caller (a test, the benchmark, the demo) is: kubeadm's administrator.
+ADMIN_USER = "kubernetes-admin"
 
-    def __init__(self, cluster: Cluster):
+
+class ClusterApi:
+    """kube-apiserver behaviour for one cluster. Callers hold `cluster.state.lock`. `user`: the requester's
+    name, which admission (simcluster.admission) reads: the HTTP server passes gpuaas's ServiceAccount, the
+    simulated controllers their own."""
+
+    def __init__(self, cluster: Cluster, *, user: str = ADMIN_USER):
         self.cluster = cluster
+        self.user = user
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -942,6 +949,7 @@ class ClusterApi:
         problems += self._validate(plural, obj)
         if problems:
             raise invalid(kind.kind, str(name or ""), problems)
+        admission.admit(self.cluster, self.user, "CREATE", plural, namespace, obj)
         store = self._store(plural)
         key = self._key(kind, namespace, name)
         if key in store:
@@ -1049,6 +1057,7 @@ class ClusterApi:
             problems.append(("spec", "Invalid value: field is immutable"))
         if problems:
             raise invalid(kind.kind, name, problems)
+        admission.admit(self.cluster, self.user, "UPDATE", plural, namespace, new)
         # System-owned metadata and the status of namespaces/pods are kept from the stored object.
         for keep in ("uid", "creationTimestamp", "namespace", "name", "generateName"):
             if keep in old["metadata"]:

@@ -9,6 +9,7 @@ A scenario file (simcluster/scenarios/<name>.yaml, or any path):
       - name: prod
         driver_version: "550.54.15"  # optional ClusterSettings fields
         dra: true                    # the NVIDIA DRA driver instead of the device plugin (simcluster/dra.py)
+        admission_policy: true       # gpuaas's ValidatingAdmissionPolicy installed (simcluster/admission.py)
         node_groups:
           - name_prefix: prod-h100-bal
             count: 2                 # or share: 0.3 (of params.nodes; the last share group takes the rest)
@@ -256,6 +257,8 @@ class Scenario:
                     setattr(settings, key, str(raw_cluster[key]))
             if raw_cluster.get("dra") is not None:
                 settings.dra = bool(raw_cluster["dra"])
+            if raw_cluster.get("admission_policy") is not None:
+                settings.admission_policy = bool(raw_cluster["admission_policy"])
             raw_groups = raw_cluster.get("node_groups") or []
             total = int(merged.get("nodes", 0))
             shared = [g for g in raw_groups if "share" in g]

@@ -56,6 +56,9 @@ class ClusterSettings:
     # The NVIDIA DRA driver for GPUs instead of the device plugin (simcluster/dra.py, docs/dra.md):
     # ResourceSlices per node, DeviceClasses, claims allocated by the scheduler; resource.k8s.io/v1 served.
     dra: bool = False
+    # gpuaas's ValidatingAdmissionPolicy (deploy/admission-policy.yaml) installed: only gpuaas writes claim
+    # templates, only the resourceclaim controller creates claims, in gpuaas's namespaces (simcluster/admission.py).
+    admission_policy: bool = False
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """deploy/clusterrole.yaml is exactly what the Kubernetes adapter needs: no request outside it, no rule unused.
 
-One flow through the simulator with the role enforced (simcluster/rbac.py: a request the role does not
-allow gets 403 Forbidden, as kube-apiserver answers) and every request recorded: discovery,
-provisioning, drift repair by the reconcile, release, a MIG reconfiguration through the GPU Operator
-and one through the node agent (mig-parted ConfigMap, nvidia.com/mig.config label, cordon, eviction,
-device plugin restart), and time-slicing config. The recorded (group, resource, verb) set must equal
+Two clusters through the simulator with the role enforced (simcluster/rbac.py: a request the role does not
+allow gets 403 Forbidden, as kube-apiserver answers) and every request recorded. Under the device plugin:
+discovery, provisioning, drift repair by the reconcile, release, a MIG reconfiguration through the GPU
+Operator and one through the node agent (mig-parted ConfigMap, nvidia.com/mig.config label, cordon,
+eviction, device plugin restart), and time-slicing config. Under DRA (the "dra" scenario, admission policy
+on as deploy/ installs it): discovery of ResourceSlices and ResourceClaims, a pool's ResourceClaimTemplate
+created, repaired after deletion, removed on release. The recorded (group, resource, verb) set must equal
 what the role grants; the failure message says which rule to add or remove.
 The whole suite's cluster scenarios can be recorded too: GPUAAS_RECORD_K8S_REQUESTS (tests/conftest.py).
 """
@@ -22,12 +24,14 @@ from reconfig_sim import drive, node_row, start_sim  # noqa: E402
 
 from capacity.adapters.kubernetes.transport import USER_AGENT  # noqa: E402
 from capacity.models import DiscoveryRun, TimeSlicingPolicy  # noqa: E402
+from capacity.services.clusters import register_cluster  # noqa: E402
 from capacity.services.discovery import discover_cluster  # noqa: E402
 from capacity.services.mig_configs import apply_time_slicing  # noqa: E402
 from operations import reconfiguration as rc  # noqa: E402
 from pools import services  # noqa: E402
 from pools.models import Allocation, GpuPool  # noqa: E402
 from pools.provisioning import deprovision_pool, provision_pool, reconcile_provisioned  # noqa: E402
+from simcluster import SimServer, load_scenario  # noqa: E402
 from simcluster.kube import ClusterApi  # noqa: E402
 from simcluster.rbac import Access, Role, access_of, advice, compare  # noqa: E402
 
@@ -48,9 +52,9 @@ def sim(tmp_path, settings):
     sim.server.stop()
 
 
-def enforce(sim, role: Role) -> list[Access]:
+def enforce(sim, role: Role, requests: list[Access] | None = None) -> list[Access]:
     """Turn the role on in the simulator and record what gpuaas's adapter asks for from now on."""
-    requests: list[Access] = []
+    requests = [] if requests is None else requests
     sim.state.api.role = role
     sim.state.api.on_request = lambda access, user_agent: user_agent == USER_AGENT and requests.append(access)
     return requests
@@ -121,11 +125,36 @@ def run_every_flow(sim, project, operator) -> None:
     assert apply_time_slicing(sim.cluster)["labelled"] == 1
 
 
-def test_the_role_is_exactly_what_gpuaas_uses(sim, project, operator):
+def run_dra_flow(tmp_path, role: Role, requests: list[Access], project, operator) -> None:
+    """A DRA cluster: discovery (slices, claims), a pool's claim template created, repaired, removed."""
+    tmp_path.mkdir(exist_ok=True)
+    state = load_scenario("dra").build()
+    assert state.cluster("dra").settings.admission_policy  # gpuaas's writes pass deploy/admission-policy.yaml
+    with SimServer(state) as server:
+        enforce(server, role, requests)
+        cluster, _ = register_cluster("dra", server.write_kubeconfigs(tmp_path)["dra"])
+        run = discover_cluster(cluster.pk, inventory="inline").run
+        assert run.status == "succeeded", run.error
+        pool = services.approve(make_request(project, operator, count=1, cluster=cluster), actor=operator)
+        assert provision_pool(GpuPool.objects.get(pk=pool.pk)) == "active"
+        name = GpuPool.objects.get(pk=pool.pk).claim_template
+        sim = state.cluster("dra")
+        assert (project.namespace, name) in sim.resourceclaimtemplates
+        with state.lock:  # drift: the template deleted behind gpuaas's back
+            ClusterApi(sim).delete("resourceclaimtemplates", project.namespace, name)
+        assert reconcile_provisioned()["errors"] == 0
+        assert (project.namespace, name) in sim.resourceclaimtemplates
+        services.release(pool.request, actor=operator)
+        assert deprovision_pool(GpuPool.objects.get(pk=pool.pk)) is True
+        assert (project.namespace, name) not in sim.resourceclaimtemplates
+
+
+def test_the_role_is_exactly_what_gpuaas_uses(sim, project, operator, tmp_path):
     role = Role.from_manifest(ROLE_FILE)
     requests = enforce(sim, role)
 
     run_every_flow(sim, project, operator)
+    run_dra_flow(tmp_path / "dra", role, requests, project, operator)
 
     missing, unused = compare(role, used(requests))
     assert not (missing or unused), "\n" + advice(missing, unused, "deploy/clusterrole.yaml")

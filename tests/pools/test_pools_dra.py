@@ -128,6 +128,46 @@ def test_pods_get_only_their_pools_devices_and_wait_when_those_are_taken(two_poo
     assert free > 0
 
 
+def test_a_member_cannot_forge_a_claim_or_template_for_another_projects_unit(two_pools, dra_sim):
+    """Provisioned namespaces carry gpuaas's label, so the admission policy (deploy/admission-policy.yaml, on in
+    the "dra" scenario) refuses a hand-written claim or template; gpuaas's own templates went through it."""
+    from simcluster.kube import ApiError, ClusterApi
+
+    a, b = two_pools
+    target = pool_uuids(b)[0]
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com", "selectors": [
+        {"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid == "{target}"'}}]}}]}}
+    member = ClusterApi(dra_sim.sim, user="alice")
+    with dra_sim.sim.state.lock:
+        for plural, body in (("resourceclaims", {"metadata": {"name": "mine"}, "spec": spec}),
+                             ("resourceclaimtemplates", {"metadata": {"name": "mine"}, "spec": {"spec": spec}})):
+            with pytest.raises(ApiError) as refused:
+                member.create(plural, "team-a", body)
+            assert refused.value.code == 403
+            assert "ValidatingAdmissionPolicy 'gpuaas-dra-claims' with binding 'gpuaas-dra-claims' denied" in (
+                refused.value.message)
+        assert not [k for k in dra_sim.sim.resourceclaims if k[0] == "team-a"]
+    run_pod(dra_sim, "team-a", "own", f"gpuaas-{a.pk}-mig-3g.40gb")
+    assert pod_devices(dra_sim, "team-a", "own")[0] in pool_uuids(a)
+
+
+def test_gpuaas_under_another_service_account_than_the_policy_names_fails_provisioning_and_says_why(
+    dra_sim, make_request, operator
+):
+    """Installed in another namespace without editing the policy: the template write is refused and the pool says so."""
+    from simcluster.rbac import Role
+
+    dra_sim.state.api.role = Role([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
+                                  user="system:serviceaccount:platform:gpuaas-controller")
+    pool = services.approve(make_request(count=1), actor=operator)
+    assert provision_pool_task(pool.pk) == "failed"
+    pool.refresh_from_db()
+    assert "403" in pool.state_reason
+    assert "ValidatingAdmissionPolicy 'gpuaas-dra-claims' with binding 'gpuaas-dra-claims' denied request" in (
+        pool.state_reason)
+    assert not [k for k in dra_sim.sim.resourceclaimtemplates if k[0] == "team-a"]
+
+
 def test_workload_tracker_takes_the_device_from_the_claim(two_pools, dra_sim, project):
     a, _ = two_pools
     run_pod(dra_sim, "team-a", "infer", f"gpuaas-{a.pk}-mig-3g.40gb")
@@ -150,7 +190,7 @@ def test_release_of_a_unit_then_of_the_pool_keeps_the_template_in_step(
     first = Allocation.objects.active().filter(pool=a).order_by("pk").first()
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert services.release_allocation(first.pk) is True
-    assert "pools.tasks.reconcile_project_task" in [getattr(cb.func, "__self__", cb.func).name for cb in callbacks]
+    assert "pools.tasks.reconcile_project_task" in [cb.func.__self__.name for cb in callbacks]
     assert reconcile_project_task(a.project_id, a.cluster_id) is True
     with kube_for(dra_sim.cluster) as kube:
         assert template_uuids(kube, "team-a", name) == pool_uuids(a)

@@ -234,3 +234,101 @@ def test_a_mig_reconfiguration_republishes_the_slice(dra_state):
     record = next(r for r in cluster.resourceslices.values() if r.obj["spec"]["nodeName"] == node.name)
     assert record.obj["spec"]["pool"]["generation"] == 2
     assert {d["attributes"]["profile"]["string"] for d in record.obj["spec"]["devices"]} == {"1g.10gb"}
+
+
+# ----------------------------------------------------------------------------------------
+# gpuaas's ValidatingAdmissionPolicy (deploy/admission-policy.yaml, simcluster/admission.py)
+
+MANAGED = {"app.kubernetes.io/managed-by": "gpuaas"}
+
+
+def managed_namespaces(cluster, *names, labels=MANAGED):
+    for name in names:
+        ClusterApi(cluster).create("namespaces", None, {"metadata": {"name": name, "labels": labels}})
+
+
+def test_the_dra_scenario_installs_the_admission_policy(dra_state):
+    assert dra_state.cluster("dra").settings.admission_policy is True
+
+
+def test_a_forged_claim_in_a_managed_namespace_is_refused_as_kube_apiserver_words_it(dra_state):
+    from simcluster.kube import ApiError
+
+    cluster = dra_state.cluster("dra")
+    managed_namespaces(cluster, "team-b")
+    target = devices(dra_state, "dra-h100-full-02")[0]["attributes"]["uuid"]["string"]
+    member = ClusterApi(cluster, user="alice")
+    body = {"metadata": {"name": "forged"}, "spec": template("x", "gpu.nvidia.com", f"{UUID} == '{target}'")[
+        "spec"]["spec"]}
+    with pytest.raises(ApiError) as refused:
+        member.create("resourceclaims", "team-b", body)
+    assert refused.value.body() == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "resourceclaims.resource.k8s.io \"forged\" is forbidden: ValidatingAdmissionPolicy "
+        "'gpuaas-dra-claims' with binding 'gpuaas-dra-claims' denied request: ResourceClaims in a gpuaas project "
+        "namespace are made from a pod's resourceClaimTemplateName only; reference your pool's claim_template",
+        "reason": "Forbidden",
+        "details": {"name": "forged", "group": "resource.k8s.io", "kind": "resourceclaims"},
+        "code": 403,
+    }
+    # Nothing was stored; the cluster administrator is no exception (admission applies to system:masters too).
+    assert ("team-b", "forged") not in cluster.resourceclaims
+    with pytest.raises(ApiError, match="ValidatingAdmissionPolicy 'gpuaas-dra-claims'"):
+        ClusterApi(cluster).create("resourceclaims", "team-b", body)
+    # Dressing it up as the controller's claim does not help: the user is not the controller's.
+    body["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u",
+                                            "controller": True}]
+    with pytest.raises(ApiError, match="denied request"):
+        member.create("resourceclaims", "team-b", body)
+
+
+def test_only_gpuaas_writes_claim_templates_in_a_managed_namespace(dra_state):
+    from simcluster.admission import TEMPLATE_WRITER
+    from simcluster.kube import ApiError
+
+    cluster = dra_state.cluster("dra")
+    managed_namespaces(cluster, "team-a")
+    target = devices(dra_state, "dra-h100-full-02")[0]["attributes"]["uuid"]["string"]
+    forged = template("mine", "gpu.nvidia.com", f"{UUID} == '{target}'")
+    with pytest.raises(ApiError) as refused:
+        ClusterApi(cluster, user="alice").create("resourceclaimtemplates", "team-a", forged)
+    assert refused.value.code == 403
+    assert "ResourceClaimTemplates in a gpuaas project namespace are written by gpuaas only" in refused.value.message
+    assert ("team-a", "mine") not in cluster.resourceclaimtemplates
+
+    gpuaas = ClusterApi(cluster, user=TEMPLATE_WRITER)
+    gpuaas.create("resourceclaimtemplates", "team-a", template("pool", "gpu.nvidia.com", f"{UUID} == '{target}'"))
+    # UPDATE is matched too: a member cannot relabel (or otherwise rewrite) gpuaas's template.
+    with pytest.raises(ApiError, match="written by gpuaas only"):
+        ClusterApi(cluster, user="alice").patch("resourceclaimtemplates", "team-a", "pool",
+                                                {"metadata": {"labels": {"x": "y"}}}, "application/merge-patch+json")
+    # A pod referencing gpuaas's template gets its claim from the resourceclaim controller, which is admitted.
+    ClusterApi(cluster, user="alice").create("pods", "team-a", pod("p", "pool"))
+    assert allocated_uuid(dra_state, "team-a", "p") == [target]
+    claim = next(c.obj for k, c in cluster.resourceclaims.items() if k[0] == "team-a")
+    assert claim["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpu"
+
+
+def test_the_policy_binds_only_gpuaas_namespaces_and_only_when_installed(dra_state):
+    cluster = dra_state.cluster("dra")
+    managed_namespaces(cluster, "elsewhere", labels={"team": "x"})
+    ClusterApi(cluster, user="alice").create("resourceclaimtemplates", "elsewhere", template("t", "gpu.nvidia.com"))
+    managed_namespaces(cluster, "team-a")
+    cluster.settings.admission_policy = False
+    ClusterApi(cluster, user="alice").create("resourceclaimtemplates", "team-a", template("t", "gpu.nvidia.com"))
+    assert {("elsewhere", "t"), ("team-a", "t")} <= set(cluster.resourceclaimtemplates)
+
+
+def test_a_malformed_template_gets_its_422_before_admission(dra_state):
+    from simcluster.kube import ApiError
+
+    cluster = dra_state.cluster("dra")
+    managed_namespaces(cluster, "team-a")
+    with pytest.raises(ApiError) as refused:
+        ClusterApi(cluster, user="alice").create("resourceclaimtemplates", "team-a",
+                                                 template("t", "gpu.nvidia.com", "cel.bind(x, 1, true)"))
+    assert refused.value.code == 422
