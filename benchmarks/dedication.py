@@ -265,12 +265,13 @@ def dedication(*, stdout=None, nodes: int, projects: int, keep_db: bool = False,
             detect_s = time.perf_counter() - started
 
             # The same fleet size under DRA (benchmarks.dra_check): no pod may get a device outside its claim.
+            units_allocated = Allocation.objects.active().count()
             dra = measure_dra_wrong_device(nodes, projects, 15, rounds=2)
             found = set(TrespassEvent.objects.open().exclude(pod_uid="").values_list("unit_key", "pod_uid"))
             return {
                 "nodes": nodes,
                 "projects": projects,
-                "units_allocated": Allocation.objects.active().count(),
+                "units_allocated": units_allocated,
                 "pods_running": len(bound),
                 "trespass_injected": len(truth),
                 "trespass_detected": len(found & truth),
