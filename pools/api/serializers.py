@@ -123,6 +123,11 @@ class PoolRequestSerializer(StrictModelSerializer):
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True, default=None, allow_null=True)
     isolation = serializers.ChoiceField(choices=ISOLATION_OR_NEED, required=False, help_text=ISOLATION_HELP)
+    declared_isolation = serializers.ChoiceField(
+        choices=[("", "Not declared (the spec was pinned)"), *IsolationNeed.choices],
+        read_only=True,
+        help_text="The isolation need matching worked from; empty when the request pinned its spec.",
+    )
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     pool = serializers.SerializerMethodField()
