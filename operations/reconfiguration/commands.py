@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 def resend_s() -> int:
     """A command with no result after this long is sent again (the agent or its result was lost)."""
-    return int(getattr(settings, "MIG_AGENT_RESEND_S", 120))
+    return settings.MIG_AGENT_RESEND_S
 
 
 def command_id(reconf: MigReconfiguration) -> str:
