@@ -326,6 +326,8 @@ if MIG_RECONFIG_POLL_S * 10 > CELERY_LONGEST_TASK_S:
     raise ConfigurationError("MIG_RECONFIG_POLL_S must stay far below the broker visibility timeout")
 MIG_DRAIN_TIMEOUT_S = env_int("MIG_DRAIN_TIMEOUT_S", 900, minimum=10)
 MIG_APPLY_TIMEOUT_S = env_int("MIG_APPLY_TIMEOUT_S", 1200, minimum=10)
+# Agent backend: the MIG command goes out again when no signed result came back this long after it.
+MIG_AGENT_RESEND_S = env_int("MIG_AGENT_RESEND_S", 120, minimum=1)
 MIG_VERIFY_TIMEOUT_S = env_int("MIG_VERIFY_TIMEOUT_S", 300, minimum=10)
 MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", WORKFLOW_SWEEP_S, minimum=1)
 

@@ -1,8 +1,9 @@
 """Celery tasks of the operations app: thin wrappers that load ids and call services.
 
 MIG reconfiguration: each workflow step is one task run; waiting steps re-enqueue themselves with a
-countdown far below the Redis visibility timeout, and the steps that read or write the node's NVML
-go to its agent's queue.
+countdown far below the Redis visibility timeout. The agent backend's NVML work goes to the node's
+agent as a signed command (apply_mig_task) whose signed result comes back as mig_result_task; the
+operator backend's verify (rediscovery) still runs on the node's queue.
 
 The tasks keep the names they had in capacity.tasks: queued messages, the beat entry
 (CELERY_BEAT_SCHEDULE "capacity-sweep-reconfigurations") and running node agents name them.
@@ -14,6 +15,7 @@ from celery import shared_task
 
 from gpuaas.celery import node_queue
 from operations.reconfiguration import run_step, sweep
+from operations.reconfiguration.commands import record_result
 
 # A step message older than this is dropped; sweep_reconfigurations_task re-enqueues lost steps.
 RECONFIGURATION_STEP_EXPIRES_S = 10 * 60
@@ -31,13 +33,20 @@ def enqueue_reconfiguration_step(
     reconfiguration_id: int, step: str, *, cluster: str, node: str, backend: str, countdown: int | None = None
 ) -> None:
     """Send one step (call after commit). Steps that read or write the node's NVML run on its agent's
-    queue, node_queue(cluster, node): verify (rediscovery) always, apply on the agent backend."""
+    queue, node_queue(cluster, node): the operator backend's verify (rediscovery). The agent backend's
+    apply and verify run here: apply sends the node agent a signed command (reconfiguration.commands)."""
     options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
     if countdown:
         options["countdown"] = countdown
-    if step == "verify" or (step == "apply" and backend == "agent"):
+    if step == "verify" and backend == "operator":
         options["queue"] = node_queue(cluster, node)
     reconfiguration_step_task.apply_async((reconfiguration_id, step), **options)
+
+
+@shared_task(name="operations.tasks.mig_result_task", acks_late=True)
+def mig_result_task(report: dict) -> str:
+    """A node agent's signed MIG result (capacity.agent.tasks.apply_mig_task sends it): check and store it."""
+    return record_result(report)
 
 
 @shared_task(name="capacity.tasks.sweep_reconfigurations_task", acks_late=True)

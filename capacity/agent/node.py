@@ -11,6 +11,7 @@ import time
 from django.conf import settings
 
 from capacity.adapters import nvml
+from capacity.mig.catalog import get_product
 
 from . import protocol
 
@@ -41,3 +42,34 @@ def read_inventory(cluster: str, node: str, *, api_url: str) -> dict:
     except nvml.NvmlError as exc:
         body = protocol.inventory_body(None, error=str(exc))
     return protocol.sign(protocol.KIND_INVENTORY, cluster, node, slot, body)
+
+
+def apply_mig(command: dict, *, api_url: str) -> dict:
+    """Carry out a signed MIG command addressed to this node; the signed result (what NVML did, the error, the
+    inventory read back afterwards). BadReport if the command is not signed with this node's key.
+
+    Each GPU is set to its target layout (re-entrant: instances already in place are kept), so a redelivered
+    command changes nothing the first delivery already did.
+    """
+    protocol.verify(command, own=True)
+    if command["kind"] != protocol.KIND_MIG_COMMAND:
+        raise protocol.BadReport(f"kind {command['kind']!r} is not a MIG command")
+    command_id, product_name, gpus = protocol.mig_command_from_body(command["body"])
+    cluster, node = command["cluster"], command["node"]
+    applied: dict[str, dict] = {}
+    error = ""
+    try:
+        product = get_product(product_name)
+        with nvml.session(api_url, node) as session:
+            for index, gpu in sorted(gpus.items(), key=lambda item: int(item[0])):
+                wanted = [(product.profile(p["profile"]), int(p["start"])) for p in gpu["placements"]]
+                applied[index] = nvml.apply_gpu_layout(
+                    session, int(index), product, mig_enabled=bool(gpu["mig"]), instances=wanted
+                )
+    except (nvml.NvmlError, nvml.LayoutError) as exc:
+        error = f"NVML: {exc}"
+    except (KeyError, ValueError) as exc:  # a product or profile this agent's catalog does not know
+        error = f"{type(exc).__name__}: {exc}"
+    inventory = read_inventory(cluster, node, api_url=api_url)
+    body = protocol.mig_result_body(command_id, applied=applied, error=error, inventory=inventory)
+    return protocol.sign(protocol.KIND_MIG_RESULT, cluster, node, int(time.time()), body)

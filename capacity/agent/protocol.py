@@ -26,6 +26,9 @@ from capacity.adapters import nvml
 VERSION = 1
 KIND_METRICS = "metrics"
 KIND_INVENTORY = "inventory"
+# MIG reconfiguration (agent backend): the control plane's command to a node, the node's result.
+KIND_MIG_COMMAND = "mig-command"
+KIND_MIG_RESULT = "mig-result"
 
 
 class BadReport(ValueError):
@@ -63,10 +66,11 @@ def sign(kind: str, cluster: str, node: str, slot: int, body: dict) -> dict:
     return {**fields, "sig": sig}
 
 
-def verify(report: Any) -> dict:
+def verify(report: Any, *, own: bool = False) -> dict:
     """The report if it is well formed and signed with its own node's key; BadReport otherwise.
 
-    Control plane only: it derives the claimed node's key from AGENT_SIGNING_SECRET.
+    The control plane derives the claimed node's key from AGENT_SIGNING_SECRET; `own=True` checks with
+    this process's signing key instead (an agent checking a command addressed to its node).
     """
     if not isinstance(report, dict) or set(report) != {"v", "kind", "cluster", "node", "slot", "body", "sig"}:
         raise BadReport("not a report object")
@@ -77,9 +81,8 @@ def verify(report: Any) -> dict:
         raise BadReport("cluster, node, sig must be strings and slot an integer")
     fields = {k: v for k, v in report.items() if k != "sig"}
     try:
-        expected = hmac.new(
-            node_key(settings.AGENT_SIGNING_SECRET, cluster, node), _canonical(fields), hashlib.sha256
-        ).hexdigest()
+        key = signing_key(cluster, node) if own else node_key(settings.AGENT_SIGNING_SECRET, cluster, node)
+        expected = hmac.new(key, _canonical(fields), hashlib.sha256).hexdigest()
     except ValueError as exc:  # NaN or infinity in the body: not JSON we sent
         raise BadReport(str(exc)) from None
     if not hmac.compare_digest(expected, sig):
@@ -160,3 +163,30 @@ def inventory_from_body(body: Any, node: str) -> tuple[nvml.NodeInventory | None
     if inventory.node_name != node:
         raise BadReport(f"inventory of {inventory.node_name!r} in a report of {node!r}")
     return inventory, body["error"]
+
+
+# --- MIG commands and results ------------------------------------------------------------------------
+
+
+def mig_command_from_body(body: Any) -> tuple[str, str, dict[str, dict]]:
+    """(command id, product, {gpu index: {mig, placements}}) of a MIG command's body."""
+    if not isinstance(body, dict) or set(body) != {"id", "product", "gpus"} or not isinstance(body["gpus"], dict):
+        raise BadReport("MIG command body must be {id, product, gpus}")
+    for index, gpu in body["gpus"].items():
+        if not isinstance(gpu, dict) or set(gpu) != {"mig", "placements"} or not isinstance(gpu["placements"], list):
+            raise BadReport(f"MIG command GPU {index}: must be {{mig, placements}}")
+    return str(body["id"]), str(body["product"]), body["gpus"]
+
+
+def mig_result_body(command_id: str, *, applied: dict, error: str, inventory: dict) -> dict:
+    return {"id": command_id, "applied": applied, "error": error, "inventory": inventory}
+
+
+def mig_result_from_body(body: Any) -> tuple[str, dict, str, dict]:
+    """(command id, applied per GPU, error, signed inventory report read back) of a MIG result's body."""
+    if not isinstance(body, dict) or set(body) != {"id", "applied", "error", "inventory"}:
+        raise BadReport("MIG result body must be {id, applied, error, inventory}")
+    applied, error, inventory = body["applied"], body["error"], body["inventory"]
+    if not (isinstance(applied, dict) and isinstance(error, str) and isinstance(inventory, dict)):
+        raise BadReport("MIG result body: applied and inventory must be objects and error a string")
+    return str(body["id"]), body["applied"], body["error"], body["inventory"]

@@ -64,6 +64,13 @@ class MigReconfiguration(models.Model):
         editable=False,
         help_text="When config_name went into the mig-parted ConfigMap: the label waits MIG_PARTED_SYNC_S after it.",
     )
+    agent_command = models.JSONField(
+        default=dict, blank=True, editable=False, help_text="Agent backend: the signed NVML command last sent."
+    )
+    agent_command_sent_at = models.DateTimeField(null=True, blank=True, editable=False)
+    agent_result = models.JSONField(
+        default=dict, blank=True, editable=False, help_text="Agent backend: the node agent's signed result."
+    )
     backend = models.CharField(max_length=16, choices=ReconfigurationBackend, default=ReconfigurationBackend.OPERATOR)
     drain = models.BooleanField(default=False, help_text="Evict GPU pods (allocated GPUs may be touched).")
     force = models.BooleanField(default=False, help_text="Run outside a maintenance window.")

@@ -13,9 +13,11 @@
 - apply, two backends:
   * operator: gpuaas's mig-parted ConfigMap gets the config, the node label nvidia.com/mig.config is
     set to it, then nvidia.com/mig.config.state is polled (pending -> success | failed);
-  * agent: on the node's queue (node_queue(cluster, node)) NVML destroys and creates GPU and compute
-    instances at the planned placements (capacity.adapters.nvml.apply_gpu_layout).
-- verify (on the node's queue, where its NVML is): on the operator path the state label says
+  * agent: a signed MIG command goes to the node agent's queue (node_queue(cluster, node)), whose NVML
+    destroys and creates GPU and compute instances at the planned placements; its signed result (with
+    the inventory read back) is recorded by the control plane, then apply advances (commands.py).
+- verify (operator path: on the node's queue, where its NVML is; agent path: on the control plane,
+  from the agent's read-back inventory): on the operator path the state label says
   success for our config; rediscovery of the node (inventory) shows the planned instances: exact
   placements on the agent path, the same profiles on the operator path, whose placements mig-parted
   chooses (the observed ones are recorded). MIG allocations whose instance was recreated at the same

@@ -26,7 +26,7 @@ def audit(reconf, step: str, event: str, message: str = "", *, detail=None, task
 
 
 def enqueue(reconf: MigReconfiguration, step: str, *, countdown: int | None = None) -> None:
-    """Send the step's task after commit: the apply step of the agent backend goes to the node's queue."""
+    """Send the step's task after commit (operations.tasks.enqueue_reconfiguration_step picks the queue)."""
     from operations.tasks import enqueue_reconfiguration_step  # cycle: operations.tasks imports this package
 
     pk, cluster, node, backend = reconf.pk, reconf.cluster.name, reconf.node.name, reconf.backend

@@ -15,7 +15,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
-from capacity.adapters import nvml
 from capacity.choices import ReconfigurationBackend as Backend
 from capacity.choices import ReconfigurationEvent as Event
 from capacity.choices import ReconfigurationStep as Step
@@ -25,6 +24,7 @@ from capacity.services import inventory, mig_configs
 from pools.models import Allocation
 from pools.services import rehome_allocations
 
+from . import commands
 from .outcomes import Advance, ReconfigurationError, Refused, Wait
 from .plan import (
     GpuPlan,
@@ -151,7 +151,7 @@ def _eviction_grace() -> int | None:
 
 def step_apply(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
     if reconf.backend == Backend.AGENT:
-        return _apply_agent(reconf)
+        return _apply_agent(reconf, now)
     return _apply_operator(reconf)
 
 
@@ -255,21 +255,16 @@ def restart_device_plugin(client: kube.KubernetesClient, node_name: str) -> list
     return deleted
 
 
-def _apply_agent(reconf: MigReconfiguration) -> Advance:
-    product = get_product(reconf.plan["product"])
-    done = {}
-    try:
-        with nvml.session(kube.api_url_for(reconf.cluster), reconf.node.name) as session:
-            for index in reconf.plan["changed"]:
-                gpu = reconf.plan["gpus"][str(index)]
-                wanted = [(product.profile(p["profile"]), int(p["start"])) for p in gpu["placements"]]
-                done[str(index)] = nvml.apply_gpu_layout(
-                    session, index, product, mig_enabled=gpu["mig"], instances=wanted
-                )
-    except nvml.LayoutError as exc:
-        raise ReconfigurationError(f"NVML: {exc}", {"applied": done}) from None
-    except nvml.NvmlError as exc:
-        raise ReconfigurationError(f"NVML: {exc}", {"applied": done}) from None
+def _apply_agent(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
+    """Send the signed MIG command to the node's agent and wait for its result (operations.reconfiguration
+    .commands); on the result, restart the device plugin so it registers the new instances."""
+    result = commands.result_of(reconf)
+    if result is None:
+        sent = commands.send_if_due(reconf, now)
+        return Wait(f"MIG command {commands.command_id(reconf)} {sent} to the node agent; waiting for its result")
+    done = result["applied"]
+    if result["error"]:
+        raise ReconfigurationError(result["error"], {"applied": done})
     summary = "; ".join(
         f"GPU {i}: {len(r['destroyed'])} destroyed, {len(r['created'])} created, {len(r['kept'])} kept"
         for i, r in done.items()
@@ -338,9 +333,10 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
             raise ReconfigurationError(f"{mig_configs.MIG_STATE_LABEL}=failed for {config}")
         if state != "success":
             return Wait(f"{mig_configs.MIG_STATE_LABEL}={state or 'unset'}")
-    error = rediscover(reconf)
-    if error:
-        return Wait(f"rediscovery of {reconf.node.name} failed: {error}")
+    if reconf.backend == Backend.OPERATOR:  # the agent backend's result carried the inventory read back
+        error = rediscover(reconf)
+        if error:
+            return Wait(f"rediscovery of {reconf.node.name} failed: {error}")
     layouts = current_layouts(reconf.node)
     mismatches, observed = [], {}
     for key, gpu in reconf.plan["gpus"].items():
@@ -364,6 +360,8 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
                 f"GPU {index}: {_describe(True, placements)}, planned {_describe(True, gpu['placements'])}"
             )
     if mismatches:
+        if reconf.backend == Backend.AGENT:  # ask the agent for a fresh read (it comes back on the ingest queue)
+            commands.request_inventory(reconf)
         return Wait("rediscovery does not show the plan yet: " + "; ".join(mismatches), {"observed": observed})
     if reconf.backend == Backend.AGENT:
         waiting = _settle_agent(reconf)

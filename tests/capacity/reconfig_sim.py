@@ -130,11 +130,23 @@ def node_row(name: str) -> NodeCapacity:
     return NodeCapacity.objects.get(name=name)
 
 
+def serve_agent(reconf) -> str:
+    """Do what the node agent does with the reconfiguration's MIG command, in this process (nobody serves the
+    node's queue in these tests): carry it out, then record its result as the control plane's task would."""
+    from capacity.adapters import kubernetes as kube
+    from capacity.agent import node as agent
+    from operations.reconfiguration.commands import record_result
+
+    reconf.refresh_from_db()
+    return record_result(agent.apply_mig(reconf.agent_command, api_url=kube.api_url_for(reconf.cluster)))
+
+
 def drive(sim: Sim | None, reconf, *, max_calls: int = 20) -> list[str]:
     """Call the step task for the reconfiguration's current step until it succeeds or fails.
 
     When apply waits on the operator path, the simulated MIG manager runs once (it never fires on
-    its own in these tests). Returns the outcomes, in order.
+    its own in these tests); on the agent path the node agent's work runs in this process (serve_agent).
+    Returns the outcomes, in order.
     """
     from operations.tasks import reconfiguration_step_task
 
@@ -145,7 +157,9 @@ def drive(sim: Sim | None, reconf, *, max_calls: int = 20) -> list[str]:
             break
         outcome = reconfiguration_step_task(reconf.pk, reconf.step)
         outcomes.append(f"{reconf.step}:{outcome}")
-        if outcome == "waiting" and reconf.step == "apply" and sim is not None:
+        if outcome == "waiting" and reconf.step == "apply" and reconf.backend == "agent":
+            serve_agent(reconf)
+        elif outcome == "waiting" and reconf.step == "apply" and sim is not None:
             sim.run_mig_manager()
     reconf.refresh_from_db()
     return outcomes

@@ -3,8 +3,13 @@
 import pytest
 from reconfig_sim import allocate, drive, gpu_row, node_row, start_sim
 
+from capacity.adapters import kubernetes as kube
+from capacity.agent import node as agent
+from capacity.agent import protocol
+from capacity.agent.tasks import apply_mig_task
 from capacity.models import MigInstance, WorkloadProfile
 from operations import reconfiguration as rc
+from operations.reconfiguration.commands import record_result
 from operations.tasks import reconfiguration_step_task
 
 pytestmark = pytest.mark.django_db
@@ -36,6 +41,7 @@ def test_instances_are_created_at_the_planned_placements(sim):
         "check:advanced",
         "cordon:advanced",
         "drain:advanced",
+        "apply:waiting",  # the signed command went to the node agent (drive serves it in-process)
         "apply:advanced",
         "verify:waiting",  # nvidia.com/mig.config set to the new layout; the MIG manager asserts it
         "verify:advanced",
@@ -87,24 +93,64 @@ def test_allocated_instance_stays_in_place_with_drain(sim):
     assert MigInstance.objects.get(uuid=uuid).placement_start == 4
 
 
-def test_apply_goes_to_the_node_queue(sim, monkeypatch, django_capture_on_commit_callbacks):
-    sent = []
+def test_steps_run_on_the_control_plane_and_apply_sends_a_signed_command_to_the_node_queue(
+    sim, monkeypatch, django_capture_on_commit_callbacks
+):
+    sent, commands = [], []
     monkeypatch.setattr(reconfiguration_step_task, "apply_async", lambda args, **options: sent.append((args, options)))
+    monkeypatch.setattr(apply_mig_task, "apply_async", lambda args, **options: commands.append((args, options)))
     node = node_row("gpu-a")
     with django_capture_on_commit_callbacks(execute=True):
         reconf = rc.create(node, {"0": ["7g.80gb"]}, backend="agent", force=True)
     for step in ("plan", "check", "cordon", "drain"):
         with django_capture_on_commit_callbacks(execute=True):
             assert reconfiguration_step_task(reconf.pk, step) == "advanced"
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
 
     assert [(args[1], options.get("queue")) for args, options in sent] == [
         ("plan", None),
         ("check", None),
         ("cordon", None),
         ("drain", None),
-        ("apply", f"node.{sim.cluster.name}.gpu-a"),
+        ("apply", None),
+        ("apply", None),  # the waiting apply's next look for the result
     ]
-    assert all(options["expires"] == 600 for _, options in sent)
+    assert all(options["expires"] == 600 for _, options in sent[:5])
+    [((command, api_url), options)] = commands
+    assert options["queue"] == f"node.{sim.cluster.name}.gpu-a"
+    assert protocol.verify(command)["kind"] == "mig-command"
+    assert (command["cluster"], command["node"]) == (sim.cluster.name, "gpu-a")
+    assert command["body"] == {
+        "id": f"r{reconf.pk}-0",
+        "product": "H100-80GB",
+        "gpus": {"0": {"mig": True, "placements": [{"profile": "7g.80gb", "start": 0, "size": 8}]}},
+    }
+    with django_capture_on_commit_callbacks(execute=True):  # polled again before the result: not sent twice
+        assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+    assert len(commands) == 1
+
+
+def test_a_command_or_result_of_another_node_is_refused(sim, settings):
+    reconf = rc.create(node_row("gpu-a"), {"0": ["7g.80gb"]}, backend="agent", force=True)
+    for step in ("plan", "check", "cordon", "drain"):
+        reconfiguration_step_task(reconf.pk, step)
+    assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+    reconf.refresh_from_db()
+    api_url = kube.api_url_for(sim.cluster)
+    settings.AGENT_NODE_KEY = protocol.node_key(settings.AGENT_SIGNING_SECRET, sim.cluster.name, "gpu-b").hex()
+    settings.AGENT_CLUSTER_NAME, settings.AGENT_NODE_NAME = sim.cluster.name, "gpu-b"
+    with pytest.raises(protocol.BadReport):  # gpu-b's agent does not carry out gpu-a's command
+        agent.apply_mig(reconf.agent_command, api_url=api_url)
+    settings.AGENT_NODE_KEY = ""
+    result = agent.apply_mig(reconf.agent_command, api_url=api_url)
+    forged = {**result, "node": "gpu-b"}
+    assert record_result(forged).startswith("refused: signature does not match")
+    tampered = {**result, "body": {**result["body"], "error": ""} | {"applied": {}}}
+    assert record_result(tampered).startswith("refused")
+    assert record_result(result) == "recorded"
+    assert record_result(result) == "duplicate"  # a redelivered result is stored once
+    assert reconfiguration_step_task(reconf.pk, "apply") == "advanced"
 
 
 def test_pods_on_untouched_gpus_do_not_hold_the_agent_path(sim):

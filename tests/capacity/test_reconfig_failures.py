@@ -4,13 +4,13 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from reconfig_sim import drive, node_row, start_sim
+from reconfig_sim import drive, node_row, serve_agent, start_sim
 
 from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
 from capacity.models import MigReconfiguration
 from operations import reconfiguration as rc
-from operations.reconfiguration import steps
+from operations.reconfiguration import commands
 from operations.tasks import reconfiguration_step_task
 from simcluster import hardware
 
@@ -31,6 +31,9 @@ def sim(tmp_path):
 def run_until(reconf, step):
     """Run the steps before `step`."""
     for name in rc.ORDER[: rc.ORDER.index(step)]:
+        if name == "apply" and reconf.backend == "agent":
+            assert reconfiguration_step_task(reconf.pk, name) == "waiting"
+            assert serve_agent(reconf) == "recorded"
         assert reconfiguration_step_task(reconf.pk, name) == "advanced", name
 
 
@@ -82,6 +85,8 @@ def test_nvml_insufficient_resources_fails_apply_and_resume_finishes(sim, monkey
     reconf = rc.create(node_row("gpu-a"), {"0": ["4g.40gb", "3g.40gb"]}, backend="agent", force=True)
     run_until(reconf, "apply")
 
+    assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+    assert serve_agent(reconf) == "recorded"
     assert reconfiguration_step_task(reconf.pk, "apply") == "failed"
     reconf.refresh_from_db()
     assert reconf.error == ("NVML: GPU 0: creating GPU instance 4g.40gb@0: Insufficient Resources (NVML error 23)")
@@ -99,7 +104,8 @@ def test_nvml_insufficient_resources_fails_apply_and_resume_finishes(sim, monkey
 
 
 def test_verify_times_out_when_rediscovery_never_shows_the_plan(sim, monkeypatch):
-    monkeypatch.setattr(steps, "rediscover", lambda reconf: None)  # discovery lags: the rows stay as they were
+    # discovery lags: the rows stay as they were (the result's read-back inventory is not written)
+    monkeypatch.setattr(commands, "ingest_inventory_reports", lambda reports: ({}, []))
     reconf = rc.create(node_row("gpu-a"), {"0": ["7g.80gb"]}, backend="agent", force=True)
     run_until(reconf, "verify")
 
@@ -115,6 +121,7 @@ def test_verify_times_out_when_rediscovery_never_shows_the_plan(sim, monkeypatch
     assert sim.node("gpu-a").unschedulable is True
 
     monkeypatch.undo()
+    sim.discover()  # the agent's next inventory read arrives
     rc.resume(reconf)
     drive(sim, reconf)
     assert reconf.state == "succeeded", reconf.error
@@ -139,7 +146,7 @@ def test_node_vanishing_fails_the_step_and_resume_carries_on_when_it_is_back(sim
     assert sim.layout("gpu-a", 1) == [("7g.80gb", 0)]
 
 
-def test_worker_killed_in_agent_apply_is_re_entered_by_the_redelivered_task(sim, monkeypatch):
+def test_agent_killed_in_apply_is_re_entered_by_the_redelivered_command(sim, monkeypatch):
     real = nvml.apply_gpu_layout
     done = []
 
@@ -152,23 +159,32 @@ def test_worker_killed_in_agent_apply_is_re_entered_by_the_redelivered_task(sim,
     monkeypatch.setattr(nvml, "apply_gpu_layout", die_on_second_gpu)
     reconf = rc.create(node_row("gpu-a"), {"0": ["7g.80gb"], "1": ["2g.20gb", "2g.20gb"]}, backend="agent", force=True)
     run_until(reconf, "apply")
-    with pytest.raises(WorkerKilled):
-        reconfiguration_step_task(reconf.pk, "apply")
-    reconf.refresh_from_db()
-    assert (reconf.step, reconf.state, reconf.claim_token) == ("apply", "running", "local")
+    assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+    with pytest.raises(WorkerKilled):  # the agent dies mid-command: no result
+        serve_agent(reconf)
     assert sim.layout("gpu-a", 0) == [("7g.80gb", 0)]  # GPU 0 done, GPU 1 not yet
-    assert rc.run_step(reconf.pk, "apply", token="another-task") == "busy"  # a duplicate cannot steal it
+    assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
 
     monkeypatch.setattr(nvml, "apply_gpu_layout", real)
-    assert reconfiguration_step_task(reconf.pk, "apply") == "advanced"  # the same task id, redelivered
+    assert serve_agent(reconf) == "recorded"  # the same command, redelivered
+    assert serve_agent(reconf) == "duplicate"  # once more: nothing applied or stored twice
     drive(sim, reconf)
 
     assert reconf.state == "succeeded", reconf.error
     assert sim.layout("gpu-a", 1) == [("2g.20gb", 0), ("2g.20gb", 2)]
     applied = reconf.steps.get(step="apply", event="completed").detail["applied"]
     assert applied["0"] == {"destroyed": [], "created": [], "kept": ["7g.80gb@0"]}
-    assert ("apply", "info") in events(reconf)
-    assert reconf.steps.filter(message="re-entered after an interrupted run (task redelivered)").count() == 1
+
+
+def test_a_lost_command_is_sent_again_after_the_resend_interval(sim, settings, django_capture_on_commit_callbacks):
+    settings.MIG_AGENT_RESEND_S = 0
+    reconf = rc.create(node_row("gpu-a"), {"0": ["7g.80gb"]}, backend="agent", force=True)
+    run_until(reconf, "apply")
+    assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+    assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+    assert reconf.steps.filter(step="apply", message__contains="re-sent to the node agent").exists()
+    assert serve_agent(reconf) == "recorded"
+    assert reconfiguration_step_task(reconf.pk, "apply") == "advanced"
 
 
 def test_worker_killed_after_setting_the_label_does_not_set_it_twice(sim, monkeypatch):

@@ -53,7 +53,7 @@ def test_agent_path_does_not_finish_while_the_old_resources_are_advertised(sim):
         sim.sim_cluster.touch(sim.node("gpu-a"))
     reconf = rc.create(node_row("gpu-a"), SPLIT, backend="agent", force=True)
 
-    outcomes = drive(sim, reconf, max_calls=8)
+    outcomes = drive(sim, reconf, max_calls=9)
 
     assert reconf.state == "waiting", outcomes
     assert outcomes[-3:] == ["verify:waiting"] * 3
