@@ -97,3 +97,11 @@ def cordon_node_task(node_id: int, reason: str = "") -> bool:
 def evict_over_share_task(violation_id: int) -> str | None:
     """Evict a pod far above its share of a time-sliced GPU (MONITORING_EVICT_OVER_SHARE)."""
     return evict_over_share(violation_id)
+
+
+@shared_task(acks_late=True)
+def lend_idle_task() -> list[int]:
+    """Beat: lend units idle for LENDING_IDLE_H to waiting requests of other projects (docs/queue.md)."""
+    from monitoring.services.lending import lend_idle
+
+    return lend_idle()

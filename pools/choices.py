@@ -57,3 +57,11 @@ class PoolState(models.TextChoices):
     ACTIVE = "active", "Active"
     FAILED = "failed", "Failed"
     RELEASED = "released", "Released"
+
+
+class LoanState(models.TextChoices):
+    """A lent unit: lent, being taken back (grace period running), or back with its lender."""
+
+    ACTIVE = "active", "Lent"
+    RECLAIMING = "reclaiming", "Reclaiming (grace period)"
+    ENDED = "ended", "Ended"
