@@ -86,6 +86,16 @@ def reclaim_pool(pool, *, reason: str = "the lender asked", at: datetime | None 
     return sum(request_reclaim(loan, reason=reason, at=at) for loan in Loan.objects.granted().filter(lender_pool=pool))
 
 
+def set_lending(pool, enabled: bool) -> bool:
+    """Opt the pool in or out of lending; opting out takes its lent units back (grace period). True if changed."""
+    with transaction.atomic():
+        changed = type(pool).objects.filter(pk=pool.pk).exclude(lending_enabled=enabled).update(lending_enabled=enabled)
+        pool.lending_enabled = enabled
+        if changed and not enabled:
+            reclaim_pool(pool, reason="the lender opted out of lending")
+    return bool(changed)
+
+
 def _borrower_pods_to_evict(kube: KubernetesClient, loans: list[Loan]) -> list[tuple[str, str]]:
     """Per (borrower namespace, node, resource): as many of the borrower's low-priority pods there as units
     come back (pods of the borrowed PriorityClass only; the borrower's own units are never touched)."""

@@ -129,3 +129,26 @@ def test_opt_out_and_own_units_are_refused(sim, make_request, operator, project,
     with kube_for(sim.clusters["prod"]) as kube:
         with pytest.raises(NotFound):
             kube.get_resource_quota("team-b", BORROWED_QUOTA)
+
+
+def test_only_the_lenders_admins_and_operators_toggle_lending(sim, make_request, operator, alice, bob, charlie, api):
+    pool = services.approve(make_request(count=2), actor=operator)
+    url = f"/api/v1/pools/{pool.pk}/lending/"
+    assert api(bob).post(url, {"lending_enabled": False}, format="json").status_code == 403  # member
+    assert api(charlie).post(url, {"lending_enabled": False}, format="json").status_code == 404  # outsider
+    pool.refresh_from_db()
+    assert pool.lending_enabled is True  # nothing changed
+    assert api(alice).post(url, {"lending_enabled": "maybe"}, format="json").status_code == 400
+    response = api(alice).post(url, {"lending_enabled": False}, format="json")
+    assert response.status_code == 200
+    assert response.data["lending_enabled"] is False
+    response = api(operator).post(url, {"lending_enabled": True}, format="json")
+    assert (response.status_code, response.data["lending_enabled"]) == (200, True)
+
+
+def test_opting_out_takes_lent_units_back(sim, lent):
+    pool, loan = lent
+    assert lending.set_lending(pool, False) is True
+    loan.refresh_from_db()
+    assert (loan.state, loan.reason) == ("reclaiming", "the lender opted out of lending")
+    assert lending.set_lending(pool, False) is False
