@@ -39,7 +39,7 @@ from .periods import HOUR, floor_hour, parse_period
 class RateCardForm(forms.ModelForm):
     class Meta:
         model = RateCard
-        fields = ["name", "effective_from", "notes"]
+        fields = ["name", "effective_from", "borrowed_multiplier", "notes"]
 
     def clean_effective_from(self):
         value = self.cleaned_data["effective_from"]

@@ -59,6 +59,14 @@ class RateCard(models.Model):
     currency = models.CharField(max_length=3, default=billing_currency, editable=False)
     effective_from = models.DateTimeField(unique=True, help_text="UTC, on a whole hour.")
     notes = models.TextField(blank=True)
+    borrowed_multiplier = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal("0.5"),
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))],
+        help_text="Best-effort rate of a borrowed (lent, preemptible) unit, as a fraction of its hourly price; "
+        "the borrower pays it and the lender is credited the same.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
@@ -332,6 +340,8 @@ LINE_ORDER = {
     LineType.FAILED_CREDIT: 1,
     LineType.HEALTH_CREDIT: 2,
     LineType.ADJUSTMENT: 3,
+    LineType.BORROWED: 0,  # a charge, with the usage
+    LineType.LENT_CREDIT: 2,
 }
 
 

@@ -110,6 +110,7 @@ def copy_rate_card(card: RateCard, *, effective_from: datetime, name: str = "", 
         name=name or f"{card.name} (copy)",
         effective_from=effective_from,
         notes=f"Copied from {card}.",
+        borrowed_multiplier=card.borrowed_multiplier,
         created_by=actor,
     )
     RateCardEntry.objects.bulk_create(

@@ -24,6 +24,7 @@ from ..models import BillingRun, MonthNotEnded, Statement, StatementFinalised, S
 from ..periods import month_bounds, month_start, next_month, previous_month
 from .credits import refresh_credits
 from .lines import billable_records, billed_scope, carry_sources, lines_for, refresh_totals, round_money, statement_rows
+from .loans import loan_lines, loan_projects
 from .metering import meter_usage
 
 
@@ -35,7 +36,8 @@ def _refresh_credits_for(period: date, project_ids: list[int] | None, sources: d
 
 
 def _rewrite_lines(drafts: dict[int, Statement], rows: list[dict]) -> None:
-    """Replace the usage, carry-over and credit lines of these drafts (by project) from `rows`; keep adjustments."""
+    """Replace the usage, carry-over and credit lines of these drafts (by project) from `rows`, and their
+    borrowed-unit and lending lines from the loans of their month; keep adjustments."""
     draft_ids = [s.pk for s in drafts.values()]
     StatementLine.objects.filter(statement_id__in=draft_ids).exclude(line_type=LineType.ADJUSTMENT).delete()
     pool_names = dict(GpuPool.objects.filter(pk__in={row["pool_id"] for row in rows}).values_list("pk", "name"))
@@ -44,6 +46,8 @@ def _rewrite_lines(drafts: dict[int, Statement], rows: list[dict]) -> None:
         statement = drafts.get(row["project_id"])
         if statement is not None:
             new_lines.extend(lines_for(statement.pk, row, pool_names.get(row["pool_id"], "")))
+    for period in sorted({s.period for s in drafts.values()}):
+        new_lines.extend(loan_lines({pid: s for pid, s in drafts.items() if s.period == period}, period))
     StatementLine.objects.bulk_create(new_lines, batch_size=2000)
     refresh_totals(draft_ids)
 
@@ -65,7 +69,7 @@ def generate_statements(period: date, *, project_ids: list[int] | None = None) -
     with transaction.atomic():
         records = billable_records(period, project_ids=project_ids, sources=sources)
         rows = statement_rows(records, period, carries=bool(sources))
-        wanted = {row["project_id"] for row in rows}
+        wanted = {row["project_id"] for row in rows} | loan_projects(period, project_ids)
         if project_ids is not None:
             wanted |= set(Project.objects.filter(pk__in=project_ids).values_list("pk", flat=True))
         existing_ids = Statement.objects.filter(period=period)

@@ -24,8 +24,10 @@ NODE = "prod-h100-bal-01"
 def create_pod(sim, namespace: str, name: str, *, borrowed: bool = False) -> None:
     from simcluster.kube import ClusterApi
 
-    spec = {"terminationGracePeriodSeconds": 0, "containers": [
-        {"name": "main", "image": "cuda", "resources": {"limits": {MIG: "1"}}}]}
+    spec = {
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "main", "image": "cuda", "resources": {"limits": {MIG: "1"}}}],
+    }
     if borrowed:
         spec["priorityClassName"] = BORROWED_PRIORITY_CLASS
     cluster = sim.state.cluster("prod")
@@ -96,7 +98,10 @@ def test_the_lender_gets_its_unit_back_after_the_grace_period(sim, lent, setting
             kube.get_resource_quota("team-b", BORROWED_QUOTA)
     # Idempotent: a later pass finds nothing to do.
     assert lending.reconcile_loans(cluster, now=t0 + dt.timedelta(seconds=300)) == {
-        "reclaiming": 0, "ended": 0, "evicted": 0}
+        "reclaiming": 0,
+        "ended": 0,
+        "evicted": 0,
+    }
 
 
 def test_the_lender_asks_and_a_released_lender_unit_ends_the_loan_at_once(sim, lent, operator):
