@@ -157,3 +157,26 @@ def test_opting_out_takes_lent_units_back(sim, lent):
     loan.refresh_from_db()
     assert (loan.state, loan.reason) == ("reclaiming", "the lender opted out of lending")
     assert lending.set_lending(pool, False) is False
+
+
+def test_admin_actions_toggle_lending_and_loans_are_read_only(
+    client, staff_operator, staff_nobody, fleet, make_request, operator
+):
+    from django.contrib.admin import helpers
+    from django.urls import reverse
+
+    fleet.mig_node("n1", [["3g.40gb", "3g.40gb"]])
+    pool = services.approve(make_request(count=2), actor=operator)
+    changelist = reverse("admin:pools_gpupool_changelist")
+    action = {"action": "disable_lending", helpers.ACTION_CHECKBOX_NAME: [pool.pk]}
+    client.force_login(staff_nobody)
+    assert client.post(changelist, action).status_code == 403
+    pool.refresh_from_db()
+    assert pool.lending_enabled is True
+    client.force_login(staff_operator)
+    done = client.post(changelist, action, follow=True)
+    assert [str(m) for m in done.context["messages"]] == ["1 pools no longer lend."]
+    pool.refresh_from_db()
+    assert pool.lending_enabled is False
+    assert client.get(reverse("admin:pools_loan_changelist")).status_code == 200
+    assert client.get(reverse("admin:pools_loan_add")).status_code == 403
