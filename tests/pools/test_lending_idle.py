@@ -56,7 +56,7 @@ def test_an_idle_unit_is_lent_to_the_first_waiting_request_of_another_project_on
     assert lend_idle() == []  # idempotent: the unit is lent, the request has what it asked for
 
 
-def test_not_idle_long_enough_opted_out_or_own_project_is_not_lent(idle_holder, waiting, settings, make_request, bob):
+def test_a_unit_not_idle_long_enough_or_of_a_pool_that_opted_out_is_not_lent(idle_holder, waiting, settings):
     pool, unit = idle_holder
     settings.LENDING_IDLE_H = 48  # the flag shows 24 h of idleness
     assert lend_idle() == []
