@@ -17,7 +17,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from capacity.adapters.kubernetes import KubernetesClient, KubernetesError, NotFound
@@ -37,8 +37,9 @@ def lend(
 ) -> Loan:
     """Lend one active unit to `borrower`; the borrower's grant is reconciled after commit.
 
-    Refused (InvalidTransition) when the pool opted out, the unit is released or already lent, or the
-    borrower is the lender. The partial unique constraint makes a double loan impossible.
+    Refused (LendingRefused) when the pool opted out, the unit is released or already lent, or the
+    borrower is the lender. The partial unique constraint makes a double loan impossible: a concurrent
+    lend of the same unit is refused too.
     """
     from .tasks import reconcile_project_task  # cycle: pools.tasks imports provisioning
 
@@ -49,17 +50,18 @@ def lend(
         raise LendingRefused("a released unit cannot be lent")
     if borrower.pk == pool.project_id:
         raise LendingRefused("a project cannot borrow its own units")
-    with transaction.atomic():
-        if Loan.objects.open().filter(allocation=allocation).exists():
-            raise LendingRefused(f"{allocation} is already lent")
-        loan = Loan.objects.create(
-            allocation=allocation,
-            lender_pool=pool,
-            borrower=borrower,
-            borrower_request=request,
-            started_at=at or timezone.now(),
-        )
-        reconcile_project_task.delay_on_commit(borrower.pk, pool.cluster_id)
+    try:
+        with transaction.atomic():
+            loan = Loan.objects.create(
+                allocation=allocation,
+                lender_pool=pool,
+                borrower=borrower,
+                borrower_request=request,
+                started_at=at or timezone.now(),
+            )
+            reconcile_project_task.delay_on_commit(borrower.pk, pool.cluster_id)
+    except IntegrityError:  # pools_loan_unique_open_allocation
+        raise LendingRefused(f"{allocation} is already lent") from None
     return loan
 
 

@@ -180,3 +180,13 @@ def test_admin_actions_toggle_lending_and_loans_are_read_only(
     assert pool.lending_enabled is False
     assert client.get(reverse("admin:pools_loan_changelist")).status_code == 200
     assert client.get(reverse("admin:pools_loan_add")).status_code == 403
+
+
+def test_a_lent_unit_cannot_be_lent_again(sim, lent, django_user_model):
+    from tenancy.models import Project
+
+    pool, loan = lent
+    third = Project.objects.create(name="Team C", slug="team-c", namespace="team-c")
+    with pytest.raises(LendingRefused):
+        lending.lend(loan.allocation, third)
+    assert Loan.objects.count() == 1
