@@ -8,7 +8,8 @@ simulated clock (django.utils.timezone.now is patched to the replay's time):
 - refuse: today's behaviour, a request that does not fit is refused;
 - queue: requests wait (`wait_if_full`); one auto-approval policy ("every request") approves the
   queue's head whenever units come free;
-- queue+borrowing: not run: lending idle reservations is not built yet (docs/queue.md).
+- queue+borrowing: not run yet: borrowing is built (pools/lending.py, docs/queue.md) but this replay
+  does not model loans (lender need, borrower start on lent units, the reclaim path) yet.
 
 The mix (per workload type: share of arrivals, sizes, median hold, share with a declared end, SM
 activity) is in MIX; arrivals follow a daily cycle whose mean offers OFFERED_LOAD of the fleet.
@@ -243,7 +244,7 @@ def queue_benchmark(*, stdout, gpus, days, seed, policies, keep_db, **_):
             policies[policy] = replay(arrivals, gpus=gpus, days=days, policy=policy)
         policies[policy]["seconds"] = round(time.perf_counter() - started, 1)
         stdout.write(f"{policy}: {policies[policy]}\n")
-    policies["queue+borrowing"] = {"status": "not run: lending idle reservations is not built yet"}
+    policies["queue+borrowing"] = {"status": "not run: the replay does not model loans yet (docs/queue.md)"}
     return {
         "benchmark": "queue",
         "database": connection.vendor,

@@ -39,7 +39,15 @@ from .periods import HOUR, floor_hour, parse_period
 class RateCardForm(forms.ModelForm):
     class Meta:
         model = RateCard
-        fields = ["name", "effective_from", "notes", "off_peak_start_hour", "off_peak_end_hour", "off_peak_multiplier"]
+        fields = [
+            "name",
+            "effective_from",
+            "notes",
+            "off_peak_start_hour",
+            "off_peak_end_hour",
+            "off_peak_multiplier",
+            "borrowed_multiplier",
+        ]
 
     def clean_effective_from(self):
         value = self.cleaned_data["effective_from"]

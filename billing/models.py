@@ -72,6 +72,14 @@ class RateCard(models.Model):
         validators=[MinValueValidator(Decimal("0.001"))],
         help_text="Every price x this in off-peak hours (0.6 = 40% off), so batch work moved there costs less.",
     )
+    borrowed_multiplier = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal("0.5"),
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))],
+        help_text="Best-effort rate of a borrowed (lent, preemptible) unit, as a fraction of its hourly price; "
+        "the borrower pays it and the lender is credited the same.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
@@ -359,6 +367,8 @@ LINE_ORDER = {
     LineType.CARRY_OVER: 0,  # with the usage; ordered after it by usage_period
     LineType.FAILED_CREDIT: 1,
     LineType.HEALTH_CREDIT: 2,
+    LineType.BORROWED: 0,  # a charge, with the usage
+    LineType.LENT_CREDIT: 2,
     LineType.TRESPASS: 3,
     LineType.NOTICE: 4,
     LineType.ADJUSTMENT: 5,

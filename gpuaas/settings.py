@@ -456,6 +456,14 @@ def every(seconds: int, task: str) -> dict:
     """A beat entry that runs `task` every `seconds` and expires after one period (no backlog piles up)."""
     return {"task": task, "schedule": timedelta(seconds=seconds), "options": {"expires": seconds}}
 
+# --- Borrowing idle reservations (docs/queue.md, Borrowing) -----------------------------------------
+# A unit idle (monitoring's detector) for at least this long may be lent to another project's queued request.
+LENDING_IDLE_H = env_int("LENDING_IDLE_H", 24, minimum=1)
+# Between the lender's need and the borrower's pods being evicted.
+LENDING_RECLAIM_GRACE_S = env_int("LENDING_RECLAIM_GRACE_S", 120, minimum=0)
+LENDING_RECONCILE_INTERVAL_S = env_int("LENDING_RECONCILE_INTERVAL_S", 30, minimum=5)
+LENDING_INTERVAL_S = env_int("LENDING_INTERVAL_S", 600, minimum=30)
+
 
 # Static beat schedule; `expires` equals the period so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
@@ -467,6 +475,8 @@ CELERY_BEAT_SCHEDULE = {
     "pools-reconcile": every(POOL_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_pools_task"),
     "pools-process-queue": every(QUEUE_PROCESS_INTERVAL_S, "pools.tasks.process_queue_task"),
     "pools-refresh-forecasts": every(QUEUE_FORECAST_INTERVAL_S, "pools.tasks.refresh_forecasts_task"),
+    "pools-reconcile-loans": every(LENDING_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_loans_task"),
+    "monitoring-lend-idle": every(LENDING_INTERVAL_S, "monitoring.tasks.lend_idle_task"),
     "monitoring-poll-metrics": every(METRICS_INTERVAL_S, "monitoring.tasks.poll_metrics_task"),
     "monitoring-rollup": every(MONITORING_ROLLUP_INTERVAL_S, "monitoring.tasks.rollup_metrics_task"),
     "monitoring-retention": every(MONITORING_RETENTION_INTERVAL_S, "monitoring.tasks.prune_metrics_task"),

@@ -24,6 +24,7 @@ from monitoring.services import run_tracked
 from monitoring.services.collect import poll_slot, scrape_cluster
 from monitoring.services.health import cordon_node
 from monitoring.services.idle import detect_idle
+from monitoring.services.lending import lend_idle
 from monitoring.services.reports import missing_nodes
 from monitoring.services.retention import prune
 from monitoring.services.rollups import run_rollups
@@ -130,3 +131,9 @@ def detect_trespass_task(cluster_id: int, slot: int | None = None) -> dict | Non
 def evict_trespass_task(event_id: int) -> str:
     """Evict a trespassing pod through the Eviction API (MONITORING_EVICT_TRESPASS)."""
     return evict_trespasser(event_id)
+
+
+@shared_task(acks_late=True)
+def lend_idle_task() -> list[int]:
+    """Beat: lend units idle for LENDING_IDLE_H to waiting requests of other projects (docs/queue.md)."""
+    return lend_idle()

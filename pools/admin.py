@@ -16,10 +16,10 @@ from django.utils.html import format_html
 
 from tenancy import roles
 
-from . import queue, services
+from . import lending, queue, services
 from .choices import PoolState, RequestState
 from .exceptions import DomainError
-from .models import HOLDING_STATES, PENDING_FIRST, Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from .models import HOLDING_STATES, PENDING_FIRST, Allocation, GpuPool, Loan, PoolRequest, PoolRequestTransition
 
 
 class ReasonForm(forms.Form):
@@ -243,11 +243,12 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "gpus",
         "binding",
         "binding_note",
+        "lending_enabled",
         "attempts",
         "created_at",
         "released_at",
     ]
-    list_filter = ["state", "tier", "workload_type", "cluster"]
+    list_filter = ["state", "tier", "workload_type", "cluster", "lending_enabled"]
     list_select_related = ["project", "cluster", "request"]
     search_fields = ["name", "project__name", "project__slug"]
     readonly_fields = [
@@ -261,7 +262,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "deprovisioned_at",
     ]
     inlines = [AllocationInline]
-    actions = ["retry_provisioning", "release_selected"]
+    actions = ["retry_provisioning", "release_selected", "enable_lending", "disable_lending", "reclaim_lent"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).with_card()
@@ -292,6 +293,21 @@ class GpuPoolAdmin(admin.ModelAdmin):
         if obj.shortfall:
             parts.append(f"{obj.shortfall} unit(s) short")
         return "; ".join(parts) or "-"
+
+    @admin.action(description="Lend idle units of selected pools (opt in)", permissions=["change"])
+    def enable_lending(self, request, queryset):
+        changed = sum(lending.set_lending(pool, True) for pool in queryset.order_by("pk"))
+        self.message_user(request, f"{changed} pools now lend their idle units.", messages.SUCCESS)
+
+    @admin.action(description="Stop lending for selected pools (opt out; lent units come back)", permissions=["change"])
+    def disable_lending(self, request, queryset):
+        changed = sum(lending.set_lending(pool, False) for pool in queryset.order_by("pk"))
+        self.message_user(request, f"{changed} pools no longer lend.", messages.SUCCESS)
+
+    @admin.action(description="Take lent units of selected pools back", permissions=["change"])
+    def reclaim_lent(self, request, queryset):
+        started = sum(lending.reclaim_pool(pool, reason="an operator asked") for pool in queryset.order_by("pk"))
+        self.message_user(request, f"{started} lent units are being taken back.", messages.SUCCESS)
 
     @admin.action(description="Retry provisioning of selected failed pools", permissions=["change"])
     def retry_provisioning(self, request, queryset):
@@ -357,6 +373,34 @@ class AllocationAdmin(admin.ModelAdmin):
     @admin.display(description="GPU")
     def gpu_uuid(self, obj):
         return obj.gpu.uuid
+
+
+@admin.register(Loan)
+class LoanAdmin(admin.ModelAdmin):
+    """Lent units: read-only; loans are made by the lending beat and end through reclaim (pools/lending.py)."""
+
+    list_display = [
+        "allocation",
+        "lender_pool",
+        "borrower",
+        "state",
+        "started_at",
+        "reclaim_requested_at",
+        "returned_at",
+        "reason",
+    ]
+    list_filter = ["state"]
+    list_select_related = ["allocation__gpu", "allocation__pool__project", "lender_pool__project", "borrower"]
+    search_fields = ["borrower__slug", "lender_pool__name", "lender_pool__project__slug"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 from . import queue_admin  # noqa: E402, F401  the queue's own admin pages (policies, entries, weights)

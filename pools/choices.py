@@ -70,3 +70,11 @@ class IsolationNeed(models.TextChoices):
 
 # What a request's `isolation` accepts: a need (matching chooses the kind) or a kind (the team pins it).
 ISOLATION_OR_NEED = [*IsolationNeed.choices, *Isolation.choices]
+
+
+class LoanState(models.TextChoices):
+    """A lent unit: lent, being taken back (grace period running), or back with its lender."""
+
+    ACTIVE = "active", "Lent"
+    RECLAIMING = "reclaiming", "Reclaiming (grace period)"
+    ENDED = "ended", "Ended"

@@ -34,3 +34,7 @@ class SpecError(ValueError):
     def __init__(self, errors: dict[str, str]):
         super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
         self.errors = errors
+
+
+class LendingRefused(DomainError):
+    """A unit that may not be lent (opted out, released, already lent, or to its own project)."""

@@ -259,6 +259,11 @@ class GpuPool(models.Model):
     deprovisioned_at = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="When quota and node labels were removed after release."
     )
+    lending_enabled = models.BooleanField(
+        default=True,
+        help_text="Units idle for LENDING_IDLE_H may be lent to other projects as preemptible units; "
+        "the pool gets them back after LENDING_RECLAIM_GRACE_S when it needs them.",
+    )
 
     objects = GpuPoolQuerySet.as_manager()
 
@@ -451,12 +456,14 @@ class Allocation(models.Model):
 
 
 # The queue's tables (policies, entries, audit, weights) live in their own module; Django finds them here.
+from .loan_models import Loan  # noqa: E402
 from .queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent  # noqa: E402
 
 __all__ = [
     "Allocation",
     "AutoApprovalPolicy",
     "GpuPool",
+    "Loan",
     "PoolRequest",
     "PoolRequestTransition",
     "ProjectQueueWeight",

@@ -52,8 +52,8 @@ from gpuaas.leases import Heartbeat, crash_point
 from tenancy.models import Project
 
 from . import services
-from .choices import PoolState
-from .models import LABEL_PREFIX, Allocation, GpuPool, PoolRequestTransition, claim_template_name
+from .choices import LoanState, PoolState
+from .models import LABEL_PREFIX, Allocation, GpuPool, Loan, PoolRequestTransition, claim_template_name
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,14 @@ GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 DRA_DRIVER = "gpu.nvidia.com"
 DRA_CLASS = {SpecKind.FULL: "gpu.nvidia.com", SpecKind.MIG: "mig.nvidia.com"}
 POOL_LABEL = f"{LABEL_PREFIX}pool"
+# Borrowed units (docs/queue.md, Borrowing): the borrower's extra quota and the low priority of its pods there.
+BORROWED_QUOTA = "gpuaas-borrowed"
+BORROWED_PRIORITY_CLASS = "gpuaas-borrowed"
+BORROWED_PRIORITY = -100
+
+
+def borrowed_template_name(loan_id: int) -> str:
+    return f"gpuaas-borrowed-{loan_id}"
 
 
 def project_label(project: Project | int) -> str:
@@ -124,6 +132,8 @@ class Desired:
     node_labels: dict[str, dict[str, str | None]] = field(default_factory=dict)
     cleaned_pools: list[int] = field(default_factory=list)
     dra: bool = False  # the cluster binds by DRA: claim_templates is the complete set to hold
+    borrowed: int = 0  # units lent to the project now (Loan, granted): in its quota, under BORROWED_PRIORITY_CLASS
+    reclaiming: int = 0  # units being taken back from it (grace period): no longer in its quota
     claim_templates: dict[str, ClaimTemplate] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     node_taints: dict[str, str | None] = field(default_factory=dict)  # node -> dedicated taint value, None: none
@@ -196,12 +206,17 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
             node_ids.add(node_id)
             if kind in DRA_CLASS:  # time-slice replicas have no DRA device of their own
                 units[(pool_id, kind, profile if kind == SpecKind.MIG else "")].append(mig_uuid or gpu_uuid)
+    borrowed_nodes, lent_nodes = _borrowed_units(project, cluster, desired, granted, units, node_ids)
     desired.dra = cluster.binding == Binding.DRA
     if desired.dra:
-        desired.claim_templates = {
-            claim_template_name(pool_id, kind, profile): ClaimTemplate(pool_id, claim_template_spec(kind, uuids))
-            for (pool_id, kind, profile), uuids in sorted(units.items())
-        }
+        for key, uuids in sorted(units.items(), key=lambda item: str(item[0])):
+            if key[0] == "loan":  # ("loan", loan id, kind, lender pool id): the borrower's template
+                _, loan_id, kind, pool_id = key
+                name = borrowed_template_name(loan_id)
+            else:
+                pool_id, kind, profile = key
+                name = claim_template_name(pool_id, kind, profile)
+            desired.claim_templates[name] = ClaimTemplate(pool_id, claim_template_spec(kind, uuids))
 
     offered = set(SpecAndCount.objects.filter(node_id__in=node_ids).values_list("resource_name", flat=True).distinct())
     hard = {f"requests.{r}": "0" for r in offered | {"nvidia.com/gpu"} if r.startswith(GPU_RESOURCE_PREFIXES)}
@@ -210,6 +225,10 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     desired.stale_quotas = [f"gpuaas-{pk}" for pk in gone]
     desired.placements = {placement_name(p.pk): placement_data(p) for p in pools if p.released_at is None}
     desired.stale_placements = [placement_name(pk) for pk in gone]
+    if desired.borrowed or desired.reclaiming:  # while reclaiming: the quota without the unit (no new pods)
+        desired.quotas[BORROWED_QUOTA] = dict(sorted(hard.items()))
+    elif lent_nodes:  # every loan of the project here has ended: its quota goes
+        desired.stale_quotas.append(BORROWED_QUOTA)
 
     # A unit released on its own (monitoring's idle release) takes its node out of the pool too.
     for pk in sorted(touched):
@@ -217,7 +236,9 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
             desired.node_labels.setdefault(node, {})[f"{LABEL_PREFIX}pool-{pk}"] = (
                 "true" if node in carrying[pk] else None
             )
-    project_nodes = set().union(*carrying.values())
+    project_nodes = set().union(*carrying.values()) | borrowed_nodes
+    for node in lent_nodes:
+        desired.node_labels.setdefault(node, {})
     for node, labels in desired.node_labels.items():
         labels[project_label(project)] = "true" if node in project_nodes else None
     desired.node_taints = dedicated_taints(cluster, set(desired.node_labels))
@@ -232,7 +253,41 @@ def dedicated_taints(cluster: Cluster, nodes: set[str]) -> dict[str, str | None]
     rows = Allocation.objects.active().filter(gpu__node__cluster=cluster, gpu__node__name__in=nodes)
     for name, project_id in rows.values_list("gpu__node__name", "project_id").distinct():
         holders[name].add(project_id)
+    # A borrower's pods must land on the lent unit's node: a lent node is shared, so it carries no taint.
+    loans = Loan.objects.filter(
+        state=LoanState.ACTIVE, lender_pool__cluster=cluster, allocation__gpu__node__name__in=nodes
+    )
+    for name, project_id in loans.values_list("allocation__gpu__node__name", "borrower_id").distinct():
+        holders[name].add(project_id)
     return {name: dedicated_value(next(iter(p))) if len(p) == 1 else None for name, p in sorted(holders.items())}
+
+
+def _borrowed_units(project, cluster, desired: Desired, granted: Counter, units: dict, node_ids: set) -> tuple:
+    """Add the units lent to `project` on `cluster` to its grant; (nodes of granted loans, nodes of any loan).
+
+    Under DRA each loan gets its own template (keyed by the loan, labelled with the lender's pool) admitting
+    the lent UUID; under the device plugin the quota counts it and the node carries the project label.
+    """
+    rows = Loan.objects.filter(borrower=project, lender_pool__cluster=cluster).values_list(
+        "pk", "state", "lender_pool_id", "allocation__gpu__node__name", "allocation__gpu__node_id",
+        "allocation__resource_name", "allocation__kind", "allocation__gpu__uuid", "allocation__mig_instance__uuid",
+    )
+    borrowed_nodes: set[str] = set()
+    lent_nodes: set[str] = set()
+    for pk, state, pool_id, node_name, node_id, resource, kind, gpu_uuid, mig_uuid in rows:
+        lent_nodes.add(node_name)
+        if state == LoanState.RECLAIMING:
+            desired.reclaiming += 1
+            node_ids.add(node_id)  # its resources stay listed, at "0" unless granted otherwise
+        if state != LoanState.ACTIVE:
+            continue
+        borrowed_nodes.add(node_name)
+        granted[resource] += 1
+        node_ids.add(node_id)
+        desired.borrowed += 1
+        if kind in DRA_CLASS:
+            units[("loan", pk, kind, pool_id)] = [mig_uuid or gpu_uuid]
+    return borrowed_nodes, lent_nodes
 
 
 def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesClient.for_cluster) -> Desired:
@@ -245,6 +300,11 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
         kube.ensure_namespace(
             desired.namespace, labels=MANAGED_BY, annotations=desired.annotations, node_selector=desired.node_selector
         )
+        if desired.borrowed:
+            kube.ensure_priority_class(
+                BORROWED_PRIORITY_CLASS, BORROWED_PRIORITY, labels=MANAGED_BY,
+                description="gpuaas: pods on borrowed (lent, preemptible) GPU units; evicted when the lender reclaims.",
+            )
         for name, hard in desired.quotas.items():
             kube.apply_resource_quota(desired.namespace, name, hard, labels=MANAGED_BY)
         crash_point("provisioning.quotas")  # fault suite: quotas written, node labels not yet

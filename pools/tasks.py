@@ -84,3 +84,18 @@ def process_queue_task() -> dict[str, list[int]]:
 def refresh_forecasts_task() -> int:
     """Beat (every QUEUE_FORECAST_INTERVAL_S): refresh every queued request's P50/P90 start."""
     return queue.refresh_forecasts()
+
+
+@shared_task(acks_late=True)
+def reconcile_loans_task() -> dict[str, int]:
+    """Beat: take lent units back where lenders need them, after the grace period (pools/lending.py)."""
+    from .lending import reconcile_loans
+
+    totals: dict[str, int] = {}
+    for cluster in Cluster.objects.filter(pools__loans__state__in=["active", "reclaiming"]).distinct().order_by("pk"):
+        try:
+            for key, value in reconcile_loans(cluster).items():
+                totals[key] = totals.get(key, 0) + value
+        except KubernetesError:
+            totals["failed"] = totals.get("failed", 0) + 1  # the next beat retries
+    return totals

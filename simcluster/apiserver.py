@@ -42,6 +42,7 @@ _CLUSTER_PREFIX = re.compile(r"^/clusters/([^/]+)(/.*)?$")
 _NAMESPACED = ("pods", "configmaps", "resourcequotas")
 _DRA_NAMESPACED = ("resourceclaims", "resourceclaimtemplates")
 _DRA_CLUSTER = ("resourceslices", "deviceclasses")
+SCHEDULING_GROUP = "scheduling.k8s.io"
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
     409: "Conflict", 410: "Expired", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
@@ -181,6 +182,11 @@ class _Handler(BaseHTTPRequestHandler):
         api = kube.ClusterApi(cluster, user=role.user if role is not None else rbac.DEFAULT_USER)
         if segments[:3] == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
             self._dra(method, api, segments[3:], query)
+            return
+        if segments[:3] == ["apis", SCHEDULING_GROUP, "v1"] and len(segments) in (4, 5) and (
+            segments[3] == "priorityclasses"
+        ):
+            self._resource(method, api, "priorityclasses", None, segments[4] if len(segments) == 5 else None, query)
             return
         if segments[:2] != ["api", "v1"]:
             raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
@@ -436,9 +442,19 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]}
     dra_group = {"name": dra.GROUP, "versions": [{"groupVersion": dra.API_VERSION, "version": "v1"}],
                  "preferredVersion": {"groupVersion": dra.API_VERSION, "version": "v1"}}
+    scheduling_group = {"name": SCHEDULING_GROUP, "versions": [{"groupVersion": f"{SCHEDULING_GROUP}/v1",
+                        "version": "v1"}], "preferredVersion": {"groupVersion": f"{SCHEDULING_GROUP}/v1",
+                                                                "version": "v1"}}
     if segments == ["apis"]:
         # policy/v1 is served only as the pods/eviction subresource, so no group is listed for it.
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [dra_group] if cluster.settings.dra else []}
+        return {"kind": "APIGroupList", "apiVersion": "v1",
+                "groups": [scheduling_group, *([dra_group] if cluster.settings.dra else [])]}
+    if segments == ["apis", SCHEDULING_GROUP]:
+        return {"kind": "APIGroup", "apiVersion": "v1", **scheduling_group}
+    if segments == ["apis", SCHEDULING_GROUP, "v1"]:
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{SCHEDULING_GROUP}/v1",
+                "resources": [{"name": "priorityclasses", "singularName": "priorityclass", "namespaced": False,
+                               "kind": "PriorityClass", "verbs": _READ_WRITE}]}
     if segments == ["apis", dra.GROUP] and cluster.settings.dra:
         return {"kind": "APIGroup", "apiVersion": "v1", **dra_group}
     if segments == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:

@@ -304,6 +304,7 @@ FIELD_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
     "resourceslices": {"metadata.name": ("metadata", "name"), "spec.nodeName": ("spec", "nodeName"),
                        "spec.driver": ("spec", "driver")},
     "deviceclasses": {"metadata.name": ("metadata", "name")},
+    "priorityclasses": {"metadata.name": ("metadata", "name")},
     "resourceclaims": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
     "resourceclaimtemplates": {"metadata.name": ("metadata", "name"),
                                "metadata.namespace": ("metadata", "namespace")},
@@ -729,6 +730,7 @@ KINDS = {
     "resourceclaimtemplates": Kind("resourceclaimtemplates", "ResourceClaimTemplate", True, "subdomain", True,
                                    dra.API_VERSION),
 }
+KINDS["priorityclasses"] = Kind("priorityclasses", "PriorityClass", False, "subdomain", True, "scheduling.k8s.io/v1")
 DRA_PLURALS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
 
 
@@ -1001,6 +1003,11 @@ class ClusterApi:
             return scheduler.quota_problems(obj)
         if plural in DRA_PLURALS:
             return dra.validate(plural, obj)
+        if plural == "priorityclasses":
+            value = obj.get("value")
+            if not isinstance(value, int) or isinstance(value, bool) or value > 1_000_000_000:
+                return [("value", "Invalid value: must be an integer no greater than 1000000000")]
+            return []
         if plural == "pods":
             containers = (obj.get("spec") or {}).get("containers")
             if not containers:

@@ -280,7 +280,7 @@ def refresh_totals(statement_ids: list[int]) -> int:
     """
     usage, credits, adjustment = (
         [LineType.USAGE, LineType.CARRY_OVER],
-        [LineType.FAILED_CREDIT, LineType.HEALTH_CREDIT],
+        [LineType.FAILED_CREDIT, LineType.HEALTH_CREDIT, LineType.LENT_CREDIT],
         [LineType.ADJUSTMENT],
     )
     zero = Decimal(0)

@@ -113,6 +113,7 @@ def copy_rate_card(card: RateCard, *, effective_from: datetime, name: str = "", 
         off_peak_start_hour=card.off_peak_start_hour,
         off_peak_end_hour=card.off_peak_end_hour,
         off_peak_multiplier=card.off_peak_multiplier,
+        borrowed_multiplier=card.borrowed_multiplier,
         created_by=actor,
     )
     RateCardEntry.objects.bulk_create(

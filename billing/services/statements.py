@@ -34,6 +34,7 @@ from .lines import (
     round_money,
     statement_rows,
 )
+from .loans import loan_lines, loan_projects
 from .metering import meter_usage
 
 
@@ -45,8 +46,8 @@ def _refresh_credits_for(period: date, project_ids: list[int] | None, sources: d
 
 
 def _rewrite_lines(drafts: dict[int, Statement], rows: list[dict], period: date) -> None:
-    """Replace the usage, carry-over, credit, trespass and notice lines of these drafts (by project) from `rows`
-    and the period's events; keep adjustments."""
+    """Replace the usage, carry-over, credit, trespass, notice, borrowed-unit and lending lines of these drafts
+    (by project) from `rows`, the period's events and its loans; keep adjustments."""
     draft_ids = [s.pk for s in drafts.values()]
     StatementLine.objects.filter(statement_id__in=draft_ids).exclude(line_type=LineType.ADJUSTMENT).delete()
     pool_names = dict(GpuPool.objects.filter(pk__in={row["pool_id"] for row in rows}).values_list("pk", "name"))
@@ -56,6 +57,7 @@ def _rewrite_lines(drafts: dict[int, Statement], rows: list[dict], period: date)
         if statement is not None:
             new_lines.extend(lines_for(statement.pk, row, pool_names.get(row["pool_id"], "")))
     new_lines.extend(event_lines(period, {project_id: s.pk for project_id, s in drafts.items()}))
+    new_lines.extend(loan_lines(drafts, period))
     StatementLine.objects.bulk_create(new_lines, batch_size=2000)
     refresh_totals(draft_ids)
 
@@ -78,6 +80,7 @@ def generate_statements(period: date, *, project_ids: list[int] | None = None) -
         records = billable_records(period, project_ids=project_ids, sources=sources)
         rows = statement_rows(records, period, carries=bool(sources))
         wanted = {row["project_id"] for row in rows} | event_projects(period, project_ids=project_ids)
+        wanted |= loan_projects(period, project_ids)
         if project_ids is not None:
             wanted |= set(Project.objects.filter(pk__in=project_ids).values_list("pk", flat=True))
         existing_ids = Statement.objects.filter(period=period)

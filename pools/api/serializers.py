@@ -528,6 +528,7 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "claim_template",
             "shortfall",
             "binding_note",
+            "lending_enabled",
             "attempts",
             "provisioned_at",
             "created_at",
@@ -649,3 +650,9 @@ class NewApiTokenSerializer(ApiTokenSerializer):
 
     def get_key(self, token: ApiToken) -> str:
         return token.plain_key
+
+
+class LendingSerializer(serializers.Serializer):
+    """Opt a pool in or out of lending its idle units (docs/queue.md, Borrowing)."""
+
+    lending_enabled = serializers.BooleanField()

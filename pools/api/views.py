@@ -28,7 +28,7 @@ from tenancy import roles
 from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project
 
-from .. import forecast, queue, queue_order, services
+from .. import forecast, lending, queue, queue_order, services
 from ..exceptions import DomainError
 from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy
@@ -425,6 +425,35 @@ class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.Rea
         pool = self.get_object()
         reject_body(request)
         services.retry_provisioning(pool, actor=request.user)
+        return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
+
+    @extend_schema(
+        summary="Opt the pool in or out of lending its idle units (project admins, operators); "
+        "opting out takes lent units back after the grace period",
+        request=serializers.LendingSerializer,
+        responses={200: serializers.GpuPoolSerializer},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def lending(self, request, pk=None):
+        pool = self.get_object()
+        require_project_perm(request.user, pool.project_id, "change_project", "Only project admins set lending.")
+        body = serializers.LendingSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        lending.set_lending(pool, body.validated_data["lending_enabled"])
+        return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
+
+    @extend_schema(
+        summary="Take the pool's lent units back (project admins and members): the borrowers' pods are "
+        "evicted after the grace period",
+        request=None,
+        responses={200: serializers.GpuPoolSerializer},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def reclaim(self, request, pk=None):
+        pool = self.get_object()
+        reject_body(request)
+        require_project_perm(request.user, pool.project_id, "request_capacity", "Your role does not allow this.")
+        lending.reclaim_pool(pool)
         return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
 
 

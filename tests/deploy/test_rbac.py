@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "capacity"))
+from django.test import override_settings  # noqa: E402
 from reconfig_sim import drive, node_row, start_sim  # noqa: E402
 
 from capacity.adapters.kubernetes.transport import USER_AGENT  # noqa: E402
@@ -28,12 +29,13 @@ from capacity.services.clusters import register_cluster  # noqa: E402
 from capacity.services.discovery import discover_cluster  # noqa: E402
 from capacity.services.mig_configs import apply_time_slicing  # noqa: E402
 from operations import reconfiguration as rc  # noqa: E402
-from pools import services  # noqa: E402
+from pools import lending, services  # noqa: E402
 from pools.models import Allocation, GpuPool  # noqa: E402
-from pools.provisioning import deprovision_pool, provision_pool, reconcile_provisioned  # noqa: E402
+from pools.provisioning import deprovision_pool, provision_pool, reconcile, reconcile_provisioned  # noqa: E402
 from simcluster import SimServer, load_scenario  # noqa: E402
 from simcluster.kube import ClusterApi  # noqa: E402
 from simcluster.rbac import Access, Role, access_of, advice, compare  # noqa: E402
+from tenancy.models import Project  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 
@@ -106,6 +108,13 @@ def run_every_flow(sim, project, operator) -> None:
     assert reconcile_provisioned()["repaired"] == 3
     second = services.approve(make_request(project, operator, count=1), actor=operator)
     assert provision_pool(GpuPool.objects.get(pk=second.pk)) == "active"  # the quota exists: replaced
+    # Borrowing: the unit lent (PriorityClass gpuaas-borrowed, borrower quota), then reclaimed (pods listed, evicted).
+    borrower = Project.objects.create(name="Borrower", slug="borrower", namespace="borrower")
+    lending.lend(Allocation.objects.active().get(pool=second), borrower)
+    reconcile(borrower, sim.cluster)
+    assert lending.reclaim_pool(second) == 1
+    with override_settings(LENDING_RECLAIM_GRACE_S=0):
+        assert lending.reconcile_loans(sim.cluster)["ended"] == 1
     services.release(pool.request, actor=operator)
     assert deprovision_pool(GpuPool.objects.get(pk=pool.pk)) is True  # quota deleted
 

@@ -7,9 +7,10 @@ from .dra import DraCalls
 from .namespaces import NamespaceCalls
 from .nodes import NodeCalls
 from .pods import PodCalls
+from .scheduling import SchedulingCalls
 
 
-class KubernetesClient(NodeCalls, PodCalls, NamespaceCalls, DraCalls):
+class KubernetesClient(NodeCalls, PodCalls, NamespaceCalls, DraCalls, SchedulingCalls):
     """One cluster's API: reads return parsed dataclasses, writes return the object as a dict.
 
     Use as a context manager (or call close()) so the connection pool is released.

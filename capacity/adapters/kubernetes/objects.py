@@ -38,6 +38,11 @@ class Pod:
     start_time: str | None
     deleted: bool
     claims: list[str] = field(default_factory=list)  # names of its ResourceClaims (DRA), in its namespace
+    priority_class: str = ""  # spec.priorityClassName
+
+    @property
+    def pending(self) -> bool:
+        return self.phase == "Pending" and not self.deleted
 
     @property
     def finished(self) -> bool:
@@ -115,6 +120,7 @@ def parse_pod(obj: dict) -> Pod:
         start_time=status.get("startTime"),
         deleted=bool(meta.get("deletionTimestamp")),
         claims=pod_claim_names(spec, status),
+        priority_class=spec.get("priorityClassName") or "",
     )
 
 

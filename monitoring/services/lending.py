@@ -1,0 +1,83 @@
+"""Which idle units to lend, and to whom: the idle detector's flags meet the queue (docs/queue.md, Borrowing).
+
+A unit flagged idle (monitoring/services/idle.py) for at least LENDING_IDLE_H, in a pool that lends
+(GpuPool.lending_enabled) and not lent yet, is lent to the first waiting request of another project,
+in queue order, whose spec it matches (kind, product, MIG profile; the request's cluster if it names
+one), up to that request's count. The mechanism (grant, reclaim, eviction) is pools/lending.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count
+from django.utils import timezone
+
+from monitoring.models import IdleReservation
+from pools import lending
+from pools.exceptions import LendingRefused
+from pools.models import Loan
+from pools.queue_order import ordered
+
+
+def lendable_flags(*, now: datetime):
+    """Open idle flags whose unit has been idle at least LENDING_IDLE_H, lendable and not lent now."""
+    # A flag's window covers MONITORING_IDLE_WINDOW_H of idleness at its detection; it stays open while idle.
+    detected_by = now - timedelta(hours=max(0, settings.LENDING_IDLE_H - settings.MONITORING_IDLE_WINDOW_H))
+    lent = Loan.objects.open().values("allocation_id")
+    return (
+        IdleReservation.objects.open()
+        .filter(detected_at__lte=detected_by, allocation__released_at__isnull=True)
+        .filter(allocation__pool__lending_enabled=True, allocation__pool__released_at__isnull=True)
+        .exclude(allocation_id__in=lent)
+        .select_related("allocation__pool__project", "allocation__gpu__node")
+        .order_by("detected_at", "pk")
+    )
+
+
+def lend_idle(*, now: datetime | None = None) -> list[int]:
+    """Lend idle units to waiting requests of other projects; returns the new loans' ids (idempotent)."""
+    now = now or timezone.now()
+    units = [flag.allocation for flag in lendable_flags(now=now)]
+    if not units:
+        return []
+    places = ordered(now=now)
+    borrowed = dict(
+        Loan.objects.open()
+        .filter(borrower_request__in=[p.entry.request_id for p in places])
+        .values_list("borrower_request")
+        .annotate(n=Count("pk"))
+        .values_list("borrower_request", "n")
+    )
+    made: list[int] = []
+    for place in places:
+        request = place.entry.request
+        want = request.count - borrowed.get(request.pk, 0)
+        for unit in list(units):
+            if want <= 0:
+                break
+            if not _matches(unit, request):
+                continue
+            try:
+                loan = lending.lend(unit, request.project, request=request, at=now)
+            except LendingRefused:
+                units.remove(unit)
+                continue
+            units.remove(unit)
+            made.append(loan.pk)
+            want -= 1
+    return made
+
+
+def _matches(unit, request) -> bool:
+    if unit.project_id == request.project_id or unit.kind != request.spec_kind:
+        return False
+    if request.cluster_id and unit.pool.cluster_id != request.cluster_id:
+        return False
+    if request.product and unit.product != request.product:
+        return False
+    return not request.profile_name or unit.profile_name == request.profile_name
+
+
+__all__ = ["lend_idle", "lendable_flags"]
