@@ -278,8 +278,15 @@ def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     base = full_candidates(request).filter(node__cluster_id=cluster_id)
     if topology.one_node(request):
         by_node = topology.free_by_node(base)
-        for node_id in topology.nodes_that_fit(by_node, cluster_id, need):
-            taken = _take_full_from(request, base.filter(node_id=node_id), cluster_id, need)
+        nodes = topology.nodes_that_fit(by_node, cluster_id, need)
+        sets = topology.nvlink_sets(base, nodes, need)
+        for node_id in sorted(nodes, key=lambda n: not sets[n]):  # nodes with an NVLink set first, else best fit
+            on_node = base.filter(node_id=node_id)
+            if sets[node_id]:
+                taken = _take_full_from(request, on_node.filter(pk__in=sets[node_id]), cluster_id, need)
+                if len(taken) == need:
+                    return taken
+            taken = _take_full_from(request, on_node, cluster_id, need)
             if len(taken) == need:
                 return taken
         return []
@@ -302,6 +309,14 @@ def _take_full_from(request: PoolRequest, base, cluster_id: int, need: int) -> l
             if g.pk not in held
         )
     return taken
+
+
+def nvlink_groups(request: PoolRequest, taken: list[Unit]) -> list[int | None]:
+    """The NVLink group of each GPU taken for multi-GPU whole-GPU work (topology.placement says it); [] otherwise."""
+    if not topology.one_node(request):
+        return []
+    groups = dict(GpuCapacity.objects.filter(pk__in=[u.gpu_id for u in taken]).values_list("pk", "nvlink_group"))
+    return [groups.get(u.gpu_id) for u in taken]
 
 
 def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:

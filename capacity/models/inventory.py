@@ -185,6 +185,9 @@ class GpuCapacity(models.Model):
     cuda_version = models.CharField(max_length=16, blank=True)
     serial = models.CharField(max_length=32, blank=True)
     pci_bus_id = models.CharField(max_length=32, blank=True)
+    nvlink_group = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="GPUs of a node joined by NVLink share this (lowest index); empty: none."
+    )
     last_seen_at = models.DateTimeField(default=timezone.now)
     lost_at = models.DateTimeField(null=True, blank=True)
 

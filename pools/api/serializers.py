@@ -241,9 +241,9 @@ class PoolRequestSerializer(StrictModelSerializer):
         attrs["start_at"] = start
         if attrs.get("isolation") == Isolation.VGPU:  # a vGPU is chosen by matching, for a VM
             attrs["vm"], attrs["isolation"] = True, ""
-        if _pinned(attrs):
-            return self._pinned(attrs)
-        return self._matched(attrs)
+        attrs = self._pinned(attrs) if _pinned(attrs) else self._matched(attrs)
+        attrs.pop("vm", None)  # a declaration only: the chosen spec (spec_kind vgpu) is what is stored
+        return attrs
 
     def _pinned(self, attrs: dict) -> dict:
         """The team named the spec: resolve it, and refuse memory or compute its units cannot give."""
@@ -299,7 +299,6 @@ class PoolRequestSerializer(StrictModelSerializer):
 
     def create(self, validated_data: dict) -> PoolRequest:
         submit = validated_data.pop("submit", False)
-        validated_data.pop("vm", None)
         project = validated_data.pop("project")
         created = services.create_request(project, actor=self.context["request"].user, submit=submit, **validated_data)
         if submit:
