@@ -19,8 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Count, Exists, OuterRef, Q, Subquery, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from capacity import tiers
 from capacity.choices import Availability, SharingStrategy, SpecKind, Tier
@@ -97,8 +96,8 @@ def full_hosts(request: PoolRequest, gpus=None):
             Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
             node__timeslice_replicas__lte=1,
         )
-        .exclude(_vgpu_node_q())
-    )  # a vm-vgpu node's GPUs are carved into vGPUs, never handed out whole
+        .exclude(_vgpu_node_q())  # a vm-vgpu node's GPUs are carved into vGPUs, never handed out whole
+    )
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
     return queryset
@@ -126,19 +125,8 @@ def vgpu_candidates(request: PoolRequest):
     vgpu = request_vgpu(request)
     if vgpu is None:
         return GpuCapacity.objects.none()
-    held = (
-        Allocation.objects.active()
-        .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
-        .order_by()
-        .values("gpu")
-        .annotate(n=Count("pk"))
-        .values("n")
-    )
-    queryset = (
-        GpuCapacity.objects.units()
-        .filter(_vgpu_node_q(vgpu.name), _tier_q(request, (Tier.STAGING,)))
-        .annotate(free=Value(vgpu.max_per_gpu) - Coalesce(Subquery(held), 0))
-        .filter(free__gt=0)
+    queryset = GpuCapacity.objects.filter(_vgpu_node_q(vgpu.name), _tier_q(request, (Tier.STAGING,))).with_free_shares(
+        vgpu.max_per_gpu
     )
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
