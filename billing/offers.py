@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from django.conf import settings
 from django.utils import timezone
-
-from capacity.choices import SpecKind
 
 from . import rates
 from .models import RateCard
@@ -19,9 +16,6 @@ def price_lookup():
     prices = card.price_map() if card is not None else {}
 
     def lookup(kind: str, product: str, profile_name: str = "", replicas: int = 1) -> Decimal | None:
-        if kind == SpecKind.VGPU:
-            full = prices.get(rates.spec_key(rates.FULL, product))
-            return None if full is None else vgpu_price(full, replicas)
         key = rates.spec_key(kind, product, profile_name, replicas)
         if key in prices:
             return prices[key]
@@ -32,5 +26,5 @@ def price_lookup():
 
 
 def vgpu_price(full_price: Decimal, per_gpu: int) -> Decimal:
-    """A vGPU's hour: its share of the GPU (1 / vGPUs per GPU) plus the vGPU licence (BILLING_VGPU_LICENCE_HOURLY)."""
-    return rates.quantize_price(full_price / max(1, per_gpu) + settings.BILLING_VGPU_LICENCE_HOURLY)
+    """A vGPU's hour: its share of the GPU (1 / vGPUs per GPU) plus the vGPU licence (rates.derive_price)."""
+    return rates.derive_price(full_price, rates.spec_key(rates.VGPU, "", "vgpu", per_gpu))

@@ -10,7 +10,8 @@ The rule (docs/billing.md, "Rate derivation"):
   max(compute share, memory share), the fraction of the GPU it withholds from everyone else; two
   3g.40gb on an H100 fill all 8 memory slices, so each costs 1/2, not 3/7, and a fully carved GPU
   earns its full price);
-- time-slice replica: full price / replicas of that GPU.
+- time-slice replica: full price / replicas of that GPU;
+- vGPU: full price / vGPUs per GPU of its type, plus the vGPU licence (BILLING_VGPU_LICENCE_HOURLY).
 
 Derived prices are rounded once, to PRICE_PLACES, when they are written into a card: the stored
 figure *is* the price. Every entry can be overridden by an operator.
@@ -22,16 +23,20 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 
+from django.conf import settings
+
 from capacity.mig.catalog import PRODUCTS
 from capacity.mig.share import mig_share  # the one GPU-share rule (billing.services uses unit_share)
 
 PRICE_PLACES = Decimal("0.000001")
-FULL, MIG, TIMESLICE = "full", "mig", "timeslice"
+FULL, MIG, TIMESLICE, VGPU = "full", "mig", "timeslice", "vgpu"
+# The seed: a vGPU runs 5-15% slower than bare metal (capacity.vgpu.OVERHEAD_RANGE_PCT); statements say so.
+VGPU_OVERHEAD_NOTE = "5-15% slower than bare metal"
 
 
 @dataclass(frozen=True)
 class SpecKey:
-    """What a price is for: (kind, product, MIG profile or "", time-slice replicas or 1)."""
+    """What a price is for: (kind, product, MIG profile / vGPU type / "", replicas / vGPUs per GPU / 1)."""
 
     kind: str
     product: str
@@ -43,16 +48,18 @@ class SpecKey:
             return f"{self.product} {self.profile_name}"
         if self.kind == TIMESLICE:
             return f"{self.product} 1/{self.replicas} time-slice"
+        if self.kind == VGPU:
+            return f"{self.product} vGPU {self.profile_name} (1/{self.replicas} GPU + licence, {VGPU_OVERHEAD_NOTE})"
         return f"{self.product} full GPU"
 
 
 def spec_key(kind: str, product: str, profile_name: str = "", replicas: int = 1) -> SpecKey:
-    """Normalise a spec: only MIG carries a profile, only time-slicing carries replicas."""
+    """Normalise a spec: only MIG and vGPU carry a profile (the vGPU type), only time-slicing and vGPU replicas."""
     return SpecKey(
         kind=kind,
         product=product,
-        profile_name=profile_name if kind == MIG else "",
-        replicas=max(1, int(replicas or 1)) if kind == TIMESLICE else 1,
+        profile_name=profile_name if kind in (MIG, VGPU) else "",
+        replicas=max(1, int(replicas or 1)) if kind in (TIMESLICE, VGPU) else 1,
     )
 
 
@@ -74,6 +81,8 @@ def derive_price(full_price: Decimal, key: SpecKey, *, compute_slices: int | Non
         return quantize_price(full * mig_share(key.product, key.profile_name, compute_slices))
     if key.kind == TIMESLICE:
         return quantize_price(full / key.replicas)
+    if key.kind == VGPU:
+        return quantize_price(full / key.replicas + Fraction(settings.BILLING_VGPU_LICENCE_HOURLY))
     return quantize_price(full)
 
 
@@ -104,4 +113,6 @@ def derivation_rule(key: SpecKey) -> str:
         return f"full x {share.numerator}/{share.denominator}"
     if key.kind == TIMESLICE:
         return f"full / {key.replicas}"
+    if key.kind == VGPU:
+        return f"full / {key.replicas} + licence {settings.BILLING_VGPU_LICENCE_HOURLY}"
     return "full-GPU price"

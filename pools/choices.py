@@ -8,6 +8,7 @@ class Isolation(models.TextChoices):
     FULL = "full", "Full GPU"
     TIMESLICE = "timeslice", "Shared (time-slicing)"
     MPS = "mps", "Shared with limits (MPS)"
+    VGPU = "vgpu", "vGPU for a virtual machine"
 
 
 class WorkloadType(models.TextChoices):

@@ -38,6 +38,7 @@ from capacity.vgpu import OVERHEAD_RANGE_PCT, VGPU_TYPES, VgpuType
 
 from . import prices
 from .choices import IsolationNeed, WorkloadType
+from .models import Allocation
 from .specs import nominal_gb
 
 # A session at most this long counts as short and interactive: shared tiers suit it whatever the workload.
@@ -526,8 +527,10 @@ def _memory(name: str, memory_mib: int | None) -> Fraction:
 
 
 def free_vgpus(vgpu_type: str, *, cluster_id: int | None = None) -> int:
-    """vGPUs of a type the fleet's vm-vgpu nodes have allocatable now (gpuaas does not allocate them yet)."""
+    """vGPUs of a type the fleet's vm-vgpu nodes have allocatable now, less those pools hold."""
     rows = SpecAndCount.objects.filter(kind=SpecKind.VGPU, profile_name=vgpu_type, node__gone_at__isnull=True)
+    held = Allocation.objects.active().filter(kind=SpecKind.VGPU, profile_name=vgpu_type)
     if cluster_id is not None:
         rows = rows.filter(node__cluster_id=cluster_id)
-    return sum(rows.values_list("allocatable", flat=True))
+        held = held.filter(gpu__node__cluster_id=cluster_id)
+    return max(0, sum(rows.values_list("allocatable", flat=True)) - held.count())

@@ -144,6 +144,8 @@ class PoolRequest(models.Model):
         if self.spec_kind == SpecKind.TIMESLICE:
             sharing = "MPS replica" if self.isolation == Isolation.MPS else "time-slice"
             return f"{self.product} {sharing}".strip()
+        if self.spec_kind == SpecKind.VGPU:
+            return f"{self.product} vGPU {self.profile_name}".strip()
         return f"{self.product} full GPU".strip()
 
     def clean(self) -> None:

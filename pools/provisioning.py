@@ -68,7 +68,7 @@ ALLOWED_TOLERATIONS = (
     {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
     {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
 )
-GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "nvidia.com/NVIDIA_")  # last: vGPU types
 # NVIDIA's DRA driver: its name (the attribute domain in CEL) and its DeviceClasses (docs/dra.md).
 DRA_DRIVER = "gpu.nvidia.com"
 DRA_CLASS = {SpecKind.FULL: "gpu.nvidia.com", SpecKind.MIG: "mig.nvidia.com"}

@@ -3,8 +3,10 @@
 A training job that spans GPUs talks between them every step; across nodes that traffic leaves
 NVLink/NVSwitch for the network, so a multi-GPU full-GPU request is never split over nodes while
 one node can hold it. Of the nodes that can, the one with the fewest free GPUs left over is taken
-(best fit keeps large free nodes for large requests); NVLink-connected GPUs are preferred where
-discovery knows them (GpuCapacity has no NVLink facts yet: see docs/tiers.md).
+(best fit keeps large free nodes for large requests). NVLink-connected GPUs are preferred: discovery
+records each GPU's NVLink group (GpuCapacity.nvlink_group, from NVML: all 8 GPUs of an HGX board behind
+NVSwitch, bridged pairs of PCIe cards), nodes where one group holds the request come first, and on a node
+the GPUs are taken from the group that holds it with the fewest left over.
 """
 
 from __future__ import annotations
@@ -41,6 +43,29 @@ def nodes_that_fit(by_node: dict[int, tuple[int, int]], cluster_id: int, need: i
     return [node for _, node in sorted(fitting)]
 
 
+def nvlink_set(gpus: list[tuple[int, int | None]], need: int) -> list[int]:
+    """`need` GPU ids of one NVLink group, from one node's free GPUs as (id, NVLink group) in index
+    order: the group with the fewest free GPUs left over (best fit), or [] when no group holds `need`."""
+    groups: dict[int, list[int]] = {}
+    for gpu_id, group in gpus:
+        if group is not None:
+            groups.setdefault(group, []).append(gpu_id)
+    fitting = sorted((len(ids), group) for group, ids in groups.items() if len(ids) >= need)
+    return groups[fitting[0][1]][:need] if fitting else []
+
+
+def nvlink_sets(candidates, node_ids: list[int], need: int) -> dict[int, list[int]]:
+    """{node id: its NVLink set for `need` GPUs ([] when none)} over free whole GPUs (one query)."""
+    rows: dict[int, list[tuple[int, int | None]]] = {node: [] for node in node_ids}
+    for node, gpu_id, group in (
+        candidates.filter(node_id__in=node_ids)
+        .order_by("node_id", "index")
+        .values_list("node_id", "pk", "nvlink_group")
+    ):
+        rows[node].append((gpu_id, group))
+    return {node: nvlink_set(gpus, need) for node, gpus in rows.items()}
+
+
 def what_would_fit(request: PoolRequest, free_candidates, all_gpus) -> dict:
     """When no node has `request.count` free GPUs: the node that would, once the fewest GPUs are released.
 
@@ -61,8 +86,13 @@ def what_would_fit(request: PoolRequest, free_candidates, all_gpus) -> dict:
     return {"node": name, "gpus": gpus, "free": free.get(node_id, 0), "to_release": to_release}
 
 
-def placement(request: PoolRequest, node_names: list[str]) -> str:
-    """What the pool says about where its units sit: one node for multi-GPU whole-GPU work."""
+def placement(request: PoolRequest, node_names: list[str], nvlink_groups: list[int | None] = ()) -> str:
+    """What the pool says about where its units sit: one node for multi-GPU whole-GPU work, and whether
+    its GPUs are all joined by NVLink (`nvlink_groups`: the taken GPUs' groups)."""
     if not one_node(request) or not node_names:
         return ""
-    return f"{len(node_names)} whole GPUs on one node ({node_names[0]})"
+    text = f"{len(node_names)} whole GPUs on one node ({node_names[0]})"
+    if any(g is not None for g in nvlink_groups):  # all None: no NVLink known on the node, nothing to say
+        linked = None not in nvlink_groups and len(set(nvlink_groups)) == 1
+        text += ", NVLink-connected" if linked else ", not all NVLink-connected"
+    return text

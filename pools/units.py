@@ -1,4 +1,4 @@
-"""Free units and how approval takes them: MIG instances, full GPUs and time-slice replicas.
+"""Free units and how approval takes them: MIG instances, full GPUs, time-slice replicas and vGPUs.
 
 A unit is a candidate when it is free (MigInstance.objects.free(), GpuCapacity.objects.free() and
 .with_free_replicas(): the one definition of availability, capacity.choices.Availability) and
@@ -25,7 +25,8 @@ from capacity import tiers
 from capacity.choices import Availability, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, find_product
 from capacity.mig.planner import GpuState, plan_onto_gpus
-from capacity.models import Cluster, GpuCapacity, MigInstance
+from capacity.models import Cluster, GpuCapacity, MigInstance, SpecAndCount
+from capacity.vgpu import VGPU_TYPES, VgpuType
 
 from . import topology
 from .choices import Isolation
@@ -88,10 +89,44 @@ def full_candidates(request: PoolRequest):
 def full_hosts(request: PoolRequest, gpus=None):
     """Whole GPUs (default: present ones, free or not) on nodes without time-slicing, of the training
     tier or untiered: what full_candidates() draws from, and what a node could hold once released."""
-    queryset = (GpuCapacity.objects.units() if gpus is None else gpus).filter(
-        _product_q(request.product),
-        Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
-        node__timeslice_replicas__lte=1,
+    queryset = (
+        (GpuCapacity.objects.units() if gpus is None else gpus)
+        .filter(
+            _product_q(request.product),
+            Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
+            node__timeslice_replicas__lte=1,
+        )
+        .exclude(_vgpu_node_q())  # a vm-vgpu node's GPUs are carved into vGPUs, never handed out whole
+    )
+    if request.cluster_id:
+        queryset = queryset.filter(node__cluster_id=request.cluster_id)
+    return queryset
+
+
+def _vgpu_node_q(vgpu_type: str = "") -> Q:
+    """GPUs of nodes whose sandbox device plugin advertises vGPUs (of `vgpu_type`, or of any type)."""
+    offers = SpecAndCount.objects.filter(node=OuterRef("node"), kind=SpecKind.VGPU)
+    if vgpu_type:
+        offers = offers.filter(profile_name=vgpu_type)
+    return Q(Exists(offers))
+
+
+def request_vgpu(request: PoolRequest) -> VgpuType | None:
+    """The vGPU type a vGPU request asks for (its profile_name), or None."""
+    return VGPU_TYPES.get(request.profile_name) if request.spec_kind == SpecKind.VGPU else None
+
+
+def vgpu_candidates(request: PoolRequest):
+    """GPUs of vm-vgpu nodes carved into the request's vGPU type with a vGPU not held, annotated `free`.
+
+    A vGPU unit is (GPU, index) like a time-slice replica: the GPU carries vGPUs per GPU of its type
+    (equal-size mode, capacity.vgpu), so the same unique constraint on (gpu, replica) guards it.
+    """
+    vgpu = request_vgpu(request)
+    if vgpu is None:
+        return GpuCapacity.objects.none()
+    queryset = GpuCapacity.objects.filter(_vgpu_node_q(vgpu.name), _tier_q(request, (Tier.STAGING,))).with_free_shares(
+        vgpu.max_per_gpu
     )
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
@@ -123,7 +158,8 @@ def free_by_cluster(request: PoolRequest) -> dict[int, int]:
     if request.spec_kind == SpecKind.FULL:
         rows = full_candidates(request).values("node__cluster").annotate(n=Count("pk"))
         return {r["node__cluster"]: r["n"] for r in rows.order_by()}
-    rows = timeslice_candidates(request).values("node__cluster").annotate(n=Sum("free"))
+    queryset = vgpu_candidates(request) if request.spec_kind == SpecKind.VGPU else timeslice_candidates(request)
+    rows = queryset.values("node__cluster").annotate(n=Sum("free"))
     return {r["node__cluster"]: r["n"] for r in rows.order_by()}
 
 
@@ -166,6 +202,8 @@ def take_units(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
         return _take_mig(request, cluster_id, need)
     if request.spec_kind == SpecKind.FULL:
         return _take_full(request, cluster_id, need)
+    if request.spec_kind == SpecKind.VGPU:
+        return _take_vgpu(request, cluster_id, need)
     return _take_timeslice(request, cluster_id, need)
 
 
@@ -228,8 +266,15 @@ def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     base = full_candidates(request).filter(node__cluster_id=cluster_id)
     if topology.one_node(request):
         by_node = topology.free_by_node(base)
-        for node_id in topology.nodes_that_fit(by_node, cluster_id, need):
-            taken = _take_full_from(request, base.filter(node_id=node_id), cluster_id, need)
+        nodes = topology.nodes_that_fit(by_node, cluster_id, need)
+        sets = topology.nvlink_sets(base, nodes, need)
+        for node_id in sorted(nodes, key=lambda n: not sets[n]):  # nodes with an NVLink set first, else best fit
+            on_node = base.filter(node_id=node_id)
+            if sets[node_id]:
+                taken = _take_full_from(request, on_node.filter(pk__in=sets[node_id]), cluster_id, need)
+                if len(taken) == need:
+                    return taken
+            taken = _take_full_from(request, on_node, cluster_id, need)
             if len(taken) == need:
                 return taken
         return []
@@ -254,8 +299,30 @@ def _take_full_from(request: PoolRequest, base, cluster_id: int, need: int) -> l
     return taken
 
 
+def nvlink_groups(request: PoolRequest, taken: list[Unit]) -> list[int | None]:
+    """The NVLink group of each GPU taken for multi-GPU whole-GPU work (topology.placement says it); [] otherwise."""
+    if not topology.one_node(request):
+        return []
+    groups = dict(GpuCapacity.objects.filter(pk__in=[u.gpu_id for u in taken]).values_list("pk", "nvlink_group"))
+    return [groups.get(u.gpu_id) for u in taken]
+
+
 def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     base = timeslice_candidates(request).filter(node__cluster_id=cluster_id)
+    return _take_shares(
+        request, base, cluster_id, need, lambda gpu: (gpu.node.timeslice_replicas, TIMESLICE_RESOURCE, "")
+    )
+
+
+def _take_vgpu(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
+    vgpu = request_vgpu(request)
+    base = vgpu_candidates(request).filter(node__cluster_id=cluster_id)
+    return _take_shares(request, base, cluster_id, need, lambda gpu: (vgpu.max_per_gpu, vgpu.resource_name, vgpu.name))
+
+
+def _take_shares(request: PoolRequest, base, cluster_id: int, need: int, shares) -> list[Unit]:
+    """Up to `need` (GPU, index) shares not held: time-slice replicas or vGPUs. `shares(gpu)` gives
+    (shares per GPU, extended resource, profile name recorded)."""
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
@@ -269,7 +336,7 @@ def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Un
         for gpu_id, replica in rows.values_list("gpu_id", "replica"):
             held[gpu_id].add(replica)
         for gpu in batch:
-            replicas = gpu.node.timeslice_replicas
+            replicas, resource_name, profile_name = shares(gpu)
             weight = max(1, round(_full_slices(gpu) / replicas))
             for replica in range(replicas):
                 if len(taken) == need:
@@ -280,9 +347,9 @@ def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Un
                             gpu.pk,
                             None,
                             replica,
-                            TIMESLICE_RESOURCE,
+                            resource_name,
                             _gpu_product(gpu),
-                            "",
+                            profile_name,
                             weight,
                             gpu.node.name,
                             cluster_id,
@@ -343,6 +410,8 @@ def unit_label(request: PoolRequest) -> str:
         return f"{request.product} {request.profile_name}".strip()
     if request.spec_kind == SpecKind.TIMESLICE:
         return f"{product} {'MPS' if request.isolation == Isolation.MPS else 'time-slice'} replica"
+    if request.spec_kind == SpecKind.VGPU:
+        return f"vGPU {request.profile_name} ({product})"
     return f"{product} full GPU"
 
 

@@ -66,6 +66,7 @@ def node_snapshot(cluster: Cluster, node: Node) -> dict:
             "product": gpu.product.key,
             "pci_bus_id": gpu.pci_bus_id,
             "lost": gpu.lost,
+            "nvlink_down": gpu.nvlink_down,
             "mig": [gpu.mig_current, gpu.mig_pending],
             "activity": gpu.activity,
             "power_mw": int(gpu.power_w * 1000),

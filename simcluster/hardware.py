@@ -213,6 +213,7 @@ class Gpu:
     remap_pending: bool = False
     remap_failure: bool = False
     thermal_throttle: bool = False
+    nvlink_down: bool = False  # its NVLinks inactive (a failed NVSwitch tray or bridge): a fault to inject
     energy_mj: float = 0.0
     power_w: float = 0.0
     temperature_c: int = 30

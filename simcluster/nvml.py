@@ -310,6 +310,32 @@ def _out_array(ref, count: int):
     return (type(target) * count).from_address(ctypes.addressof(target))
 
 
+# NVLink per product: (links per GPU, how GPUs are joined). HGX boards (SXM: H100/H200 80/141GB, A100
+# 40/80GB) join all 8 GPUs through NVSwitch, so every GPU of a node reaches every other (H100/H200 SXM:
+# 18 fourth-generation links, 900 GB/s; A100 SXM4: 12 third-generation links, 600 GB/s). PCIe cards
+# are joined in pairs by NVLink bridges (H100 PCIe / H100 NVL: 600 GB/s = 12 links; A100 PCIe: 600 GB/s
+# = 12 links; H200 NVL: 900 GB/s = 18, modelled as pairs though 4-way bridges exist; A30: 200 GB/s = 4).
+# Sources: NVIDIA H100/H200/A100/A30 datasheets (NVLink bandwidth and "NVLink bridge: 2 GPUs").
+_NVSWITCH = {"H100-80GB": 18, "H200-141GB": 18, "A100-40GB": 12, "A100-80GB": 12}
+_BRIDGED_PAIRS = {
+    "H100-80GB-PCIE": 12,
+    "H100-94GB-NVL": 12,
+    "H200-141GB-NVL": 18,
+    "A100-40GB-PCIE": 12,
+    "A100-80GB-PCIE": 12,
+    "A30-24GB": 4,
+}
+
+
+def nvlink_fabric(product: str, index: int) -> tuple[int, int | None]:
+    """(NVLinks per GPU, NVLink domain of GPU `index` on its node): one NVSwitch domain, or its bridged pair."""
+    if product in _NVSWITCH:
+        return _NVSWITCH[product], 0
+    if product in _BRIDGED_PAIRS:
+        return _BRIDGED_PAIRS[product], index // 2
+    return 0, None
+
+
 def _snapshot_view(snap: dict) -> dict:
     """Index a node snapshot for lookups by index, UUID, bus id and MIG UUID."""
     view = {"snap": snap, "gpus": {}, "by_uuid": {}, "by_bus": {}, "mig_by_uuid": {}}
@@ -920,6 +946,35 @@ class SimulatedLibrary:
         if gi is None:
             raise _Return(pynvml.NVML_ERROR_NOT_SUPPORTED)
         _set(ref, ci["id"])
+
+    # --- NVLink -----------------------------------------------------------------------------
+    # The fake has NVLink only (no PCIe switch tree): nvmlDeviceGetNvLinkState per link, and
+    # nvmlDeviceGetP2PStatus(NVML_P2P_CAPS_INDEX_NVLINK) between two GPUs (see nvlink_fabric).
+
+    @_c_call
+    def nvmlDeviceGetNvLinkState(self, handle, link, ref):
+        gpu = self._full_gpu(handle)
+        links, _ = nvlink_fabric(gpu["product"], gpu["index"])
+        if links == 0:
+            raise _Return(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= _int(link) < links:
+            raise _Return(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _set(ref, pynvml.NVML_FEATURE_DISABLED if gpu.get("nvlink_down") else pynvml.NVML_FEATURE_ENABLED)
+
+    @_c_call
+    def nvmlDeviceGetP2PStatus(self, handle1, handle2, index, ref):
+        a, b = self._full_gpu(handle1), self._full_gpu(handle2)
+        if _int(index) != pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
+            _set(ref, pynvml.NVML_P2P_STATUS_UNKNOWN)
+            return
+        domain_a = nvlink_fabric(a["product"], a["index"])[1]
+        linked = (
+            a["index"] != b["index"]
+            and domain_a is not None
+            and domain_a == nvlink_fabric(b["product"], b["index"])[1]
+            and not (a.get("nvlink_down") or b.get("nvlink_down"))
+        )
+        _set(ref, pynvml.NVML_P2P_STATUS_OK if linked else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED)
 
     @_c_call
     def nvmlDeviceGetAttributes_v2(self, handle, ref):

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
 
+from capacity.choices import SpecKind
 from capacity.mig.share import unit_share
+from capacity.vgpu import VGPU_TYPES
 from pools.choices import PoolState, RequestState
 from pools.models import PoolRequestTransition
 
@@ -79,7 +81,7 @@ class Unit:
             stop=min(stops) if stops else None,
             request_id=row["pool__request_id"],
             failed_now=row["pool__request__state"] == RequestState.FAILED or row["pool__state"] == PoolState.FAILED,
-            replicas=row["gpu__node__timeslice_replicas"] or 1,
+            replicas=_replicas(row),
         )
 
     @property
@@ -104,6 +106,14 @@ class Unit:
             out.append(hour)
             hour += HOUR
         return out
+
+
+def _replicas(row: dict) -> int:
+    """Shares per GPU: a vGPU type's vGPUs per GPU, else the node's time-slice replicas."""
+    if row["kind"] == SpecKind.VGPU:
+        vgpu = VGPU_TYPES.get(row["profile_name"])
+        return vgpu.max_per_gpu if vgpu else 1
+    return row["gpu__node__timeslice_replicas"] or 1
 
 
 def units_of(queryset) -> list[Unit]:

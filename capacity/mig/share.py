@@ -13,7 +13,7 @@ from fractions import Fraction
 
 from .catalog import find_product
 
-FULL, MIG, TIMESLICE = "full", "mig", "timeslice"  # capacity.choices.SpecKind values
+FULL, MIG, TIMESLICE, VGPU = "full", "mig", "timeslice", "vgpu"  # capacity.choices.SpecKind values
 
 
 def mig_share(product: str, profile_name: str, compute_slices: int | None = None) -> Fraction:
@@ -43,6 +43,6 @@ def unit_share(
     """The fraction of a GPU one unit of `kind` (capacity.choices.SpecKind) represents."""
     if kind == MIG:
         return mig_share(product, profile_name, compute_slices)
-    if kind == TIMESLICE:
+    if kind in (TIMESLICE, VGPU):  # a vGPU: replicas = vGPUs per GPU of its type
         return Fraction(1, max(1, replicas))
     return Fraction(1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -151,6 +151,11 @@ class GpuCapacityQuerySet(models.QuerySet):
         Replicas are handed out by count, so running workloads do not withhold one: which replica a
         pod uses is not known.
         """
+        return self.filter(node__timeslice_replicas__gt=1).with_free_shares()
+
+    def with_free_shares(self, per_gpu: int | None = None):
+        """GPUs with a share no active allocation holds, annotated `free`: time-slice replicas (the node's
+        replica count), or `per_gpu` shares each (the vGPUs per GPU of a vGPU type)."""
         held = (
             active_allocations(self.model)
             .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
@@ -159,10 +164,11 @@ class GpuCapacityQuerySet(models.QuerySet):
             .annotate(n=Count("pk"))
             .values("n")
         )
+        shares = F("node__timeslice_replicas") if per_gpu is None else Value(per_gpu)
         return (
             self.units()
-            .filter(*self._unit_conditions().values(), node__timeslice_replicas__gt=1)
-            .annotate(free=F("node__timeslice_replicas") - Coalesce(Subquery(held), 0))
+            .filter(*self._unit_conditions().values())
+            .annotate(free=shares - Coalesce(Subquery(held), 0))
             .filter(free__gt=0)
         )
 
@@ -185,6 +191,9 @@ class GpuCapacity(models.Model):
     cuda_version = models.CharField(max_length=16, blank=True)
     serial = models.CharField(max_length=32, blank=True)
     pci_bus_id = models.CharField(max_length=32, blank=True)
+    nvlink_group = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="GPUs of a node joined by NVLink share this (lowest index); empty: none."
+    )
     last_seen_at = models.DateTimeField(default=timezone.now)
     lost_at = models.DateTimeField(null=True, blank=True)
 

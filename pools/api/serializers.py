@@ -13,7 +13,7 @@ from rest_framework import exceptions, serializers
 
 from capacity.api.mig import WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
-from capacity.choices import Binding, SpecKind
+from capacity.choices import Binding
 from capacity.mig.catalog import find_product
 from capacity.models import Cluster
 from tenancy import roles
@@ -134,6 +134,9 @@ class PoolRequestSerializer(StrictModelSerializer):
     spec = serializers.CharField(source="spec_label", read_only=True)
     tags = serializers.ListField(child=serializers.CharField(max_length=64), required=False, max_length=20)
     submit = serializers.BooleanField(write_only=True, required=False, default=False)
+    vm = serializers.BooleanField(
+        write_only=True, required=False, default=False, help_text="A virtual machine (KubeVirt): only vGPUs serve it."
+    )
     approved_by_policy = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     queue = serializers.SerializerMethodField()
 
@@ -178,6 +181,7 @@ class PoolRequestSerializer(StrictModelSerializer):
             "created_at",
             "updated_at",
             "submit",
+            "vm",
         ]
         read_only_fields = [
             "spec_kind",
@@ -240,9 +244,11 @@ class PoolRequestSerializer(StrictModelSerializer):
         if end is not None and end <= now:
             raise serializers.ValidationError({"end_at": "The end must be in the future."})
         attrs["start_at"] = start
-        if _pinned(attrs):
-            return self._pinned(attrs)
-        return self._matched(attrs)
+        if attrs.get("isolation") == Isolation.VGPU:  # a vGPU is chosen by matching, for a VM
+            attrs["vm"], attrs["isolation"] = True, ""
+        attrs = self._pinned(attrs) if _pinned(attrs) else self._matched(attrs)
+        attrs.pop("vm", None)  # a declaration only: the chosen spec (spec_kind vgpu) is what is stored
+        return attrs
 
     def _pinned(self, attrs: dict) -> dict:
         """The team named the spec: resolve it, and refuse memory or compute its units cannot give."""
@@ -288,8 +294,6 @@ class PoolRequestSerializer(StrictModelSerializer):
         chosen = result.chosen
         if chosen is None:
             raise serializers.ValidationError(_errors(result))
-        if chosen.candidate.kind == SpecKind.VGPU:  # never reached without vm=true, which requests do not take yet
-            raise serializers.ValidationError({"isolation": "vGPU pools cannot be requested yet; see the dry run."})
         attrs.update(
             chosen.spec(),
             declared_isolation=result.need.isolation_need,

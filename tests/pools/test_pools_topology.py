@@ -55,3 +55,72 @@ def test_single_gpu_requests_still_pack_by_node_order(fleet, make_request, opera
     fleet.full_node("b", gpus=1)
     pool = services.approve(full_request(make_request, 1), actor=operator)
     assert pool.placement == ""
+
+
+# --- NVLink: a set within one NVLink group is preferred -------------------------------------------------
+
+
+def _nvlink(node, groups):
+    """Give the node's GPUs NVLink groups by index (None: no NVLink peer), as discovery records them."""
+    for gpu in node.gpus.order_by("index"):
+        gpu.nvlink_group = groups[gpu.index]
+        gpu.save(update_fields=["nvlink_group"])
+
+
+def test_nvlink_set_takes_the_best_fitting_group():
+    from pools.topology import nvlink_set
+
+    gpus = [(10, None), (11, 1), (12, 1), (13, 3), (14, 3), (15, 3), (16, 3)]
+    assert nvlink_set(gpus, 2) == [11, 12]  # the pair leaves nothing over
+    assert nvlink_set(gpus, 3) == [13, 14, 15]
+    assert nvlink_set(gpus, 5) == []
+
+
+def test_four_gpus_get_an_nvlink_set_on_a_node_where_only_some_are_connected(fleet, make_request, operator):
+    node = fleet.full_node("hgx", gpus=8)
+    _nvlink(node, [None, None, None, 3, 3, 3, 3, 3])  # GPUs 0-2 lost their NVLinks
+    pool = services.approve(full_request(make_request, 4), actor=operator)
+    taken = sorted(Allocation.objects.filter(pool=pool).values_list("gpu__index", flat=True))
+    assert taken == [3, 4, 5, 6]  # not 0-3, which index order alone would take
+    assert pool.placement == "4 whole GPUs on one node (hgx), NVLink-connected"
+    second = services.approve(full_request(make_request, 4), actor=operator)  # no NVLink set of 4 is left
+    assert sorted(Allocation.objects.filter(pool=second).values_list("gpu__index", flat=True)) == [0, 1, 2, 7]
+    assert second.placement == "4 whole GPUs on one node (hgx), not all NVLink-connected"
+
+
+def test_a_node_with_an_nvlink_set_comes_before_a_better_fit_without_one(fleet, make_request, operator):
+    pcie = fleet.full_node("a-pcie", gpus=4)
+    _nvlink(pcie, [0, 0, 2, 2])  # bridged pairs: no NVLink set of 4
+    hgx = fleet.full_node("b-hgx", gpus=8)
+    _nvlink(hgx, [0] * 8)  # NVSwitch: all 8 joined
+    pool = services.approve(full_request(make_request, 4), actor=operator)
+    assert set(Allocation.objects.filter(pool=pool).values_list("gpu__node__name", flat=True)) == {"b-hgx"}
+    pair = services.approve(full_request(make_request, 2), actor=operator)  # a bridged pair fits exactly
+    assert sorted(Allocation.objects.filter(pool=pair).values_list("gpu__node__name", "gpu__index")) in (
+        [("a-pcie", 0), ("a-pcie", 1)],
+        [("a-pcie", 2), ("a-pcie", 3)],
+    )
+    assert pair.placement.endswith(", NVLink-connected")
+
+
+def test_discovery_reads_nvlink_groups_from_nvml_and_training_gets_an_nvlink_set(sim, make_request, operator):
+    """The simulator's fake NVML answers nvmlDeviceGetNvLinkState / nvmlDeviceGetP2PStatus like an HGX H100
+    board (8 GPUs behind NVSwitch); GPUs whose NVLinks are down drop out of the NVLink group."""
+    from capacity.models import GpuCapacity
+    from capacity.services.discovery import discover_cluster
+
+    cluster = sim.state.cluster("prod")
+    with sim.state.lock:
+        for gpu in cluster.nodes["prod-h100-full-01"].gpus[:3]:
+            gpu.nvlink_down = True
+    assert discover_cluster(sim.clusters["prod"].pk, inventory="inline").run.status == "succeeded"
+    groups = lambda name: list(  # noqa: E731
+        GpuCapacity.objects.filter(node__name=name).order_by("index").values_list("nvlink_group", flat=True)
+    )
+    assert groups("prod-h100-full-02") == [0] * 8
+    assert groups("prod-h100-full-01") == [None, None, None, 3, 3, 3, 3, 3]
+
+    pool = services.approve(full_request(make_request, 4), actor=operator)
+    gpus = set(Allocation.objects.filter(pool=pool).values_list("gpu__node__name", "gpu__nvlink_group"))
+    assert len({node for node, _ in gpus}) == 1 and None not in {group for _, group in gpus}
+    assert pool.placement.endswith(", NVLink-connected")

@@ -1,5 +1,6 @@
 """The vGPU tier: vm-vgpu nodes' vGPU types inventoried by discovery, offered to VM workloads with honest
-isolation and overhead, priced with the vGPU licence. (Approval and provisioning of vGPU pools: not yet.)"""
+isolation and overhead, priced with the vGPU licence; approved as vGPU units, provisioned as the type's quota,
+metered at the vGPU price onto a statement line of its own."""
 
 from decimal import Decimal
 from fractions import Fraction
@@ -71,15 +72,17 @@ def test_a_vm_gets_the_smallest_vgpu_that_fits_and_says_what_it_costs(settings):
 def test_containers_are_not_offered_vgpus_and_compute_isolation_is_honest():
     result = match(Need("inference", memory_gib=16), FLEET, price=price)
     explained = {o.label: o.explanation() for o in result.rejected}
-    assert "time-sliced compute: no compute isolation, you asked for isolation=hardware" in explained[
-        "vGPU H100XM-20C (H100-80GB)"
-    ]
+    assert (
+        "time-sliced compute: no compute isolation, you asked for isolation=hardware"
+        in explained["vGPU H100XM-20C (H100-80GB)"]
+    )
     assert "declare vm=true for a VM workload" in explained["vGPU H100XM-20C (H100-80GB)"]
     too_big = match(Need("staging", memory_gib=60, vm=True), FLEET, price=price)
     assert too_big.chosen is None
-    assert "has a 40 GB framebuffer, you asked for 60 GiB" in {o.label: o.explanation() for o in too_big.rejected}[
-        "vGPU H100XM-40C (H100-80GB)"
-    ]
+    assert (
+        "has a 40 GB framebuffer, you asked for 60 GiB"
+        in {o.label: o.explanation() for o in too_big.rejected}["vGPU H100XM-40C (H100-80GB)"]
+    )
 
 
 @pytest.mark.django_db
@@ -109,3 +112,79 @@ def test_dry_run_offers_the_fleets_vgpus_with_licence_and_forecast(api, bob, fle
         "free now",
     )
     assert chosen["isolation"] == "memory"
+
+
+# --- End to end: inventory -> request (vm=true) -> approval -> provisioning -> statement line ---------------
+
+
+def _make_vgpu_node(sim, name="prod-h100-full-02", vgpu_type="H100XM-20C"):
+    """Turn one of the demo's full-GPU nodes into a vm-vgpu node of tier 2, and discover it again."""
+    from capacity.services.discovery import discover_cluster
+    from simcluster.gpuoperator import refresh_devices
+
+    cluster = sim.state.cluster("prod")
+    with sim.state.lock:
+        node = cluster.nodes[name]
+        node.labels.update(
+            {"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": vgpu_type, "gpuaas.io/tier": "2"}
+        )
+        refresh_devices(cluster, node)
+    assert discover_cluster(sim.clusters["prod"].pk, inventory="inline").run.status == "succeeded"
+
+
+def test_a_vm_request_is_approved_provisioned_and_billed_as_vgpus(
+    sim, api, bob, operator, project, settings, django_capture_on_commit_callbacks
+):
+    import datetime as dt
+
+    from conftest import kube_for
+    from django.utils import timezone
+
+    from billing import services as billing
+    from billing.models import StatementLine
+    from pools import services
+    from pools.models import Allocation, PoolRequest
+    from pools.tasks import provision_pool_task
+
+    settings.BILLING_VGPU_LICENCE_HOURLY = Decimal("0.05")
+    seed_default_card()
+    _make_vgpu_node(sim)
+    assert SpecAndCount.objects.get(node__name="prod-h100-full-02", kind="vgpu").count == 32  # 8 GPUs x 4
+
+    body = {"project": project.pk, "workload_type": "staging", "memory_gib": 16, "vm": True, "count": 6}
+    response = api(bob).post(URL, body, format="json")
+    assert response.status_code == 201, response.data
+    request = PoolRequest.objects.get(pk=response.data["id"])
+    assert (request.spec_kind, request.isolation, request.tier, request.profile_name) == (
+        "vgpu",
+        "vgpu",
+        "2",
+        "H100XM-20C",
+    )
+    request.state = "submitted"
+    request.save(update_fields=["state"])
+
+    pool = services.approve(request, actor=operator)
+    units = list(
+        Allocation.objects.filter(pool=pool).values_list("gpu__node__name", "kind", "resource_name", "replica")
+    )
+    assert {(n, k, r) for n, k, r, _ in units} == {("prod-h100-full-02", "vgpu", "nvidia.com/NVIDIA_H100XM-20C")}
+    assert len(units) == 6
+    assert len(set(Allocation.objects.filter(pool=pool).values_list("gpu_id", flat=True))) == 2  # packed: 4 + 2
+
+    assert provision_pool_task(pool.pk) == "active"
+    with kube_for(sim.clusters["prod"]) as kube:
+        hard = kube.get_resource_quota("team-a", f"gpuaas-{pool.pk}")["spec"]["hard"]
+        placement = kube.get_config_map("team-a", f"gpuaas-pool-{pool.pk}")
+    assert hard["requests.nvidia.com/NVIDIA_H100XM-20C"] == "6"
+    assert hard["requests.nvidia.com/gpu"] == "0"
+    assert "gpuaas.io/tier" in placement["data"]["affinity.json"]
+
+    start = timezone.now().replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=2)
+    Allocation.objects.filter(pool=pool).update(allocated_at=start)
+    billing.meter_usage(now=start + dt.timedelta(hours=2))
+    statement = billing.generate_statement(project, start.date().replace(day=1))
+    (line,) = StatementLine.objects.filter(statement=statement, kind="vgpu")
+    assert (line.profile_name, line.replicas, line.hourly_rate) == ("H100XM-20C", 4, Decimal("0.675000"))
+    assert "vGPU H100XM-20C (1/4 GPU + licence, 5-15% slower than bare metal)" in line.description
+    assert line.amount == Decimal("0.675000") * 6 * 2

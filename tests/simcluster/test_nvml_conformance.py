@@ -34,6 +34,7 @@ nvmlDeviceRegisterEvents nvmlEventSetWait_v2 nvmlEventSetWait nvmlEventSetFree n
 nvmlDeviceGetArchitecture nvmlDeviceGetCudaComputeCapability nvmlDeviceGetEnforcedPowerLimit nvmlDeviceGetMinorNumber
 nvmlGpuInstanceCreateComputeInstanceWithPlacement nvmlGpuInstanceGetComputeInstanceById
 nvmlGpuInstanceGetComputeInstanceRemainingCapacity nvmlSystemGetNVMLVersion nvmlDeviceGetPowerManagementLimit
+nvmlDeviceGetNvLinkState nvmlDeviceGetP2PStatus
 """.split()
 
 _SYMBOL = re.compile(r'_nvmlGetFunctionPointer\("(\w+)"\)')

@@ -401,3 +401,36 @@ def test_per_process_sm_utilisation_on_whole_gpus(nvml, state):
     mig = nvml.nvmlDeviceGetHandleByUUID(detector["metadata"]["annotations"][DEVICE_IDS_ANNOTATION])
     with pytest.raises(pynvml.NVMLError_NotSupported):
         nvml.nvmlDeviceGetProcessUtilization(mig, 0)
+
+
+def test_nvlink_state_and_p2p_status_follow_the_board():
+    """HGX H100 (SXM): 18 links per GPU, all GPUs joined through NVSwitch; H100 NVL: bridged pairs, 12 links."""
+    state = Scenario.from_dict({"name": "t", "clusters": [{"name": "c", "node_groups": [
+        {"name_prefix": "hgx", "product": "H100-80GB", "gpus_per_node": 8},
+        {"name_prefix": "nvl", "product": "H100-94GB-NVL", "gpus_per_node": 4}]}]}).build()
+    nvlink = pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+    hgx = library_for_state(state, "c", "hgx-01")
+    hgx.nvmlInit()
+    h = [hgx.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+    assert hgx.nvmlDeviceGetNvLinkState(h[0], 17) == pynvml.NVML_FEATURE_ENABLED
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        hgx.nvmlDeviceGetNvLinkState(h[0], 18)
+    assert hgx.nvmlDeviceGetP2PStatus(h[0], h[7], nvlink) == pynvml.NVML_P2P_STATUS_OK
+    with state.lock:
+        state.cluster("c").nodes["hgx-01"].gpus[7].nvlink_down = True
+    hgx.nvmlShutdown()
+    hgx.nvmlInit()
+    h = [hgx.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+    assert hgx.nvmlDeviceGetNvLinkState(h[7], 0) == pynvml.NVML_FEATURE_DISABLED
+    assert hgx.nvmlDeviceGetP2PStatus(h[0], h[7], nvlink) == pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+    hgx.nvmlShutdown()
+
+    nvl = library_for_state(state, "c", "nvl-01")
+    nvl.nvmlInit()
+    h = [nvl.nvmlDeviceGetHandleByIndex(i) for i in range(4)]
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvl.nvmlDeviceGetNvLinkState(h[0], 12)
+    assert nvl.nvmlDeviceGetP2PStatus(h[0], h[1], nvlink) == pynvml.NVML_P2P_STATUS_OK
+    assert nvl.nvmlDeviceGetP2PStatus(h[1], h[2], nvlink) == pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+    assert nvl.nvmlDeviceGetP2PStatus(h[2], h[3], nvlink) == pynvml.NVML_P2P_STATUS_OK
+    nvl.nvmlShutdown()

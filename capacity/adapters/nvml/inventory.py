@@ -10,7 +10,10 @@ both become node-level `warnings` naming what is missing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import combinations
 from typing import Any
+
+import pynvml
 
 from .sessions import (
     MIB,
@@ -65,6 +68,7 @@ class GpuInfo:
     mig_devices: list[MigDeviceInfo] = field(default_factory=list)
     processes: list[ProcessInfo] = field(default_factory=list)
     error: str = ""
+    nvlink_group: int | None = None  # the lowest index of the GPUs it reaches over NVLink; None: no NVLink peer
 
     @property
     def lost(self) -> bool:
@@ -200,6 +204,51 @@ def gpu_info(s: NvmlSession, index: int) -> GpuInfo:
     return gpu
 
 
+def _nvlink_active(s: NvmlSession, handle: Any) -> bool:
+    """Has the GPU an active NVLink? Links are numbered from 0; past the GPU's last one NVML says
+    NVML_ERROR_INVALID_ARGUMENT, and a GPU without NVLink NVML_ERROR_NOT_SUPPORTED."""
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            state = s.optional("nvmlDeviceGetNvLinkState", handle, link)
+        except Exception as exc:
+            if is_nvml_error(exc):
+                return False
+            raise
+        if state is None:
+            return False
+        if state == pynvml.NVML_FEATURE_ENABLED:
+            return True
+    return False
+
+
+def read_nvlink_groups(s: NvmlSession, gpus: list[GpuInfo]) -> None:
+    """Set each GPU's `nvlink_group`: GPUs joined by NVLink (through NVSwitch, or an NVLink bridge), as
+    NVML says pairwise (nvmlDeviceGetP2PStatus, NVML_P2P_CAPS_INDEX_NVLINK) among GPUs with an active link
+    (nvmlDeviceGetNvLinkState). A GPU without an NVLink peer keeps None. Best effort: an NVML error
+    leaves the groups unknown (None), never fails the inventory."""
+    try:
+        handles = {g.index: s.call("nvmlDeviceGetHandleByIndex", g.index) for g in gpus if not g.lost and g.uuid}
+        linked = sorted(i for i, h in handles.items() if _nvlink_active(s, h))
+        group = {i: i for i in linked}
+        for a, b in combinations(linked, 2):
+            status = s.optional("nvmlDeviceGetP2PStatus", handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+            if status == pynvml.NVML_P2P_STATUS_OK:
+                low, high = sorted((group[a], group[b]))
+                group = {i: low if g == high else g for i, g in group.items()}
+    except GpuLost:
+        return
+    except Exception as exc:
+        if is_nvml_error(exc):
+            return
+        raise
+    sizes: dict[int, int] = {}
+    for g in group.values():
+        sizes[g] = sizes.get(g, 0) + 1
+    for gpu in gpus:
+        root = group.get(gpu.index)
+        gpu.nvlink_group = root if root is not None and sizes[root] > 1 else None
+
+
 def node_inventory(api_url: str, node_name: str) -> NodeInventory:
     """Everything discovery needs from one node's NVML: GPUs, MIG devices with placements, processes."""
     with session(api_url, node_name) as s:
@@ -211,6 +260,7 @@ def node_inventory(api_url: str, node_name: str) -> NodeInventory:
             )
             count = int(s.call("nvmlDeviceGetCount"))
         inventory.gpus = [gpu_info(s, i) for i in range(count)]
+        read_nvlink_groups(s, inventory.gpus)
         inventory.warnings = [gpu.error for gpu in inventory.gpus if gpu.unread]
         if s.denied:
             inventory.warnings.insert(0, privilege_warning(s.denied))
