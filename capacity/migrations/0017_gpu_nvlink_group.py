@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("capacity", "0015_spec_kind_vgpu"),
+        ("capacity", "0016_reconfiguration_agent_command"),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0012_auto_approval_spec_kind_vgpu"),
+        ("pools", "0013_loans_and_lending"),
     ]
 
     operations = [
