@@ -15,6 +15,8 @@ from capacity import tiers
 from capacity.choices import SpecKind
 
 from . import matching, prices, units
+from .choices import WorkloadType
+from .forecast import estimate_start
 from .models import PoolRequest
 
 
@@ -51,16 +53,16 @@ def match_declared(
     result = matching.match(need, candidates, price=prices.price_lookup(), policy_table=tiers.policies())
     if forecast:
         for offer in result.offers:
-            forecast_start(offer, cluster_id=cluster_id, start_at=start_at)
+            forecast_start(offer, cluster_id=cluster_id, start_at=start_at, workload_type=workload_type)
     return result
 
 
-def forecast_start(offer: matching.Offer, *, cluster_id: int | None, start_at: dt.datetime | None) -> None:
-    """When the offer could start: now (or the requested start) when its units are free on one cluster today.
-
-    STAND-IN until the queue and wait-time forecast (#17, pools.forecast.estimate_start) is merged:
-    this looks at free units only, so an offer short of units says it waits, without a time.
-    """
+def forecast_start(
+    offer: matching.Offer, *, cluster_id: int | None, start_at: dt.datetime | None, workload_type: str = ""
+) -> None:
+    """When the offer could start: now (or the requested start) when its units are free on one cluster today;
+    otherwise the queue's wait-time forecast (pools.forecast.estimate_start: P50 as the start, P50 and P90 in
+    the note). vGPU offers say only whether their vGPUs are free (the forecast has no vGPU hold history)."""
     spec = offer.spec()
     if spec["spec_kind"] == SpecKind.VGPU:
         free = matching.free_vgpus(spec["profile_name"], cluster_id=cluster_id)
@@ -76,6 +78,8 @@ def forecast_start(offer: matching.Offer, *, cluster_id: int | None, start_at: d
         profile_name=spec["profile_name"],
         count=spec["count"],
         cluster_id=cluster_id,
+        workload_type=workload_type or WorkloadType.INFERENCE,
+        start_at=start_at or timezone.now(),
     )
     free = units.free_by_cluster(probe)
     most = max(free.values(), default=0)
@@ -85,3 +89,8 @@ def forecast_start(offer: matching.Offer, *, cluster_id: int | None, start_at: d
     else:
         where = "on one node" if probe.spec_kind == SpecKind.FULL and probe.count > 1 else "on one cluster"
         offer.forecast = f"waits: {most} of {probe.count} units free {where}"
+        estimate = estimate_start(probe)
+        if estimate.p50 is not None:
+            offer.forecast_start = estimate.p50
+            p90 = f", P90 {estimate.p90:%Y-%m-%d %H:%M}" if estimate.p90 is not None else ""
+            offer.forecast += f"; likely start P50 {estimate.p50:%Y-%m-%d %H:%M} UTC{p90}"

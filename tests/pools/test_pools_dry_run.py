@@ -54,6 +54,19 @@ def test_dry_run_says_when_units_are_short(api, bob, dev_fleet):
     assert response.data["chosen"]["forecast_start"] is None
 
 
+def test_dry_run_forecasts_a_start_when_held_units_free_later(api, bob, operator, make_request, dev_fleet):
+    """Both 3g.40gb instances are held until a known end: the waiting offer's start is the queue's forecast."""
+    held = make_request(count=2, tier="2", end_at=timezone.now() + dt.timedelta(hours=48))
+    services.approve(held, actor=operator)
+    response = api(bob).post(DRY_RUN, {"workload_type": "inference", "memory_gib": 30, "count": 2}, format="json")
+    assert response.status_code == 200, response.data
+    chosen = response.data["chosen"]
+    assert chosen["offer"] == "MIG 3g.40gb (H100-80GB)"
+    assert chosen["forecast"].startswith("waits: 0 of 2 units free on one cluster; likely start P50 ")
+    start = dt.datetime.fromisoformat(chosen["forecast_start"])
+    assert timezone.now() + dt.timedelta(hours=47) < start <= timezone.now() + dt.timedelta(hours=49)
+
+
 def test_dry_run_refuses_bad_input(api, bob):
     response = api(bob).post(DRY_RUN, {"memory_gib": 0, "isolation": "total"}, format="json")
     assert response.status_code == 400
