@@ -68,7 +68,7 @@ def lend(
 def request_reclaim(loan: Loan, *, reason: str, at: datetime | None = None) -> bool:
     """The lender needs the unit: start the grace period; the borrower's grant shrinks after commit.
     False when the loan is not lent (already reclaiming or ended)."""
-    from .tasks import reconcile_project_task
+    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
 
     at = at or timezone.now()
     with transaction.atomic():
@@ -207,7 +207,7 @@ def reconcile_loans(
 
 def end_loan(loan: Loan, *, reason: str, at: datetime | None = None) -> bool:
     """The borrower is done with the unit (its request approved elsewhere, or it gives it back): end now."""
-    from .tasks import reconcile_project_task
+    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
 
     at = at or timezone.now()
     with transaction.atomic():

@@ -10,6 +10,7 @@ from tenancy.models import Project
 
 from . import queue
 from .choices import PoolState
+from .lending import reconcile_loans
 from .models import GpuPool
 from .provisioning import deprovision_pool, provision_pool, reconcile, reconcile_provisioned
 from .services import expire_due, pools_awaiting_cleanup, sweep_provisioning
@@ -89,8 +90,6 @@ def refresh_forecasts_task() -> int:
 @shared_task(acks_late=True)
 def reconcile_loans_task() -> dict[str, int]:
     """Beat: take lent units back where lenders need them, after the grace period (pools/lending.py)."""
-    from .lending import reconcile_loans
-
     totals: dict[str, int] = {}
     for cluster in Cluster.objects.filter(pools__loans__state__in=["active", "reclaiming"]).distinct().order_by("pk"):
         try:

@@ -25,10 +25,13 @@ from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.agent import protocol
+from capacity.agent.tasks import apply_mig_task
 from capacity.choices import ReconfigurationEvent as Event
 from capacity.choices import ReconfigurationStep as Step
 from capacity.models import MigReconfiguration
 from capacity.services.inventory import ingest_inventory_reports
+from capacity.tasks import enqueue_inventory
+from gpuaas.celery import node_queue
 
 from .records import audit
 
@@ -78,16 +81,11 @@ def send_if_due(reconf: MigReconfiguration, now) -> str:
 
 def request_inventory(reconf: MigReconfiguration) -> None:
     """After commit, ask the node's agent for a fresh inventory (the verify step's rediscovery on this path)."""
-    from capacity.tasks import enqueue_inventory
-
     cluster_id, cluster, node = reconf.cluster_id, reconf.cluster.name, reconf.node.name
     transaction.on_commit(lambda: enqueue_inventory(cluster_id, cluster, [node]))
 
 
 def _send(command: dict, api_url: str, cluster: str, node: str) -> None:
-    from capacity.agent.tasks import apply_mig_task
-    from gpuaas.celery import node_queue
-
     apply_mig_task.apply_async((command, api_url), queue=node_queue(cluster, node), expires=resend_s() * 2)
 
 

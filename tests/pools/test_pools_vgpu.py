@@ -6,6 +6,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
+from conftest import kube_for
 
 from billing import rates
 from billing.offers import vgpu_price
@@ -137,7 +138,6 @@ def test_a_vm_request_is_approved_provisioned_and_billed_as_vgpus(
 ):
     import datetime as dt
 
-    from conftest import kube_for
     from django.utils import timezone
 
     from billing import services as billing
