@@ -20,7 +20,7 @@ from pools import queue, services, units
 from pools.choices import QueueAction, RequestState
 from pools.exceptions import InsufficientCapacity
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, PoolCluster, QueueEvent
-from pools.provisioning import reconcile_provisioned
+from pools.provisioning import reconcile_provisioned, uuid_selector
 from pools.tasks import deprovision_pool_task, provision_pool_task
 
 pytestmark = pytest.mark.django_db
@@ -50,16 +50,14 @@ TWO_CLUSTERS = {
 MIG = "requests.nvidia.com/mig-3g.40gb"
 
 
-@pytest.fixture
-def two(db, tmp_path, settings):
-    """The two clusters served by one SimServer, registered and discovered; `two.clusters[name]` is the Cluster."""
+def serve(document: dict, tmp_path):
+    """The scenario's clusters served by one SimServer, registered and discovered; `.clusters[name]` is the Cluster."""
     from capacity.services.clusters import register_cluster
     from capacity.services.discovery import discover_cluster
     from simcluster import SimServer
     from simcluster.scenarios import Scenario
 
-    settings.KUBERNETES_RETRIES = 0
-    with SimServer(Scenario.from_dict(TWO_CLUSTERS).build()) as server:
+    with SimServer(Scenario.from_dict(document).build()) as server:
         server.clusters = {}
         for name, path in server.write_kubeconfigs(tmp_path).items():
             cluster, _ = register_cluster(name, path)
@@ -67,6 +65,20 @@ def two(db, tmp_path, settings):
             assert run.status == "succeeded", run.error
             server.clusters[name] = cluster
         yield server
+
+
+@pytest.fixture
+def two(db, tmp_path, settings):
+    settings.KUBERNETES_RETRIES = 0
+    yield from serve(TWO_CLUSTERS, tmp_path)
+
+
+@pytest.fixture
+def two_dra(db, tmp_path, settings):
+    """The same two clusters, both binding by DRA (NVIDIA's DRA driver instead of the device plugin)."""
+    settings.KUBERNETES_RETRIES = 0
+    document = {**TWO_CLUSTERS, "clusters": [{**c, "dra": True} for c in TWO_CLUSTERS["clusters"]]}
+    yield from serve(document, tmp_path)
 
 
 def units_by_cluster(pool) -> dict[str, int]:
@@ -161,6 +173,25 @@ def test_a_cross_cluster_pool_is_provisioned_released_and_cleaned_up_on_every_cl
         assert labelled(cluster, f"gpuaas.io/pool-{pool.pk}") == []
         assert labelled(cluster, f"gpuaas.io/project-{project.pk}") == []
     assert deprovision_pool_task(pool.pk) is None  # already clean
+
+
+def test_on_dra_clusters_each_cluster_gets_a_claim_template_admitting_only_its_own_units(
+    two_dra, make_request, operator
+):
+    pool = services.approve(make_request(count=5, allow_multi_cluster=True), actor=operator)
+    assert provision_pool_task(pool.pk) == "active"
+    assert pool.claim_template == f"gpuaas-{pool.pk}-mig-3g.40gb"
+    for name, count in (("east", 4), ("west", 1)):
+        cluster = two_dra.clusters[name]
+        uuids = Allocation.objects.filter(pool=pool, gpu__node__cluster=cluster).values_list(
+            "mig_instance__uuid", flat=True
+        )
+        assert len(uuids) == count
+        with kube_for(cluster) as kube:
+            (template,) = kube.list_resource_claim_templates("team-a")
+        assert template["metadata"]["name"] == pool.claim_template
+        (request,) = template["spec"]["spec"]["devices"]["requests"]
+        assert request["exactly"]["selectors"][0]["cel"]["expression"] == uuid_selector(list(uuids))
 
 
 def test_a_failure_on_one_cluster_fails_the_pool_naming_it_and_retry_recovers(two, make_request, operator, alice):
