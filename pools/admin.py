@@ -19,7 +19,16 @@ from tenancy import roles
 from . import lending, queue, services
 from .choices import PoolState, RequestState
 from .exceptions import DomainError
-from .models import HOLDING_STATES, PENDING_FIRST, Allocation, GpuPool, Loan, PoolRequest, PoolRequestTransition
+from .models import (
+    HOLDING_STATES,
+    PENDING_FIRST,
+    Allocation,
+    GpuPool,
+    Loan,
+    PoolCluster,
+    PoolRequest,
+    PoolRequestTransition,
+)
 
 
 class ReasonForm(forms.Form):
@@ -230,12 +239,34 @@ class AllocationInline(admin.TabularInline):
         return super().get_queryset(request).select_related("gpu__node__cluster", "mig_instance__profile")
 
 
+class PoolClusterInline(admin.TabularInline):
+    """The clusters a pool holds units on, with each one's units now and its provisioning there."""
+
+    model = PoolCluster
+    fields = ["cluster", "units_held", "units", "provisioned_at", "deprovisioned_at", "reconciled_at", "error"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "Clusters"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).with_units().select_related("cluster")
+
+    @admin.display(description="Units held now")
+    def units_held(self, obj):
+        return obj.units_held
+
+
 @admin.register(GpuPool)
 class GpuPoolAdmin(admin.ModelAdmin):
     list_display = [
         "name",
         "project",
         "cluster",
+        "clusters",
         "workload_type",
         "tier",
         "state",
@@ -261,14 +292,19 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "released_at",
         "deprovisioned_at",
     ]
-    inlines = [AllocationInline]
+    inlines = [PoolClusterInline, AllocationInline]
     actions = ["retry_provisioning", "release_selected", "enable_lending", "disable_lending", "reclaim_lent"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).with_card()
+        return super().get_queryset(request).with_card().with_clusters()
 
     def has_add_permission(self, request):
         return False  # pools are created by approval only
+
+    @admin.display(description="Units per cluster")
+    def clusters(self, obj):
+        """Where the units are: one cluster, or each cluster of a pool across clusters."""
+        return ", ".join(f"{part.cluster.name} {part.units_held}" for part in obj.pool_clusters.all()) or "-"
 
     def get_readonly_fields(self, request, obj=None):
         # Every field: a pool's state, units and provisioning change through the actions and services.

@@ -155,7 +155,7 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
     """P50 and P90 of when `request` (saved or not) would start, and what the estimate rests on."""
     now = now or timezone.now()
     free_by_cluster = units.free_by_cluster(request)
-    free = sum(free_by_cluster.values()) if request.allow_multi_cluster else max(free_by_cluster.values(), default=0)
+    free = units.usable_free(request, free_by_cluster)
     ahead = demand_ahead(request, now=now)
     need = request.count + ahead
     found, scopes = holders(request, now=now, history=history)

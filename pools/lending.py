@@ -59,7 +59,7 @@ def lend(
                 borrower_request=request,
                 started_at=at or timezone.now(),
             )
-            reconcile_project_task.delay_on_commit(borrower.pk, pool.cluster_id)
+            reconcile_project_task.delay_on_commit(borrower.pk, Allocation.objects.cluster_id_of(allocation.pk))
     except IntegrityError:  # pools_loan_unique_open_allocation
         raise LendingRefused(f"{allocation} is already lent") from None
     return loan
@@ -79,7 +79,7 @@ def request_reclaim(loan: Loan, *, reason: str, at: datetime | None = None) -> b
             != 1
         ):
             return False
-        reconcile_project_task.delay_on_commit(loan.borrower_id, loan.lender_pool.cluster_id)
+        reconcile_project_task.delay_on_commit(loan.borrower_id, Allocation.objects.cluster_id_of(loan.allocation_id))
     return True
 
 
@@ -154,7 +154,7 @@ def reconcile_loans(
     grace = timedelta(seconds=settings.LENDING_RECLAIM_GRACE_S)
     loans = list(
         Loan.objects.open()
-        .filter(lender_pool__cluster=cluster)
+        .filter(allocation__gpu__node__cluster=cluster)  # the unit's cluster: a pool may span several
         .select_related("allocation__gpu__node", "lender_pool__project", "borrower")
         .order_by("pk")
     )
@@ -216,5 +216,5 @@ def end_loan(loan: Loan, *, reason: str, at: datetime | None = None) -> bool:
             != 1
         ):
             return False
-        reconcile_project_task.delay_on_commit(loan.borrower_id, loan.lender_pool.cluster_id)
+        reconcile_project_task.delay_on_commit(loan.borrower_id, Allocation.objects.cluster_id_of(loan.allocation_id))
     return True

@@ -195,6 +195,16 @@ class GpuPoolQuerySet(models.QuerySet):
         """Pools that still hold units (not released)."""
         return self.filter(released_at__isnull=True)
 
+    def on_cluster(self, cluster):
+        """Pools with units on `cluster`: as their home cluster, or as one of several (PoolCluster)."""
+        return self.filter(Q(cluster=cluster) | Q(pk__in=PoolCluster.objects.filter(cluster=cluster).values("pool")))
+
+    def with_clusters(self):
+        """Prefetch each pool's clusters (PoolCluster, home first, with `units_held` now): one more query."""
+        parts = PoolCluster.objects.with_units().select_related("cluster")
+        home_first = models.Case(models.When(cluster=models.F("pool__cluster"), then=0), default=1)
+        return self.prefetch_related(models.Prefetch("pool_clusters", queryset=parts.order_by(home_first, "pk")))
+
     def with_card(self):
         """Annotate the card's counts in the same query: units and GPUs, total and in use, and utilisation.
 
@@ -277,6 +287,13 @@ class GpuPool(models.Model):
     def __str__(self) -> str:
         return f"{self.project.slug}/{self.name}"
 
+    def clusters(self) -> list:
+        """The clusters the pool holds units on, home cluster first: one PoolCluster each (approval writes
+        them); a pool without any (made before pools could span clusters) is on its home cluster only."""
+        spans = [part.cluster for part in self.pool_clusters.select_related("cluster").order_by("pk")]
+        spans.sort(key=lambda c: c.pk != self.cluster_id)
+        return spans or [self.cluster]
+
     @property
     def pool_label(self) -> str:
         """Node label key marking the nodes that carry this pool's units."""
@@ -349,9 +366,62 @@ class GpuPool(models.Model):
         return max(0, self.request.count - held)
 
 
+class PoolClusterQuerySet(models.QuerySet):
+    def with_units(self):
+        """Annotate `units_held`: the pool's active allocations on that cluster (the allocations know their
+        unit's cluster), in the same query."""
+        held = (
+            Allocation.objects.active()
+            .filter(pool=models.OuterRef("pool"), gpu__node__cluster=models.OuterRef("cluster"))
+            .order_by()
+            .values("pool")
+            .annotate(n=models.Count("pk"))
+            .values("n")
+        )
+        return self.annotate(units_held=Coalesce(models.Subquery(held), 0))
+
+
+class PoolCluster(models.Model):
+    """One cluster a pool holds units on, and that cluster's provisioning (namespace, quota, labels, claim
+    templates and placement written there). A pool on one cluster has one; a pool approved across
+    clusters (PoolRequest.allow_multi_cluster) has one per cluster, its home cluster (GpuPool.cluster)
+    among them. Provisioning, reconcile and clean-up after release run per row (pools/provisioning.py).
+    """
+
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="pool_clusters")
+    cluster = models.ForeignKey("capacity.Cluster", on_delete=models.PROTECT, related_name="pool_clusters")
+    units = models.PositiveIntegerField(default=0, editable=False, help_text="Units taken on this cluster at approval.")
+    provisioned_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="Last time provisioning wrote this cluster successfully."
+    )
+    deprovisioned_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When this cluster was cleaned up after release."
+    )
+    reconciled_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="Last time the periodic reconcile checked this cluster."
+    )
+    error = models.TextField(blank=True, editable=False, help_text="The last Kubernetes error on this cluster.")
+
+    objects = PoolClusterQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["pool_id", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "cluster"], name="pools_poolcluster_unique_pool_cluster"),
+        ]
+        indexes = [models.Index(fields=["cluster", "pool"], name="pools_poolcluster_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id} on {self.cluster_id}"
+
+
 class AllocationQuerySet(models.QuerySet):
     def active(self):
         return self.filter(released_at__isnull=True)
+
+    def cluster_id_of(self, allocation_id: int) -> int:
+        """The cluster of one allocation's unit: the one to reconcile for it (a pool may span clusters)."""
+        return self.filter(pk=allocation_id).values_list("gpu__node__cluster_id", flat=True).get()
 
     def in_use(self):
         """Units with a running workload on them (the seed's "In Use" profiles), by the device the pod really got.
@@ -466,6 +536,7 @@ __all__ = [
     "AutoApprovalPolicy",
     "GpuPool",
     "Loan",
+    "PoolCluster",
     "PoolRequest",
     "PoolRequestTransition",
     "ProjectQueueWeight",

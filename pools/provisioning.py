@@ -29,6 +29,11 @@ What gpuaas writes, per (project, cluster), all through capacity/adapters/kubern
   (GpuPool.scheduling(): a node selector and the equivalent required node affinity on the pool's
   label and its tier's `gpuaas.io/tier`), for the team's pod specs; a released pool's is deleted.
 
+A pool across clusters (PoolCluster rows, docs/pools.md) is written on each of its clusters with only
+that cluster's units: reconcile(project, cluster) reads the pools on `cluster` (GpuPool.on_cluster) and
+their allocations there. Provisioning and clean-up run cluster by cluster and record each one's outcome
+on its PoolCluster.
+
 `reconcile()` makes the cluster match the database and is idempotent: provisioning, retries and
 clean-up after release all call it. Released pools lose their quota and pool label, and nodes
 left with no unit of the project lose the project label; the namespace itself stays.
@@ -42,7 +47,7 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from capacity.adapters.kubernetes import NODE_SELECTOR_ANNOTATION, KubernetesClient, KubernetesError, Node, NotFound
@@ -53,7 +58,7 @@ from tenancy.models import Project
 
 from . import services
 from .choices import LoanState, PoolState
-from .models import LABEL_PREFIX, Allocation, GpuPool, Loan, PoolRequestTransition, claim_template_name
+from .models import LABEL_PREFIX, Allocation, GpuPool, Loan, PoolCluster, PoolRequestTransition, claim_template_name
 
 logger = logging.getLogger(__name__)
 
@@ -176,9 +181,9 @@ def claim_template_spec(kind: str, uuids: list[str]) -> dict:
 def desired_state(project: Project, cluster: Cluster) -> Desired:
     """Compute what the cluster should hold for `project` from the database (three queries)."""
     pools = list(
-        GpuPool.objects.filter(project=project, cluster=cluster).filter(
-            Q(released_at__isnull=True) | Q(deprovisioned_at__isnull=True)
-        )
+        GpuPool.objects.on_cluster(cluster)
+        .filter(project=project)
+        .filter(Q(released_at__isnull=True) | Q(deprovisioned_at__isnull=True))
     )
     held = {p.pk for p in pools if p.released_at is None}
     gone = [p.pk for p in pools if p.released_at is not None]
@@ -192,7 +197,8 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     touched: dict[int, set[str]] = defaultdict(set)  # every node a unit of the pool was ever on
     carrying: dict[int, set[str]] = defaultdict(set)  # nodes with a unit the pool still holds
     granted: Counter = Counter()
-    rows = Allocation.objects.filter(pool_id__in=[p.pk for p in pools]).values_list(
+    # A pool across clusters (PoolCluster): only its units on this cluster count here.
+    rows = Allocation.objects.filter(pool_id__in=[p.pk for p in pools], gpu__node__cluster=cluster).values_list(
         "pool_id", "gpu__node__name", "gpu__node_id", "resource_name", "released_at", "kind", "profile_name",
         "gpu__uuid", "mig_instance__uuid",
     )
@@ -255,7 +261,7 @@ def dedicated_taints(cluster: Cluster, nodes: set[str]) -> dict[str, str | None]
         holders[name].add(project_id)
     # A borrower's pods must land on the lent unit's node: a lent node is shared, so it carries no taint.
     loans = Loan.objects.filter(
-        state=LoanState.ACTIVE, lender_pool__cluster=cluster, allocation__gpu__node__name__in=nodes
+        state=LoanState.ACTIVE, allocation__gpu__node__cluster=cluster, allocation__gpu__node__name__in=nodes
     )
     for name, project_id in loans.values_list("allocation__gpu__node__name", "borrower_id").distinct():
         holders[name].add(project_id)
@@ -268,7 +274,7 @@ def _borrowed_units(project, cluster, desired: Desired, granted: Counter, units:
     Under DRA each loan gets its own template (keyed by the loan, labelled with the lender's pool) admitting
     the lent UUID; under the device plugin the quota counts it and the node carries the project label.
     """
-    rows = Loan.objects.filter(borrower=project, lender_pool__cluster=cluster).values_list(
+    rows = Loan.objects.filter(borrower=project, allocation__gpu__node__cluster=cluster).values_list(
         "pk", "state", "lender_pool_id", "allocation__gpu__node__name", "allocation__gpu__node_id",
         "allocation__resource_name", "allocation__kind", "allocation__gpu__uuid", "allocation__mig_instance__uuid",
     )
@@ -335,20 +341,32 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
             except NotFound:
                 pass  # a vanished node: nothing to taint
     if desired.cleaned_pools:
-        GpuPool.objects.filter(pk__in=desired.cleaned_pools, deprovisioned_at__isnull=True).update(
-            deprovisioned_at=timezone.now()
-        )
+        _mark_deprovisioned(desired.cleaned_pools, cluster)
     return desired
 
 
+def _mark_deprovisioned(pool_ids: list[int], cluster: Cluster) -> None:
+    """Released pools cleaned up on `cluster`: their PoolCluster there is done, and a pool is done once
+    every cluster it held units on is (a pool without PoolCluster rows is on this cluster only)."""
+    now = timezone.now()
+    PoolCluster.objects.filter(pool_id__in=pool_ids, cluster=cluster, deprovisioned_at__isnull=True).update(
+        deprovisioned_at=now, error=""
+    )
+    pending = PoolCluster.objects.filter(pool=OuterRef("pk"), deprovisioned_at__isnull=True)
+    GpuPool.objects.filter(pk__in=pool_ids, deprovisioned_at__isnull=True).exclude(Exists(pending)).update(
+        deprovisioned_at=now
+    )
+
+
 def provision_pool(pool: GpuPool, *, task_id: str = "", client_factory=KubernetesClient.for_cluster) -> str:
-    """Provision one pool (idempotent): reconcile its project on its cluster, then mark it active.
+    """Provision one pool (idempotent): reconcile its project on each of its clusters, then mark it active.
 
     Returns the pool's state afterwards. A pool not in provisioning, or claimed by another live run,
     is left alone. The claim (services.claim_provisioning) holds a lease that a heartbeat renews while
     Kubernetes is written; if this worker dies, services.sweep_provisioning() re-enqueues the pool once
     the lease runs out, and the next run re-applies everything (reconcile is idempotent).
-    A Kubernetes error marks the pool and its request failed with the error as reason (retry:
+    A Kubernetes error on any cluster marks the pool and its request failed with the error as reason
+    (the cluster named when the pool has several; its PoolCluster keeps the error) (retry:
     services.retry_provisioning). If the pool was released while this ran, reconciling again removes
     what this run wrote.
     """
@@ -357,13 +375,16 @@ def provision_pool(pool: GpuPool, *, task_id: str = "", client_factory=Kubernete
         pool.refresh_from_db(fields=["state"])
         return pool.state
     crash_point("provisioning.claimed")
+    clusters = pool.clusters()
     try:
         with Heartbeat(GpuPool.objects.filter(pk=pool.pk, state=PoolState.PROVISIONING, claimed_by=token[:64])):
-            reconcile(pool.project, pool.cluster, client_factory=client_factory)
+            for cluster in clusters:
+                _reconcile_part(pool, cluster, client_factory, done="provisioned_at")
         crash_point("provisioning.reconciled")
-    except KubernetesError as exc:
-        logger.warning("provisioning pool %s failed: %s", pool.pk, exc)
-        services.mark_failed(pool, f"Kubernetes: {exc}")
+    except PartFailed as failed:
+        logger.warning("provisioning pool %s failed on %s: %s", pool.pk, failed.cluster.name, failed.error)
+        where = f" ({failed.cluster.name})" if len(clusters) > 1 else ""
+        services.mark_failed(pool, f"Kubernetes{where}: {failed.error}")
         pool.refresh_from_db(fields=["state", "state_reason"])
         return pool.state
     if not services.mark_provisioned(pool):
@@ -374,16 +395,42 @@ def provision_pool(pool: GpuPool, *, task_id: str = "", client_factory=Kubernete
 
 
 def deprovision_pool(pool: GpuPool, *, client_factory=KubernetesClient.for_cluster) -> bool:
-    """Undo a released pool in Kubernetes (idempotent). False (reason kept on the pool) on failure."""
+    """Undo a released pool in Kubernetes on each of its clusters not cleaned yet (idempotent). False (reason
+    kept on the pool) on failure; the pool is deprovisioned once every cluster is (_mark_deprovisioned)."""
     if pool.released_at is None or pool.deprovisioned_at is not None:
         return pool.deprovisioned_at is not None
+    done = set(pool.pool_clusters.filter(deprovisioned_at__isnull=False).values_list("cluster_id", flat=True))
+    clusters = [c for c in pool.clusters() if c.pk not in done]
     try:
-        reconcile(pool.project, pool.cluster, client_factory=client_factory)
-    except KubernetesError as exc:
-        logger.warning("clean-up of released pool %s failed: %s", pool.pk, exc)
-        GpuPool.objects.filter(pk=pool.pk).update(state_reason=f"clean-up failed, will retry: {exc}"[:2000])
+        for cluster in clusters:
+            _reconcile_part(pool, cluster, client_factory)
+    except PartFailed as failed:
+        logger.warning("clean-up of released pool %s on %s failed: %s", pool.pk, failed.cluster.name, failed.error)
+        where = f" on {failed.cluster.name}" if len(pool.clusters()) > 1 else ""
+        reason = f"clean-up{where} failed, will retry: {failed.error}"
+        GpuPool.objects.filter(pk=pool.pk).update(state_reason=reason[:2000])
         return False
     return True
+
+
+class PartFailed(Exception):
+    """Kubernetes refused one cluster of a pool's provisioning or clean-up (PoolCluster.error says so too)."""
+
+    def __init__(self, cluster: Cluster, error: KubernetesError):
+        super().__init__(f"{cluster.name}: {error}")
+        self.cluster, self.error = cluster, error
+
+
+def _reconcile_part(pool: GpuPool, cluster: Cluster, client_factory, *, done: str = "") -> None:
+    """Reconcile the pool's project on one of its clusters and record the outcome on its PoolCluster:
+    the error, or success (`done`, a timestamp field, set). Raises PartFailed on a Kubernetes error."""
+    part = PoolCluster.objects.filter(pool=pool, cluster=cluster)
+    try:
+        reconcile(pool.project, cluster, client_factory=client_factory)
+    except KubernetesError as exc:
+        part.update(error=str(exc)[:2000])
+        raise PartFailed(cluster, exc) from exc
+    part.update(error="", **({done: timezone.now()} if done else {}))
 
 
 def apply_claim_templates(kube: KubernetesClient, desired: Desired) -> dict[str, str]:
@@ -496,12 +543,10 @@ def reconcile_provisioned(*, client_factory=KubernetesClient.for_cluster) -> dic
     repair is logged and written to the audit trail of the project's active requests on that
     cluster. A failing cluster is logged and skipped. Returns counts.
     """
+    active = GpuPool.objects.filter(state=PoolState.ACTIVE, released_at__isnull=True)
     pairs = sorted(
-        set(
-            GpuPool.objects.filter(state=PoolState.ACTIVE, released_at__isnull=True).values_list(
-                "cluster_id", "project_id"
-            )
-        )
+        set(active.values_list("cluster_id", "project_id"))
+        | set(PoolCluster.objects.filter(pool__in=active).values_list("cluster_id", "pool__project_id"))
     )
     result = {"clusters": 0, "projects": 0, "repaired": 0, "errors": 0}
     by_cluster: dict[int, list[int]] = defaultdict(list)
@@ -524,9 +569,10 @@ def reconcile_provisioned(*, client_factory=KubernetesClient.for_cluster) -> dic
             logger.warning("reconcile of cluster %s failed: %s", cluster.name, exc)
             result["errors"] += 1
             continue
-        GpuPool.objects.filter(cluster=cluster, state=PoolState.ACTIVE, released_at__isnull=True).update(
-            reconciled_at=timezone.now()
-        )
+        now = timezone.now()
+        checked = GpuPool.objects.on_cluster(cluster).filter(state=PoolState.ACTIVE, released_at__isnull=True)
+        checked.update(reconciled_at=now)
+        PoolCluster.objects.filter(cluster=cluster, pool__in=checked).update(reconciled_at=now)
         result["clusters"] += 1
     return result
 
@@ -535,9 +581,11 @@ def _record_repairs(project: Project, cluster: Cluster, repairs: list[str]) -> N
     now = timezone.now()
     reason = "reconcile repaired drift: " + "; ".join(repairs)
     logger.warning("project %s on cluster %s: %s", project.slug, cluster.name, reason)
-    request_ids = GpuPool.objects.filter(
-        project=project, cluster=cluster, state=PoolState.ACTIVE, released_at__isnull=True
-    ).values_list("request_id", flat=True)
+    request_ids = (
+        GpuPool.objects.on_cluster(cluster)
+        .filter(project=project, state=PoolState.ACTIVE, released_at__isnull=True)
+        .values_list("request_id", flat=True)
+    )
     PoolRequestTransition.objects.bulk_create(
         PoolRequestTransition(request_id=rid, from_state="active", to_state="active", reason=reason[:4000], at=now)
         for rid in request_ids

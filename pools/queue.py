@@ -95,10 +95,8 @@ def approve_or_queue(request: PoolRequest, *, actor, reason: str = "", cluster=N
 
 
 def fits_now(request: PoolRequest) -> bool:
-    free = units.free_by_cluster(request)
-    if request.allow_multi_cluster:
-        return sum(free.values()) >= request.count
-    return any(n >= request.count for n in free.values())
+    """Could approval take the request's units now (on one cluster, or across clusters where it may)?"""
+    return units.usable_free(request, units.free_by_cluster(request)) >= request.count
 
 
 def _shortage(request: PoolRequest) -> str:

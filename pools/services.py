@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections import Counter
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -27,7 +28,7 @@ from tenancy.models import Project
 from . import specs, topology, units
 from .choices import PoolState, RequestState
 from .exceptions import DomainError, IllegalTransition, InsufficientCapacity
-from .models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from .models import Allocation, GpuPool, PoolCluster, PoolRequest, PoolRequestTransition
 
 logger = logging.getLogger(__name__)
 
@@ -141,13 +142,15 @@ def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster |
     """Approve a submitted (or queued) request: take its units, create the pool and its allocations, start provisioning.
 
     One transaction: claim submitted -> approved (a conditional UPDATE, which also row-locks the
-    request), take units on one cluster (pools/units.py: SKIP LOCKED row locks on PostgreSQL), create
-    the GpuPool and one Allocation per unit, move on to provisioning, and enqueue provisioning on
-    commit. Billing starts here: approved_at and every allocated_at are the same instant.
+    request), take units on one cluster, or across clusters when the request allows it and no one
+    cluster has them all (_take; pools/units.py: SKIP LOCKED row locks on PostgreSQL), create the
+    GpuPool, one PoolCluster per cluster and one Allocation per unit, move on to provisioning, and
+    enqueue provisioning on commit. Billing starts here: approved_at and every allocated_at are the
+    same instant.
 
     `cluster` (or the request's own cluster) restricts where units may come from. Raises
     IllegalTransition when the request is not submitted, DomainError when it has already ended, and
-    InsufficientCapacity (nothing written, nothing enqueued) when no one cluster has enough free units.
+    InsufficientCapacity (nothing written, nothing enqueued) when the units cannot be had.
     If a unique constraint on Allocation catches a unit taken concurrently, the whole approval
     starts over, up to APPROVAL_ATTEMPTS times. `policy` (an AutoApprovalPolicy) is recorded on the
     request when a rule, not a person, approved it (pools/queue.py).
@@ -188,17 +191,11 @@ def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None) -> G
         approved_by=_user(actor),
         approved_by_policy=policy,
     )
-    free = units.free_by_cluster(request)
-    taken: list[units.Unit] = []
-    for cluster_id in units.choose_clusters(free, request.count):
-        taken = units.take_units(request, cluster_id, request.count)
-        if len(taken) == request.count:
-            break
-        free[cluster_id] = len(taken)  # others hold the rest now
-        taken = []
+    taken = _take(request)
     if not taken:
         message, detail = units.shortage(request, units.free_by_cluster(request))
         raise InsufficientCapacity(message, detail=detail)
+    per_cluster = Counter(u.cluster_id for u in taken)  # in the order taken: the home cluster first
     pool = GpuPool.objects.create(
         project_id=request.project_id,
         request=request,
@@ -226,9 +223,36 @@ def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None) -> G
         )
         for u in taken
     )
-    transition(request, S.PROVISIONING, actor, f"{len(taken)} units on {pool.cluster.name}; provisioning")
+    PoolCluster.objects.bulk_create(PoolCluster(pool=pool, cluster_id=c, units=n) for c, n in per_cluster.items())
+    names = dict(Cluster.objects.filter(pk__in=per_cluster).values_list("pk", "name"))
+    where = ", ".join(f"{names[c]} ({n})" if len(per_cluster) > 1 else names[c] for c, n in per_cluster.items())
+    transition(request, S.PROVISIONING, actor, f"{len(taken)} units on {where}; provisioning")
     enqueue_provisioning(pool)
     return pool
+
+
+def _take(request: PoolRequest) -> list[units.Unit]:
+    """All the request's units, or [] when they cannot be had: on one cluster (best fit) if one has them
+    all; otherwise, when the request may span clusters (units.may_span), across clusters of one binding,
+    the largest free first. Locks as pools/units.py describes, within the caller's transaction."""
+    need = request.count
+    free = units.free_by_cluster(request)
+    if units.may_span(request):
+        units.lock_clusters(free)  # spanning approvals take turns: the free units are read again after the wait
+        free = units.free_by_cluster(request)
+    for cluster_id in units.choose_clusters(free, need):
+        taken = units.take_units(request, cluster_id, need)
+        if len(taken) == need:
+            return taken
+        free[cluster_id] = len(taken)  # others hold the rest now
+    if not units.may_span(request):
+        return []
+    taken = []
+    for cluster_id in units.spread_clusters(free, need):
+        taken += units.take_units(request, cluster_id, need - len(taken))
+        if len(taken) == need:
+            return taken
+    return []  # others took units meanwhile: the transaction rolls back what was locked
 
 
 def _user(actor):
@@ -366,7 +390,7 @@ def release_allocation(allocation_id: int, *, at: dt.datetime | None = None) -> 
     with transaction.atomic():
         if Allocation.objects.filter(pk=allocation_id, released_at__isnull=True).update(released_at=at) != 1:
             return False
-        _reconcile_after_commit(Allocation.objects.select_related("pool").get(pk=allocation_id))
+        _reconcile_after_commit(Allocation.objects.get(pk=allocation_id))
         enqueue_queue_processing()
     return True
 
@@ -467,9 +491,10 @@ def rehome_allocations(instance_ids: list[int], *, at: dt.datetime) -> list[str]
 
 
 def _reconcile_after_commit(allocation: Allocation) -> None:
+    """Reconcile the project on the allocation's own cluster (a pool may span several) after commit."""
     from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
 
-    reconcile_project_task.delay_on_commit(allocation.project_id, allocation.pool.cluster_id)
+    reconcile_project_task.delay_on_commit(allocation.project_id, Allocation.objects.cluster_id_of(allocation.pk))
 
 
 def move_mig_allocation(allocation: Allocation, *, from_instance, to_instance) -> bool:
@@ -480,11 +505,9 @@ def move_mig_allocation(allocation: Allocation, *, from_instance, to_instance) -
 
     On a DRA cluster the pool's ResourceClaimTemplate names the instance's UUID: the project is reconciled
     after commit so the template admits the new instance (pools.provisioning)."""
-    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
-
     moved = Allocation.objects.filter(pk=allocation.pk, mig_instance=from_instance).update(mig_instance=to_instance)
-    if moved == 1 and Cluster.objects.filter(pools=allocation.pool_id, binding=Binding.DRA).exists():
-        reconcile_project_task.delay_on_commit(allocation.project_id, allocation.pool.cluster_id)
+    if moved == 1 and Cluster.objects.filter(nodes__gpus=allocation.gpu_id, binding=Binding.DRA).exists():
+        _reconcile_after_commit(allocation)
     return moved == 1
 
 

@@ -91,7 +91,9 @@ def refresh_forecasts_task() -> int:
 def reconcile_loans_task() -> dict[str, int]:
     """Beat: take lent units back where lenders need them, after the grace period (pools/lending.py)."""
     totals: dict[str, int] = {}
-    for cluster in Cluster.objects.filter(pools__loans__state__in=["active", "reclaiming"]).distinct().order_by("pk"):
+    # The lent unit's cluster, not the lender pool's home: a pool may span clusters.
+    lending = Cluster.objects.filter(nodes__gpus__allocations__loans__state__in=["active", "reclaiming"])
+    for cluster in lending.distinct().order_by("pk"):
         try:
             for key, value in reconcile_loans(cluster).items():
                 totals[key] = totals.get(key, 0) + value

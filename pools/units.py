@@ -10,7 +10,9 @@ so concurrent approvals step around each other's units without waiting (no deadl
 nobody waits). After locking, allocations are read again in a fresh statement: under READ COMMITTED
 the locking query's own snapshot may predate an approval that committed just before the lock was
 granted. On SQLite the IMMEDIATE transaction serialises writers. The partial unique constraints on
-Allocation remain the last line of defence.
+Allocation remain the last line of defence. A request that may span clusters (may_span) first locks
+the Cluster rows it may draw from (lock_clusters, blocking, in primary-key order), so such approvals
+take turns instead of each skipping the units the other locked.
 """
 
 from __future__ import annotations
@@ -169,6 +171,56 @@ def choose_clusters(free: dict[int, int], need: int) -> list[int]:
     Best fit keeps the large free blocks of other clusters for large requests.
     """
     return sorted((c for c, n in free.items() if n >= need), key=lambda c: (free[c], c))
+
+
+def may_span(request: PoolRequest) -> bool:
+    """May approval take the request's units on several clusters? Only when the request allows it, names
+    no cluster, and needs no single node (multi-GPU whole-GPU work stays on one node: topology)."""
+    return request.allow_multi_cluster and not request.cluster_id and not topology.one_node(request)
+
+
+def _by_binding(free: dict[int, int]) -> dict[str, list[int]]:
+    """Clusters with free units, grouped by binding, the largest free first. A pool spans clusters of one
+    binding only: its pods get units by claim template under DRA and by count under the device plugin,
+    and one pool's pods are written one way."""
+    bindings = dict(Cluster.objects.filter(pk__in=[c for c, n in free.items() if n > 0]).values_list("pk", "binding"))
+    groups: dict[str, list[int]] = defaultdict(list)
+    for cluster_id in sorted(bindings, key=lambda c: (-free[c], c)):
+        groups[bindings[cluster_id]].append(cluster_id)
+    return groups
+
+
+def spread_clusters(free: dict[int, int], need: int) -> list[int]:
+    """The clusters to take `need` units across when no one cluster has them all, in the order to take
+    from: the largest free first (which takes the fewest clusters), within the binding whose clusters
+    reach `need` with the fewest. [] when no binding's clusters have enough together."""
+    best: tuple[int, list[int]] | None = None
+    for order in _by_binding(free).values():
+        covered = 0
+        for used, cluster_id in enumerate(order, start=1):
+            covered += free[cluster_id]
+            if covered >= need:
+                if best is None or used < best[0]:
+                    best = (used, order)
+                break
+    return [] if best is None else best[1]
+
+
+def usable_free(request: PoolRequest, free: dict[int, int]) -> int:
+    """Free units one approval of `request` could take now: the most on one cluster, or, when it may span
+    clusters (may_span), the most over the clusters of one binding (the queue's fit test, the forecast)."""
+    single = max(free.values(), default=0)
+    if not may_span(request):
+        return single
+    return max([single, *(sum(free[c] for c in order) for order in _by_binding(free).values())])
+
+
+def lock_clusters(cluster_ids) -> None:
+    """Row-lock these clusters, waiting for them, in primary-key order (so no deadlock): approvals that may
+    span clusters take turns on the clusters they draw from. Without it two such approvals each lock part
+    of the other's units (SKIP LOCKED), and both fail where one would have succeeded."""
+    locked = Cluster.objects.select_for_update().filter(pk__in=list(cluster_ids)).order_by("pk")
+    list(locked.values_list("pk", flat=True))
 
 
 def _lock(queryset):
@@ -372,6 +424,10 @@ def shortage(request: PoolRequest, free: dict[int, int]) -> tuple[str, dict]:
     if topology.one_node(request):
         where = f" on {names[best]}" if best is not None else ""
         message = f"need {what} on one node, at most {best_free} free on one node{where}"
+    elif may_span(request) and len(free) > 1:
+        usable = usable_free(request, free)
+        where = "in all" if usable == total else f"on clusters of one binding, {total} in all"
+        message = f"need {what} across clusters, {usable} free {where}"
     elif len(free) > 1:
         message = f"need {what} on one cluster, at most {best_free} free on one ({names[best]}), {total} free in all"
     else:

@@ -73,7 +73,7 @@ def lend_idle(*, now: datetime | None = None) -> list[int]:
 def _matches(unit, request) -> bool:
     if unit.project_id == request.project_id or unit.kind != request.spec_kind:
         return False
-    if request.cluster_id and unit.pool.cluster_id != request.cluster_id:
+    if request.cluster_id and unit.gpu.node.cluster_id != request.cluster_id:  # the unit's cluster: pools may span
         return False
     if request.product and unit.product != request.product:
         return False

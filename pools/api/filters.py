@@ -56,11 +56,15 @@ class GpuPoolFilter(filters.FilterSet):
     state = filters.MultipleChoiceFilter(choices=PoolState.choices)
     workload_type = filters.ChoiceFilter(choices=WorkloadType.choices)
     tier = filters.CharFilter()
-    cluster = filters.NumberFilter(field_name="cluster_id")
+    cluster = filters.NumberFilter(method="filter_cluster", label="Pools with units on this cluster (id)")
 
     class Meta:
         model = GpuPool
         fields = ["project", "project_slug", "state", "workload_type", "tier", "cluster"]
+
+    def filter_cluster(self, queryset, name, value):
+        """A pool across clusters is listed under each of them, not only its home cluster."""
+        return queryset.on_cluster(value)
 
 
 class AllocationFilter(filters.FilterSet):

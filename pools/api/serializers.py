@@ -23,7 +23,7 @@ from tenancy.models import ApiToken, Project
 from .. import offers, queue, services
 from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, WorkloadType
 from ..exceptions import SpecError
-from ..models import SHARED_NODE_NOTE, Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from ..models import SHARED_NODE_NOTE, Allocation, GpuPool, PoolCluster, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
 
 # --- Projects and members ------------------------------------------------------------------------
@@ -469,12 +469,30 @@ class ConflictSerializer(serializers.Serializer):
 # --- Pools and allocations -----------------------------------------------------------------------
 
 
+class PoolClusterSerializer(serializers.ModelSerializer):
+    """One cluster the pool holds units on, and its provisioning there."""
+
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    units = serializers.IntegerField(source="units_held", read_only=True, help_text="Units held there now.")
+
+    class Meta:
+        model = PoolCluster
+        fields = ["cluster", "cluster_name", "units", "provisioned_at", "deprovisioned_at", "reconciled_at", "error"]
+        read_only_fields = fields
+
+
 class GpuPoolSerializer(serializers.ModelSerializer):
     """A pool and its card: units total and in use, GPUs total and in use, utilisation (null until
     monitoring provides it), allocation = profiles in use / profiles in the pool."""
 
     project_slug = serializers.CharField(source="project.slug", read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    clusters = PoolClusterSerializer(
+        source="pool_clusters",
+        many=True,
+        read_only=True,
+        help_text="Every cluster the pool holds units on (cluster is the home one), with its units and provisioning.",
+    )
     spec = serializers.CharField(source="request.spec_label", read_only=True)
     total_gpus = serializers.IntegerField(source="gpus_total", read_only=True)
     in_use_gpus = serializers.IntegerField(source="gpus_in_use", read_only=True)
@@ -514,6 +532,7 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "request",
             "cluster",
             "cluster_name",
+            "clusters",
             "workload_type",
             "tier",
             "spec",

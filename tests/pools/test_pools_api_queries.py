@@ -81,8 +81,9 @@ def token_client(bob):
     return client
 
 
-# token lookup, COUNT(*), the page (joins and annotations inside); projects: the same three.
-EXPECTED = {"/api/v1/pool-requests/": 3, "/api/v1/allocations/": 3, "/api/v1/pools/": 3, "/api/v1/projects/": 3}
+# token lookup, COUNT(*), the page (joins and annotations inside); projects: the same three;
+# pools: one more, the page's clusters (PoolCluster with units held, prefetched).
+EXPECTED = {"/api/v1/pool-requests/": 3, "/api/v1/allocations/": 3, "/api/v1/pools/": 4, "/api/v1/projects/": 3}
 
 
 @pytest.mark.parametrize("url", list(EXPECTED))
