@@ -5,8 +5,9 @@ steps re-enqueue themselves with a countdown far below the Redis visibility time
 node's queue: the agent backend's NVML work goes to the node's agent as a signed command
 (apply_mig_task) whose signed result comes back as mig_result_task, and both backends' verify asks the
 agent for a fresh inventory (read_node_inventory_task), which comes back through the ingest queue.
-A step message an older release queued on a node queue is dropped by the node agent (it has no such
-task); the sweep re-sends the step here once it has sat idle for idle_s().
+A verify step the previous release queued on a node queue comes to nothing there (a thin agent fails it
+on its first query, or it expires unserved); the sweep re-sends the step here once it has sat idle for
+idle_s() (docs/deploying.md, agent version skew).
 
 The tasks keep the names they had in capacity.tasks: queued messages, the beat entry
 (CELERY_BEAT_SCHEDULE "capacity-sweep-reconfigurations") and running node agents name them.

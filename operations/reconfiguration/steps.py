@@ -334,7 +334,7 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
             raise ReconfigurationError(f"{mig_configs.MIG_STATE_LABEL}=failed for {config}")
         if state != "success":
             return Wait(f"{mig_configs.MIG_STATE_LABEL}={state or 'unset'}")
-        waiting = _await_inventory(reconf)  # the agent backend's result carried the inventory read back
+        waiting = _await_inventory(reconf, now)  # (the agent backend's result carried its read-back inventory)
         if waiting is not None:
             return waiting
     layouts = current_layouts(reconf.node)
@@ -379,7 +379,7 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
     return Advance(message, {"observed": observed, "allocations": notes}, updates)
 
 
-def _await_inventory(reconf: MigReconfiguration) -> Wait | None:
+def _await_inventory(reconf: MigReconfiguration, now: datetime) -> Wait | None:
     """Operator path: None once the node's rows show an NVML read its agent made after the MIG manager
     said `success` (apply advanced then, and asked for one); until then Wait, asking again each pass.
 
@@ -389,7 +389,7 @@ def _await_inventory(reconf: MigReconfiguration) -> Wait | None:
     it sets `success` (it restarts the GPU clients in between). A node clock behind the control plane's
     only delays verify (each pass asks again) while the skew stays well under MIG_VERIFY_TIMEOUT_S.
     """
-    node, since = reconf.node, reconf.applied_at
+    node, since = reconf.node, reconf.applied_at or now
     if node.inventory_read_since(since):
         return None
     commands.request_inventory(reconf)
