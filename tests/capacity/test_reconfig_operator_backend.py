@@ -266,3 +266,29 @@ def test_verify_waits_for_an_inventory_the_node_agent_read_after_the_mig_manager
         ]
     finally:
         sim.server.stop()
+
+
+def test_verify_says_when_the_agents_inventory_read_failed_and_carries_on_with_the_next_good_one(sim, settings):
+    a_minute_before = F("inventory_read_at") - timedelta(minutes=1)
+    NodeCapacity.objects.filter(name="gpu-a").update(inventory_read_at=a_minute_before)
+    reconf = rc.create(node_row("gpu-a"), {"1": ["7g.80gb"]}, force=True)
+    for step in ("plan", "check", "cordon", "drain"):
+        assert reconfiguration_step_task(reconf.pk, step) == "advanced"
+    assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+    sim.run_mig_manager()
+    assert reconfiguration_step_task(reconf.pk, "apply") == "advanced"
+    working, settings.NVML_LIBRARY = settings.NVML_LIBRARY, "capacity.adapters.nvml.no_such_factory"
+    reconf.refresh_from_db()
+    assert serve_inventory(reconf)[sim.cluster.name].errors  # the agent answered, with an NVML error
+
+    assert reconfiguration_step_task(reconf.pk, "verify") == "waiting"
+    error = node_row("gpu-a").inventory_error
+    assert error
+    assert reconf.steps.get(step="verify", event="waiting").message == (
+        f"waiting for the node agent's NVML inventory of gpu-a read since {reconf.applied_at:%H:%M:%S} UTC"
+        f" (its latest read failed: {error})"
+    )
+    settings.NVML_LIBRARY = working
+    serve_inventory(reconf)
+    assert reconfiguration_step_task(reconf.pk, "verify") == "advanced"
+    assert sim.db_layout("gpu-a", 1) == [("7g.80gb", 0)]
