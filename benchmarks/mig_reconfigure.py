@@ -3,7 +3,9 @@
 Builds --nodes simulated nodes of --gpus-per-node H100-80GB, each GPU at 3g.40gb x 2, serves them
 over HTTP (SimServer, in this process), mirrors them into the database named by DATABASE_URL and
 reconfigures every node to all-balanced through --backend, calling each step's task body directly
-(no broker), on the operator path with the simulated MIG manager run as soon as apply waits.
+(no broker), on the operator path with the simulated MIG manager run as soon as apply waits and the
+inventory reads that apply and verify ask the node agent for done here (the agent's read, the ingest); on
+the agent path the node agent's MIG command is carried out here and its result recorded.
 
 Reported: the gpuaas side of a reconfiguration, i.e. wall seconds and SQL queries per node for the
 seven steps (Kubernetes calls to the in-process simulator and, on the agent path, the fake NVML
@@ -22,11 +24,15 @@ from unittest import mock
 from django.db import connection
 from django.test.utils import CaptureQueriesContext, override_settings
 
+from capacity.adapters import kubernetes as kube
+from capacity.agent import node as agent
 from capacity.mig.catalog import PRODUCTS
 from capacity.models import Cluster, MigReconfiguration, NodeCapacity
 from capacity.services import mig_configs
 from capacity.services.discovery import discover_cluster
+from capacity.services.inventory import ingest_inventory_reports
 from operations import reconfiguration as rc
+from operations.reconfiguration.commands import record_result
 from simcluster import SimServer, SimState, gpuoperator
 
 from .capacity import delete_cluster_rows
@@ -63,6 +69,13 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
     # The steps are called here, one after the other: nothing goes to the broker.
     no_broker = mock.patch("operations.tasks.enqueue_reconfiguration_step")
     no_broker.start()
+    # Nor the node agents' work (inventory requests, MIG commands): it is done below, in this process.
+    no_agent = [
+        mock.patch("operations.reconfiguration.commands.enqueue_inventory"),
+        mock.patch("operations.reconfiguration.commands._send"),
+    ]
+    for patch in no_agent:
+        patch.start()
     # The simulated MIG manager's mounted ConfigMap is refreshed at once: no kubelet delay to wait out.
     instant_mount = override_settings(MIG_PARTED_SYNC_S=0)
     instant_mount.enable()
@@ -72,6 +85,7 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
         with tempfile.TemporaryDirectory() as tmp:
             path = server.write_kubeconfigs(Path(tmp))[name]
             cluster = Cluster.objects.create(name=name, kubeconfig_path=str(path))
+            api_url = kube.api_url_for(cluster)
             outcome = discover_cluster(cluster.pk, inventory="inline")
             if outcome.run.status != "succeeded":
                 raise RuntimeError(f"discovery failed: {outcome.run.error}")
@@ -85,8 +99,16 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
                     while reconf.state not in ("succeeded", "failed") and calls < 30:
                         outcome = rc.run_step(reconf.pk, reconf.step, token="bench")
                         calls += 1
-                        if outcome == "waiting" and reconf.step == "apply":
+                        if outcome == "waiting" and reconf.step == "apply" and backend == "agent":
+                            reconf.refresh_from_db()  # the agent carries out the command, its result is recorded
+                            record_result(agent.apply_mig(reconf.agent_command, api_url=api_url))
+                        elif outcome == "waiting" and reconf.step == "apply":
                             state.run_mig_manager(name)
+                        if backend == "operator" and (reconf.step, outcome) in (
+                            ("apply", "advanced"),
+                            ("verify", "waiting"),
+                        ):  # the inventory apply and verify ask for: the agent's read, the ingest's write
+                            ingest_inventory_reports([agent.read_inventory(name, node.name, api_url=api_url)])
                         reconf.refresh_from_db()
                 seconds.append(time.perf_counter() - started)
                 queries.append(len(captured))
@@ -98,6 +120,8 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
             document_s = time.perf_counter() - started
     finally:
         instant_mount.disable()
+        for patch in no_agent:
+            patch.stop()
         no_broker.stop()
         server.stop()
         _delete_bench_clusters()

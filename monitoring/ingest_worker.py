@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -47,8 +48,10 @@ class IngestWorker:
         self.pending.append((body, message))
 
     def run(self, *, max_batches: int | None = None) -> None:
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
+        """Consume until stop() (SIGTERM or SIGINT when run in the main thread) or max_batches."""
+        if threading.current_thread() is threading.main_thread():  # else the thread's owner calls stop()
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
         with transport.connection() as conn:
             with conn.Consumer(transport.queue, callbacks=[self._received], accept=["json"]) as consumer:
                 consumer.qos(prefetch_count=self.batch)

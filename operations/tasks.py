@@ -1,9 +1,13 @@
 """Celery tasks of the operations app: thin wrappers that load ids and call services.
 
-MIG reconfiguration: each workflow step is one task run; waiting steps re-enqueue themselves with a
-countdown far below the Redis visibility timeout. The agent backend's NVML work goes to the node's
-agent as a signed command (apply_mig_task) whose signed result comes back as mig_result_task; the
-operator backend's verify (rediscovery) still runs on the node's queue.
+MIG reconfiguration: each workflow step is one task run on the control plane (default queue); waiting
+steps re-enqueue themselves with a countdown far below the Redis visibility timeout. No step runs on a
+node's queue: the agent backend's NVML work goes to the node's agent as a signed command
+(apply_mig_task) whose signed result comes back as mig_result_task, and both backends' verify asks the
+agent for a fresh inventory (read_node_inventory_task), which comes back through the ingest queue.
+A verify step the previous release queued on a node queue comes to nothing there (a thin agent fails it
+on its first query, or it expires unserved); the sweep re-sends the step here once it has sat idle for
+idle_s() (docs/deploying.md, agent version skew).
 
 The tasks keep the names they had in capacity.tasks: queued messages, the beat entry
 (CELERY_BEAT_SCHEDULE "capacity-sweep-reconfigurations") and running node agents name them.
@@ -13,7 +17,6 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from gpuaas.celery import node_queue
 from operations.reconfiguration import run_step, sweep
 from operations.reconfiguration.commands import record_result
 
@@ -29,17 +32,12 @@ def reconfiguration_step_task(self, reconfiguration_id: int, step: str) -> str:
     return run_step(reconfiguration_id, step, token=self.request.id or "local")
 
 
-def enqueue_reconfiguration_step(
-    reconfiguration_id: int, step: str, *, cluster: str, node: str, backend: str, countdown: int | None = None
-) -> None:
-    """Send one step (call after commit). Steps that read or write the node's NVML run on its agent's
-    queue, node_queue(cluster, node): the operator backend's verify (rediscovery). The agent backend's
-    apply and verify run here: apply sends the node agent a signed command (reconfiguration.commands)."""
+def enqueue_reconfiguration_step(reconfiguration_id: int, step: str, *, countdown: int | None = None) -> None:
+    """Send one step (call after commit) to the control plane's default queue: every step needs the database.
+    What a step needs from the node's NVML it asks of the node's agent (reconfiguration.commands)."""
     options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
     if countdown:
         options["countdown"] = countdown
-    if step == "verify" and backend == "operator":
-        options["queue"] = node_queue(cluster, node)
     reconfiguration_step_task.apply_async((reconfiguration_id, step), **options)
 
 

@@ -73,6 +73,20 @@ class NodeCapacity(models.Model):
     first_seen_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now, help_text="When discovery last wrote the row.")
     gone_at = models.DateTimeField(null=True, blank=True)
+    inventory_read_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When the node agent read the NVML inventory its GPU and MIG rows show (the agent's clock).",
+    )
+    # db_default: discovery inserts nodes with its own column list, which leaves this one out.
+    inventory_error = models.CharField(
+        max_length=500,
+        blank=True,
+        db_default="",
+        editable=False,
+        help_text="Why the agent's latest inventory read failed.",
+    )
 
     objects = NodeCapacityQuerySet.as_manager()
 
@@ -95,6 +109,11 @@ class NodeCapacity(models.Model):
     @property
     def is_gone(self) -> bool:
         return self.gone_at is not None
+
+    def inventory_read_since(self, moment) -> bool:
+        """Whether the GPU and MIG rows show an NVML read made at or after `moment`. Reads are dated to the
+        second by the agent (its report's slot), so a read in the same second counts."""
+        return self.inventory_read_at is not None and self.inventory_read_at >= moment.replace(microsecond=0)
 
 
 class GpuCapacityQuerySet(models.QuerySet):

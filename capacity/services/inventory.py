@@ -27,9 +27,10 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import transaction
+from django.db.models import Case, Value, When
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
@@ -104,9 +105,11 @@ def inventory_nodes(cluster_id: int, node_names: list[str], *, api_url: str) -> 
 
 def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
     """Inventory reports of one cluster's nodes (verified, or read in this process): failed reads and partial
-    ones are noted per node, the rest reconciled in one transaction."""
+    ones are noted per node, the rest reconciled in one transaction, which also dates each node's rows with
+    its read (NodeCapacity.inventory_read_at: the MIG verify step waits for a read made after the change)."""
     result = InventoryResult()
     inventories = []
+    read_at: dict[str, datetime] = {}
     for report in reports:
         name = report["node"]
         inventory, error = protocol.inventory_from_body(report["body"], name)
@@ -115,12 +118,26 @@ def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
             logger.warning("inventory of %s failed: %s", name, error)
             continue
         inventories.append(inventory)
+        read_at[name] = datetime.fromtimestamp(report["slot"], tz=UTC)
         if inventory.warnings:
             result.warnings[name] = list(inventory.warnings)
             for warning in inventory.warnings:
                 logger.warning("inventory of %s is partial: %s", name, warning)
-    reconcile_inventory(cluster_id, inventories, result=result)
+    nodes = NodeCapacity.objects.filter(cluster_id=cluster_id, gone_at__isnull=True)
+    with transaction.atomic():
+        reconcile_inventory(cluster_id, inventories, result=result)
+        if read_at:
+            nodes.filter(name__in=read_at).update(inventory_read_at=_by_name(read_at), inventory_error="")
+        if result.errors:
+            nodes.filter(name__in=result.errors).update(
+                inventory_error=_by_name({name: error[:500] for name, error in result.errors.items()})
+            )
     return result
+
+
+def _by_name(values: dict) -> Case:
+    """A CASE on the node's name, so one UPDATE sets each node its own value."""
+    return Case(*(When(name=name, then=Value(value)) for name, value in values.items()))
 
 
 def ingest_inventory_reports(reports: list) -> tuple[dict[str, InventoryResult], list[str]]:

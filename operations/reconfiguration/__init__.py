@@ -16,8 +16,9 @@
   * agent: a signed MIG command goes to the node agent's queue (node_queue(cluster, node)), whose NVML
     destroys and creates GPU and compute instances at the planned placements; its signed result (with
     the inventory read back) is recorded by the control plane, then apply advances (commands.py).
-- verify (operator path: on the node's queue, where its NVML is; agent path: on the control plane,
-  from the agent's read-back inventory): on the operator path the state label says
+- verify (on the control plane, like every step; the node agent reads NVML: on the operator path an
+  inventory read that apply asked for on success and verify waits for, dated at or after it; on the
+  agent path the result's read-back inventory): on the operator path the state label says
   success for our config; rediscovery of the node (inventory) shows the planned instances: exact
   placements on the agent path, the same profiles on the operator path, whose placements mig-parted
   chooses (the observed ones are recorded). MIG allocations whose instance was recreated at the same

@@ -26,13 +26,11 @@ def audit(reconf, step: str, event: str, message: str = "", *, detail=None, task
 
 
 def enqueue(reconf: MigReconfiguration, step: str, *, countdown: int | None = None) -> None:
-    """Send the step's task after commit (operations.tasks.enqueue_reconfiguration_step picks the queue)."""
+    """Send the step's task after commit (operations.tasks.enqueue_reconfiguration_step)."""
     from operations.tasks import enqueue_reconfiguration_step  # cycle: operations.tasks imports this package
 
-    pk, cluster, node, backend = reconf.pk, reconf.cluster.name, reconf.node.name, reconf.backend
-    transaction.on_commit(
-        lambda: enqueue_reconfiguration_step(pk, step, cluster=cluster, node=node, backend=backend, countdown=countdown)
-    )
+    pk = reconf.pk
+    transaction.on_commit(lambda: enqueue_reconfiguration_step(pk, step, countdown=countdown))
 
 
 def stamp(**fields) -> dict:

@@ -20,7 +20,7 @@ from capacity.choices import ReconfigurationEvent as Event
 from capacity.choices import ReconfigurationStep as Step
 from capacity.mig.catalog import get_product
 from capacity.models import GPUAAS_CONFIG_PREFIX, MigReconfiguration, NodeCapacity
-from capacity.services import inventory, mig_configs
+from capacity.services import mig_configs
 from pools.models import Allocation
 from pools.services import rehome_allocations
 
@@ -234,6 +234,7 @@ def _apply_operator(reconf: MigReconfiguration) -> Advance | Wait:
     waiting = mig_manager_outcome(reconf, labels.get(mig_configs.MIG_STATE_LABEL, ""))
     if waiting is not None:
         return waiting
+    commands.request_inventory(reconf)  # verify needs the node's NVML as it is now: ask its agent at once
     return Advance(f"MIG manager applied {reconf.config_name} ({mig_configs.MIG_STATE_LABEL}=success)")
 
 
@@ -333,10 +334,9 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
             raise ReconfigurationError(f"{mig_configs.MIG_STATE_LABEL}=failed for {config}")
         if state != "success":
             return Wait(f"{mig_configs.MIG_STATE_LABEL}={state or 'unset'}")
-    if reconf.backend == Backend.OPERATOR:  # the agent backend's result carried the inventory read back
-        error = rediscover(reconf)
-        if error:
-            return Wait(f"rediscovery of {reconf.node.name} failed: {error}")
+        waiting = _await_inventory(reconf, now)  # (the agent backend's result carried its read-back inventory)
+        if waiting is not None:
+            return waiting
     layouts = current_layouts(reconf.node)
     mismatches, observed = [], {}
     for key, gpu in reconf.plan["gpus"].items():
@@ -360,8 +360,7 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
                 f"GPU {index}: {_describe(True, placements)}, planned {_describe(True, gpu['placements'])}"
             )
     if mismatches:
-        if reconf.backend == Backend.AGENT:  # ask the agent for a fresh read (it comes back on the ingest queue)
-            commands.request_inventory(reconf)
+        commands.request_inventory(reconf)  # ask the agent for a fresh read (it comes back on the ingest queue)
         return Wait("rediscovery does not show the plan yet: " + "; ".join(mismatches), {"observed": observed})
     if reconf.backend == Backend.AGENT:
         waiting = _settle_agent(reconf)
@@ -380,11 +379,24 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
     return Advance(message, {"observed": observed, "allocations": notes}, updates)
 
 
-def rediscover(reconf: MigReconfiguration) -> str:
-    """Refresh the node's GpuCapacity/MigInstance rows from its NVML (the discovery inventory, run here on
-    the node's own queue); returns the NVML error, "" if it worked."""
-    result = inventory.inventory_node(reconf.cluster_id, reconf.node.name, api_url=kube.api_url_for(reconf.cluster))
-    return result.errors.get(reconf.node.name, "")
+def _await_inventory(reconf: MigReconfiguration, now: datetime) -> Wait | None:
+    """Operator path: None once the node's rows show an NVML read its agent made after the MIG manager
+    said `success` (apply advanced then, and asked for one); until then Wait, asking again each pass.
+
+    The read comes from the node agent through the ingest queue (read_node_inventory_task): this step
+    runs on the control plane, and nothing of it runs on the node. Reads are dated by the node's clock
+    to the second, and one in apply's own second counts: the MIG manager changes the GPUs seconds before
+    it sets `success` (it restarts the GPU clients in between). A node clock behind the control plane's
+    only delays verify (each pass asks again) while the skew stays well under MIG_VERIFY_TIMEOUT_S.
+    """
+    node, since = reconf.node, reconf.applied_at or now
+    if node.inventory_read_since(since):
+        return None
+    commands.request_inventory(reconf)
+    message = f"waiting for the node agent's NVML inventory of {reconf.node.name} read since {since:%H:%M:%S} UTC"
+    if node.inventory_error:
+        message += f" (its latest read failed: {node.inventory_error})"
+    return Wait(message)
 
 
 def reattach_allocations(reconf: MigReconfiguration) -> list[str]:

@@ -141,12 +141,33 @@ def serve_agent(reconf) -> str:
     return record_result(agent.apply_mig(reconf.agent_command, api_url=kube.api_url_for(reconf.cluster)))
 
 
+def serve_inventory(reconf) -> dict:
+    """Do what the node agent and the ingest worker do with an inventory request (apply's and verify's on the
+    operator path), in this process: read the node's NVML, sign it, check and reconcile the signed report."""
+    from capacity.adapters import kubernetes as kube
+    from capacity.agent import node as agent
+    from capacity.services.inventory import ingest_inventory_reports
+
+    report = agent.read_inventory(reconf.cluster.name, reconf.node.name, api_url=kube.api_url_for(reconf.cluster))
+    results, refused = ingest_inventory_reports([report])
+    assert not refused, refused
+    return results
+
+
+def answer_inventory_request(reconf, outcome: str) -> None:
+    """After a step ran (reconf as it was before): on the operator path, apply's success and a waiting verify
+    asked the node agent for an inventory; serve it (serve_inventory)."""
+    if reconf.backend == "operator" and (reconf.step, outcome) in (("apply", "advanced"), ("verify", "waiting")):
+        serve_inventory(reconf)
+
+
 def drive(sim: Sim | None, reconf, *, max_calls: int = 20) -> list[str]:
     """Call the step task for the reconfiguration's current step until it succeeds or fails.
 
     When apply waits on the operator path, the simulated MIG manager runs once (it never fires on
     its own in these tests); on the agent path the node agent's work runs in this process (serve_agent).
-    Returns the outcomes, in order.
+    On the operator path, the inventory that apply (on success) and a waiting verify ask the node agent
+    for is served in this process (serve_inventory). Returns the outcomes, in order.
     """
     from operations.tasks import reconfiguration_step_task
 
@@ -161,6 +182,7 @@ def drive(sim: Sim | None, reconf, *, max_calls: int = 20) -> list[str]:
             serve_agent(reconf)
         elif outcome == "waiting" and reconf.step == "apply" and sim is not None:
             sim.run_mig_manager()
+        answer_inventory_request(reconf, outcome)
     reconf.refresh_from_db()
     return outcomes
 

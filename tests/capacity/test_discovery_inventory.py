@@ -2,12 +2,15 @@
 
 import copy
 import json
+from datetime import UTC, datetime, timedelta
 from unittest import mock
 
 import pytest
 
 from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
+from capacity.agent import node as agent
+from capacity.agent import protocol
 from capacity.agent import tasks as agent_tasks
 from capacity.models import GpuCapacity, MigInstance, MigPlacement, NodeCapacity
 from capacity.services.discovery import discover_cluster
@@ -113,6 +116,36 @@ def test_nvml_failures_are_reported_per_node_not_raised(sim, settings):
     result = inventory_node(sim.clusters["prod"].pk, NODE)
     assert list(result.errors) == [NODE]
     assert result.nodes == 0
+
+
+def test_each_node_is_dated_with_the_read_its_rows_show_and_a_failed_read_says_why(sim, settings):
+    """NodeCapacity.inventory_read_at is the report's read time (its slot), set in the reconcile's transaction;
+    a failed read leaves it and the rows as they were and records the error until a read works again."""
+    cluster, working = sim.clusters["prod"], settings.NVML_LIBRARY
+    other = "prod-h100-bal-02"
+    reports = [agent.read_inventory(cluster.name, name, api_url=kube.api_url_for(cluster)) for name in (NODE, other)]
+    reports[1] = protocol.sign(protocol.KIND_INVENTORY, cluster.name, other, reports[1]["slot"] - 7, reports[1]["body"])
+
+    assert ingest_inventory_reports(reports)[1] == []
+
+    read = dict(NodeCapacity.objects.filter(name__in=[NODE, other]).values_list("name", "inventory_read_at"))
+    assert read == {
+        NODE: datetime.fromtimestamp(reports[0]["slot"], tz=UTC),
+        other: datetime.fromtimestamp(reports[1]["slot"], tz=UTC),
+    }
+    settings.NVML_LIBRARY = "capacity.adapters.nvml.no_such_factory"
+    failed = agent.read_inventory(cluster.name, NODE, api_url=kube.api_url_for(cluster))
+    assert ingest_inventory_reports([failed])[1] == []
+    node = NodeCapacity.objects.get(name=NODE)
+    assert node.inventory_read_at == read[NODE]
+    assert node.inventory_error == failed["body"]["error"] != ""
+    assert not node.inventory_read_since(read[NODE] + timedelta(seconds=1))
+
+    settings.NVML_LIBRARY = working
+    again = agent.read_inventory(cluster.name, NODE, api_url=kube.api_url_for(cluster))
+    assert ingest_inventory_reports([again])[1] == []
+    node.refresh_from_db()
+    assert (node.inventory_read_at, node.inventory_error) == (datetime.fromtimestamp(again["slot"], tz=UTC), "")
 
 
 def test_an_unprivileged_agent_gives_a_partial_inventory_with_a_warning_naming_the_privilege(sim, settings):

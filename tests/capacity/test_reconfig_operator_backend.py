@@ -1,10 +1,17 @@
 """MIG reconfiguration through the GPU Operator: gpuaas's mig-parted ConfigMap, the label, the state label."""
 
+from datetime import timedelta
+
 import pytest
 import yaml
-from reconfig_sim import drive, gpu_row, node_row, start_sim
+from django.db.models import F
+from reconfig_sim import drive, gpu_row, node_row, serve_inventory, start_sim
 
-from capacity.models import MigLayout, MigReconfigurationStep
+from capacity.adapters import kubernetes as kube
+from capacity.adapters import nvml
+from capacity.agent.tasks import read_node_inventory_task
+from capacity.models import MigLayout, MigReconfigurationStep, NodeCapacity
+from gpuaas.celery import node_queue
 from operations import reconfiguration as rc
 from operations.tasks import reconfiguration_step_task
 from simcluster.gpuoperator import GPUAAS_MIG_CONFIGMAP, mig_config_source, parse_mig_parted
@@ -210,3 +217,78 @@ def test_site_configs_of_the_default_configmap_are_carried_over(sim):
     configs = parse_mig_parted(mig_config_source(sim.sim_cluster)[1])
     assert configs["prod-4g-3g"] == site  # a node labelled with it still finds it in our file
     assert configs["all-balanced"][0]["mig-enabled"] is True  # ours wins on a name clash
+
+
+def test_verify_waits_for_an_inventory_the_node_agent_read_after_the_mig_manager_succeeded(
+    tmp_path, django_capture_on_commit_callbacks, monkeypatch
+):
+    """The rows already show the planned profiles (one 1g.10gb, elsewhere): only a read made after the MIG
+    manager's `success` may verify. Apply and verify ask the node's agent for it; neither reads NVML itself."""
+    sim = start_sim(tmp_path, [("gpu-a", "H100-80GB", 1, {0: ["1g.10gb"]}, "")])
+    try:
+        sent = []
+        monkeypatch.setattr(
+            read_node_inventory_task, "apply_async", lambda args, **options: sent.append((args, options["queue"]))
+        )
+        monkeypatch.setattr(nvml, "node_inventory", None)  # no step reads NVML in this process
+        # Discovery read the node a minute before (here: this same second, which counts as after the change).
+        a_minute_before = F("inventory_read_at") - timedelta(minutes=1)
+        NodeCapacity.objects.filter(name="gpu-a").update(inventory_read_at=a_minute_before)
+        reconf = rc.create(node_row("gpu-a"), {"0": [{"profile": "1g.10gb", "start": 3}]}, force=True)
+        before = sim.db_layout("gpu-a", 0)
+        assert before != [("1g.10gb", 3)]
+        for step in ("plan", "check", "cordon", "drain"):
+            assert reconfiguration_step_task(reconf.pk, step) == "advanced"
+        assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+        sim.run_mig_manager()
+        with django_capture_on_commit_callbacks(execute=True):
+            assert reconfiguration_step_task(reconf.pk, "apply") == "advanced"
+            assert reconfiguration_step_task(reconf.pk, "verify") == "waiting"
+
+        reconf.refresh_from_db()
+        queue = node_queue(sim.cluster.name, "gpu-a")
+        assert sent == [((sim.cluster.name, "gpu-a", kube.api_url_for(sim.cluster)), queue)] * 2
+        assert sim.db_layout("gpu-a", 0) == before  # nothing was read here
+        waiting = reconf.steps.get(step="verify", event="waiting")
+        assert waiting.message == (
+            f"waiting for the node agent's NVML inventory of gpu-a read since {reconf.applied_at:%H:%M:%S} UTC"
+        )
+        monkeypatch.undo()
+
+        serve_inventory(reconf)  # the agent reads and publishes, the ingest worker writes
+        assert reconfiguration_step_task(reconf.pk, "verify") == "advanced"
+        assert reconfiguration_step_task(reconf.pk, "uncordon") == "advanced"
+        reconf.refresh_from_db()
+        assert reconf.state == "succeeded", reconf.error
+        assert sim.db_layout("gpu-a", 0) == sim.layout("gpu-a", 0)
+        assert reconf.plan["gpus"]["0"]["placements"] == [
+            {"profile": p, "start": s, "size": 1} for p, s in sim.layout("gpu-a", 0)
+        ]
+    finally:
+        sim.server.stop()
+
+
+def test_verify_says_when_the_agents_inventory_read_failed_and_carries_on_with_the_next_good_one(sim, settings):
+    a_minute_before = F("inventory_read_at") - timedelta(minutes=1)
+    NodeCapacity.objects.filter(name="gpu-a").update(inventory_read_at=a_minute_before)
+    reconf = rc.create(node_row("gpu-a"), {"1": ["7g.80gb"]}, force=True)
+    for step in ("plan", "check", "cordon", "drain"):
+        assert reconfiguration_step_task(reconf.pk, step) == "advanced"
+    assert reconfiguration_step_task(reconf.pk, "apply") == "waiting"
+    sim.run_mig_manager()
+    assert reconfiguration_step_task(reconf.pk, "apply") == "advanced"
+    working, settings.NVML_LIBRARY = settings.NVML_LIBRARY, "capacity.adapters.nvml.no_such_factory"
+    reconf.refresh_from_db()
+    assert serve_inventory(reconf)[sim.cluster.name].errors  # the agent answered, with an NVML error
+
+    assert reconfiguration_step_task(reconf.pk, "verify") == "waiting"
+    error = node_row("gpu-a").inventory_error
+    assert error
+    assert reconf.steps.get(step="verify", event="waiting").message == (
+        f"waiting for the node agent's NVML inventory of gpu-a read since {reconf.applied_at:%H:%M:%S} UTC"
+        f" (its latest read failed: {error})"
+    )
+    settings.NVML_LIBRARY = working
+    serve_inventory(reconf)
+    assert reconfiguration_step_task(reconf.pk, "verify") == "advanced"
+    assert sim.db_layout("gpu-a", 1) == [("7g.80gb", 0)]

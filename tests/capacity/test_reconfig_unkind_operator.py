@@ -5,7 +5,7 @@ ConfigMap copy kubelet refreshes late and reboots to change the MIG mode."""
 import time
 
 import pytest
-from reconfig_sim import drive, node_row, start_sim
+from reconfig_sim import answer_inventory_request, drive, node_row, start_sim
 
 from operations import reconfiguration as rc
 from operations.tasks import reconfiguration_step_task
@@ -100,7 +100,9 @@ def drive_slowly(sim, reconf, *, pause: float, max_calls: int = 30) -> list[str]
         reconf.refresh_from_db()
         if reconf.state in ("succeeded", "failed"):
             break
-        outcomes.append(f"{reconf.step}:{reconfiguration_step_task(reconf.pk, reconf.step)}")
+        outcome = reconfiguration_step_task(reconf.pk, reconf.step)
+        outcomes.append(f"{reconf.step}:{outcome}")
+        answer_inventory_request(reconf, outcome)
         if outcomes[-1] == "apply:waiting":
             sim.run_mig_manager()
             time.sleep(pause)

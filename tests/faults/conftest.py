@@ -120,6 +120,96 @@ def workers(tmp_path, settings):
         purge(fleet.queues)
 
 
+class Agent:
+    """One node-agent process for `node` (restarted when it dies, as its DaemonSet would): GPUAAS_ROLE=node-agent,
+    DATABASE_URL unset, holding only that node's key, serving only that node's queue."""
+
+    def __init__(self, tmp_path: Path, cluster: str, node: str, crash_at: str = ""):
+        from django.conf import settings
+
+        from capacity.agent import protocol
+        from gpuaas.celery import node_queue
+
+        self.queue = node_queue(cluster, node)
+        self.log = tmp_path / "agent.log"
+        self.markers = tmp_path / "agent-crashed"
+        self.markers.mkdir()
+        self.env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {
+            "GPUAAS_ROLE": "node-agent",
+            "DJANGO_SETTINGS_MODULE": "gpuaas.settings_test",
+            "AGENT_NODE_KEY": protocol.node_key(settings.AGENT_SIGNING_SECRET, cluster, node).hex(),
+            "AGENT_CLUSTER_NAME": cluster,
+            "AGENT_NODE_NAME": node,
+            "GPUAAS_CRASH_AT": crash_at,
+            "GPUAAS_CRASH_MARKER_DIR": str(self.markers),
+        }
+        self.started: list[subprocess.Popen] = []
+
+    def ensure_running(self) -> None:
+        if self.started and self.started[-1].poll() is None:
+            return
+        log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
+        self.started.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "gpuaas", "worker", "-P", "solo", "-l", "WARNING"]
+                + ["-Q", self.queue, "-n", f"agent{len(self.started)}@localhost"]
+                + ["--without-heartbeat", "--without-gossip", "--without-mingle"],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+
+    def stop(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+
+
+class Ingest:
+    """One `manage.py ingest-worker` (control plane, with the test database): writes the inventory reports
+    node agents publish on the ingest queue. Restarted if it dies."""
+
+    def __init__(self, tmp_path: Path):
+        self.log = tmp_path / "ingest.log"
+        self.env = {**os.environ, "DATABASE_URL": database_url(), "GPUAAS_VAR_DIR": str(tmp_path / "var")}
+        self.started: list[subprocess.Popen] = []
+
+    def ensure_running(self) -> None:
+        if self.started and self.started[-1].poll() is None:
+            return
+        log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
+        self.started.append(
+            subprocess.Popen(
+                [sys.executable, "manage.py", "ingest-worker", "--batch", "1", "--linger-ms", "0", "-v", "0"],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+
+    def stop(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+
+
+@pytest.fixture
+def ingest(tmp_path):
+    """An ingest worker (started by the test's loop with ensure_running), killed and its queue purged at the end."""
+    from capacity.agent.transport import INGEST_QUEUE
+
+    purge([INGEST_QUEUE])
+    worker = Ingest(tmp_path)
+    yield worker
+    worker.stop()
+    purge([INGEST_QUEUE])
+
+
 def drive(workers: Workers, done, *sweeps) -> bool:
     """Keep one worker alive and run the sweeps (as beat would) until done() or the deadline."""
     deadline = time.monotonic() + DEADLINE_S

@@ -13,7 +13,7 @@ STEPS = [f"reconfiguration.{step}" for step in ("plan", "check", "cordon", "drai
 
 
 @pytest.mark.parametrize("backend", ["agent", "operator"])
-def test_a_reconfiguration_survives_a_kill_at_every_step(tmp_path, workers, backend):
+def test_a_reconfiguration_survives_a_kill_at_every_step(tmp_path, workers, ingest, backend):
     sim = start_sim(tmp_path, [("gpu-a", "H100-80GB", 2, {0: ["3g.40gb", "3g.40gb"]}, "")], mig_manager_delay=0.2)
     try:
         fleet = workers(["default", node_queue(sim.cluster.name, "gpu-a")], STEPS)
@@ -23,7 +23,9 @@ def test_a_reconfiguration_survives_a_kill_at_every_step(tmp_path, workers, back
             reconf.refresh_from_db()
             return reconf.state in ("succeeded", "failed")
 
-        assert drive(fleet, done, rc.sweep), fleet.log_tail()
+        # The ingest worker writes the inventory reads verify asks the node's queue for (served here by the
+        # same full workers: only node-agent tasks go there).
+        assert drive(fleet, done, rc.sweep, ingest.ensure_running), fleet.log_tail()
     finally:
         sim.server.stop()
 
