@@ -7,13 +7,14 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim_pods import run_gpu_pod
+
 from capacity.mig.catalog import PRODUCTS
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from capacity.services.discovery import discover_cluster
 from simcluster import gpuoperator
 from simcluster.apiserver import SimServer
 from simcluster.gpuoperator import plan_for_gpu
-from simcluster.kube import ClusterApi
 from simcluster.state import SimState
 
 
@@ -39,21 +40,7 @@ class Sim:
         self.state.run_mig_manager()
 
     def add_gpu_pod(self, node: str, name: str, resource: str, namespace: str = "team-a") -> None:
-        api = ClusterApi(self.sim_cluster)
-        with self.state.lock:
-            if namespace not in self.sim_cluster.namespaces:
-                api.create("namespaces", None, {"metadata": {"name": namespace}})
-            api.create(
-                "pods",
-                namespace,
-                {
-                    "metadata": {"name": name, "namespace": namespace},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": node},
-                        "containers": [{"name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}],
-                    },
-                },
-            )
+        run_gpu_pod(self.state, self.sim_cluster, namespace, name, node=node, resource=resource)
 
     def layout(self, node: str, index: int) -> list[tuple[str, int]]:
         """(profile, start) of the GPU's instances in the simulator, by start."""
