@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from sim_pods import run_gpu_pod
@@ -178,6 +179,27 @@ def allocate(gpu: GpuCapacity, *, mig_start: int | None = None, project=None, ki
         profile_name=instance.profile.name if instance else "",
         compute_slices=instance.profile.compute_slices if instance else 7,
     )
+
+
+def mig_demand(cluster, product: str = "H100-80GB", **units) -> None:
+    """Active MIG pool requests of team-a on `cluster`, started three days ago: `1g_10gb=6` asks 6 x 1g.10gb."""
+    from django.utils import timezone
+
+    from pools.models import PoolRequest
+    from tenancy.models import Project
+
+    project = Project.objects.get_or_create(slug="team-a", defaults={"name": "Team A", "namespace": "team-a"})[0]
+    for profile, count in units.items():
+        PoolRequest.objects.create(
+            project=project,
+            cluster=cluster,
+            product=product,
+            spec_kind="mig",
+            profile_name=profile.replace("_", "."),
+            count=count,
+            state="active",
+            start_at=timezone.now() - timedelta(days=3),
+        )
 
 
 def gpu_row(node: str, index: int) -> GpuCapacity:

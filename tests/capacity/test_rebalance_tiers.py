@@ -3,19 +3,15 @@
 node's TierAssignment where gpuaas owns it."""
 
 from collections import Counter
-from datetime import timedelta
 
 import pytest
-from django.utils import timezone
-from reconfig_sim import start_sim
+from reconfig_sim import mig_demand, start_sim
 
 from capacity import tiers
 from capacity.mig.planner import GpuState, plan_onto_gpus
 from capacity.models import NodeCapacity, TierProfilePolicy
 from capacity.services.tiers import assign_tier
 from operations import rebalancing
-from pools.models import PoolRequest
-from tenancy.models import Project
 
 pytestmark = pytest.mark.django_db
 
@@ -36,18 +32,7 @@ def sim(tmp_path):
 
 
 def _demand(sim, **units):
-    project = Project.objects.create(name="Team A", slug="team-a", namespace="team-a")
-    for profile, count in units.items():
-        PoolRequest.objects.create(
-            project=project,
-            cluster=sim.cluster,
-            product="H100-80GB",
-            spec_kind="mig",
-            profile_name=profile.replace("_", "."),
-            count=count,
-            state="active",
-            start_at=timezone.now() - timedelta(days=3),
-        )
+    mig_demand(sim.cluster, **units)
 
 
 def _profiles(proposal) -> dict[str, Counter]:
