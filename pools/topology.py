@@ -50,7 +50,7 @@ LOCALITY = ("nvlink_group", "pcie_group", "numa_group")
 NOWHERE = len(LOCALITY)  # rank of a set that shares no group
 
 
-def nvlink_set(gpus: list[tuple[int, int | None]], need: int) -> list[int]:
+def group_set(gpus: list[tuple[int, int | None]], need: int) -> list[int]:
     """`need` GPU ids of one group, from one node's free GPUs as (id, group) in index order: the group with
     the fewest free GPUs left over (best fit), or [] when no group holds `need`."""
     groups: dict[int, list[int]] = {}
@@ -65,7 +65,7 @@ def local_set(gpus: list[tuple], need: int) -> tuple[int, list[int]]:
     """(rank, ids): `need` GPUs of one node sharing the nearest group, from (id, *groups in LOCALITY order);
     rank 0 is one NVLink group, 1 one PCIe host bridge, 2 one NUMA node, NOWHERE (with []) none of them."""
     for rank in range(NOWHERE):
-        ids = nvlink_set([(gpu[0], gpu[1 + rank]) for gpu in gpus], need)
+        ids = group_set([(gpu[0], gpu[1 + rank]) for gpu in gpus], need)
         if ids:
             return rank, ids
     return NOWHERE, []

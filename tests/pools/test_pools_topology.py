@@ -71,11 +71,11 @@ def _nvlink(node, groups):
         gpu.save(update_fields=["nvlink_group"])
 
 
-def test_nvlink_set_takes_the_best_fitting_group():
+def test_group_set_takes_the_best_fitting_group():
     gpus = [(10, None), (11, 1), (12, 1), (13, 3), (14, 3), (15, 3), (16, 3)]
-    assert topology.nvlink_set(gpus, 2) == [11, 12]  # the pair leaves nothing over
-    assert topology.nvlink_set(gpus, 3) == [13, 14, 15]
-    assert topology.nvlink_set(gpus, 5) == []
+    assert topology.group_set(gpus, 2) == [11, 12]  # the pair leaves nothing over
+    assert topology.group_set(gpus, 3) == [13, 14, 15]
+    assert topology.group_set(gpus, 5) == []
 
 
 def test_local_set_falls_back_from_nvlink_to_one_host_bridge_to_one_numa_node():
