@@ -9,6 +9,7 @@ both become node-level `warnings` naming what is missing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -263,6 +264,7 @@ def _groups(indices: list[int], edges) -> dict[int, int | None]:
 def _best_effort(read):
     """Topology is a preference, never a reason to fail the inventory: an NVML error leaves it unknown."""
 
+    @functools.wraps(read)
     def wrapper(s: NvmlSession, gpus: list[GpuInfo]) -> None:
         try:
             read(s, gpus)
@@ -272,7 +274,6 @@ def _best_effort(read):
             if not is_nvml_error(exc):
                 raise
 
-    wrapper.__doc__ = read.__doc__
     return wrapper
 
 
