@@ -47,6 +47,7 @@ class RateCardForm(forms.ModelForm):
             "off_peak_end_hour",
             "off_peak_multiplier",
             "borrowed_multiplier",
+            "vgpu_licence_hourly",
         ]
 
     def clean_effective_from(self):

@@ -33,6 +33,10 @@ def billing_currency() -> str:
     return settings.BILLING_CURRENCY
 
 
+def default_vgpu_licence() -> Decimal:
+    return Decimal(settings.BILLING_VGPU_LICENCE_HOURLY)
+
+
 class StatementFinalised(Exception):
     """A finalised statement (or one of its lines) was asked to change."""
 
@@ -79,6 +83,14 @@ class RateCard(models.Model):
         validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))],
         help_text="Best-effort rate of a borrowed (lent, preemptible) unit, as a fraction of its hourly price; "
         "the borrower pays it and the lender is credited the same.",
+    )
+    vgpu_licence_hourly = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        default=default_vgpu_licence,
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="NVIDIA vGPU software licence per vGPU-hour, part of every vGPU price on this card "
+        "(new cards start from BILLING_VGPU_LICENCE_HOURLY).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(

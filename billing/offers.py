@@ -14,13 +14,14 @@ def price_lookup():
     """One card read (entries prefetched); each offer is its entry, else derived from the product's full price."""
     card = RateCard.objects.effective_at(timezone.now())
     prices = card.price_map() if card is not None else {}
+    licence = card.vgpu_licence_hourly if card is not None else None
 
     def lookup(kind: str, product: str, profile_name: str = "", replicas: int = 1) -> Decimal | None:
         key = rates.spec_key(kind, product, profile_name, replicas)
         if key in prices:
             return prices[key]
         full = prices.get(rates.spec_key(rates.FULL, product))
-        return None if full is None else rates.derive_price(full, key)
+        return None if full is None else rates.derive_price(full, key, licence=licence)
 
     return lookup
 

@@ -11,7 +11,10 @@ The rule (docs/billing.md, "Rate derivation"):
   3g.40gb on an H100 fill all 8 memory slices, so each costs 1/2, not 3/7, and a fully carved GPU
   earns its full price);
 - time-slice replica: full price / replicas of that GPU;
-- vGPU: full price / vGPUs per GPU of its type, plus the vGPU licence (BILLING_VGPU_LICENCE_HOURLY).
+- vGPU: full price / vGPUs per GPU of its type, plus the card's vGPU licence per vGPU-hour
+  (RateCard.vgpu_licence_hourly; BILLING_VGPU_LICENCE_HOURLY where no card is at hand). A card carries
+  one entry per vGPU type of capacity.vgpu whose GPU it prices ("H100XM-20C"), so an operator can
+  override one type's price.
 
 Derived prices are rounded once, to PRICE_PLACES, when they are written into a card: the stored
 figure *is* the price. Every entry can be overridden by an operator.
@@ -27,6 +30,7 @@ from django.conf import settings
 
 from capacity.mig.catalog import PRODUCTS
 from capacity.mig.share import mig_share  # the one GPU-share rule (billing.services uses unit_share)
+from capacity.vgpu import VGPU_TYPES
 
 PRICE_PLACES = Decimal("0.000001")
 FULL, MIG, TIMESLICE, VGPU = "full", "mig", "timeslice", "vgpu"
@@ -43,13 +47,16 @@ class SpecKey:
     profile_name: str = ""
     replicas: int = 1
 
-    def label(self) -> str:
+    def label(self, licence: Decimal | None = None) -> str:
+        """What a statement line or an entry calls it; a vGPU says its type, licence (per hour, when known)
+        and overhead."""
         if self.kind == MIG:
             return f"{self.product} {self.profile_name}"
         if self.kind == TIMESLICE:
             return f"{self.product} 1/{self.replicas} time-slice"
         if self.kind == VGPU:
-            return f"{self.product} vGPU {self.profile_name} (1/{self.replicas} GPU + licence, {VGPU_OVERHEAD_NOTE})"
+            fee = "licence" if licence is None else f"licence {Decimal(licence).normalize():f}/h"
+            return f"{self.product} vGPU {self.profile_name} (1/{self.replicas} GPU + {fee}, {VGPU_OVERHEAD_NOTE})"
         return f"{self.product} full GPU"
 
 
@@ -74,20 +81,31 @@ def quantize_price(value: Fraction | Decimal) -> Decimal:
     return value.quantize(PRICE_PLACES, rounding=ROUND_HALF_UP)
 
 
-def derive_price(full_price: Decimal, key: SpecKey, *, compute_slices: int | None = None) -> Decimal:
-    """The default hourly price of `key` given the product's full-GPU price (see the module docstring)."""
+def licence_or_default(licence: Decimal | None) -> Decimal:
+    """A card's vGPU licence per vGPU-hour, or the setting where no card is at hand."""
+    return Decimal(settings.BILLING_VGPU_LICENCE_HOURLY) if licence is None else Decimal(licence)
+
+
+def derive_price(
+    full_price: Decimal, key: SpecKey, *, compute_slices: int | None = None, licence: Decimal | None = None
+) -> Decimal:
+    """The default hourly price of `key` given the product's full-GPU price (see the module docstring);
+    `licence`: the card's vGPU licence per vGPU-hour."""
     full = Fraction(full_price)
     if key.kind == MIG:
         return quantize_price(full * mig_share(key.product, key.profile_name, compute_slices))
     if key.kind == TIMESLICE:
         return quantize_price(full / key.replicas)
     if key.kind == VGPU:
-        return quantize_price(full / key.replicas + Fraction(settings.BILLING_VGPU_LICENCE_HOURLY))
+        return quantize_price(full / key.replicas + Fraction(licence_or_default(licence)))
     return quantize_price(full)
 
 
-def default_entries(full_prices: dict[str, Decimal]) -> list[tuple[SpecKey, Decimal, str]]:
-    """(spec, price, rule) for a card: each product's full GPU, and every MIG profile the catalog knows.
+def default_entries(
+    full_prices: dict[str, Decimal], *, licence: Decimal | None = None
+) -> list[tuple[SpecKey, Decimal, str]]:
+    """(spec, price, rule) for a card: each product's full GPU, every MIG profile the catalog knows, and
+    every vGPU type of that GPU (`licence`: the card's, per vGPU-hour).
 
     Time-slice prices are derived when metered (replica counts are a node setting), unless a card
     carries an explicit time-slice entry.
@@ -103,16 +121,21 @@ def default_entries(full_prices: dict[str, Decimal]) -> list[tuple[SpecKey, Deci
             key = spec_key(MIG, product, profile.name)
             share = mig_share(product, profile.name)
             entries.append((key, derive_price(full, key), f"full x {share.numerator}/{share.denominator}"))
+    for vgpu in sorted(VGPU_TYPES.values(), key=lambda t: (t.product, t.max_per_gpu, t.name)):
+        if vgpu.product in full_prices:
+            key = spec_key(VGPU, vgpu.product, vgpu.name, vgpu.max_per_gpu)
+            price = derive_price(quantize_price(Decimal(full_prices[vgpu.product])), key, licence=licence)
+            entries.append((key, price, derivation_rule(key, licence)))
     return entries
 
 
-def derivation_rule(key: SpecKey) -> str:
-    """Human-readable rule for a derived price, e.g. "full x 1/2" or "full / 4"."""
+def derivation_rule(key: SpecKey, licence: Decimal | None = None) -> str:
+    """Human-readable rule for a derived price, e.g. "full x 1/2", "full / 4" or "full / 4 + licence 0.05"."""
     if key.kind == MIG:
         share = mig_share(key.product, key.profile_name)
         return f"full x {share.numerator}/{share.denominator}"
     if key.kind == TIMESLICE:
         return f"full / {key.replicas}"
     if key.kind == VGPU:
-        return f"full / {key.replicas} + licence {settings.BILLING_VGPU_LICENCE_HOURLY}"
+        return f"full / {key.replicas} + licence {licence_or_default(licence).normalize():f}"
     return "full-GPU price"

@@ -4,8 +4,9 @@ until an operator creates the reconfigurations it proposes.
 propose_rebalance(): from the last N days' demand per profile (pools.PoolRequest units live in the
 period, or the MIG instances monitoring saw in use if that is more), the layout for the next
 maintenance window (capacity.mig.planner.plan_onto_gpus: allocated instances never move, fewest
-GPUs touched), with the slots gained and lost. create_rebalance_reconfigurations() turns it into one
-MigReconfiguration per touched node.
+GPUs touched, and a GPU only ever gets profiles its node's tier allows: TierProfilePolicy, the tier
+being the node's TierAssignment where gpuaas owns it), with the slots gained and lost.
+create_rebalance_reconfigurations() turns it into one MigReconfiguration per touched node.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from django.apps import apps
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from capacity import tiers
 from capacity.mig.catalog import get_product
 from capacity.mig.planner import GpuState, Reconfiguration, plan_onto_gpus
 from capacity.models import GpuCapacity, MigInstance, NodeCapacity
@@ -149,6 +151,12 @@ def used_instances(cluster, product: str, *, days: int, now: datetime) -> dict[s
     return dict(Counter(rows))
 
 
+def _tier(node: NodeCapacity) -> str:
+    """The node's tier: its TierAssignment's where gpuaas owns it (the label may lag), else the label's."""
+    assignment = getattr(node, "tier_assignment", None)
+    return assignment.tier if assignment is not None else node.tier
+
+
 def propose_rebalance(cluster, product: str, *, days: int = 30, now: datetime | None = None) -> Rebalance:
     """The layout to apply in the next maintenance window for `product` GPUs of `cluster`."""
     now = now or timezone.now()
@@ -160,7 +168,7 @@ def propose_rebalance(cluster, product: str, *, days: int = 30, now: datetime | 
         GpuCapacity.objects.present()
         .filter(node__cluster=cluster, catalog_product=product, mig_mode_current=True)
         .filter(node__in=NodeCapacity.objects.present())
-        .select_related("node")
+        .select_related("node__tier_assignment")
         .order_by("node__name", "index")
     )
     instances: dict[int, list[tuple[str, int]]] = {g.pk: [] for g in rows}
@@ -175,7 +183,11 @@ def propose_rebalance(cluster, product: str, *, days: int = 30, now: datetime | 
         .values_list("gpu_id", "mig_instance__placement_start")
     ):
         allocated[gpu_id].add(start)
-    states = [GpuState(str(g.pk), tuple(instances[g.pk]), frozenset(allocated[g.pk])) for g in rows]
+    table = tiers.policies()
+    allowed = {tier: frozenset(tiers.allowed_profiles(tier, product, table)) for tier in {_tier(g.node) for g in rows}}
+    states = [
+        GpuState(str(g.pk), tuple(instances[g.pk]), frozenset(allocated[g.pk]), allowed[_tier(g.node)]) for g in rows
+    ]
     # Allocated instances are pinned and serve their own requests: only the rest of the demand is planned.
     held = Counter(name for g in rows for name, start in instances[g.pk] if start in allocated[g.pk])
     plan = plan_onto_gpus(product, states, {p: max(0, n - held[p]) for p, n in demand.items()})

@@ -498,14 +498,17 @@ def fleet_candidates(*, cluster_id: int | None = None) -> list[Candidate]:
             seen.add(key)
             memory = _memory(name, row["mib"])
             out.append(timeslice_candidate(name, memory, row["node__timeslice_replicas"], mps=mps))
+    out += [vgpu_candidate(VGPU_TYPES[name]) for name in fleet_vgpu_types(cluster_id=cluster_id)]
+    out.sort(key=lambda c: (KIND_ORDER.index(c.kind), c.product, c.replicas, c.profile_name))
+    return out
+
+
+def fleet_vgpu_types(*, cluster_id: int | None = None) -> list[str]:
+    """The vGPU types discovery found on the fleet's present vm-vgpu nodes (sandbox device plugin resources)."""
     vgpus = SpecAndCount.objects.filter(kind=SpecKind.VGPU, node__gone_at__isnull=True)
     if cluster_id is not None:
         vgpus = vgpus.filter(node__cluster_id=cluster_id)
-    for name in sorted(set(vgpus.values_list("profile_name", flat=True))):
-        if name in VGPU_TYPES:
-            out.append(vgpu_candidate(VGPU_TYPES[name]))
-    out.sort(key=lambda c: (KIND_ORDER.index(c.kind), c.product, c.replicas, c.profile_name))
-    return out
+    return sorted(name for name in set(vgpus.values_list("profile_name", flat=True)) if name in VGPU_TYPES)
 
 
 def vgpu_candidate(vgpu: VgpuType) -> Candidate:

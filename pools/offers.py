@@ -34,8 +34,10 @@ def match_declared(
     kinds: frozenset[str] | None = None,
     forecast: bool = True,
     vm: bool = False,
+    vgpu_type: str = "",
 ) -> matching.Match:
-    """Match a declaration against what the fleet offers now; `kinds` narrows to kinds the team pinned."""
+    """Match a declaration against what the fleet offers now; `kinds` narrows to kinds the team pinned, and
+    `vgpu_type` (a VM naming its vGPU type) to that type's offer."""
     need = matching.Need.from_request(
         start_at=start_at,
         end_at=end_at,
@@ -50,6 +52,8 @@ def match_declared(
     candidates = matching.fleet_candidates(cluster_id=cluster_id)
     if kinds is not None:
         candidates = [c for c in candidates if c.kind in kinds]
+    if vgpu_type:
+        candidates = [c for c in candidates if c.kind == SpecKind.VGPU and c.profile_name == vgpu_type]
     result = matching.match(need, candidates, price=prices.price_lookup(), policy_table=tiers.policies())
     if forecast:
         for offer in result.offers:

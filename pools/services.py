@@ -204,7 +204,7 @@ def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None) -> G
         workload_type=request.workload_type,
         tier=request.tier,
         tags=[request.spec_label, *[t for t in request.tags if t != request.spec_label]],
-        placement=topology.placement(request, [u.node_name for u in taken], units.nvlink_groups(request, taken)),
+        placement=topology.placement(request, [u.node_name for u in taken], units.localities(request, taken)),
         created_at=now,
     )
     Allocation.objects.bulk_create(

@@ -3,10 +3,12 @@
 A training job that spans GPUs talks between them every step; across nodes that traffic leaves
 NVLink/NVSwitch for the network, so a multi-GPU full-GPU request is never split over nodes while
 one node can hold it. Of the nodes that can, the one with the fewest free GPUs left over is taken
-(best fit keeps large free nodes for large requests). NVLink-connected GPUs are preferred: discovery
-records each GPU's NVLink group (GpuCapacity.nvlink_group, from NVML: all 8 GPUs of an HGX board behind
-NVSwitch, bridged pairs of PCIe cards), nodes where one group holds the request come first, and on a node
-the GPUs are taken from the group that holds it with the fewest left over.
+(best fit keeps large free nodes for large requests). Nearby GPUs are preferred: discovery records
+each GPU's NVLink group (GpuCapacity.nvlink_group, from NVML: all 8 GPUs of an HGX board behind NVSwitch,
+bridged pairs of PCIe cards) and, from the PCIe common ancestor, its host-bridge and NUMA groups
+(pcie_group, numa_group). Nodes where one NVLink group holds the request come first, then nodes where one
+PCIe group does, then one NUMA node; on a node the GPUs are taken from the nearest group that holds them,
+the one with the fewest left over.
 """
 
 from __future__ import annotations
@@ -43,9 +45,14 @@ def nodes_that_fit(by_node: dict[int, tuple[int, int]], cluster_id: int, need: i
     return [node for _, node in sorted(fitting)]
 
 
-def nvlink_set(gpus: list[tuple[int, int | None]], need: int) -> list[int]:
-    """`need` GPU ids of one NVLink group, from one node's free GPUs as (id, NVLink group) in index
-    order: the group with the fewest free GPUs left over (best fit), or [] when no group holds `need`."""
+# The groups a GPU belongs to, nearest first: what a set of GPUs shares says how it talks.
+LOCALITY = ("nvlink_group", "pcie_group", "numa_group")
+NOWHERE = len(LOCALITY)  # rank of a set that shares no group
+
+
+def group_set(gpus: list[tuple[int, int | None]], need: int) -> list[int]:
+    """`need` GPU ids of one group, from one node's free GPUs as (id, group) in index order: the group with
+    the fewest free GPUs left over (best fit), or [] when no group holds `need`."""
     groups: dict[int, list[int]] = {}
     for gpu_id, group in gpus:
         if group is not None:
@@ -54,16 +61,24 @@ def nvlink_set(gpus: list[tuple[int, int | None]], need: int) -> list[int]:
     return groups[fitting[0][1]][:need] if fitting else []
 
 
-def nvlink_sets(candidates, node_ids: list[int], need: int) -> dict[int, list[int]]:
-    """{node id: its NVLink set for `need` GPUs ([] when none)} over free whole GPUs (one query)."""
-    rows: dict[int, list[tuple[int, int | None]]] = {node: [] for node in node_ids}
-    for node, gpu_id, group in (
-        candidates.filter(node_id__in=node_ids)
-        .order_by("node_id", "index")
-        .values_list("node_id", "pk", "nvlink_group")
+def local_set(gpus: list[tuple], need: int) -> tuple[int, list[int]]:
+    """(rank, ids): `need` GPUs of one node sharing the nearest group, from (id, *groups in LOCALITY order);
+    rank 0 is one NVLink group, 1 one PCIe host bridge, 2 one NUMA node, NOWHERE (with []) none of them."""
+    for rank in range(NOWHERE):
+        ids = group_set([(gpu[0], gpu[1 + rank]) for gpu in gpus], need)
+        if ids:
+            return rank, ids
+    return NOWHERE, []
+
+
+def local_sets(candidates, node_ids: list[int], need: int) -> dict[int, tuple[int, list[int]]]:
+    """{node id: its local_set for `need` GPUs} over free whole GPUs (one query)."""
+    rows: dict[int, list[tuple]] = {node: [] for node in node_ids}
+    for node, *gpu in (
+        candidates.filter(node_id__in=node_ids).order_by("node_id", "index").values_list("node_id", "pk", *LOCALITY)
     ):
-        rows[node].append((gpu_id, group))
-    return {node: nvlink_set(gpus, need) for node, gpus in rows.items()}
+        rows[node].append(tuple(gpu))
+    return {node: local_set(gpus, need) for node, gpus in rows.items()}
 
 
 def what_would_fit(request: PoolRequest, free_candidates, all_gpus) -> dict:
@@ -86,13 +101,20 @@ def what_would_fit(request: PoolRequest, free_candidates, all_gpus) -> dict:
     return {"node": name, "gpus": gpus, "free": free.get(node_id, 0), "to_release": to_release}
 
 
-def placement(request: PoolRequest, node_names: list[str], nvlink_groups: list[int | None] = ()) -> str:
-    """What the pool says about where its units sit: one node for multi-GPU whole-GPU work, and whether
-    its GPUs are all joined by NVLink (`nvlink_groups`: the taken GPUs' groups)."""
+def placement(request: PoolRequest, node_names: list[str], localities: list[tuple] = ()) -> str:
+    """What the pool says about where its units sit: one node for multi-GPU whole-GPU work, and how its GPUs
+    talk (`localities`: the taken GPUs' groups in LOCALITY order). Nothing about NVLink when no GPU of
+    the node has any."""
     if not one_node(request) or not node_names:
         return ""
     text = f"{len(node_names)} whole GPUs on one node ({node_names[0]})"
-    if any(g is not None for g in nvlink_groups):  # all None: no NVLink known on the node, nothing to say
-        linked = None not in nvlink_groups and len(set(nvlink_groups)) == 1
-        text += ", NVLink-connected" if linked else ", not all NVLink-connected"
+    shared = [len({g[rank] for g in localities}) == 1 and localities[0][rank] is not None for rank in range(NOWHERE)]
+    if localities and shared[0]:
+        return text + ", NVLink-connected"
+    if any(g[0] is not None for g in localities):
+        text += ", not all NVLink-connected"
+    if localities and shared[1]:
+        text += ", under one PCIe host bridge"
+    elif localities and shared[2]:
+        text += ", on one NUMA node"
     return text

@@ -319,11 +319,11 @@ def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
     if topology.one_node(request):
         by_node = topology.free_by_node(base)
         nodes = topology.nodes_that_fit(by_node, cluster_id, need)
-        sets = topology.nvlink_sets(base, nodes, need)
-        for node_id in sorted(nodes, key=lambda n: not sets[n]):  # nodes with an NVLink set first, else best fit
+        sets = topology.local_sets(base, nodes, need)
+        for node_id in sorted(nodes, key=lambda n: sets[n][0]):  # nearest set first, then best fit
             on_node = base.filter(node_id=node_id)
-            if sets[node_id]:
-                taken = _take_full_from(request, on_node.filter(pk__in=sets[node_id]), cluster_id, need)
+            if sets[node_id][1]:
+                taken = _take_full_from(request, on_node.filter(pk__in=sets[node_id][1]), cluster_id, need)
                 if len(taken) == need:
                     return taken
             taken = _take_full_from(request, on_node, cluster_id, need)
@@ -351,12 +351,14 @@ def _take_full_from(request: PoolRequest, base, cluster_id: int, need: int) -> l
     return taken
 
 
-def nvlink_groups(request: PoolRequest, taken: list[Unit]) -> list[int | None]:
-    """The NVLink group of each GPU taken for multi-GPU whole-GPU work (topology.placement says it); [] otherwise."""
+def localities(request: PoolRequest, taken: list[Unit]) -> list[tuple]:
+    """The groups (topology.LOCALITY) of each GPU taken for multi-GPU whole-GPU work, for topology.placement;
+    [] otherwise."""
     if not topology.one_node(request):
         return []
-    groups = dict(GpuCapacity.objects.filter(pk__in=[u.gpu_id for u in taken]).values_list("pk", "nvlink_group"))
-    return [groups.get(u.gpu_id) for u in taken]
+    rows = GpuCapacity.objects.filter(pk__in=[u.gpu_id for u in taken]).values_list("pk", *topology.LOCALITY)
+    groups = {pk: tuple(rest) for pk, *rest in rows}
+    return [groups[u.gpu_id] for u in taken if u.gpu_id in groups]
 
 
 def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:

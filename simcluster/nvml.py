@@ -52,7 +52,7 @@ import pynvml
 
 from capacity.mig.catalog import CI_PROFILE_BY_SLICES, get_product
 
-from . import driver
+from . import driver, topology
 from .hardware import ci_starts, remaining_capacity
 
 _UNAVAILABLE = 0xFFFFFFFF
@@ -310,30 +310,16 @@ def _out_array(ref, count: int):
     return (type(target) * count).from_address(ctypes.addressof(target))
 
 
-# NVLink per product: (links per GPU, how GPUs are joined). HGX boards (SXM: H100/H200 80/141GB, A100
-# 40/80GB) join all 8 GPUs through NVSwitch, so every GPU of a node reaches every other (H100/H200 SXM:
-# 18 fourth-generation links, 900 GB/s; A100 SXM4: 12 third-generation links, 600 GB/s). PCIe cards
-# are joined in pairs by NVLink bridges (H100 PCIe / H100 NVL: 600 GB/s = 12 links; A100 PCIe: 600 GB/s
-# = 12 links; H200 NVL: 900 GB/s = 18, modelled as pairs though 4-way bridges exist; A30: 200 GB/s = 4).
-# Sources: NVIDIA H100/H200/A100/A30 datasheets (NVLink bandwidth and "NVLink bridge: 2 GPUs").
-_NVSWITCH = {"H100-80GB": 18, "H200-141GB": 18, "A100-40GB": 12, "A100-80GB": 12}
-_BRIDGED_PAIRS = {
-    "H100-80GB-PCIE": 12,
-    "H100-94GB-NVL": 12,
-    "H200-141GB-NVL": 18,
-    "A100-40GB-PCIE": 12,
-    "A100-80GB-PCIE": 12,
-    "A30-24GB": 4,
-}
-
-
-def nvlink_fabric(product: str, index: int) -> tuple[int, int | None]:
-    """(NVLinks per GPU, NVLink domain of GPU `index` on its node): one NVSwitch domain, or its bridged pair."""
-    if product in _NVSWITCH:
-        return _NVSWITCH[product], 0
-    if product in _BRIDGED_PAIRS:
-        return _BRIDGED_PAIRS[product], index // 2
-    return 0, None
+def _write_pci(info, bus_id: str, device_id: int | None = None) -> None:
+    """Fill an nvmlPciInfo_t for `bus_id` ("00000000:18:00.0"); an NVIDIA device id when given (GPUs)."""
+    info.busId = bus_id.encode()
+    info.busIdLegacy = bus_id[4:].encode()
+    info.domain = int(bus_id.split(":")[0], 16)
+    info.bus = int(bus_id.split(":")[1], 16)
+    info.device = int(bus_id.split(":")[2].split(".")[0], 16)
+    if device_id is not None:
+        info.pciDeviceId = (device_id << 16) | 0x10DE
+        info.pciSubSystemId = (0x1839 << 16) | 0x10DE
 
 
 def _snapshot_view(snap: dict) -> dict:
@@ -610,15 +596,7 @@ class SimulatedLibrary:
     @_c_call
     def nvmlDeviceGetPciInfo_v3(self, handle, ref):
         gpu, _, _ = self._device(handle)
-        info = _target(ref)
-        bus_id = gpu["pci_bus_id"]
-        info.busId = bus_id.encode()
-        info.busIdLegacy = bus_id[4:].encode()
-        info.domain = int(bus_id.split(":")[0], 16)
-        info.bus = int(bus_id.split(":")[1], 16)
-        info.device = int(bus_id.split(":")[2].split(".")[0], 16)
-        info.pciDeviceId = (gpu["product_obj"].pci_device_id << 16) | 0x10DE
-        info.pciSubSystemId = (0x1839 << 16) | 0x10DE
+        _write_pci(_target(ref), gpu["pci_bus_id"], gpu["product_obj"].pci_device_id)
 
     @_c_call
     def nvmlDeviceGetIndex(self, handle, ref):
@@ -947,19 +925,46 @@ class SimulatedLibrary:
             raise _Return(pynvml.NVML_ERROR_NOT_SUPPORTED)
         _set(ref, ci["id"])
 
-    # --- NVLink -----------------------------------------------------------------------------
-    # The fake has NVLink only (no PCIe switch tree): nvmlDeviceGetNvLinkState per link, and
-    # nvmlDeviceGetP2PStatus(NVML_P2P_CAPS_INDEX_NVLINK) between two GPUs (see nvlink_fabric).
+    # --- NVLink and PCIe topology ------------------------------------------------------------
+    # Per product from simcluster.topology: link state, where each link ends (a peer GPU over an NVLink
+    # bridge, or an NVSwitch), P2P over NVLink, and the PCIe common ancestor of two GPUs.
+
+    def _link_end(self, handle, link) -> tuple[dict, tuple[str, int] | None]:
+        """(gpu, where link `link` ends): NOT_SUPPORTED without NVLink, INVALID_ARGUMENT past its last link."""
+        gpu = self._full_gpu(handle)
+        board = topology.fabric(gpu["product"])
+        if board is None:
+            raise _Return(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= _int(link) < board.links:
+            raise _Return(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu, topology.nvlink_remote(gpu["product"], gpu["index"], _int(link), len(self._current()["gpus"]))
 
     @_c_call
     def nvmlDeviceGetNvLinkState(self, handle, link, ref):
-        gpu = self._full_gpu(handle)
-        links, _ = nvlink_fabric(gpu["product"], gpu["index"])
-        if links == 0:
+        gpu, end = self._link_end(handle, link)
+        # A bridge is down for both of its GPUs; an NVSwitch link only for the GPU whose links failed.
+        peer = self._current()["gpus"].get(end[1]) if end and end[0] == "gpu" else None
+        down = end is None or gpu.get("nvlink_down") or (peer is not None and peer.get("nvlink_down"))
+        _set(ref, pynvml.NVML_FEATURE_DISABLED if down else pynvml.NVML_FEATURE_ENABLED)
+
+    @_c_call
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link, ref):
+        _, end = self._link_end(handle, link)
+        if end is None:
             raise _Return(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not 0 <= _int(link) < links:
-            raise _Return(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        _set(ref, pynvml.NVML_FEATURE_DISABLED if gpu.get("nvlink_down") else pynvml.NVML_FEATURE_ENABLED)
+        kind = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if end[0] == "switch" else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+        _set(ref, kind)
+
+    @_c_call
+    def nvmlDeviceGetNvLinkRemotePciInfo_v2(self, handle, link, ref):
+        _, end = self._link_end(handle, link)
+        if end is None:
+            raise _Return(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if end[0] == "switch":
+            _write_pci(_target(ref), topology.nvswitch_bus_id(end[1]))
+        else:
+            peer = self._current()["gpus"][end[1]]
+            _write_pci(_target(ref), peer["pci_bus_id"], peer["product_obj"].pci_device_id)
 
     @_c_call
     def nvmlDeviceGetP2PStatus(self, handle1, handle2, index, ref):
@@ -967,14 +972,19 @@ class SimulatedLibrary:
         if _int(index) != pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
             _set(ref, pynvml.NVML_P2P_STATUS_UNKNOWN)
             return
-        domain_a = nvlink_fabric(a["product"], a["index"])[1]
+        domain_a = topology.nvlink_domain(a["product"], a["index"])
         linked = (
             a["index"] != b["index"]
             and domain_a is not None
-            and domain_a == nvlink_fabric(b["product"], b["index"])[1]
+            and domain_a == topology.nvlink_domain(b["product"], b["index"])
             and not (a.get("nvlink_down") or b.get("nvlink_down"))
         )
         _set(ref, pynvml.NVML_P2P_STATUS_OK if linked else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED)
+
+    @_c_call
+    def nvmlDeviceGetTopologyCommonAncestor(self, handle1, handle2, ref):
+        a, b = self._full_gpu(handle1), self._full_gpu(handle2)
+        _set(ref, topology.common_ancestor(a["index"], b["index"], len(self._current()["gpus"])))
 
     @_c_call
     def nvmlDeviceGetAttributes_v2(self, handle, ref):

@@ -34,6 +34,7 @@ class RateCardSerializer(serializers.ModelSerializer):
             "off_peak_start_hour",
             "off_peak_end_hour",
             "off_peak_multiplier",
+            "vgpu_licence_hourly",
             "entries",
         ]
 

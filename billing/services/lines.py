@@ -83,9 +83,11 @@ def off_peak_expression() -> Case:
 
 
 def _grouped(records, *keys):
+    """Grouped by `keys`, peak/off-peak and, for vGPU records, the card's licence (its line names it)."""
+    licence = Case(When(kind=SpecKind.VGPU, then=F("rate_card__vgpu_licence_hourly")), default=None)
     return (
-        records.annotate(off_peak=off_peak_expression())
-        .values(*keys, "off_peak")
+        records.annotate(off_peak=off_peak_expression(), vgpu_licence=licence)
+        .values(*keys, "off_peak", "vgpu_licence")
         .annotate(
             total_seconds=Sum("seconds"),
             failed_seconds=Sum("failed_credit_seconds"),
@@ -197,7 +199,7 @@ def lines_for(statement_id: int | None, row: dict, pool_name: str) -> list[State
     spec = rates.spec_key(row["kind"], row["product"], row["profile_name"], row["replicas"])
     rate = as_decimal(row["hourly_rate"])
     carried = row.get("usage_period")
-    label = f"{pool_name}: {spec.label()} @ {rate.normalize():f}/h"
+    label = f"{pool_name}: {spec.label(row.get('vgpu_licence'))} @ {rate.normalize():f}/h"
     if row.get("off_peak"):
         label += " off-peak"
     prefix = f"carry-over from {carried:%Y-%m}: " if carried else ""

@@ -34,17 +34,28 @@ def create_rate_card(
     full_prices: dict[str, Decimal],
     overrides: dict[rates.SpecKey, Decimal] | None = None,
     notes: str = "",
+    vgpu_licence_hourly: Decimal | None = None,
     actor=None,
 ) -> RateCard:
-    """A new card: full-GPU prices as given, every catalog MIG profile derived, `overrides` kept as set.
+    """A new card: full-GPU prices as given, every catalog MIG profile and vGPU type derived (vGPUs with the
+    card's licence, `vgpu_licence_hourly` or BILLING_VGPU_LICENCE_HOURLY), `overrides` kept as set.
 
     effective_from must be a whole UTC hour (ValueError otherwise). Not idempotent: a second card at
     the same effective_from violates the unique constraint (IntegrityError).
     """
     if floor_hour(effective_from) != effective_from:
         raise ValueError("effective_from must be a whole UTC hour")
-    card = RateCard.objects.create(name=name, effective_from=effective_from, notes=notes, created_by=actor)
-    entries = {key: (price, rule, False) for key, price, rule in rates.default_entries(full_prices)}
+    card = RateCard.objects.create(
+        name=name,
+        effective_from=effective_from,
+        notes=notes,
+        created_by=actor,
+        vgpu_licence_hourly=rates.licence_or_default(vgpu_licence_hourly),
+    )
+    entries = {
+        key: (price, rule, False)
+        for key, price, rule in rates.default_entries(full_prices, licence=card.vgpu_licence_hourly)
+    }
     for key, price in (overrides or {}).items():
         entries[key] = (rates.quantize_price(Decimal(price)), "override", True)
     RateCardEntry.objects.bulk_create(
@@ -67,9 +78,10 @@ def _entry(
 
 @transaction.atomic
 def rederive_card(card: RateCard) -> int:
-    """Recompute every derived (non-override) entry of `card` from its full-GPU entries; add missing MIG entries.
+    """Recompute every derived (non-override) entry of `card` from its full-GPU entries and vGPU licence; add
+    missing MIG and vGPU-type entries.
 
-    Called after an operator edits a card's full-GPU prices. Refused (ValueError) for a card already
+    Called after an operator edits a card's full-GPU prices or licence. Refused (ValueError) for a card already
     in force: history is never repriced. Returns the number of entries written. Idempotent.
     """
     if card.in_force and card.usage_records.exists():
@@ -78,7 +90,7 @@ def rederive_card(card: RateCard) -> int:
     full = {e.product: e.hourly_price for e in entries if e.kind == SpecKind.FULL}
     by_key = {e.spec: e for e in entries}
     written = 0
-    for key, price, rule in rates.default_entries(full):
+    for key, price, rule in rates.default_entries(full, licence=card.vgpu_licence_hourly):
         entry = by_key.get(key)
         if entry is None:
             _entry(card, key, price, rule).save(force_insert=True)
@@ -114,6 +126,7 @@ def copy_rate_card(card: RateCard, *, effective_from: datetime, name: str = "", 
         off_peak_end_hour=card.off_peak_end_hour,
         off_peak_multiplier=card.off_peak_multiplier,
         borrowed_multiplier=card.borrowed_multiplier,
+        vgpu_licence_hourly=card.vgpu_licence_hourly,
         created_by=actor,
     )
     RateCardEntry.objects.bulk_create(
@@ -178,7 +191,7 @@ class PriceBook:
             return prices[key]
         full = prices.get(rates.spec_key(SpecKind.FULL, key.product))
         if full is not None:
-            derived = rates.derive_price(full, key, compute_slices=compute_slices)
+            derived = rates.derive_price(full, key, compute_slices=compute_slices, licence=card.vgpu_licence_hourly)
             prices[key] = derived
             return derived
         if (card.pk, key) not in self._warned:

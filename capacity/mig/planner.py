@@ -316,10 +316,13 @@ class GpuState:
     gpu: str
     instances: tuple[tuple[str, int], ...] = ()
     allocated: frozenset[int] = frozenset()
+    allowed: frozenset[str] | None = None  # the profiles its node's tier may carry (capacity.tiers); None: any
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", tuple((name, int(start)) for name, start in self.instances))
         object.__setattr__(self, "allocated", frozenset(int(s) for s in self.allocated))
+        if self.allowed is not None:
+            object.__setattr__(self, "allowed", frozenset(self.allowed))
 
 
 @dataclass
@@ -369,6 +372,9 @@ class Reconfiguration:
 def plan_onto_gpus(product: Product | str, gpus: Iterable[GpuState], demand: Mapping[str, int]) -> Reconfiguration:
     """Choose new layouts for existing GPUs.
 
+    A GPU whose state names `allowed` profiles (its tier's policy) is only ever given those: a reshaped
+    GPU keeps its allocated instances and otherwise holds allowed profiles only.
+
     Objectives, in order: meet the most demand weighted by compute slices; touch the fewest GPUs (a
     GPU is touched when its instance set changes); leave the most useful free space (layout.free_score,
     summed). Allocated instances never move. Touched GPUs keep only allocated instances and instances
@@ -409,9 +415,14 @@ class _Gpu:
         self.idle = [p for p in self.current if p.start not in state.allocated]
         self.supply = tuple(sum(p.profile == n for p in self.idle) for n in names)
         self.score = free_score(product, self.current)
-        self.completions = _completions(product.key, names, self.pinned)
-        self.key = (self.pinned, tuple(self.current))  # GPUs with equal keys are interchangeable
+        self.completions = tuple(v for v in _completions(product.key, names, self.pinned) if self.admits(v))
+        self.key = (self.pinned, tuple(self.current), state.allowed)  # GPUs with equal keys are interchangeable
         self.finals: dict[Vector, tuple[list[Placement], bool, tuple[int, int]]] = {}
+
+    def admits(self, v: Vector) -> bool:
+        """May the GPU be reshaped to serve `v`? Only with profiles its tier allows."""
+        allowed = self.state.allowed
+        return allowed is None or all(not c or n in allowed for n, c in zip(self.names, v, strict=True))
 
     def final(self, v: Vector) -> tuple[list[Placement], bool, tuple[int, int]]:
         """Placements if reshaped to serve v, whether that touches the GPU, and the free score."""
@@ -518,10 +529,13 @@ class _Rework:
         rest = tuple(max(d - s, 0) for d, s in zip(self.demand, supply, strict=True))
         space = _space(self.product.key, self.names)
         patterns = sorted(_trim(space.rounded(rest, space.lp(rest)[1]), rest), key=space.weight, reverse=True)
-        for i, v in zip(free, patterns, strict=False):  # more patterns than free GPUs: greedy below
-            choice[i] = v
-            supply = [s + a for s, a in zip(supply, v, strict=True)]
-        for i in free[len(patterns) :]:  # not needed after all: they keep serving
+        for v in patterns:  # each to the first free GPU whose tier allows it; the rest: greedy below
+            i = next((i for i in free if self.gpus[i].admits(v)), None)
+            if i is not None:
+                free.remove(i)
+                choice[i] = v
+                supply = [s + a for s, a in zip(supply, v, strict=True)]
+        for i in free:  # not needed after all: they keep serving
             supply = [s + u for s, u in zip(supply, self.gpus[i].supply, strict=True)]
         self._greedy(choice, supply)
         return choice

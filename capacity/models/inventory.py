@@ -213,6 +213,12 @@ class GpuCapacity(models.Model):
     nvlink_group = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="GPUs of a node joined by NVLink share this (lowest index); empty: none."
     )
+    pcie_group = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="GPUs of a node below one PCIe host bridge share this (lowest index)."
+    )
+    numa_group = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="GPUs of a node on one NUMA node share this (lowest index)."
+    )
     last_seen_at = models.DateTimeField(default=timezone.now)
     lost_at = models.DateTimeField(null=True, blank=True)
 

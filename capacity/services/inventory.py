@@ -60,6 +60,8 @@ GPU_FIELDS = (
     "serial",
     "pci_bus_id",
     "nvlink_group",
+    "pcie_group",
+    "numa_group",
 )
 MIG_FIELDS = ("gpu_id", "profile_id", "placement_id", "placement_start", "placement_size", "gi_id", "ci_id")
 _GPU_UPDATE = [*GPU_FIELDS, "last_seen_at", "lost_at"]
@@ -262,6 +264,8 @@ def _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, r
                 (gpu.serial or "")[:32],
                 (gpu.pci_bus_id or "")[:32],
                 gpu.nvlink_group,
+                gpu.pcie_group,
+                gpu.numa_group,
             )
             if row is not None and row[2] is None and row[3:] == wanted:
                 continue

@@ -20,7 +20,7 @@ from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
-from .. import offers, queue, services
+from .. import matching, offers, queue, services
 from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, WorkloadType
 from ..exceptions import SpecError
 from ..models import SHARED_NODE_NOTE, Allocation, GpuPool, PoolCluster, PoolRequest, PoolRequestTransition
@@ -104,6 +104,25 @@ class QueueStateSerializer(serializers.ModelSerializer):
         return entry.approvable_at is not None and not entry.on_hold
 
 
+VGPU_TYPE_HELP = "A VM's vGPU type, e.g. H100XM-20C: one the fleet's vm-vgpu nodes offer. Implies vm."
+
+
+def _check_vgpu_type(attrs: dict) -> None:
+    """A named vGPU type makes the declaration a VM's and must be a type discovery found (400 naming them)."""
+    name = attrs.get("vgpu_type", "")
+    if not name:
+        return
+    cluster = attrs.get("cluster")
+    offered = matching.fleet_vgpu_types(cluster_id=cluster.pk if cluster is not None else None)
+    if name not in offered:
+        where = f" of {cluster.name}" if cluster is not None else ""
+        listing = ", ".join(offered) or "none"
+        raise serializers.ValidationError(
+            {"vgpu_type": f"Unknown vGPU type {name!r}: the vm-vgpu nodes{where} offer {listing}."}
+        )
+    attrs["vm"] = True
+
+
 ISOLATION_HELP = (
     "A need (none, memory, hardware; empty: the workload's default) lets matching choose the offer;"
     " a kind (mig, full, timeslice), a tier or a profile pins the spec."
@@ -136,6 +155,9 @@ class PoolRequestSerializer(StrictModelSerializer):
     submit = serializers.BooleanField(write_only=True, required=False, default=False)
     vm = serializers.BooleanField(
         write_only=True, required=False, default=False, help_text="A virtual machine (KubeVirt): only vGPUs serve it."
+    )
+    vgpu_type = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, default="", max_length=32, help_text=VGPU_TYPE_HELP
     )
     approved_by_policy = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     queue = serializers.SerializerMethodField()
@@ -182,6 +204,7 @@ class PoolRequestSerializer(StrictModelSerializer):
             "updated_at",
             "submit",
             "vm",
+            "vgpu_type",
         ]
         read_only_fields = [
             "spec_kind",
@@ -246,8 +269,14 @@ class PoolRequestSerializer(StrictModelSerializer):
         attrs["start_at"] = start
         if attrs.get("isolation") == Isolation.VGPU:  # a vGPU is chosen by matching, for a VM
             attrs["vm"], attrs["isolation"] = True, ""
+        if attrs.get("vgpu_type") and _pinned(attrs):
+            raise serializers.ValidationError(
+                {"vgpu_type": "A vGPU type is matched for a VM: leave out profile_name, tier and isolation kind."}
+            )
+        _check_vgpu_type(attrs)
         attrs = self._pinned(attrs) if _pinned(attrs) else self._matched(attrs)
-        attrs.pop("vm", None)  # a declaration only: the chosen spec (spec_kind vgpu) is what is stored
+        attrs.pop("vm", None)  # declarations only: the chosen spec (spec_kind vgpu, its type) is what is stored
+        attrs.pop("vgpu_type", None)
         return attrs
 
     def _pinned(self, attrs: dict) -> dict:
@@ -328,6 +357,7 @@ def _declared(attrs: dict, **override) -> dict:
         "start_at": attrs.get("start_at"),
         "end_at": attrs.get("end_at"),
         "vm": attrs.get("vm", False),
+        "vgpu_type": attrs.get("vgpu_type", ""),
     }
     return {**declared, **override}
 
@@ -368,6 +398,9 @@ class DryRunSerializer(StrictSerializer):
     start_at = serializers.DateTimeField(required=False, allow_null=True)
     end_at = serializers.DateTimeField(required=False, allow_null=True)
     vm = serializers.BooleanField(default=False, help_text="A virtual machine (KubeVirt): only vGPUs serve it.")
+    vgpu_type = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=32, help_text=VGPU_TYPE_HELP
+    )
 
     def validate(self, attrs: dict) -> dict:
         start, end = attrs.get("start_at") or timezone.now(), attrs.get("end_at")
@@ -377,6 +410,7 @@ class DryRunSerializer(StrictSerializer):
             too_many = TOO_MANY_UNITS.format(max_value=settings.POOL_REQUEST_MAX_UNITS)
             raise serializers.ValidationError({"count": too_many})
         attrs["start_at"] = start
+        _check_vgpu_type(attrs)
         return attrs
 
     def match(self):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+
+from sim_pods import run_gpu_pod
 
 from capacity.mig.catalog import PRODUCTS
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
@@ -13,7 +16,6 @@ from capacity.services.discovery import discover_cluster
 from simcluster import gpuoperator
 from simcluster.apiserver import SimServer
 from simcluster.gpuoperator import plan_for_gpu
-from simcluster.kube import ClusterApi
 from simcluster.state import SimState
 
 
@@ -39,21 +41,7 @@ class Sim:
         self.state.run_mig_manager()
 
     def add_gpu_pod(self, node: str, name: str, resource: str, namespace: str = "team-a") -> None:
-        api = ClusterApi(self.sim_cluster)
-        with self.state.lock:
-            if namespace not in self.sim_cluster.namespaces:
-                api.create("namespaces", None, {"metadata": {"name": namespace}})
-            api.create(
-                "pods",
-                namespace,
-                {
-                    "metadata": {"name": name, "namespace": namespace},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": node},
-                        "containers": [{"name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}],
-                    },
-                },
-            )
+        run_gpu_pod(self.state, self.sim_cluster, namespace, name, node=node, resource=resource)
 
     def layout(self, node: str, index: int) -> list[tuple[str, int]]:
         """(profile, start) of the GPU's instances in the simulator, by start."""
@@ -213,6 +201,27 @@ def allocate(gpu: GpuCapacity, *, mig_start: int | None = None, project=None, ki
         profile_name=instance.profile.name if instance else "",
         compute_slices=instance.profile.compute_slices if instance else 7,
     )
+
+
+def mig_demand(cluster, product: str = "H100-80GB", **units) -> None:
+    """Active MIG pool requests of team-a on `cluster`, started three days ago: `1g_10gb=6` asks 6 x 1g.10gb."""
+    from django.utils import timezone
+
+    from pools.models import PoolRequest
+    from tenancy.models import Project
+
+    project = Project.objects.get_or_create(slug="team-a", defaults={"name": "Team A", "namespace": "team-a"})[0]
+    for profile, count in units.items():
+        PoolRequest.objects.create(
+            project=project,
+            cluster=cluster,
+            product=product,
+            spec_kind="mig",
+            profile_name=profile.replace("_", "."),
+            count=count,
+            state="active",
+            start_at=timezone.now() - timedelta(days=3),
+        )
 
 
 def gpu_row(node: str, index: int) -> GpuCapacity:

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from reconfig_sim import allocate, drive, gpu_row, start_sim
+from reconfig_sim import allocate, drive, gpu_row, mig_demand, start_sim
 
 from capacity.models import MaintenanceWindow, MigReconfiguration
 from capacity.services import planning
@@ -55,19 +55,9 @@ def test_proposed_plan_is_the_seeds_arithmetic():
 
 
 def requests(sim, **units):
-    project = Project.objects.create(name="Team A", slug="team-a", namespace="team-a")
+    mig_demand(sim.cluster, **units)
+    project = Project.objects.get(slug="team-a")
     now = timezone.now()
-    for profile, count in units.items():
-        PoolRequest.objects.create(
-            project=project,
-            cluster=sim.cluster,
-            product="H100-80GB",
-            spec_kind="mig",
-            profile_name=profile.replace("_", "."),
-            count=count,
-            state="active",
-            start_at=now - timedelta(days=3),
-        )
     PoolRequest.objects.create(  # a draft is no demand
         project=project, product="H100-80GB", profile_name="2g.20gb", count=3, state="draft"
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from sim_pods import run_gpu_pod
+
 from capacity.models import Cluster, GpuCapacity, MigInstance
 from capacity.services.discovery import discover_cluster
 from pools.models import Allocation, GpuPool, PoolRequest
@@ -45,22 +47,7 @@ class Sim:
 
     def run_pod(self, namespace: str, name: str, resource: str = "nvidia.com/mig-3g.40gb") -> dict:
         """Create a pod asking for one `resource` on h100-01; returns the simulator's pod object."""
-        api = ClusterApi(self.sim_cluster)
-        with self.state.lock:
-            if namespace not in self.sim_cluster.namespaces:
-                api.create("namespaces", None, {"metadata": {"name": namespace}})
-            api.create(
-                "pods",
-                namespace,
-                {
-                    "metadata": {"name": name, "namespace": namespace},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": "h100-01"},
-                        "containers": [{"name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}],
-                    },
-                },
-            )
-        return self.pod(namespace, name)
+        return run_gpu_pod(self.state, self.sim_cluster, namespace, name, node="h100-01", resource=resource)
 
     def pod(self, namespace: str, name: str) -> dict:
         with self.state.lock:

@@ -6,11 +6,11 @@ import json
 
 import pytest
 from conftest import kube_for
+from sim_pods import run_gpu_pod
 
 from pools import provisioning, services
 from pools.models import SHARED_NODE_NOTE, Allocation, GpuPool
 from pools.tasks import provision_pool_task
-from simcluster.kube import ClusterApi
 
 pytestmark = pytest.mark.django_db
 
@@ -18,26 +18,7 @@ TAINT = "gpuaas.io/dedicated"
 
 
 def _run_pod(sim, namespace: str, name: str, node: str, **spec) -> dict:
-    cluster = sim.state.cluster("prod")
-    api = ClusterApi(cluster)
-    with sim.state.lock:
-        if namespace not in cluster.namespaces:
-            api.create("namespaces", None, {"metadata": {"name": namespace}})
-        api.create(
-            "pods",
-            namespace,
-            {
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "containers": [
-                        {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}
-                    ],
-                    **spec,
-                },
-            },
-        )
-        return cluster.pods[(namespace, name)].obj
+    return run_gpu_pod(sim.state, sim.state.cluster("prod"), namespace, name, node=node, **spec)
 
 
 def _taint(kube, node: str):

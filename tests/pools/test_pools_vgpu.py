@@ -115,6 +115,75 @@ def test_dry_run_offers_the_fleets_vgpus_with_licence_and_forecast(api, bob, fle
     assert chosen["isolation"] == "memory"
 
 
+# --- A VM names its vGPU type ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def vgpu_fleet(fleet):
+    """One vm-vgpu node of 8 H100 SXM GPUs as discovery records it, offering H100XM-20C and H100XM-40C."""
+    node = fleet.full_node("kv-1", gpus=8, tier="2")
+    for name, per_gpu in (("H100XM-20C", 4), ("H100XM-40C", 2)):
+        SpecAndCount.objects.create(
+            node=node,
+            kind="vgpu",
+            product="H100-80GB",
+            profile_name=name,
+            resource_name=f"nvidia.com/NVIDIA_{name}",
+            count=8 * per_gpu,
+            allocatable=8 * per_gpu,
+            replicas=per_gpu,
+        )
+    seed_default_card()
+    return node
+
+
+@pytest.mark.django_db
+def test_a_vm_request_naming_a_vgpu_type_gets_that_type(api, bob, project, vgpu_fleet):
+    from pools.models import PoolRequest
+
+    body = {"project": project.pk, "workload_type": "staging", "memory_gib": 16, "vgpu_type": "H100XM-40C"}
+    response = api(bob).post(URL, body, format="json")
+    assert response.status_code == 201, response.data
+    request = PoolRequest.objects.get(pk=response.data["id"])
+    assert (request.spec_kind, request.profile_name) == ("vgpu", "H100XM-40C")  # not the cheaper 20C that fits
+    assert "vgpu_type" not in response.data  # a declaration: the stored profile_name is the type
+
+
+@pytest.mark.django_db
+def test_a_vgpu_type_the_fleet_does_not_offer_is_a_400_naming_the_ones_it_does(api, bob, project, vgpu_fleet):
+    from pools.models import PoolRequest
+
+    body = {"project": project.pk, "workload_type": "staging", "vgpu_type": "H100XM-10C"}
+    response = api(bob).post(URL, body, format="json")
+    assert response.status_code == 400
+    assert response.data == {
+        "vgpu_type": ["Unknown vGPU type 'H100XM-10C': the vm-vgpu nodes offer H100XM-20C, H100XM-40C."]
+    }
+    dry = api(bob).post(f"{URL}dry-run/", {"workload_type": "staging", "vgpu_type": "A100-40C"}, format="json")
+    assert dry.status_code == 400 and list(dry.data) == ["vgpu_type"]
+    assert not PoolRequest.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_named_vgpu_type_must_still_meet_the_declared_needs(api, bob, project, vgpu_fleet):
+    body = {"project": project.pk, "workload_type": "staging", "memory_gib": 30, "vgpu_type": "H100XM-20C"}
+    response = api(bob).post(URL, body, format="json")
+    assert response.status_code == 400
+    assert response.data["memory_gib"] == [
+        "vGPU H100XM-20C (H100-80GB): has a 20 GB framebuffer, you asked for 30 GiB"
+    ]
+    pinned = {"project": project.pk, "vgpu_type": "H100XM-20C", "profile_name": "3g.40gb"}
+    assert list(api(bob).post(URL, pinned, format="json").data) == ["vgpu_type"]
+
+
+@pytest.mark.django_db
+def test_dry_run_with_a_vgpu_type_offers_only_that_type(api, bob, vgpu_fleet):
+    response = api(bob).post(f"{URL}dry-run/", {"workload_type": "staging", "vgpu_type": "H100XM-40C"}, format="json")
+    assert response.status_code == 200, response.data
+    assert [(o["kind"], o["profile_name"]) for o in response.data["offers"]] == [("vgpu", "H100XM-40C")]
+    assert response.data["rejected"] == []
+
+
 # --- End to end: inventory -> request (vm=true) -> approval -> provisioning -> statement line ---------------
 
 
@@ -186,5 +255,5 @@ def test_a_vm_request_is_approved_provisioned_and_billed_as_vgpus(
     statement = billing.generate_statement(project, start.date().replace(day=1))
     (line,) = StatementLine.objects.filter(statement=statement, kind="vgpu")
     assert (line.profile_name, line.replicas, line.hourly_rate) == ("H100XM-20C", 4, Decimal("0.675000"))
-    assert "vGPU H100XM-20C (1/4 GPU + licence, 5-15% slower than bare metal)" in line.description
+    assert "vGPU H100XM-20C (1/4 GPU + licence 0.05/h, 5-15% slower than bare metal) @ 0.675/h" in line.description
     assert line.amount == Decimal("0.675000") * 6 * 2

@@ -9,6 +9,7 @@ both become node-level `warnings` naming what is missing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -69,6 +70,8 @@ class GpuInfo:
     processes: list[ProcessInfo] = field(default_factory=list)
     error: str = ""
     nvlink_group: int | None = None  # the lowest index of the GPUs it reaches over NVLink; None: no NVLink peer
+    pcie_group: int | None = None  # the lowest index of the GPUs below the same PCIe host bridge; None: none
+    numa_group: int | None = None  # the lowest index of the GPUs on the same NUMA node; None: none
 
     @property
     def lost(self) -> bool:
@@ -204,49 +207,110 @@ def gpu_info(s: NvmlSession, index: int) -> GpuInfo:
     return gpu
 
 
-def _nvlink_active(s: NvmlSession, handle: Any) -> bool:
-    """Has the GPU an active NVLink? Links are numbered from 0; past the GPU's last one NVML says
-    NVML_ERROR_INVALID_ARGUMENT, and a GPU without NVLink NVML_ERROR_NOT_SUPPORTED."""
+def _pci_key(bus_id: Any) -> tuple[int, ...] | None:
+    """A PCI address as numbers: NVML writes the domain with 8 hex digits in one place and 4 in another."""
+    try:
+        domain, bus, rest = as_text(bus_id).strip().split(":")
+        device, function = rest.split(".")
+        return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
+    except (AttributeError, ValueError):
+        return None
+
+
+def _nvlink_ends(s: NvmlSession, handle: Any) -> list[tuple[int, ...]]:
+    """Where the GPU's active NVLinks end (nvmlDeviceGetNvLinkRemotePciInfo_v2): a peer GPU over an NVLink
+    bridge, or an NVSwitch, whose PCI address the GPUs of an HGX board share. Links are numbered from 0;
+    past the GPU's last one NVML says NVML_ERROR_INVALID_ARGUMENT, and a GPU without NVLink NOT_SUPPORTED."""
+    ends = []
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         try:
             state = s.optional("nvmlDeviceGetNvLinkState", handle, link)
         except Exception as exc:
             if is_nvml_error(exc):
-                return False
+                break
             raise
         if state is None:
-            return False
-        if state == pynvml.NVML_FEATURE_ENABLED:
-            return True
-    return False
+            break
+        if state != pynvml.NVML_FEATURE_ENABLED:
+            continue
+        end = _pci_key(getattr(s.optional("nvmlDeviceGetNvLinkRemotePciInfo", handle, link), "busId", None))
+        if end is not None:
+            ends.append(end)
+    return ends
 
 
-def read_nvlink_groups(s: NvmlSession, gpus: list[GpuInfo]) -> None:
-    """Set each GPU's `nvlink_group`: GPUs joined by NVLink (through NVSwitch, or an NVLink bridge), as
-    NVML says pairwise (nvmlDeviceGetP2PStatus, NVML_P2P_CAPS_INDEX_NVLINK) among GPUs with an active link
-    (nvmlDeviceGetNvLinkState). A GPU without an NVLink peer keeps None. Best effort: an NVML error
-    leaves the groups unknown (None), never fails the inventory."""
-    try:
-        handles = {g.index: s.call("nvmlDeviceGetHandleByIndex", g.index) for g in gpus if not g.lost and g.uuid}
-        linked = sorted(i for i, h in handles.items() if _nvlink_active(s, h))
-        group = {i: i for i in linked}
-        for a, b in combinations(linked, 2):
-            status = s.optional("nvmlDeviceGetP2PStatus", handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
-            if status == pynvml.NVML_P2P_STATUS_OK:
-                low, high = sorted((group[a], group[b]))
-                group = {i: low if g == high else g for i, g in group.items()}
-    except GpuLost:
-        return
-    except Exception as exc:
-        if is_nvml_error(exc):
+def _groups(indices: list[int], edges) -> dict[int, int | None]:
+    """{GPU index: the lowest index of its connected set, None when alone}, over `edges` between any keys
+    (GPU indices, or the PCI address of an NVSwitch that several GPUs reach)."""
+    parent: dict[Any, Any] = {}
+
+    def root(x):
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b in edges:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[ra] = rb
+    members: dict[Any, list[int]] = {}
+    for index in indices:
+        members.setdefault(root(index), []).append(index)
+    return {i: min(m) if len(m) > 1 else None for m in members.values() for i in m}
+
+
+def _best_effort(read):
+    """Topology is a preference, never a reason to fail the inventory: an NVML error leaves it unknown."""
+
+    @functools.wraps(read)
+    def wrapper(s: NvmlSession, gpus: list[GpuInfo]) -> None:
+        try:
+            read(s, gpus)
+        except GpuLost:
             return
-        raise
-    sizes: dict[int, int] = {}
-    for g in group.values():
-        sizes[g] = sizes.get(g, 0) + 1
+        except Exception as exc:
+            if not is_nvml_error(exc):
+                raise
+
+    return wrapper
+
+
+@_best_effort
+def read_nvlink_groups(s: NvmlSession, gpus: list[GpuInfo]) -> None:
+    """Set each GPU's `nvlink_group`: GPUs joined by NVLink, directly (a bridge: the link's remote PCI
+    address is the peer GPU's) or through NVSwitch (the remote is a switch several GPUs reach), as
+    nvmlDeviceGetNvLinkRemotePciInfo_v2 says for each active link. A GPU without an NVLink peer keeps None."""
+    readable = [g for g in gpus if not g.lost and g.uuid]
+    by_bus = {_pci_key(g.pci_bus_id): g.index for g in readable if _pci_key(g.pci_bus_id)}
+    edges = []
+    for gpu in readable:
+        for end in _nvlink_ends(s, s.call("nvmlDeviceGetHandleByIndex", gpu.index)):
+            edges.append((gpu.index, by_bus.get(end, ("nvswitch", end))))
+    groups = _groups([g.index for g in readable], edges)
     for gpu in gpus:
-        root = group.get(gpu.index)
-        gpu.nvlink_group = root if root is not None and sizes[root] > 1 else None
+        gpu.nvlink_group = groups.get(gpu.index)
+
+
+@_best_effort
+def read_pcie_groups(s: NvmlSession, gpus: list[GpuInfo]) -> None:
+    """Set each GPU's `pcie_group` (GPUs below one PCIe host bridge: nvmlDeviceGetTopologyCommonAncestor
+    at most NVML_TOPOLOGY_HOSTBRIDGE) and `numa_group` (at most NVML_TOPOLOGY_NODE: one CPU socket).
+    Multi-GPU work without NVLink between its GPUs is better off near each other on PCIe."""
+    readable = [g for g in gpus if not g.lost and g.uuid]
+    handles = {g.index: s.call("nvmlDeviceGetHandleByIndex", g.index) for g in readable}
+    levels = []
+    for a, b in combinations(sorted(handles), 2):
+        level = s.optional("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
+        if level is None:
+            return
+        levels.append((a, b, int(level)))
+    indices = sorted(handles)
+    pcie = _groups(indices, [(a, b) for a, b, level in levels if level <= pynvml.NVML_TOPOLOGY_HOSTBRIDGE])
+    numa = _groups(indices, [(a, b) for a, b, level in levels if level <= pynvml.NVML_TOPOLOGY_NODE])
+    for gpu in gpus:
+        gpu.pcie_group, gpu.numa_group = pcie.get(gpu.index), numa.get(gpu.index)
 
 
 def node_inventory(api_url: str, node_name: str) -> NodeInventory:
@@ -261,6 +325,7 @@ def node_inventory(api_url: str, node_name: str) -> NodeInventory:
             count = int(s.call("nvmlDeviceGetCount"))
         inventory.gpus = [gpu_info(s, i) for i in range(count)]
         read_nvlink_groups(s, inventory.gpus)
+        read_pcie_groups(s, inventory.gpus)
         inventory.warnings = [gpu.error for gpu in inventory.gpus if gpu.unread]
         if s.denied:
             inventory.warnings.insert(0, privilege_warning(s.denied))
