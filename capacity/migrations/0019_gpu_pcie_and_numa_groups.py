@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("capacity", "0017_gpu_nvlink_group"),
+        ("capacity", "0018_node_inventory_read_at"),
     ]
 
     operations = [
