@@ -22,18 +22,23 @@ def shared(fleet, project):
     node.timeslice_replicas = 4
     node.save()
     for n, uid in ((0, "uid-greedy"), (1, "uid-polite")):
-        WorkloadProfile.objects.create(
-            cluster=fleet.cluster,
-            namespace="team-a",
-            pod_name=f"nb-{n}",
-            pod_uid=uid,
-            node=node,
-            gpu=fleet.full_gpu,
-            device_ids=[f"{fleet.full_gpu.uuid}::{n}"],
-            resource_name="nvidia.com/gpu",
-            project=project,
-        )
+        pod(fleet.full_gpu, n, uid, project)
     return fleet
+
+
+def pod(gpu, n: int, uid: str, project) -> WorkloadProfile:
+    """A running pod of team-a holding replica `n` of a time-sliced GPU."""
+    return WorkloadProfile.objects.create(
+        cluster=gpu.node.cluster,
+        namespace="team-a",
+        pod_name=f"nb-{n}",
+        pod_uid=uid,
+        node=gpu.node,
+        gpu=gpu,
+        device_ids=[f"{gpu.uuid}::{n}"],
+        resource_name="nvidia.com/gpu",
+        project=project,
+    )
 
 
 def reading(gpu, **used_by_pod):
@@ -185,17 +190,7 @@ def test_a_batch_of_nodes_is_checked_with_two_reads_and_one_lock(shared, project
     gpu = shared.full_gpu
     other = NodeCapacity.objects.create(cluster=shared.cluster, name="gpu-node-02", gpu_count=1, timeslice_replicas=2)
     other_gpu = GpuCapacity.objects.create(node=other, index=0, uuid="GPU-0002-cccc", product="H100", memory_mib=81559)
-    WorkloadProfile.objects.create(
-        cluster=shared.cluster,
-        namespace="team-a",
-        pod_name="nb-9",
-        pod_uid="uid-other",
-        node=other,
-        gpu=other_gpu,
-        device_ids=[f"{other_gpu.uuid}::0"],
-        resource_name="nvidia.com/gpu",
-        project=project,
-    )
+    pod(other_gpu, 0, "uid-other", project)
     polls = [
         (shared.node, [(gpu, reading(gpu, **{"uid-greedy": 40000}))]),
         (other, [(other_gpu, reading(other_gpu, **{"uid-other": 70000}))]),
