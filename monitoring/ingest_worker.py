@@ -75,16 +75,18 @@ class IngestWorker:
 
     def _take(self, source: transport.RedisBatches) -> None:
         """Redis: take what is queued, up to the batch, until it is full or the linger after the first report
-        has passed; while idle, put back what dead workers left unacknowledged and look again shortly."""
+        has passed; while idle, look again shortly. First, put back what dead workers left unacknowledged
+        (at most once a second, busy or idle)."""
+        source.restore_expired()
         first_at = None
         while len(self.pending) < self.batch and not self.stopping:
             taken = source.take(self.batch - len(self.pending))
             self.pending += taken
             if self.pending and first_at is None:
                 first_at = time.monotonic()
-            if first_at is None:
-                source.restore_expired()
-            elif len(self.pending) >= self.batch or time.monotonic() - first_at >= self.linger_s:
+            if first_at is not None and (
+                len(self.pending) >= self.batch or time.monotonic() - first_at >= self.linger_s
+            ):
                 return
             if not taken:
                 time.sleep(_IDLE_POLL_S if first_at is None else min(_IDLE_POLL_S, self.linger_s))
