@@ -61,18 +61,25 @@ def publish(report: dict) -> None:
 
 # Pop up to ARGV[1] messages off the queue (kombu pushes on the left, consumers pop on the right) and file
 # each under kombu's unacknowledged keys as kombu's Redis QoS does (index: tag -> time taken; hash: tag ->
-# the JSON [message, exchange, routing key], the message verbatim), all in one atomic step.
+# the JSON [message, exchange, routing key], the message verbatim), all in one atomic step. Something
+# that is not a kombu message (no delivery tag) cannot be filed or ingested: it is dropped and counted.
 _TAKE = """
-local taken = {}
+local taken, dropped = {}, 0
 for i = 1, tonumber(ARGV[1]) do
   local raw = redis.call('RPOP', KEYS[1])
   if not raw then break end
-  local tag = cjson.decode(raw)['properties']['delivery_tag']
-  redis.call('ZADD', KEYS[3], ARGV[2], tag)
-  redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',' .. ARGV[3] .. ']')
-  taken[#taken + 1] = raw
+  local ok, message = pcall(cjson.decode, raw)
+  local tag = ok and type(message) == 'table' and type(message['properties']) == 'table'
+    and message['properties']['delivery_tag']
+  if type(tag) == 'string' then
+    redis.call('ZADD', KEYS[3], ARGV[2], tag)
+    redis.call('HSET', KEYS[2], tag, '[' .. raw .. ',' .. ARGV[3] .. ']')
+    taken[#taken + 1] = raw
+  else
+    dropped = dropped + 1
+  end
 end
-return taken
+return {dropped, taken}
 """
 
 
@@ -97,7 +104,9 @@ class RedisBatches:
     def take(self, limit: int) -> list[tuple[object, str]]:
         """Up to `limit` queued reports with their delivery tags (what ack() takes); a message whose body is not
         JSON comes as None (the ingest refuses it as not a report)."""
-        raws = self._take(keys=self._keys, args=[limit, time.time(), self._route])
+        dropped, raws = self._take(keys=self._keys, args=[limit, time.time(), self._route])
+        if dropped:
+            logger.warning("dropped %d message(s) on the ingest queue that are not kombu messages", dropped)
         return [_decode(raw) for raw in raws]
 
     def ack(self, tags: list[str]) -> None:

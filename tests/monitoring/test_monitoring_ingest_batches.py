@@ -77,3 +77,15 @@ def test_a_message_that_is_not_json_is_handed_over_as_no_report(queue):
     [(report, tag)] = batches.take(10)
     assert report is None and tag
     batches.ack([tag])
+
+
+def test_something_that_is_not_a_kombu_message_is_dropped_and_the_rest_taken(queue, caplog):
+    batches, client = queue
+    transport.publish({"n": 1})
+    client.lpush(transport.INGEST_QUEUE, b"not json", b'{"properties": {}}')  # pushed by something else
+    transport.publish({"n": 2})
+    taken = batches.take(10)
+    assert [report for report, _ in taken] == [{"n": 1}, {"n": 2}]
+    assert "dropped 2 message(s)" in caplog.text
+    assert (client.llen(transport.INGEST_QUEUE), client.hlen("ingest_unacked")) == (0, 2)
+    batches.ack([tag for _, tag in taken])
