@@ -17,6 +17,11 @@ sample at the cycle's slot committed. Figures:
   cycle, sampled every 50 ms (this process's two connections included);
 - lost: expected - samples once the cycle is over (or its deadline passed); duplicated: rows beyond
   one per (ts, series) (the primary key makes it 0; counted, not assumed);
+- ingest_cpu_s / ingest_cpu_ms_per_report: CPU seconds (user + system, /proc/<pid>/stat) the ingest
+  workers used during the first cycle, and per node report; agent_cpu_s / agent_cpu_ms_per_read: the
+  same for the agent processes, per node read (Celery's own work included); sim_cpu_ms_per_read: this
+  process's CPU per node read (the SimServer answering the agents' NVML sessions, and the cycle's own
+  polling). CPU time does not depend on how busy the machine is, wall time does: size from these;
 - with --kill-agent: agent 0 is SIGKILLed once a quarter of the samples are in and restarted (as
   its DaemonSet would); the next cycle is measured too (next_cycle_*).
 
@@ -139,8 +144,55 @@ class PollFleet:
                 process.send_signal(signal.SIGKILL)
                 process.wait(30)
 
+    def cpu_s(self) -> dict[str, dict[int, float]]:
+        """CPU seconds (user + system) each live agent and ingest worker has used so far, by pid."""
+        return {
+            "agents": {p.pid: process_cpu_s(p.pid) for p in self.agents if p is not None and p.poll() is None},
+            "workers": {p.pid: process_cpu_s(p.pid) for p in self.workers if p is not None and p.poll() is None},
+        }
+
     def log_tail(self) -> str:
         return "\n".join(f"== {p.name}\n" + p.read_text(errors="replace")[-2000:] for p in sorted(self.logs.iterdir()))
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a process from /proc/<pid>/stat, in seconds (0.0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 (state) is fields[0]
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU the fleet's processes use between start() and the last sample(): a process replaced meanwhile
+    counts up to its last sample (take one just before a kill)."""
+
+    def __init__(self, fleet: PollFleet, *, reads: int):
+        self.fleet = fleet
+        self.reads = reads  # node reads (reports) a cycle asks for; a re-poll's are added by run_cycle
+        self.first: dict[str, dict[int, float]] = {}
+        self.last: dict[str, dict[int, float]] = {"agents": {}, "workers": {}}
+        self.own = 0.0
+
+    def start(self) -> None:
+        self.first = self.fleet.cpu_s()
+        self.last = {kind: dict(pids) for kind, pids in self.first.items()}
+        self.own = time.process_time()
+
+    def sample(self) -> None:
+        for kind, pids in self.fleet.cpu_s().items():
+            self.last[kind].update(pids)
+
+    def used_s(self, kind: str) -> float:
+        return sum(cpu - self.first.get(kind, {}).get(pid, 0.0) for pid, cpu in self.last[kind].items())
+
+    def own_s(self) -> float:
+        return time.process_time() - self.own
 
 
 def split_queues(nodes: list[tuple[str, str]], agents: int) -> list[list[str]]:
@@ -205,12 +257,15 @@ def ingest_queue_length() -> int:
         return conn.default_channel.client.llen("ingest")
 
 
-def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None, pause=None, clear=False) -> dict:
+def run_cycle(
+    cluster: Cluster, expected: int, *, deadline_s: float, during=None, pause=None, clear=False, meter=None
+) -> dict:
     """Beat's fan-out, then wait until `expected` samples of this slot are in (or the deadline).
 
     `pause=(fleet, reports)`: the ingest workers are stopped (SIGSTOP) until `reports` reports are queued
     (agents_s), then continued (ingest_s: the control plane alone). `clear`: delete the cluster's samples
     of this slot first, so a cycle can reuse the slot of the one before (no wait for the next slot).
+    `meter` (a CpuMeter): started with the fan-out, sampled about every second and at the end.
     """
     ts = poll_slot()
     if clear:
@@ -221,7 +276,10 @@ def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None
             worker.send_signal(signal.SIGSTOP)
     repolled = None
     with ConnectionSampler() as sampler:
+        if meter is not None:
+            meter.start()
         started = time.monotonic()
+        sampled = started
         with mock.patch.object(
             repoll_missing_task, "apply_async"
         ):  # run below, in this process, as beat's worker would
@@ -238,6 +296,9 @@ def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None
         count = 0
         while time.monotonic() - started < deadline_s:
             count = written(cluster, ts)
+            if meter is not None and (count >= expected or time.monotonic() - sampled >= 1.0):
+                meter.sample()
+                sampled = time.monotonic()
             if during is not None:
                 during(count)
             if count >= expected:
@@ -246,6 +307,8 @@ def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None
                 repolled = repoll_missing_task(int(ts.timestamp()))
             time.sleep(0.05)
         cycle_s = time.monotonic() - started
+    if meter is not None:
+        meter.sample()
     if pause is not None:
         phases["ingest_s"] = cycle_s - phases["agents_s"]
     return {
@@ -257,6 +320,29 @@ def run_cycle(cluster: Cluster, expected: int, *, deadline_s: float, during=None
         "lost": expected - count,
         "duplicated": duplicated(cluster, ts),
         "db_connections_max": sampler.peak,
+        **(_cpu_figures(meter, meter.reads + (repolled or 0)) if meter is not None else {}),
+    }
+
+
+_CPU_FIGURES = (
+    "ingest_cpu_s",
+    "ingest_cpu_ms_per_report",
+    "agent_cpu_s",
+    "agent_cpu_ms_per_read",
+    "sim_cpu_ms_per_read",
+)
+
+
+def _cpu_figures(meter: CpuMeter, reports: int) -> dict:
+    """CPU of the cycle's processes, in total and per node report."""
+    ingest, agents, own = meter.used_s("workers"), meter.used_s("agents"), meter.own_s()
+    return {
+        "ingest_cpu_s": ingest,
+        "agent_cpu_s": agents,
+        "sim_cpu_s": own,
+        "ingest_cpu_ms_per_report": 1000 * ingest / reports,
+        "agent_cpu_ms_per_read": 1000 * agents / reports,
+        "sim_cpu_ms_per_read": 1000 * own / reports,
     }
 
 
@@ -365,20 +451,23 @@ def run_poll_cycle(
             runs = []
             killed = {}
 
+            meter = CpuMeter(fleet, reads=len(names))
+
             def kill_once(count: int) -> None:
                 if kill_agent and not killed and count >= expected // 4:
+                    meter.sample()  # the killed agent's CPU up to its death
                     killed["exit"] = fleet.kill(fleet.agents[0])
                     killed["at_samples"] = count
                     fleet.replace_dead()
 
             for n in range(0 if phased_only else max(1, cycles)):
                 during = kill_once if n == 0 else None
-                runs.append(run_cycle(cluster, expected, deadline_s=period, during=during, clear=True))
+                runs.append(run_cycle(cluster, expected, deadline_s=period, during=during, clear=True, meter=meter))
                 stdout.write(f"# end-to-end cycle {n + 1}: {_short(runs[-1])}")
             if kill_agent:
                 wait_ready(fleet, timeout_s=300)
             # The same cycle in two phases: ingest workers paused (SIGSTOP) until every report is queued.
-            split = run_cycle(cluster, expected, deadline_s=period, pause=(fleet, len(names)), clear=True)
+            split = run_cycle(cluster, expected, deadline_s=period, pause=(fleet, len(names)), clear=True, meter=meter)
             runs = runs or [split]
             stdout.write(f"# phased cycle: {_short(split)}")
             first = runs[0]
@@ -406,6 +495,9 @@ def run_poll_cycle(
                 "repolled_nodes": sum(r["repolled_nodes"] for r in runs + [split]),
                 "agent_read_ms_median": _median_read_ms(cluster),
                 "db_connections_max": max(r["db_connections_max"] for r in runs + [split]),
+                # CPU (contention-independent): the first cycle's, and the phased cycle's
+                **{k: round(first[k], 2) for k in _CPU_FIGURES},
+                **{f"phased_{k}": round(split[k], 2) for k in _CPU_FIGURES},
                 "load_average_1m": round(os.getloadavg()[0], 2),
                 "cpus": os.cpu_count(),
             }

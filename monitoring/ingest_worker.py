@@ -1,10 +1,15 @@
 """The ingest worker: node agents' reports from the broker, written in batches (`manage.py ingest-worker`).
 
-A plain kombu consumer, not a Celery task per message: it takes up to AGENT_INGEST_BATCH reports
-(prefetch = the batch), waits at most AGENT_INGEST_LINGER_MS for a partial batch to fill, writes
-the batch with `ingest_reports` (one COPY per poll slot), and acknowledges the messages only after
-that commit. A worker killed before it acknowledges leaves its batch unacknowledged; the broker
-delivers it again after AGENT_INGEST_VISIBILITY_S (Redis) and the second write changes nothing.
+Not a Celery task per message: it takes up to AGENT_INGEST_BATCH reports, waits at most
+AGENT_INGEST_LINGER_MS for a partial batch to fill, writes the batch with `ingest_reports` (one COPY
+per poll slot), and acknowledges the messages only after that commit. A worker killed before it
+acknowledges leaves its batch unacknowledged; the broker delivers it again after
+AGENT_INGEST_VISIBILITY_S (Redis) and the second write changes nothing.
+
+On Redis the batch is taken in one round trip (`transport.RedisBatches`: a script pops up to the batch
+and files each message under kombu's unacknowledged keys, exactly as kombu's own consumer does one
+message at a time) and acknowledged in one; kombu's restore puts back what a dead worker left.
+Other brokers (the embedded demo's) go through a plain kombu consumer (prefetch = the batch).
 A batch that raises is retried report by report, so one bad report cannot hold back the others;
 a report that still raises is logged and dropped (it would fail again on every delivery).
 Several ingest workers may consume the queue at once; each batch is its own transactions.
@@ -29,16 +34,19 @@ from .services.reports import IngestOutcome, ingest_reports
 
 logger = logging.getLogger(__name__)
 
+_IDLE_POLL_S = 0.05  # how often an idle (or lingering) Redis worker looks at the queue again
+
 
 class IngestWorker:
     def __init__(self, *, batch: int | None = None, linger_ms: int | None = None, on_batch: Callable | None = None):
         self.batch = batch or settings.AGENT_INGEST_BATCH
         self.linger_s = (settings.AGENT_INGEST_LINGER_MS if linger_ms is None else linger_ms) / 1000
         self.on_batch = on_batch
-        self.pending: list = []
+        self.pending: list = []  # (report, what acknowledges it)
         self.stopping = False
         self.batches = 0
         self.reports = 0
+        self._ack: Callable[[list], None] = _ack_each
 
     def stop(self, *_args) -> None:
         """Finish the batch in hand, then leave (SIGTERM, SIGINT)."""
@@ -53,12 +61,40 @@ class IngestWorker:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
         with transport.connection() as conn:
+            if transport.is_redis():
+                source = transport.RedisBatches(conn)
+                self._ack = source.ack
+                while not self.stopping and (max_batches is None or self.batches < max_batches):
+                    self._take(source)
+                    if self.pending:
+                        self.flush()
+                return
             with conn.Consumer(transport.queue, callbacks=[self._received], accept=["json"]) as consumer:
                 consumer.qos(prefetch_count=self.batch)
                 while not self.stopping and (max_batches is None or self.batches < max_batches):
                     self._fill(conn)
                     if self.pending:
                         self.flush()
+
+    def _take(self, source: transport.RedisBatches) -> None:
+        """Redis: take what is queued, up to the batch, until it is full or the linger after the first report
+        has passed; while idle, look again shortly. First, put back what dead workers left unacknowledged
+        (at most once a second, busy or idle)."""
+        source.restore_expired()
+        first_at = None
+        while len(self.pending) < self.batch and not self.stopping:
+            taken = source.take(self.batch - len(self.pending))
+            self.pending += taken
+            if self.pending and first_at is None:
+                first_at = time.monotonic()
+            if first_at is not None and (
+                len(self.pending) >= self.batch or time.monotonic() - first_at >= self.linger_s
+            ):
+                return
+            if not taken:
+                time.sleep(_IDLE_POLL_S if first_at is None else min(_IDLE_POLL_S, self.linger_s))
+            if first_at is None:
+                return  # back to run(): it checks max_batches and stopping
 
     def _fill(self, conn) -> None:
         """Drain messages until the batch is full, or the linger after the first one has passed."""
@@ -91,14 +127,18 @@ class IngestWorker:
                 outcome.samples += one.samples
                 outcome.refused += one.refused
         crash_point("ingest.committed")  # fault tests: written but not acknowledged
-        for _, message in batch:
-            message.ack()
+        self._ack([message for _, message in batch])
         self.batches += 1
         self.reports += len(batch)
         if self.on_batch is not None:
             self.on_batch(outcome)
         logger.info("ingested %s", outcome.summary())
         return outcome
+
+
+def _ack_each(messages: list) -> None:
+    for message in messages:
+        message.ack()
 
 
 def _ingest(reports: list) -> IngestOutcome:

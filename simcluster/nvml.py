@@ -17,9 +17,11 @@ classes; only the C entry points are simulated. A C symbol the simulation lacks 
 The simulated C functions read a snapshot of the node (simcluster.driver.node_snapshot):
 fetched at `nvmlInit`, refreshed when older than `max_age` seconds and replaced by the
 server's answer after every write (MIG mode, GPU/compute instance create/destroy), so a
-polling task costs one round trip per node. In another process (the Celery worker) the
-transport is HTTP to `<api_url>/sim/v1/nodes/<node>/nvml`; when the SimServer runs in the
-same process the state is read directly (`max_age` 0: always fresh).
+polling task costs one round trip per node: a drain of the XID event set (nvmlEventSetWait with
+timeout 0) is answered from that snapshot when it shows no event newer than the set has seen (the
+snapshot carries the node's event sequence), and asks the server only when there is one. In
+another process (the Celery worker) the transport is HTTP to `<api_url>/sim/v1/nodes/<node>/nvml`;
+when the SimServer runs in the same process the state is read directly (`max_age` 0: always fresh).
 
 Behaviour notes (reference §7): utilisation rates are NotSupported on MIG-enabled GPUs;
 retired pages are NotSupported (row remapping replaced them on A100/H100/H200); GPM is
@@ -56,6 +58,7 @@ from . import driver, topology
 from .hardware import ci_starts, remaining_capacity
 
 _UNAVAILABLE = 0xFFFFFFFF
+EVENT_SNAPSHOT_S = 1.0  # how old a snapshot may be to answer "no new events" without a round trip
 _SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError | pynvml.nvmlEventTypeSingleBitEccError
 )
@@ -281,8 +284,14 @@ def _write_string(buf, size, text: str) -> None:
 
 
 def _address(handle) -> int | None:
+    """The address a handle holds. Every simulated call resolves one: a typed pointer's `contents` is several
+    times cheaper than ctypes.cast, which stays for NULL, void pointers and the like."""
     if handle is None:
         return None
+    try:
+        return ctypes.addressof(handle.contents)
+    except (AttributeError, TypeError, ValueError):
+        pass
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except ctypes.ArgumentError:
@@ -1295,6 +1304,8 @@ class SimulatedLibrary:
     @_c_call
     def nvmlEventSetWait_v2(self, event_set, ref, timeout_ms):
         record = self._event_set(event_set)
+        if not record["queue"] and record["masks"] and _int(timeout_ms) == 0 and self._nothing_new(record):
+            raise _Return(pynvml.NVML_ERROR_TIMEOUT)
         if not record["queue"] and record["masks"]:
             self._lock.release()  # let other threads use the library while we long-poll
             try:
@@ -1313,6 +1324,17 @@ class SimulatedLibrary:
         data.eventData = event["data"]
         data.gpuInstanceId = event["gi"]
         data.computeInstanceId = event["ci"]
+
+    def _nothing_new(self, record: dict) -> bool:
+        """True when a cached snapshot younger than EVENT_SNAPSHOT_S shows no event after the set's last one: a
+        poll's drain (timeout 0) then needs no round trip. An event raised since that snapshot is drained by the
+        next poll. In-process libraries (max_age 0) always ask."""
+        return (
+            self._max_age > 0
+            and self._view is not None
+            and time.monotonic() - self._fetched <= EVENT_SNAPSHOT_S
+            and self._view["snap"]["event_seq"] <= (record["after"] or 0)
+        )
 
     @_c_call
     def nvmlEventSetFree(self, event_set):

@@ -14,6 +14,7 @@ NVML adapter's dataclasses and are rebuilt field by field; an unknown field is a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -94,15 +95,35 @@ def verify(report: Any, *, own: bool = False) -> dict:
 
 
 def metrics_body(readings: list[nvml.GpuMetrics] | None, *, error: str = "", elapsed_ms: int = 0) -> dict:
-    return {"error": error, "ms": elapsed_ms, "gpus": [dataclasses.asdict(r) for r in readings or []]}
+    return {"error": error, "ms": elapsed_ms, "gpus": [_plain(r) for r in readings or []]}
+
+
+def _plain(value: Any) -> Any:
+    """dataclasses.asdict for the adapter's readings (dataclasses, lists, plain values), without its deep
+    copy of every value: a node's report is hundreds of objects, read every poll."""
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    names = _ordered_fields(type(value)) if dataclasses.is_dataclass(value) else None
+    if names is None:
+        return value
+    return {name: _plain(getattr(value, name)) for name in names}
+
+
+@functools.cache
+def _ordered_fields(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _field_names(cls) -> frozenset[str]:
+    return frozenset(_ordered_fields(cls))
 
 
 def _build(cls, data: Any, nested: dict[str, Any]):
     if not isinstance(data, dict):
         raise BadReport(f"{cls.__name__}: not an object")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - known
-    if unknown:
+    if not _field_names(cls).issuperset(data):
+        unknown = set(data) - _field_names(cls)
         raise BadReport(f"{cls.__name__}: unknown fields {sorted(unknown)}")
     values = dict(data)
     for name, build in nested.items():

@@ -38,7 +38,7 @@ from monitoring.choices import MetricSource
 from monitoring.models import Collector, Series
 
 from .health import HealthOutcome, UnitHealth, apply_health
-from .ingest import ingest_samples, sample_row, series_ids, slot
+from .ingest import ingest_samples, sample_row, series_rows, slot
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,30 @@ def poll_slot(at: datetime | None = None) -> datetime:
 # --- NVML (node agents) ---------------------------------------------------------------------------
 
 
+@dataclass(slots=True, frozen=True)
+class GpuRow:
+    """The columns of a present GPU that mapping a poll reads (GpuCapacity's names; no model instance)."""
+
+    pk: int
+    node_id: int
+    index: int
+    uuid: str
+    product: str
+    catalog_product: str
+    memory_mib: int | None
+
+
+@dataclass(slots=True, frozen=True)
+class MigRow:
+    """The columns of an active MIG instance that mapping a poll reads (compute slices: its profile's)."""
+
+    pk: int
+    gpu_id: int
+    gi_id: int | None
+    uuid: str
+    compute_slices: int
+
+
 @dataclass(slots=True)
 class NodeReading:
     """One node's NVML poll mapped to our rows, not yet written."""
@@ -113,16 +137,16 @@ class NodeReading:
     node: NodeCapacity
     samples: list[UnitSample] = field(default_factory=list)
     health: list[UnitHealth] = field(default_factory=list)
-    shared: list[tuple[GpuCapacity, nvml.GpuMetrics]] = field(default_factory=list)
+    shared: list[tuple[GpuRow, nvml.GpuMetrics]] = field(default_factory=list)
     result: CollectResult = field(default_factory=CollectResult)
 
 
 def map_nvml(
-    node: NodeCapacity, readings: list[nvml.GpuMetrics], gpus: list[GpuCapacity], instances: list[MigInstance]
+    node: NodeCapacity, readings: list[nvml.GpuMetrics], gpus: list[GpuRow], instances: list[MigRow]
 ) -> NodeReading:
     """Map one NVML poll of `node` to sample and health rows: GPUs by UUID (else index), MIG instances by
-    UUID (else parent GPU + GI id). `gpus`: the node's present GPUs; `instances`: their active MIG instances
-    (with profile). Reads nothing from the database."""
+    UUID (else parent GPU + GI id). `gpus`: the node's present GPUs; `instances`: their active MIG
+    instances. Reads nothing from the database."""
     out = NodeReading(node)
     result = out.result
     by_uuid = {g.uuid: g for g in gpus}
@@ -159,7 +183,7 @@ def map_nvml(
                 )
             )
             out.health.append(UnitHealth(gpu.pk, instance.pk, rules.Reading(xids=mig_xids)))
-            unit_slices.append((m.sm_active, instance.profile.compute_slices))
+            unit_slices.append((m.sm_active, instance.compute_slices))
         if values["sm_active"] is None and r.mig_enabled:
             values["sm_active"] = _derived_sm_active(gpu, unit_slices, expected=len(r.mig))
         out.samples.append(UnitSample(gpu.pk, None, values, r.memory_total_mib))
@@ -218,7 +242,7 @@ def _xid_column(codes: list[int] | None) -> int | None:
     return (critical or codes)[-1]
 
 
-def _derived_sm_active(gpu: GpuCapacity, units: list[tuple[float | None, int]], expected: int) -> float | None:
+def _derived_sm_active(gpu: GpuCapacity | GpuRow, units: list[tuple[float | None, int]], expected: int) -> float | None:
     """SM activity of a MIG-enabled GPU from its instances, weighted by compute slices (free slices idle).
 
     Only when all `expected` instances have a value: a partial picture would under-report the GPU.
@@ -233,25 +257,26 @@ def write_samples(samples: list[UnitSample], *, ts: datetime, source: str) -> in
     """Series ids, one bulk insert-or-ignore, memory totals kept on the series; rows offered."""
     if not samples:
         return 0
-    ids = series_ids((s.gpu_id, s.mig_instance_id) for s in samples)
-    rows = [sample_row(ids[(s.gpu_id, s.mig_instance_id)], ts, s.values) for s in samples]
+    series = series_rows((s.gpu_id, s.mig_instance_id) for s in samples)
+    rows = [sample_row(series[(s.gpu_id, s.mig_instance_id)][0], ts, s.values) for s in samples]
     rows.sort(key=lambda row: row[2])  # series_id order: index inserts walk the btree once
     ingest_samples(rows)
-    _update_series(ids, samples, source)
+    _update_series(series, samples, source)
     return len(rows)
 
 
-def _update_series(ids: dict, samples: list[UnitSample], source: str) -> None:
+def _update_series(series: dict, samples: list[UnitSample], source: str) -> None:
     """Keep each series' memory total and source in step: one UPDATE per distinct (total, source) pair.
 
-    A fleet has few distinct memory totals, so a first poll of thousands of new series costs a handful
-    of statements (a bulk_update's CASE over every row took seconds at 2,000 nodes).
+    `series`: (id, mem_total_mib, source) per unit as read before this poll's insert. A fleet has few distinct
+    memory totals, so a first poll of thousands of new series costs a handful of statements (a
+    bulk_update's CASE over every row took seconds at 2,000 nodes); a steady poll costs none.
     """
-    wanted = {ids[(s.gpu_id, s.mig_instance_id)]: s.mem_total_mib for s in samples}
     stale: dict[tuple[int | None, str], list[int]] = defaultdict(list)
-    for pk, total, was in Series.objects.filter(pk__in=wanted).values_list("id", "mem_total_mib", "source"):
-        if (wanted[pk] is not None and wanted[pk] != total) or was != source:
-            stale[(wanted[pk] if wanted[pk] is not None else total, source)].append(pk)
+    for s in samples:
+        pk, total, was = series[(s.gpu_id, s.mig_instance_id)]
+        if (s.mem_total_mib is not None and s.mem_total_mib != total) or was != source:
+            stale[(s.mem_total_mib if s.mem_total_mib is not None else total, source)].append(pk)
     for (total, new_source), pks in sorted(stale.items(), key=lambda item: (item[0][0] or 0, item[0][1])):
         Series.objects.filter(pk__in=sorted(pks)).update(mem_total_mib=total, source=new_source)
 

@@ -38,15 +38,24 @@ def sample_row(series_id: int, ts: datetime, values: dict) -> tuple:
 
 
 def series_ids(units: Iterable[tuple[int, int | None]]) -> dict[tuple[int, int | None], int]:
-    """Series id of each (gpu_id, mig_instance_id), created when missing. Idempotent and race-free:
-    creation ignores conflicts on the two partial unique constraints, then everything is re-read."""
+    """Series id of each (gpu_id, mig_instance_id), created when missing (see series_rows)."""
+    return {unit: row[0] for unit, row in series_rows(units).items()}
+
+
+def series_rows(units: Iterable[tuple[int, int | None]]) -> dict[tuple[int, int | None], tuple[int, int | None, str]]:
+    """(id, mem_total_mib, source) of the series of each (gpu_id, mig_instance_id), created when missing.
+
+    Idempotent and race-free: creation ignores conflicts on the two partial unique constraints, then
+    everything is re-read. One query when every series exists (the steady state of a poll).
+    """
     wanted = set(units)
     if not wanted:
         return {}
-    gpu_ids = {g for g, _ in wanted}
+    gpu_ids = sorted({g for g, _ in wanted})
+    columns = ("id", "gpu_id", "mig_instance_id", "mem_total_mib", "source")
     found = {
-        (g, m): pk
-        for pk, g, m in Series.objects.filter(gpu_id__in=gpu_ids).values_list("id", "gpu_id", "mig_instance_id")
+        (g, m): (pk, total, source)
+        for pk, g, m, total, source in Series.objects.filter(gpu_id__in=gpu_ids).values_list(*columns)
     }
     missing = wanted - found.keys()
     if missing:
@@ -55,8 +64,8 @@ def series_ids(units: Iterable[tuple[int, int | None]]) -> dict[tuple[int, int |
             ignore_conflicts=True,
         )
         found = {
-            (g, m): pk
-            for pk, g, m in Series.objects.filter(gpu_id__in=gpu_ids).values_list("id", "gpu_id", "mig_instance_id")
+            (g, m): (pk, total, source)
+            for pk, g, m, total, source in Series.objects.filter(gpu_id__in=gpu_ids).values_list(*columns)
         }
     return {unit: found[unit] for unit in wanted}
 

@@ -31,9 +31,9 @@ from capacity.models import GpuCapacity, MigInstance, NodeCapacity
 from monitoring.choices import MetricSource
 from monitoring.models import Collector
 
-from .collect import CollectResult, NodeReading, map_nvml, poll_slot, write_samples
+from .collect import CollectResult, GpuRow, MigRow, NodeReading, map_nvml, poll_slot, write_samples
 from .health import apply_health
-from .timeslice import check_shares
+from .timeslice import check_node_shares
 
 logger = logging.getLogger(__name__)
 
@@ -132,34 +132,35 @@ def _present_nodes(names: set[tuple[str, str]]) -> dict[tuple[str, str], NodeCap
     return {(n.cluster.name, n.name): n for n in rows}
 
 
-def _units(nodes) -> tuple[dict[int, list[GpuCapacity]], dict[int, list[MigInstance]]]:
+def _units(nodes) -> tuple[dict[int, list[GpuRow]], dict[int, list[MigRow]]]:
     """The present GPUs and active MIG instances of these nodes, by node id: two queries for the batch, and
-    only the columns the mapping, the health rules and the share checks read (a batch is thousands of rows)."""
-    ids = [n.pk for n in nodes]
-    gpus: dict[int, list[GpuCapacity]] = defaultdict(list)
-    node_of_gpu = {}
-    for gpu in GpuCapacity.objects.filter(node_id__in=ids, lost_at__isnull=True).only(*_GPU_COLUMNS):
+    only the columns the mapping, the health rules and the share checks read, as plain rows (a batch is
+    thousands of units: model instances cost more than the queries)."""
+    ids = sorted(n.pk for n in nodes)
+    gpus: dict[int, list[GpuRow]] = defaultdict(list)
+    for row in GpuCapacity.objects.filter(node_id__in=ids, lost_at__isnull=True).values_list(*_GPU_COLUMNS):
+        gpu = GpuRow(*row)
         gpus[gpu.node_id].append(gpu)
-        node_of_gpu[gpu.pk] = gpu.node_id
-    instances: dict[int, list[MigInstance]] = defaultdict(list)
-    query = MigInstance.objects.active().filter(gpu_id__in=node_of_gpu).select_related("profile")
-    for instance in query.only("id", "gpu_id", "gi_id", "uuid", "profile__id", "profile__compute_slices"):
-        instances[node_of_gpu[instance.gpu_id]].append(instance)
+    instances: dict[int, list[MigRow]] = defaultdict(list)
+    query = MigInstance.objects.active().filter(gpu__node_id__in=ids, gpu__lost_at__isnull=True)
+    for node_id, *row in query.values_list("gpu__node_id", *_MIG_COLUMNS):
+        instances[node_id].append(MigRow(*row))
     return gpus, instances
 
 
 _GPU_COLUMNS = ("id", "node_id", "index", "uuid", "product", "catalog_product", "memory_mib")
+_MIG_COLUMNS = ("id", "gpu_id", "gi_id", "uuid", "profile__compute_slices")
 
 
 def _write(ts: datetime, readings: list[NodeReading]) -> int:
-    """One slot's rows of every node in the batch: samples in one insert, health in one pass, then shares."""
+    """One slot's rows of every node in the batch: samples in one insert, health in one pass, shares in one."""
     samples = write_samples([s for r in readings for s in r.samples], ts=ts, source=MetricSource.NVML)
     health = apply_health([h for r in readings for h in r.health], at=ts, source=MetricSource.NVML)
+    shares = check_node_shares([(r.node, r.shared) for r in readings if r.shared], at=ts)
     for reading in readings:
         reading.result.samples = len(reading.samples)
         reading.result.health = health  # the batch's outcome: events are not attributed per node
-        if reading.shared:
-            reading.result.share_violations = check_shares(reading.node, reading.shared, at=ts)
+        reading.result.share_violations = shares.get(reading.node.pk, 0)
     return samples
 
 

@@ -73,16 +73,28 @@ def _per_pod(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: lis
 
 
 def check_shares(node: NodeCapacity, shared: list[tuple[GpuCapacity, nvml.GpuMetrics]], *, at: datetime) -> int:
-    """Open, refresh or resolve ShareViolation rows for the time-sliced GPUs of one poll; returns open ones.
+    """Open, refresh or resolve ShareViolation rows for the time-sliced GPUs of one poll; returns open ones."""
+    return check_node_shares([(node, shared)], at=at).get(node.pk, 0)
 
-    Locking: the unresolved violations of these GPUs (FOR UPDATE, primary-key order). Evictions are
-    enqueued after commit. Idempotent for a repeated poll.
+
+def check_node_shares(
+    polls: list[tuple[NodeCapacity, list[tuple[GpuCapacity, nvml.GpuMetrics]]]], *, at: datetime
+) -> dict[int, int]:
+    """check_shares for many nodes' polls at once (the ingest worker's batch); open violations per node id.
+
+    Two reads for the whole batch: the nodes' running workloads, and the unresolved violations of their
+    GPUs (FOR UPDATE, primary-key order: the lock). A GPU is anything with pk, uuid and memory_mib.
+    Evictions are enqueued after commit. Idempotent for a repeated poll.
     """
-    replicas = node.timeslice_replicas
-    workloads = list(WorkloadProfile.objects.running().filter(node=node).select_related("project"))
-    by_pod = {w.pod_uid: w for w in workloads}
-    gpu_ids = sorted(g.pk for g, _ in shared)
-    open_count = 0
+    polls = [(node, shared) for node, shared in polls if shared]
+    if not polls:
+        return {}
+    workloads: dict[int, list[WorkloadProfile]] = defaultdict(list)
+    running = WorkloadProfile.objects.running().filter(node_id__in=sorted({node.pk for node, _ in polls}))
+    for workload in running.select_related("project"):
+        workloads[workload.node_id].append(workload)
+    gpu_ids = sorted({g.pk for _, shared in polls for g, _ in shared})
+    open_counts: dict[int, int] = {}
     evict: list[int] = []
     with transaction.atomic():
         current = {
@@ -91,45 +103,10 @@ def check_shares(node: NodeCapacity, shared: list[tuple[GpuCapacity, nvml.GpuMet
             .select_for_update()
             .order_by("pk")
         }
-        for gpu, reading in shared:
-            total = reading.memory_total_mib or gpu.memory_mib
-            limit = limit_mib(total, replicas)
-            memory = pod_memory(gpu, reading.processes, workloads)
-            compute = pod_sm_util(gpu, reading.processes, workloads)
-            over_memory = {pod for pod, mib in memory.items() if mib > limit}
-            over_compute = {pod for pod, pct in compute.items() if pct > limit_sm_pct(replicas)}
-            over = {pod: memory.get(pod, 0) for pod in sorted(over_memory | over_compute)}
-            for pod_uid, used in over.items():
-                what = "+".join(
-                    name for name, pods in (("memory", over_memory), ("compute", over_compute)) if pod_uid in pods
-                )
-                violation = current.pop((gpu.pk, pod_uid), None)
-                workload = by_pod.get(pod_uid)
-                if violation is None:
-                    violation = ShareViolation.objects.create(
-                        gpu=gpu,
-                        workload=workload,
-                        project=workload.project if workload else None,
-                        namespace=workload.namespace if workload else "",
-                        pod_name=workload.pod_name if workload else "",
-                        pod_uid=pod_uid,
-                        used_mib=used,
-                        share_mib=share_mib(total, replicas),
-                        replicas=replicas,
-                        sm_util_pct=compute.get(pod_uid),
-                        over=what,
-                        first_seen_at=at,
-                        last_seen_at=at,
-                    )
-                else:
-                    ShareViolation.objects.filter(pk=violation.pk).update(
-                        used_mib=used, sm_util_pct=compute.get(pod_uid), over=what, last_seen_at=at
-                    )
-                open_count += 1
-                if settings.MONITORING_EVICT_OVER_SHARE and _due_for_eviction(violation, at):
-                    evict.append(violation.pk)
+        for node, shared in polls:
+            open_counts[node.pk] = _check_node(node, shared, workloads[node.pk], current, evict, at=at)
         # Still unresolved but no longer over (or the pod is gone): resolved.
-        resolved = [v.pk for (gpu_id, _), v in current.items() if gpu_id in gpu_ids]
+        resolved = [v.pk for v in current.values()]
         if resolved:
             ShareViolation.objects.filter(pk__in=resolved, resolved_at__isnull=True).update(
                 resolved_at=at, state=_resolved_state()
@@ -139,6 +116,52 @@ def check_shares(node: NodeCapacity, shared: list[tuple[GpuCapacity, nvml.GpuMet
 
             for pk in evict:
                 evict_over_share_task.delay_on_commit(pk)
+    return open_counts
+
+
+def _check_node(node, shared, workloads: list[WorkloadProfile], current: dict, evict: list[int], *, at) -> int:
+    """One node's share check inside check_node_shares' transaction: the violations still over are taken out of
+    `current` (what remains there is resolved), the ones due for eviction added to `evict`; returns open ones."""
+    replicas = node.timeslice_replicas
+    by_pod = {w.pod_uid: w for w in workloads}
+    open_count = 0
+    for gpu, reading in shared:
+        total = reading.memory_total_mib or gpu.memory_mib
+        limit = limit_mib(total, replicas)
+        memory = pod_memory(gpu, reading.processes, workloads)
+        compute = pod_sm_util(gpu, reading.processes, workloads)
+        over_memory = {pod for pod, mib in memory.items() if mib > limit}
+        over_compute = {pod for pod, pct in compute.items() if pct > limit_sm_pct(replicas)}
+        over = {pod: memory.get(pod, 0) for pod in sorted(over_memory | over_compute)}
+        for pod_uid, used in over.items():
+            what = "+".join(
+                name for name, pods in (("memory", over_memory), ("compute", over_compute)) if pod_uid in pods
+            )
+            violation = current.pop((gpu.pk, pod_uid), None)
+            workload = by_pod.get(pod_uid)
+            if violation is None:
+                violation = ShareViolation.objects.create(
+                    gpu_id=gpu.pk,
+                    workload=workload,
+                    project=workload.project if workload else None,
+                    namespace=workload.namespace if workload else "",
+                    pod_name=workload.pod_name if workload else "",
+                    pod_uid=pod_uid,
+                    used_mib=used,
+                    share_mib=share_mib(total, replicas),
+                    replicas=replicas,
+                    sm_util_pct=compute.get(pod_uid),
+                    over=what,
+                    first_seen_at=at,
+                    last_seen_at=at,
+                )
+            else:
+                ShareViolation.objects.filter(pk=violation.pk).update(
+                    used_mib=used, sm_util_pct=compute.get(pod_uid), over=what, last_seen_at=at
+                )
+            open_count += 1
+            if settings.MONITORING_EVICT_OVER_SHARE and _due_for_eviction(violation, at):
+                evict.append(violation.pk)
     return open_count
 
 

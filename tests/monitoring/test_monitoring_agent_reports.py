@@ -5,6 +5,7 @@ ingest (monitoring.services.reports.ingest_reports) is what the ingest worker ca
 A node agent process has no database: its settings install Django's dummy engine (any query raises).
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from monitoring_sim import start
 
 from capacity.adapters import kubernetes as kube
+from capacity.adapters import nvml
 from capacity.agent import node as agent
 from capacity.agent import protocol
 from monitoring.models import Collector, Sample
@@ -132,3 +134,12 @@ def test_a_node_agent_process_reads_and_signs_without_a_database(sim):
     outcome = reports.ingest_reports([report])
     assert (outcome.refused, outcome.samples) == ([], 5)
     assert Sample.objects.filter(ts=datetime.fromtimestamp(slot, tz=UTC)).count() == 5
+
+
+def test_readings_travel_exactly_as_dataclasses_asdict_would_give_them(sim):
+    readings = nvml.node_metrics(kube.api_url_for(sim.cluster), "h100-01")
+    assert any(r.mig for r in readings) and any(r.processes or r.xids is not None for r in readings)
+    gpus = protocol.metrics_body(readings)["gpus"]
+    assert gpus == [dataclasses.asdict(r) for r in readings]
+    assert [list(g) for g in gpus] == [list(dataclasses.asdict(r)) for r in readings]  # same key order
+    assert protocol.metrics_from_body(json.loads(json.dumps(protocol.metrics_body(readings))))[0] == readings

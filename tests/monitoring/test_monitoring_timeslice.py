@@ -7,10 +7,10 @@ from monitoring_helpers import T0
 
 from capacity.adapters import kubernetes as kube
 from capacity.adapters.nvml import GpuMetrics, ProcessInfo
-from capacity.models import WorkloadProfile
+from capacity.models import GpuCapacity, NodeCapacity, WorkloadProfile
 from monitoring.choices import ShareState
 from monitoring.models import ShareViolation
-from monitoring.services.timeslice import check_shares, evict_over_share, limit_mib
+from monitoring.services.timeslice import check_node_shares, check_shares, evict_over_share, limit_mib
 
 pytestmark = pytest.mark.django_db
 
@@ -22,18 +22,23 @@ def shared(fleet, project):
     node.timeslice_replicas = 4
     node.save()
     for n, uid in ((0, "uid-greedy"), (1, "uid-polite")):
-        WorkloadProfile.objects.create(
-            cluster=fleet.cluster,
-            namespace="team-a",
-            pod_name=f"nb-{n}",
-            pod_uid=uid,
-            node=node,
-            gpu=fleet.full_gpu,
-            device_ids=[f"{fleet.full_gpu.uuid}::{n}"],
-            resource_name="nvidia.com/gpu",
-            project=project,
-        )
+        pod(fleet.full_gpu, n, uid, project)
     return fleet
+
+
+def pod(gpu, n: int, uid: str, project) -> WorkloadProfile:
+    """A running pod of team-a holding replica `n` of a time-sliced GPU."""
+    return WorkloadProfile.objects.create(
+        cluster=gpu.node.cluster,
+        namespace="team-a",
+        pod_name=f"nb-{n}",
+        pod_uid=uid,
+        node=gpu.node,
+        gpu=gpu,
+        device_ids=[f"{gpu.uuid}::{n}"],
+        resource_name="nvidia.com/gpu",
+        project=project,
+    )
 
 
 def reading(gpu, **used_by_pod):
@@ -177,3 +182,28 @@ def test_memory_and_compute_together(shared, settings):
     metrics.processes[0].used_memory_mib = 60000
     check_shares(shared.node, [(gpu, metrics)], at=T0)
     assert ShareViolation.objects.get().over == "memory+compute"
+
+
+def test_a_batch_of_nodes_is_checked_with_two_reads_and_one_lock(shared, project, settings, django_assert_num_queries):
+    """The ingest worker's batch: every node's share check in one transaction, each node counted on its own."""
+    settings.MONITORING_SHARE_FACTOR_PCT = 150
+    gpu = shared.full_gpu
+    other = NodeCapacity.objects.create(cluster=shared.cluster, name="gpu-node-02", gpu_count=1, timeslice_replicas=2)
+    other_gpu = GpuCapacity.objects.create(node=other, index=0, uuid="GPU-0002-cccc", product="H100", memory_mib=81559)
+    pod(other_gpu, 0, "uid-other", project)
+    polls = [
+        (shared.node, [(gpu, reading(gpu, **{"uid-greedy": 40000}))]),
+        (other, [(other_gpu, reading(other_gpu, **{"uid-other": 70000}))]),
+    ]
+    # the workloads, the locked violations, an insert per new violation; the savepoint and its release
+    with django_assert_num_queries(1 + 1 + 2 + 2):
+        assert check_node_shares(polls, at=T0) == {shared.node.pk: 1, other.pk: 1}
+    assert sorted(ShareViolation.objects.values_list("gpu_id", "pod_uid", "replicas")) == sorted(
+        [(gpu.pk, "uid-greedy", 4), (other_gpu.pk, "uid-other", 2)]
+    )
+    # One node back under its share: only its violation resolves.
+    polls[0] = (shared.node, [(gpu, reading(gpu, **{"uid-greedy": 9000}))])
+    assert check_node_shares(polls, at=T0 + timedelta(seconds=30)) == {shared.node.pk: 0, other.pk: 1}
+    assert sorted(ShareViolation.objects.filter(resolved_at__isnull=True).values_list("pod_uid", flat=True)) == [
+        "uid-other"
+    ]

@@ -9,6 +9,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pynvml
+import pytest
+
+from simcluster.nvml import library_for_node
+
 REPO = Path(__file__).resolve().parents[2]
 
 WORKER = textwrap.dedent('''
@@ -69,3 +74,31 @@ def test_nvml_over_http_from_another_process(server, prod, state):
     api_node = prod.read_node("prod-h100-full-01")
     assert api_node.status.allocatable["nvidia.com/mig-4g.40gb"] == "1"
     assert node.devices["nvidia.com/mig-4g.40gb"] == [out["mig_uuid"]]
+
+
+def test_a_poll_drain_without_new_events_costs_no_round_trip(server, state):
+    """Over HTTP, nvmlEventSetWait(timeout 0) is answered from the session's snapshot when it shows no newer event;
+    an event raised since is drained by the next session, which sees it in its snapshot and asks."""
+    lib = library_for_node(server.cluster_url("prod"), "prod-h100-full-02", transport="http")
+    backend = lib.simcluster_library._backend
+    lib.nvmlInit()
+    events = lib.nvmlEventSetCreate()
+    for i in range(8):
+        lib.nvmlDeviceRegisterEvents(lib.nvmlDeviceGetHandleByIndex(i), pynvml.nvmlEventTypeXidCriticalError, events)
+    asked = backend.requests
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        lib.nvmlEventSetWait(events, 0)
+    assert backend.requests == asked  # nothing newer in the snapshot: no round trip
+    state.faults.xid("prod", "prod-h100-full-02", 5, code=48)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        lib.nvmlEventSetWait(events, 0)  # raised after this session's snapshot: the next poll's
+    lib.nvmlShutdown()
+    lib.nvmlInit()  # the next poll's session: a fresh snapshot shows the event
+    data = lib.nvmlEventSetWait(events, 0)
+    assert (lib.nvmlDeviceGetIndex(data.device), data.eventData) == (5, 48)
+    assert backend.requests == asked + 2  # the new snapshot and the one drain that had something to fetch
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        lib.nvmlEventSetWait(events, 0)
+    assert backend.requests == asked + 2
+    lib.nvmlEventSetFree(events)
+    lib.nvmlShutdown()
