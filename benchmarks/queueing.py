@@ -128,7 +128,9 @@ def generate(*, gpus: int, days: int, seed: int) -> list[Arrival]:
         kind = rng.choices(kinds, weights)[0]
         _, sizes, median, sigma, declared, activity = MIX[kind]
         idle = rng.random() < IDLE_SHARE
+        project, size = rng.randrange(PROJECTS), rng.choice(sizes)  # the draws in their original order
         hold_h = max(0.25, rng.lognormvariate(math.log(median), sigma))
+        has_end = rng.random() < declared
         need_back_h, busy = None, 0.0
         if idle:
             share, busy = lender_rng.uniform(*NEED_BACK), lender_rng.uniform(*activity)
@@ -136,11 +138,11 @@ def generate(*, gpus: int, days: int, seed: int) -> list[Arrival]:
         arrivals.append(
             Arrival(
                 at=START + dt.timedelta(hours=t),
-                project=rng.randrange(PROJECTS),
+                project=project,
                 workload=kind,
-                size=rng.choice(sizes),
+                size=size,
                 hold_h=hold_h,
-                declared=rng.random() < declared,
+                declared=has_end,
                 activity=IDLE_ACTIVITY if idle else rng.uniform(*activity),
                 need_back_h=need_back_h,
                 busy_activity=busy,
