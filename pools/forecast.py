@@ -151,6 +151,7 @@ def demand_ahead(request: PoolRequest, *, now: dt.datetime) -> int:
     return sum(p.entry.request.count for p in places if PRIORITY_RANK[p.entry.request.effective_priority] <= rank)
 
 
+MIN_SPAN_H = 1.0
 SPEC_FIELDS = ("spec_kind", "product", "profile_name", "tier", "cluster_id")  # what spec_key() reads
 
 
@@ -167,9 +168,10 @@ def arrivals_ahead(request: PoolRequest, *, now: dt.datetime) -> Arrivals:
         return Arrivals(0.0, ())
     since = now - dt.timedelta(hours=window_h)
     first = PoolRequest.objects.aggregate(first=Min("created_at"))["first"]
-    span_h = (now - max(since, first)).total_seconds() / 3600 if first else 0.0
-    if span_h <= 0:
+    if first is None:
         return Arrivals(0.0, ())
+    # A rate over the last minutes of a young system would be noise: at least MIN_SPAN_H of observation.
+    span_h = max((now - max(since, first)).total_seconds() / 3600, MIN_SPAN_H)
     rows = [
         r
         for r in PoolRequest.objects.filter(created_at__gt=since, created_at__lte=now)
@@ -255,6 +257,7 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
         {n: free for n, (_, free) in topology.free_by_node(units.full_candidates(request)).items()} if per_node else {}
     )
     total_free = sum(node_free.values()) if per_node else free
+    supply = total_free + sum(h.units for h in found)
     rng = random.Random(settings.QUEUE_FORECAST_SEED)
     draws: list[dt.datetime | None] = []
     for _ in range(settings.QUEUE_FORECAST_DRAWS):
@@ -268,7 +271,9 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
         for at, n, nodes in events:
             while arrival is not None and arrival <= at:  # a later request ranking ahead takes units first
                 wanted += rng.choice(coming.counts)
-                arrival += dt.timedelta(hours=rng.expovariate(coming.rate_h))
+                arrival = arrival + dt.timedelta(hours=rng.expovariate(coming.rate_h)) if wanted <= supply else None
+            if wanted > supply:  # more than every holder gives back: not reached
+                break
             have += n
             for node, k in nodes if per_node else ():
                 on_node[node] = on_node.get(node, 0) + k

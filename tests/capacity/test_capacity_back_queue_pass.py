@@ -46,13 +46,11 @@ def test_a_node_that_comes_back_gets_the_queue_a_pass_after_commit(
 ):
     cluster = Cluster.objects.create(name="c1", kubeconfig_path="/tmp/c1.kubeconfig")
     with mock.patch("capacity.tasks.enqueue_inventory"):
-        sync_cluster(cluster.pk, [gpu_node()], [], listed_at=timezone.now())
+        sync_cluster(cluster.pk, [gpu_node(rv="0")], [], listed_at=timezone.now())
         sync_cluster(cluster.pk, before, [], listed_at=timezone.now())
-        with (
-            mock.patch.object(process_queue_task, "delay") as delay,
-            django_capture_on_commit_callbacks(execute=False) as callbacks,
-        ):
-            sync_cluster(cluster.pk, after, [], listed_at=timezone.now())
+        with mock.patch.object(process_queue_task, "delay") as delay:
+            with django_capture_on_commit_callbacks(execute=False) as callbacks:
+                sync_cluster(cluster.pk, after, [], listed_at=timezone.now())
             assert delay.call_count == 0  # not before commit
             for callback in callbacks:
                 callback()
@@ -67,7 +65,7 @@ def sim(tmp_path):
 
 
 def test_a_finished_reconfiguration_gets_the_queue_a_pass_after_commit(sim):
-    reconf = rc.create(node_row("gpu-a"), {"0": ["3g.40gb", "3g.40gb"]})
+    reconf = rc.create(node_row("gpu-a"), {"0": ["3g.40gb", "3g.40gb"]}, force=True)
     with mock.patch.object(process_queue_task, "delay_on_commit") as enqueued:
         outcomes = drive(sim, reconf)
     assert reconf.state == "succeeded", reconf.error

@@ -168,3 +168,12 @@ def test_multi_gpu_work_starts_when_one_node_has_its_count_free(fleet, hold, oth
     hold(ends_in_h=4, target=other_project, actor=charlie)  # t2
     # Two GPUs are free at 2 h, on two nodes; t1 has both at 3 h.
     assert forecast.estimate_start(ask(2), now=now).p50 == now + 3 * H
+
+
+def test_a_young_system_observes_arrivals_over_at_least_an_hour(fleet, hold, make_request, other_project, charlie, now):
+    fleet.full_node("t1", gpus=1)
+    hold(ends_in_h=2)
+    for _ in range(3):  # three production requests of team-b in the last seconds, and nothing before
+        make_request(count=1, target=other_project, actor=charlie, workload_type="inference", **FULL)
+    estimate = forecast.estimate_start(ask(1, workload_type="development"), now=timezone.now())
+    assert estimate.basis["arrivals_ahead_per_h"] == 3.0
