@@ -7,6 +7,8 @@ at hour 30. Project 1 asks for one GPU at hour 1 and has 10 hours of work.
 import datetime as dt
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from benchmarks.queueing import START, Arrival, replay
 from pools.choices import LoanState, RequestState
@@ -52,3 +54,8 @@ def test_a_need_between_reconcile_ticks_waits_for_the_next_tick():
     lender = Arrival(START, 0, "inference", 8, 100.0, False, 0.02, need_back_h=30.0 + 10 / 3600)
     result = replay([lender, BORROWER], gpus=8, days=2, policy="queue+borrowing")
     assert result["lender_reclaim_p99_s"] == 140.0  # 20 s to the next 30 s tick, then the 120 s grace
+
+
+def test_an_unknown_policy_is_refused_with_the_choices():
+    with pytest.raises(CommandError, match="unknown fifo; choose among refuse, queue, queue\\+borrowing"):
+        call_command("bench", "queue", "--policies", "queue,fifo", "--gpus", "8", "--days", "1")
