@@ -8,6 +8,7 @@ class PoolsConfig(AppConfig):
     def ready(self) -> None:
         from capacity.services import hooks  # cycle: app loading; services import models
 
-        from .services import rehome_allocations  # cycle: the same
+        from .services import enqueue_queue_processing, rehome_allocations  # cycle: the same
 
         hooks.on_instances_gone(rehome_allocations)
+        hooks.on_capacity_appeared(enqueue_queue_processing)

@@ -10,7 +10,13 @@ one), and combines:
 - what is observed: for a pool without an end date, its remaining hold is drawn from the hold times
   of released pools of the same project and workload type (else the workload type, else all pools,
   else QUEUE_FORECAST_DEFAULT_HOLD_H), given how long it has held already;
-- the queue: the units that requests ahead of it (same spec, pools/queue_order.py) will take first.
+- the queue: the units that requests ahead of it (same spec, pools/queue_order.py) will take first,
+  and the requests expected to arrive while it waits that would rank ahead of it: those of its spec
+  submitted over the last QUEUE_FORECAST_ARRIVALS_WINDOW_H of a higher priority class, or of its class
+  from projects whose fair share is now below its project's, arriving at the rate seen then (a Poisson
+  process in each draw, sizes drawn from those seen);
+- topology: a multi-GPU whole-GPU request starts only when one node has its count free
+  (pools/topology.py), so units are followed per node.
 
 QUEUE_FORECAST_DRAWS draws of that timeline (seeded, so one state gives one answer) give the start's
 distribution; P50 and P90 are its quantiles. A start no draw reaches (more than the fleet holds)
@@ -25,16 +31,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from capacity.choices import SpecKind
 from capacity.models import MaintenanceWindow
 
-from . import units
+from . import topology, units
+from .choices import RequestState
 from .models import HOLDING_STATES, Allocation, GpuPool, PoolRequest
 from .queue_models import QueueEntry
-from .queue_order import PRIORITY_RANK, ordered, spec_key
+from .queue_order import PRIORITY_RANK, fair_shares, ordered, spec_key
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,15 @@ class Holder:
     end_at: dt.datetime | None
     held_h: float
     history: tuple[float, ...]
+    nodes: tuple[tuple[int, int], ...] = ()  # (node id, units there)
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Later requests expected to rank ahead: `rate_h` of them per hour, of the sizes in `counts`."""
+
+    rate_h: float
+    counts: tuple[int, ...]
 
 
 def _matching_allocations(request: PoolRequest):
@@ -93,18 +109,30 @@ def holders(request: PoolRequest, *, now: dt.datetime, history=None) -> tuple[li
     history = hold_history() if history is None else history
     rows = (
         _matching_allocations(request)
-        .values("pool_id", "pool__created_at", "pool__request__end_at", "pool__project_id", "pool__workload_type")
+        .values(
+            "pool_id",
+            "pool__created_at",
+            "pool__request__end_at",
+            "pool__project_id",
+            "pool__workload_type",
+            "gpu__node_id",
+        )
         .annotate(n=Count("pk"))
-        .order_by("pool_id")
+        .order_by("pool_id", "gpu__node_id")
     )
-    out, scopes = [], defaultdict(int)
+    by_pool: dict[int, list[dict]] = defaultdict(list)
     for row in rows:
+        by_pool[row["pool_id"]].append(row)
+    out, scopes = [], defaultdict(int)
+    for parts in by_pool.values():
+        row = parts[0]
         samples, scope = ((), "end date")
         if row["pool__request__end_at"] is None:
             samples, scope = _samples(history, row["pool__project_id"], row["pool__workload_type"])
         scopes[scope] += 1
         held = max(0.0, (now - row["pool__created_at"]).total_seconds() / 3600)
-        out.append(Holder(row["n"], row["pool__request__end_at"], held, samples))
+        nodes = tuple((part["gpu__node_id"], part["n"]) for part in parts)
+        out.append(Holder(sum(n for _, n in nodes), row["pool__request__end_at"], held, samples, nodes))
     return out, dict(scopes)
 
 
@@ -121,6 +149,47 @@ def demand_ahead(request: PoolRequest, *, now: dt.datetime) -> int:
         return sum(p.entry.request.count for p in places if p.position < mine.position)
     rank = PRIORITY_RANK[request.effective_priority]
     return sum(p.entry.request.count for p in places if PRIORITY_RANK[p.entry.request.effective_priority] <= rank)
+
+
+MIN_SPAN_H = 1.0
+SPEC_FIELDS = ("spec_kind", "product", "profile_name", "tier", "cluster_id")  # what spec_key() reads
+
+
+def arrivals_ahead(request: PoolRequest, *, now: dt.datetime) -> Arrivals:
+    """Requests of the request's spec expected to arrive while it waits and rank ahead of it, at the rate
+    seen over the last QUEUE_FORECAST_ARRIVALS_WINDOW_H (or since the first request, if later).
+
+    Ahead: a higher priority class, or the same class from a project whose fair share is now lower
+    (pools/queue_order.py). Nothing arrives ahead of a request an operator moved.
+    """
+    window_h = settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H
+    entry = QueueEntry.objects.filter(request_id=request.pk).first() if request.pk else None
+    if window_h == 0 or (entry is not None and entry.manual_rank is not None):
+        return Arrivals(0.0, ())
+    since = now - dt.timedelta(hours=window_h)
+    first = PoolRequest.objects.aggregate(first=Min("created_at"))["first"]
+    if first is None:
+        return Arrivals(0.0, ())
+    # A rate over the last minutes of a young system would be noise: at least MIN_SPAN_H of observation.
+    span_h = max((now - max(since, first)).total_seconds() / 3600, MIN_SPAN_H)
+    rows = [
+        r
+        for r in PoolRequest.objects.filter(created_at__gt=since, created_at__lte=now)
+        .exclude(state=RequestState.DRAFT)
+        .exclude(project_id=request.project_id)
+        .filter(spec_kind=request.spec_kind, product=request.product, profile_name=request.profile_name)
+        .only("project_id", "count", "workload_type", "priority_class", *SPEC_FIELDS)
+        if spec_key(r) == spec_key(request)
+    ]
+    mine = PRIORITY_RANK[request.effective_priority]
+    shares = fair_shares({r.project_id for r in rows} | {request.project_id}, now=now)
+    ahead = [
+        r.count
+        for r in rows
+        if PRIORITY_RANK[r.effective_priority] < mine
+        or (PRIORITY_RANK[r.effective_priority] == mine and shares[r.project_id] < shares[request.project_id])
+    ]
+    return Arrivals(len(ahead) / span_h, tuple(sorted(ahead)))
 
 
 def _remaining_h(holder: Holder, rng: random.Random) -> float:
@@ -181,17 +250,35 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
     if request.cluster_id:
         windows = [w for w in windows if w.cluster_id == request.cluster_id]
     basis["maintenance_windows"] = len(windows)
+    coming = arrivals_ahead(request, now=now)
+    basis["arrivals_ahead_per_h"] = round(coming.rate_h, 3)
+    per_node = topology.one_node(request)
+    node_free = (
+        {n: free for n, (_, free) in topology.free_by_node(units.full_candidates(request)).items()} if per_node else {}
+    )
+    total_free = sum(node_free.values()) if per_node else free
+    supply = total_free + sum(h.units for h in found)
     rng = random.Random(settings.QUEUE_FORECAST_SEED)
     draws: list[dt.datetime | None] = []
     for _ in range(settings.QUEUE_FORECAST_DRAWS):
         events = sorted(
-            (h.end_at if h.end_at is not None else now + dt.timedelta(hours=_remaining_h(h, rng)), h.units)
+            (h.end_at if h.end_at is not None else now + dt.timedelta(hours=_remaining_h(h, rng)), h.units, h.nodes)
             for h in found
         )
-        have, start = free, None
-        for at, n in events:
+        have, wanted, start = total_free, need, None
+        on_node, best = dict(node_free), max(node_free.values(), default=0)
+        arrival = now + dt.timedelta(hours=rng.expovariate(coming.rate_h)) if coming.rate_h else None
+        for at, n, nodes in events:
+            while arrival is not None and arrival <= at:  # a later request ranking ahead takes units first
+                wanted += rng.choice(coming.counts)
+                arrival = arrival + dt.timedelta(hours=rng.expovariate(coming.rate_h)) if wanted <= supply else None
+            if wanted > supply:  # more than every holder gives back: not reached
+                break
             have += n
-            if have >= need:
+            for node, k in nodes if per_node else ():
+                on_node[node] = on_node.get(node, 0) + k
+                best = max(best, on_node[node])
+            if have >= wanted and (not per_node or best >= request.count):
                 start = max(at, now)
                 break
         if reconfigured is not None and (start is None or reconfigured < start):

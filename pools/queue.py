@@ -84,12 +84,19 @@ def after_submit(request: PoolRequest, *, now: dt.datetime | None = None) -> Gpu
 
 def approve_or_queue(request: PoolRequest, *, actor, reason: str = "", cluster=None) -> GpuPool | None:
     """An operator's approval: the pool, or None when capacity is short and the request chose to wait
-    (it is queued instead of refused). Approving a queued request takes it out of the queue."""
+    (it is queued instead of refused). Approving a queued request takes it out of the queue.
+
+    A queued-instead approval is remembered on the entry (operator_approved_at/by): when capacity frees,
+    process() approves the request in the operator's name even where no auto-approval policy allows it.
+    """
     try:
         return services.approve(request, actor=actor, reason=reason, cluster=cluster)
     except InsufficientCapacity as exc:
         if request.wait_if_full and request.state == RequestState.SUBMITTED:
-            enqueue(request, actor=actor, reason=f"queued: {exc.message}")
+            with transaction.atomic():
+                entry = enqueue(request, actor=actor, reason=f"queued: {exc.message}")
+                entry.operator_approved_at, entry.operator_approved_by = timezone.now(), services._user(actor)
+                entry.save(update_fields=["operator_approved_at", "operator_approved_by"])
             return None
         raise
 
@@ -222,27 +229,38 @@ def process(*, now: dt.datetime | None = None) -> Pass:
                     QueueEntry.objects.filter(pk=entry.pk).update(approvable_at=None)
                 continue
             policy = book.first_allowing(request, now)
-            if policy is None:
+            if policy is None and entry.operator_approved_at is None:
                 blocked.add(key)  # the units are the head's until an operator decides
                 if QueueEntry.objects.filter(pk=entry.pk, approvable_at__isnull=True).update(approvable_at=now):
                     _event(request, QueueAction.APPROVABLE, detail="capacity is free for it now", at=now)
                 result.flagged.append(request.pk)
                 continue
-            try:
-                with transaction.atomic():
-                    services.approve(
-                        request,
-                        actor=None,
-                        reason=f"auto-approved from the queue by policy {policy.name}",
-                        policy=policy,
-                    )
-                    _event(request, QueueAction.AUTO_APPROVED, policy=policy, at=now)
-                result.approved.append(request.pk)
-            except DomainError as exc:  # taken meanwhile, or ended: leave it, block its spec this pass
-                logger.info("queue: request %s not approved: %s", request.pk, exc.message)
-                blocked.add(key)
-                result.blocked.append(request.pk)
+            if not _approve_from_queue(request, entry, result, now=now, policy=policy):
+                blocked.add(key)  # taken meanwhile, or ended: leave it, block its spec this pass
     return result
+
+
+def _approve_from_queue(request: PoolRequest, entry: QueueEntry, result: Pass, *, now: dt.datetime, policy) -> bool:
+    """Approve a queued request that fits now: by `policy`, or else in the name of the operator who approved
+    it while capacity was short (approve_or_queue). False when it cannot be done now (taken meanwhile, ended)."""
+    if policy is not None:
+        actor, action, detail = None, QueueAction.AUTO_APPROVED, ""
+        reason = f"auto-approved from the queue by policy {policy.name}"
+    else:
+        actor, action = entry.operator_approved_by, QueueAction.APPROVED
+        who = actor.get_username() if actor is not None else "an operator"
+        reason = f"approved by {who} while queued; capacity freed"
+        detail = f"{who} approved it at {entry.operator_approved_at:%Y-%m-%d %H:%M} while capacity was short"
+    try:
+        with transaction.atomic():
+            services.approve(request, actor=actor, reason=reason, policy=policy)
+            _event(request, action, actor=actor, policy=policy, detail=detail, at=now)
+    except DomainError as exc:
+        logger.info("queue: request %s not approved: %s", request.pk, exc.message)
+        result.blocked.append(request.pk)
+        return False
+    result.approved.append(request.pk)
+    return True
 
 
 def refresh_forecast(entry: QueueEntry, *, first: bool = False, now: dt.datetime | None = None) -> None:

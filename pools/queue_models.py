@@ -158,6 +158,15 @@ class QueueEntry(models.Model):
     forecast_at = models.DateTimeField(null=True, blank=True, editable=False)
     first_p50 = models.DateTimeField(null=True, blank=True, editable=False, help_text="Forecast when queued.")
     first_p90 = models.DateTimeField(null=True, blank=True, editable=False)
+    operator_approved_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="An operator approved it while capacity was short: it is approved when capacity frees.",
+    )
+    operator_approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
+    )
 
     objects = QueueEntryQuerySet.as_manager()
 

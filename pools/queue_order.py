@@ -78,7 +78,7 @@ class Place:
 def ordered(*, now: dt.datetime | None = None, entries=None) -> list[Place]:
     """The waiting entries in queue order, with their position and the fair share that placed them."""
     if entries is None:
-        entries = QueueEntry.objects.waiting().select_related("request__project")
+        entries = QueueEntry.objects.waiting().select_related("request__project", "operator_approved_by")
     entries = list(entries)
     shares = fair_shares({e.request.project_id for e in entries}, now=now)
 

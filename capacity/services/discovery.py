@@ -51,7 +51,7 @@ from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
 from capacity.vgpu import vgpu_type_for_resource
 
-from . import bulk, workloads
+from . import bulk, hooks, workloads
 from .inventory import InventoryResult, inventory_nodes
 from .tiers import assigned_tiers
 
@@ -301,6 +301,7 @@ class SyncResult:
     specs_deleted: int = 0
     workloads: workloads.WorkloadResult = field(default_factory=workloads.WorkloadResult)
     not_ready: int = 0
+    nodes_back: int = 0  # listed again, Ready again or uncordoned
     superseded: bool = False
     inventory_nodes: list[str] = field(default_factory=list)
 
@@ -430,7 +431,7 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
     existing = {
         row[1]: row
         for row in NodeCapacity.objects.filter(cluster=cluster).values_list(
-            "id", "name", "gone_at", "fingerprint", "gpu_count", "ready", "resource_version"
+            "id", "name", "gone_at", "fingerprint", "gpu_count", "ready", "resource_version", "cordoned"
         )
     }
     ids = {name: row[0] for name, row in existing.items()}
@@ -463,6 +464,8 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
             result.nodes_created += 1
         else:
             result.nodes_updated += 1
+            back = row[2] is not None or (values["ready"] and not row[5]) or (row[7] and not values["cordoned"])
+            result.nodes_back += back
 
     listed = {node.name for node in nodes}
     gone_ids = [row[0] for name, row in existing.items() if row[2] is None and name not in listed]
@@ -495,6 +498,8 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
         )
         _sync_specs(cluster, [(ids[node.name], node, values) for node, values, _ in changed], existing, now, result)
         result.inventory_nodes = [node.name for node, _, _ in changed]
+    if result.nodes_back:
+        hooks.capacity_appeared()  # units there may be free again: the queue gets a pass after commit
     return ids
 
 

@@ -13,6 +13,8 @@ from datetime import datetime
 
 InstancesGone = Callable[..., object]
 _instances_gone: list[InstancesGone] = []
+CapacityAppeared = Callable[[], object]
+_capacity_appeared: list[CapacityAppeared] = []
 
 
 def on_instances_gone(handler: InstancesGone) -> None:
@@ -28,3 +30,16 @@ def instances_gone(instance_ids: Iterable[int], *, at: datetime) -> None:
         return
     for handler in _instances_gone:
         handler(ids, at=at)
+
+
+def on_capacity_appeared(handler: CapacityAppeared) -> None:
+    """Call `handler()` whenever units may have come free under the pools (idempotent registration)."""
+    if handler not in _capacity_appeared:
+        _capacity_appeared.append(handler)
+
+
+def capacity_appeared() -> None:
+    """A node is back (listed again, Ready again, uncordoned): tell every registered handler, inside the
+    caller's transaction (pools enqueues a queue pass after commit)."""
+    for handler in _capacity_appeared:
+        handler()

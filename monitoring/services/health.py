@@ -32,6 +32,7 @@ from capacity.services.health import set_gpu_health
 from monitoring import health as rules
 from monitoring.choices import HealthLevel, MetricSource
 from monitoring.models import HealthEvent
+from pools import services as pool_services
 
 logger = logging.getLogger(__name__)
 
@@ -139,12 +140,18 @@ def desired_health(gpu_ids: list[int]) -> dict[int, str]:
 def sync_gpu_health(gpu_ids: list[int]) -> list[int]:
     """Write the desired health onto the GPUs (never touching "lost"); returns GPUs that became unhealthy.
 
-    Enqueues cordon_node_task after commit for those when MONITORING_CORDON_ON_CRITICAL is on.
+    Enqueues cordon_node_task after commit for those when MONITORING_CORDON_ON_CRITICAL is on, and a
+    queue pass (pools) when a GPU's health cleared.
     """
-    became_unhealthy = []
+    became_unhealthy, became_usable = [], False
     for gpu_id, health in desired_health(gpu_ids).items():
-        if set_gpu_health(gpu_id, health) and health == GpuHealth.UNHEALTHY:
-            became_unhealthy.append(gpu_id)
+        if set_gpu_health(gpu_id, health):
+            if health == GpuHealth.UNHEALTHY:
+                became_unhealthy.append(gpu_id)
+            else:
+                became_usable = True
+    if became_usable:  # its units may be free again: a queue pass after commit
+        pool_services.enqueue_queue_processing()
     if became_unhealthy and settings.MONITORING_CORDON_ON_CRITICAL:
         from monitoring.tasks import cordon_node_task  # cycle: monitoring.tasks imports this module
 

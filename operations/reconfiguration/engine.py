@@ -19,6 +19,7 @@ from capacity.choices import ReconfigurationState as State
 from capacity.choices import ReconfigurationStep as Step
 from capacity.models import MigReconfiguration, MigReconfigurationStep
 from gpuaas.leases import Heartbeat, crash_point, lease_s, lease_until
+from pools.services import enqueue_queue_processing
 
 from .outcomes import Advance, ReconfigurationError, Wait
 from .records import audit, enqueue, stamp
@@ -136,6 +137,8 @@ def _advance(reconf, step, token, result: Advance, now) -> str:
         audit(reconf, step, Event.COMPLETED, result.message, detail=detail, task_id=token)
         if not done:
             enqueue(reconf, following)
+        else:  # the new layout's units are there: offer them to the queue after commit
+            enqueue_queue_processing()
     return "advanced"
 
 

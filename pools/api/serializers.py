@@ -92,6 +92,7 @@ class QueueStateSerializer(serializers.ModelSerializer):
             "forecast_at",
             "forecast_basis",
             "first_p50",
+            "operator_approved_at",
         ]
         read_only_fields = fields
 

@@ -1,6 +1,7 @@
 """Health rules: each rule fires and clears; GPU health follows; unavailable data changes nothing."""
 
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from monitoring_helpers import T0
@@ -10,6 +11,7 @@ from monitoring.choices import HealthLevel, HealthRule
 from monitoring.health import Reading
 from monitoring.models import HealthEvent
 from monitoring.services.health import UnitHealth, apply_health, resolve_events
+from pools.tasks import process_queue_task
 
 pytestmark = pytest.mark.django_db
 
@@ -143,3 +145,19 @@ def test_no_cordon_by_default(fleet, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         _apply(fleet.full_gpu, Reading(ecc_dbe_vol=1))
     assert callbacks == []
+
+
+def test_a_gpu_whose_health_clears_gets_the_queue_a_pass_after_commit(
+    fleet, operator, settings, django_capture_on_commit_callbacks
+):
+    settings.MONITORING_CORDON_ON_CRITICAL = False
+    with mock.patch.object(process_queue_task, "delay") as delay:
+        with django_capture_on_commit_callbacks(execute=True):
+            _apply(fleet.full_gpu, Reading(ecc_dbe_vol=1))  # unhealthy: nothing freed
+        assert delay.call_count == 0
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            resolve_events([HealthEvent.objects.get().pk], actor=operator)
+        assert delay.call_count == 0  # not before commit
+        for callback in callbacks:
+            callback()
+    assert delay.call_count == 1

@@ -140,3 +140,40 @@ def test_accuracy_compares_the_first_p50_with_the_actual_start(fleet, make_reque
         PoolRequest.objects.filter(pk=request.pk).update(approved_at=now + wait_h * H)
     score = forecast.accuracy()
     assert score == {"started": 2, "mae_h": 0.5, "mean_wait_h": 3.0, "mae_ratio": 0.167, "within_p90": 1.0}
+
+
+def test_later_arrivals_of_a_higher_class_push_the_start_back(fleet, hold, make_request, other_project, charlie, now):
+    fleet.full_node("t1", gpus=2)
+    hold(ends_in_h=2)
+    hold(ends_in_h=4)
+    # team-b asked for 10 production GPUs over the last 100 hours: 0.1 an hour that would rank ahead of development.
+    for i in range(10):
+        request = make_request(count=1, target=other_project, actor=charlie, workload_type="inference", **FULL)
+        PoolRequest.objects.filter(pk=request.pk).update(created_at=now - (100 - 10 * i) * H)
+    alone = forecast.estimate_start(ask(1, workload_type="inference"), now=now)
+    assert alone.basis["arrivals_ahead_per_h"] == 0.0  # same class, same fair share: not ahead
+    assert (alone.p50, alone.p90) == (now + 2 * H, now + 2 * H)
+    # For development, none by 2 h with probability e^-0.2 = 0.82; one before 2 h and none in 2-4 h: 0.13.
+    estimate = forecast.estimate_start(ask(1, workload_type="development"), now=now)
+    assert estimate.basis["arrivals_ahead_per_h"] == 0.1
+    assert (estimate.p50, estimate.p90) == (now + 2 * H, now + 4 * H)
+
+
+def test_multi_gpu_work_starts_when_one_node_has_its_count_free(fleet, hold, other_project, charlie, now):
+    fleet.full_node("t1", gpus=2)
+    fleet.full_node("t2", gpus=2)
+    hold(ends_in_h=1)  # team-a on t1
+    hold(ends_in_h=2, target=other_project, actor=charlie)  # team-b goes to the node team-a does not use: t2
+    hold(ends_in_h=3)  # t1
+    hold(ends_in_h=4, target=other_project, actor=charlie)  # t2
+    # Two GPUs are free at 2 h, on two nodes; t1 has both at 3 h.
+    assert forecast.estimate_start(ask(2), now=now).p50 == now + 3 * H
+
+
+def test_a_young_system_observes_arrivals_over_at_least_an_hour(fleet, hold, make_request, other_project, charlie, now):
+    fleet.full_node("t1", gpus=1)
+    hold(ends_in_h=2)
+    for _ in range(3):  # three production requests of team-b in the last seconds, and nothing before
+        make_request(count=1, target=other_project, actor=charlie, workload_type="inference", **FULL)
+    estimate = forecast.estimate_start(ask(1, workload_type="development"), now=timezone.now())
+    assert estimate.basis["arrivals_ahead_per_h"] == 3.0

@@ -65,6 +65,32 @@ def test_an_operator_approval_short_of_capacity_queues_a_waiting_request(fleet, 
     assert request.state == RequestState.QUEUED
 
 
+def test_an_operator_approval_that_queued_is_carried_out_when_capacity_frees(busy, full_request, operator):
+    request = full_request(count=1)
+    assert queue.approve_or_queue(request, actor=operator) is None
+    entry = QueueEntry.objects.get(request=request)
+    assert entry.operator_approved_by == operator and entry.operator_approved_at is not None
+    assert not AutoApprovalPolicy.objects.exists()
+    services.release(busy, actor=operator)
+    assert queue.process().approved == [request.pk]
+    request.refresh_from_db()
+    assert request.state == RequestState.PROVISIONING
+    assert (request.approved_by, request.approved_by_policy) == (operator, None)
+    event = QueueEvent.objects.get(request=request, action=QueueAction.APPROVED)
+    assert event.actor == operator
+    assert event.detail.startswith("operator approved it at ")
+    assert not QueueEvent.objects.filter(request=request, action=QueueAction.APPROVABLE).exists()
+
+
+def test_a_queued_request_no_operator_approved_is_only_flagged(busy, full_request, operator):
+    request = full_request(count=1)
+    queue.after_submit(request)
+    services.release(busy, actor=operator)
+    assert queue.process().flagged == [request.pk]
+    request.refresh_from_db()
+    assert request.state == RequestState.QUEUED
+
+
 def test_order_is_priority_class_then_fair_share_then_age(busy, full_request, project, other_project, bob):
     dev = full_request(workload_type="development")
     prod_busy_project = full_request(workload_type="inference")  # project holds 2 GPUs already
