@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0014_isolation_vgpu"),
+        ("pools", "0015_pool_clusters"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
