@@ -120,7 +120,30 @@ def workers(tmp_path, settings):
         purge(fleet.queues)
 
 
-class Agent:
+class _Restarted:
+    """A child process restarted by ensure_running() when it has died (as its Deployment or DaemonSet would)."""
+
+    log: Path
+    env: dict
+    started: list[subprocess.Popen]
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def ensure_running(self) -> None:
+        if self.started and self.started[-1].poll() is None:
+            return
+        log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
+        self.started.append(subprocess.Popen(self.argv(), cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT))
+
+    def stop(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+
+
+class Agent(_Restarted):
     """One node-agent process for `node` (restarted when it dies, as its DaemonSet would): GPUAAS_ROLE=node-agent,
     DATABASE_URL unset, holding only that node's key, serving only that node's queue."""
 
@@ -145,30 +168,15 @@ class Agent:
         }
         self.started: list[subprocess.Popen] = []
 
-    def ensure_running(self) -> None:
-        if self.started and self.started[-1].poll() is None:
-            return
-        log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
-        self.started.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "gpuaas", "worker", "-P", "solo", "-l", "WARNING"]
-                + ["-Q", self.queue, "-n", f"agent{len(self.started)}@localhost"]
-                + ["--without-heartbeat", "--without-gossip", "--without-mingle"],
-                cwd=REPO,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+    def argv(self) -> list[str]:
+        return (
+            [sys.executable, "-m", "celery", "-A", "gpuaas", "worker", "-P", "solo", "-l", "WARNING"]
+            + ["-Q", self.queue, "-n", f"agent{len(self.started)}@localhost"]
+            + ["--without-heartbeat", "--without-gossip", "--without-mingle"]
         )
 
-    def stop(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
 
-
-class Ingest:
+class Ingest(_Restarted):
     """One `manage.py ingest-worker` (control plane, with the test database): writes the inventory reports
     node agents publish on the ingest queue. Restarted if it dies."""
 
@@ -177,25 +185,8 @@ class Ingest:
         self.env = {**os.environ, "DATABASE_URL": database_url(), "GPUAAS_VAR_DIR": str(tmp_path / "var")}
         self.started: list[subprocess.Popen] = []
 
-    def ensure_running(self) -> None:
-        if self.started and self.started[-1].poll() is None:
-            return
-        log = open(self.log, "ab")  # noqa: SIM115 - closed with the process
-        self.started.append(
-            subprocess.Popen(
-                [sys.executable, "manage.py", "ingest-worker", "--batch", "1", "--linger-ms", "0", "-v", "0"],
-                cwd=REPO,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-
-    def stop(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
+    def argv(self) -> list[str]:
+        return [sys.executable, "manage.py", "ingest-worker", "--batch", "1", "--linger-ms", "0", "-v", "0"]
 
 
 @pytest.fixture
