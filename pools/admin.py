@@ -14,6 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from capacity.models import Cluster
 from tenancy import roles
 
 from . import lending, queue, services
@@ -117,6 +118,21 @@ class QueueFilter(admin.SimpleListFilter):
             return queryset.exclude(
                 state__in=[RequestState.SUBMITTED, RequestState.QUEUED, RequestState.DRAFT, *HOLDING_STATES]
             )
+        return queryset
+
+
+class PoolClusterFilter(admin.SimpleListFilter):
+    """Pools with units on a cluster: a pool across clusters is listed under each of them, as in the API."""
+
+    title = "cluster"
+    parameter_name = "cluster"
+
+    def lookups(self, request, model_admin):
+        return list(Cluster.objects.order_by("name").values_list("pk", "name"))
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.on_cluster(self.value())
         return queryset
 
 
@@ -243,7 +259,7 @@ class PoolClusterInline(admin.TabularInline):
     """The clusters a pool holds units on, with each one's units now and its provisioning there."""
 
     model = PoolCluster
-    fields = ["cluster", "units_held", "units", "provisioned_at", "deprovisioned_at", "reconciled_at", "error"]
+    fields = ["cluster", "units_held", "units", "state", "provisioned_at", "deprovisioned_at", "reconciled_at", "error"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -258,6 +274,10 @@ class PoolClusterInline(admin.TabularInline):
     @admin.display(description="Units held now")
     def units_held(self, obj):
         return obj.units_held
+
+    @admin.display(description="Provisioning here")
+    def state(self, obj):
+        return obj.state.label
 
 
 @admin.register(GpuPool)
@@ -279,7 +299,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "created_at",
         "released_at",
     ]
-    list_filter = ["state", "tier", "workload_type", "cluster", "lending_enabled"]
+    list_filter = ["state", "tier", "workload_type", PoolClusterFilter, "lending_enabled"]
     list_select_related = ["project", "cluster", "request"]
     search_fields = ["name", "project__name", "project__slug"]
     readonly_fields = [
@@ -304,7 +324,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
     @admin.display(description="Units per cluster")
     def clusters(self, obj):
         """Where the units are: one cluster, or each cluster of a pool across clusters."""
-        return ", ".join(f"{part.cluster.name} {part.units_held}" for part in obj.pool_clusters.all()) or "-"
+        return obj.units_per_cluster() or "-"
 
     def get_readonly_fields(self, request, obj=None):
         # Every field: a pool's state, units and provisioning change through the actions and services.
@@ -322,6 +342,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
     def binding(self, obj):
         """DRA (exact device, docs/dra.md) or device plugin (by count): the cluster's."""
         return obj.cluster.get_binding_display()
+
     @admin.display(description="Dedication")
     def binding_note(self, obj):
         """The shared-node note, and the units short of the request when an instance was destroyed."""

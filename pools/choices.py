@@ -61,6 +61,16 @@ class PoolState(models.TextChoices):
     RELEASED = "released", "Released"
 
 
+class PoolClusterState(models.TextChoices):
+    """One cluster's part of a pool (PoolCluster.state): computed from its timestamps and error, not stored."""
+
+    PROVISIONING = "provisioning", "Provisioning"
+    PROVISIONED = "provisioned", "Provisioned"
+    FAILED = "failed", "Failed"
+    CLEANING_UP = "cleaning_up", "Cleaning up"
+    CLEANED_UP = "cleaned_up", "Cleaned up"
+
+
 class IsolationNeed(models.TextChoices):
     """What a team declares about isolation; matching turns it into a kind of unit (pools/matching.py)."""
 

@@ -20,7 +20,15 @@ from capacity.models import WorkloadProfile
 from tenancy.models import Project
 
 from .cards import utilisation_expression
-from .choices import Isolation, IsolationNeed, PoolState, PriorityClass, RequestState, WorkloadType
+from .choices import (
+    Isolation,
+    IsolationNeed,
+    PoolClusterState,
+    PoolState,
+    PriorityClass,
+    RequestState,
+    WorkloadType,
+)
 
 
 class PoolRequestQuerySet(models.QuerySet):
@@ -294,6 +302,11 @@ class GpuPool(models.Model):
         spans.sort(key=lambda c: c.pk != self.cluster_id)
         return spans or [self.cluster]
 
+    def units_per_cluster(self) -> str:
+        """Where the units are, as the admin and the dashboard print it: `c1 4, c2 1` (units held now, home
+        cluster first). Reads the with_clusters() prefetch; "" for a pool without PoolCluster rows."""
+        return ", ".join(f"{part.cluster.name} {part.units_held}" for part in self.pool_clusters.all())
+
     @property
     def pool_label(self) -> str:
         """Node label key marking the nodes that carry this pool's units."""
@@ -413,6 +426,20 @@ class PoolCluster(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool_id} on {self.cluster_id}"
+
+    @property
+    def state(self) -> PoolClusterState:
+        """This cluster's provisioning (PoolClusterState), from its timestamps and last error: a Kubernetes
+        error fails it until a provisioning or clean-up run succeeds there (which clears `error`)."""
+        if self.deprovisioned_at is not None:
+            return PoolClusterState.CLEANED_UP
+        if self.error:
+            return PoolClusterState.FAILED
+        if self.pool.released_at is not None:
+            return PoolClusterState.CLEANING_UP
+        if self.provisioned_at is not None:
+            return PoolClusterState.PROVISIONED
+        return PoolClusterState.PROVISIONING
 
 
 class AllocationQuerySet(models.QuerySet):

@@ -34,9 +34,14 @@ def held_pools(projects):
 
 
 def pool_cards(pools) -> list[dict]:
-    """The seed's pool cards for a queryset of pools. One query."""
+    """The seed's pool cards for a queryset of pools. Two queries (the pools, then their clusters).
+
+    A pool across clusters is one card: its units per cluster (`c1 4, c2 1`) and each cluster's
+    provisioning (PoolCluster.state); `cluster` stays the home cluster (GpuPool.cluster), as in the API.
+    """
     pools = (
         pools.with_card()
+        .with_clusters()
         .select_related("project", "cluster", "request")
         .order_by("project__slug", "-created_at", "-id")
     )
@@ -51,6 +56,17 @@ def pool_cards(pools) -> list[dict]:
                 "project": pool.project.slug,
                 "project_name": pool.project.name,
                 "cluster": pool.cluster.name,
+                "clusters": [
+                    {
+                        "name": part.cluster.name,
+                        "units": part.units_held,
+                        "state": part.state.value,
+                        "state_label": part.state.label,
+                        "error": part.error,
+                    }
+                    for part in pool.pool_clusters.all()
+                ],
+                "units_per_cluster": pool.units_per_cluster(),
                 "state": pool.state,
                 "state_label": pool.get_state_display(),
                 "workload_type": pool.get_workload_type_display(),

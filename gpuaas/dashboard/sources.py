@@ -255,21 +255,22 @@ def idle_reservations(project_ids: list[int] | None = None) -> dict:
     flags = IdleReservation.objects.filter(state=IdleState.OPEN)
     if project_ids is not None:
         flags = flags.filter(allocation__project_id__in=project_ids)
-    rows = flags.select_related("allocation__pool__project", "allocation__gpu__node").order_by("-detected_at", "-id")[
-        :IDLE_SHOWN
-    ]
+    rows = flags.select_related("allocation__pool__project", "allocation__gpu__node__cluster").order_by(
+        "-detected_at", "-id"
+    )[:IDLE_SHOWN]
     total = flags.count()
     items = []
     for flag in rows:
         allocation = flag.allocation
         unit = allocation.profile_name or ("full GPU" if allocation.kind == SpecKind.FULL else "time-slice")
+        node = allocation.gpu.node  # the unit's own cluster: a pool may span several
         proposal = flag.get_proposal_display() + (f" to {flag.suggested_profile}" if flag.suggested_profile else "")
         items.append(
             {
                 "id": flag.pk,
                 "project": allocation.pool.project.slug,
                 "pool": allocation.pool.name,
-                "unit": f"{allocation.product} {unit} on {allocation.gpu.node.name} GPU {allocation.gpu.index}",
+                "unit": f"{allocation.product} {unit} on {node.cluster.name}/{node.name} GPU {allocation.gpu.index}",
                 "sm_active_avg": flag.sm_active_avg,
                 "window": f"{flag.window_start:%Y-%m-%d %H:%M} – {flag.window_end:%H:%M} UTC",
                 "proposal": proposal,

@@ -8,6 +8,8 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from pools.api.serializers import PoolClusterSerializer
+
 from ..choices import RollupLevel
 from ..models import HealthEvent, IdleReservation, Series, TrespassEvent
 from ..readers import AGGREGATES, METRICS
@@ -101,7 +103,10 @@ class PoolUtilisationSerializer(serializers.Serializer):
     pool = serializers.IntegerField()
     name = serializers.CharField()
     project = serializers.CharField()
-    cluster = serializers.CharField()
+    cluster = serializers.CharField(help_text="The home cluster (GpuPool.cluster).")
+    clusters = PoolClusterSerializer(
+        many=True, help_text="Every cluster the pool holds units on, home first, with its units there now."
+    )
     state = serializers.CharField()
     units = serializers.IntegerField(help_text="Active allocations.")
     measured_units = serializers.IntegerField(help_text="Units with their own series (MIG, full GPU).")

@@ -19,6 +19,7 @@ from rest_framework.response import Response
 
 from capacity.choices import SpecKind
 from gpuaas.permissions import ProjectScopedQuerysetMixin
+from pools.api.filters import GpuPoolFilter
 from pools.models import Allocation, GpuPool
 from tenancy.roles import projects_for, sees_all_projects
 
@@ -109,12 +110,13 @@ class PoolUtilisationViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelV
     serializer_class = serializers.PoolUtilisationSerializer
     project_lookup = "project"
     ordering_fields = ["id", "created_at"]
-    filterset_fields = ["project", "cluster", "state"]
+    filterset_class = GpuPoolFilter  # the pools API's: `cluster` lists a pool under each of its clusters
 
     def get_queryset(self):
         return (
             super()
             .get_queryset()
+            .with_clusters()
             .select_related("project", "cluster")
             .annotate(open_flags=Count("allocations__idle_flags", filter=Q(allocations__idle_flags__state="open")))
             .order_by("-created_at", "-id")
@@ -134,6 +136,7 @@ class PoolUtilisationViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelV
             "name": pool.name,
             "project": pool.project.slug,
             "cluster": pool.cluster.name,
+            "clusters": list(pool.pool_clusters.all()),
             "state": pool.state,
             "units": data["units"],
             "measured_units": data["measured_units"],

@@ -21,7 +21,7 @@ from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
 from .. import matching, offers, queue, services
-from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, WorkloadType
+from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, PoolClusterState, WorkloadType
 from ..exceptions import SpecError
 from ..models import SHARED_NODE_NOTE, Allocation, GpuPool, PoolCluster, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
@@ -509,10 +509,22 @@ class PoolClusterSerializer(serializers.ModelSerializer):
 
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     units = serializers.IntegerField(source="units_held", read_only=True, help_text="Units held there now.")
+    state = serializers.ChoiceField(
+        choices=PoolClusterState.choices, read_only=True, help_text="This cluster's provisioning (PoolCluster.state)."
+    )
 
     class Meta:
         model = PoolCluster
-        fields = ["cluster", "cluster_name", "units", "provisioned_at", "deprovisioned_at", "reconciled_at", "error"]
+        fields = [
+            "cluster",
+            "cluster_name",
+            "units",
+            "state",
+            "provisioned_at",
+            "deprovisioned_at",
+            "reconciled_at",
+            "error",
+        ]
         read_only_fields = fields
 
 

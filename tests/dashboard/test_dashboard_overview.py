@@ -89,7 +89,7 @@ def test_dashboard_health_events_idle_reservations_and_costs(data):
     ]
     idle = data["idle_reservations"]
     assert [(i["project"], i["pool"], i["unit"], i["proposal"]) for i in idle["items"]] == [
-        ("team-a", "inference", "H100-80GB 3g.40gb on a1 GPU 0", "Release")
+        ("team-a", "inference", "H100-80GB 3g.40gb on alpha/a1 GPU 0", "Release")
     ]
     costs = data["costs"]
     assert (costs["currency"], costs["total"]) == ("EUR", "3.48")
