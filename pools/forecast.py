@@ -506,8 +506,13 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
         if reconfigured is not None and (start is None or reconfigured < start):
             start = reconfigured
         draws.append(None if start is None else _after_maintenance(start, windows))
+    p50 = _quantile(draws, 0.5)
+    if p50 is not None:  # how far the draws fall from their P50: the error this forecast itself expects
+        basis["spread_h"] = round(
+            sum(abs((d - p50).total_seconds()) / 3600 for d in draws if d is not None) / len(draws), 3
+        )
     basis["why"] = "the queue run forward over releases and arrivals"
-    return Forecast(_quantile(draws, 0.5), _quantile(draws, 0.9), basis)
+    return Forecast(p50, _quantile(draws, 0.9), basis)
 
 
 def accuracy(*, since: dt.datetime | None = None) -> dict:
