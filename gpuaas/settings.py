@@ -346,13 +346,16 @@ QUEUE_FORECAST_INTERVAL_S = env_int("QUEUE_FORECAST_INTERVAL_S", 300, minimum=10
 QUEUE_FORECAST_DRAWS = env_int("QUEUE_FORECAST_DRAWS", 200, minimum=1)
 QUEUE_FORECAST_SEED = env_int("QUEUE_FORECAST_SEED", 17, minimum=0)
 QUEUE_FORECAST_MIN_SAMPLES = env_int("QUEUE_FORECAST_MIN_SAMPLES", 5, minimum=1)
-# Later arrivals that would rank ahead are expected at the rate seen over this window (0: not foreseen).
+# Later arrivals (taking units at submission, or ranking ahead) are expected at the rate seen over this
+# window (0: not foreseen).
 QUEUE_FORECAST_ARRIVALS_WINDOW_H = env_int("QUEUE_FORECAST_ARRIVALS_WINDOW_H", 168, minimum=0)
 # With no history: open-ended pools are expected to hold this long; an overdue one to end within OVERDUE.
 QUEUE_FORECAST_DEFAULT_HOLD_H = env_int("QUEUE_FORECAST_DEFAULT_HOLD_H", 24, minimum=1)
 QUEUE_FORECAST_OVERDUE_H = env_int("QUEUE_FORECAST_OVERDUE_H", 1, minimum=0)
 # A MIG reconfiguration that would make room is expected to be done within this long.
 QUEUE_FORECAST_RECONFIGURATION_S = env_int("QUEUE_FORECAST_RECONFIGURATION_S", 900, minimum=0)
+# A draw that has not started its request this long after now says "not within the horizon" (None).
+QUEUE_FORECAST_HORIZON_H = env_int("QUEUE_FORECAST_HORIZON_H", 720, minimum=1)
 
 # --- Monitoring: collection, storage, health, idle reservations (docs/monitoring.md) ------------
 METRICS_INTERVAL_S = env_int("METRICS_INTERVAL_S", 30, minimum=5)

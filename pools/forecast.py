@@ -25,7 +25,9 @@ is None. Accuracy is scored against actual starts by accuracy().
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
+import heapq
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ from django.utils import timezone
 from capacity.choices import SpecKind
 from capacity.models import MaintenanceWindow
 
-from . import topology, units
+from . import policies, topology, units
 from .choices import RequestState
 from .models import HOLDING_STATES, Allocation, GpuPool, PoolRequest
 from .queue_models import QueueEntry
@@ -56,16 +58,48 @@ class Holder:
     units: int
     end_at: dt.datetime | None
     held_h: float
-    history: tuple[float, ...]
+    history: Survival | None  # for a pool without an end date
     nodes: tuple[tuple[int, int], ...] = ()  # (node id, units there)
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """A request the simulated queue serves before this one: its units, its workload (for its hold), and the
+    end date at which it would leave the queue or, once started, release."""
+
+    count: int
+    project_id: int | None
+    workload: str
+    end_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request seen over the arrivals window, as a sample of what will arrive."""
+
+    count: int
+    project_id: int | None
+    workload: str
+    ahead: bool  # would rank ahead of the request being forecast
+    auto: bool  # an auto-approval policy allows it: approved at submission when it fits
+
+
+@dataclass(frozen=True)
 class Arrivals:
-    """Later requests expected to rank ahead: `rate_h` of them per hour, of the sizes in `counts`."""
+    """Later requests of the spec: `rate_h` of them per hour, each like one of `samples`."""
 
     rate_h: float
-    counts: tuple[int, ...]
+    samples: tuple[Arrival, ...]
+
+    def next_after(self, t: dt.datetime, rng: random.Random) -> dt.datetime | None:
+        """The next arrival after `t` (a Poisson process), or None when none are expected."""
+        return t + dt.timedelta(hours=rng.expovariate(self.rate_h)) if self.rate_h else None
+
+    @property
+    def ahead_per_h(self) -> float:
+        if not self.samples:
+            return 0.0
+        return self.rate_h * sum(s.ahead for s in self.samples) / len(self.samples)
 
 
 def _matching_allocations(request: PoolRequest):
@@ -75,38 +109,80 @@ def _matching_allocations(request: PoolRequest):
     if request.product:
         queryset = queryset.filter(product=request.product)
     if request.cluster_id:
-        queryset = queryset.filter(pool__cluster_id=request.cluster_id)
+        queryset = queryset.filter(gpu__node__cluster_id=request.cluster_id)  # the unit's own cluster
     return queryset.filter(pool__request__state__in=HOLDING_STATES)
 
 
-def hold_history(*, limit: int = 500) -> dict[tuple, list[float]]:
-    """Observed hold times (hours) of released pools, keyed (project, workload), (workload,) and ()."""
-    rows = (
-        GpuPool.objects.filter(released_at__isnull=False)
-        .order_by("-released_at")
-        .values_list("project_id", "workload_type", "created_at", "released_at")[:limit]
-    )
-    history: dict[tuple, list[float]] = defaultdict(list)
-    for project_id, workload, created, released in rows:
-        hours = max(0.0, (released - created).total_seconds() / 3600)
-        history[(project_id, workload)].append(hours)
-        history[(workload,)].append(hours)
-        history[()].append(hours)
-    return history
+class Survival:
+    """Hold times seen, as a Kaplan-Meier survival curve: released pools are ended holds, pools still held
+    count as holding at least as long as so far. Without the pools still held, the history would be
+    biased short (the long holds of the window have not ended yet) and every forecast optimistic."""
+
+    def __init__(self, observations: list[tuple[float, bool]]):
+        self.ended = sum(1 for _, ended in observations if ended)
+        self.times: list[float] = []
+        self.survival: list[float] = []
+        ended_holds = sorted(h for h, ended in observations if ended)
+        self.mean = sum(ended_holds) / len(ended_holds) if ended_holds else 0.0
+        at_risk, alive, i = len(observations), 1.0, 0
+        ordered_obs = sorted(observations, key=lambda o: (o[0], not o[1]))  # at a tie, an end before a censoring
+        while i < len(ordered_obs):
+            hours, deaths, leaving = ordered_obs[i][0], 0, 0
+            while i < len(ordered_obs) and ordered_obs[i][0] == hours:
+                deaths += ordered_obs[i][1]
+                leaving += 1
+                i += 1
+            if deaths:
+                alive *= 1 - deaths / at_risk
+                self.times.append(hours)
+                self.survival.append(alive)
+            at_risk -= leaving
+
+    def _alive_at(self, hours: float) -> float:
+        k = bisect.bisect_right(self.times, hours)
+        return self.survival[k - 1] if k else 1.0
+
+    def remaining(self, held: float, rng: random.Random) -> float:
+        """A remaining hold (hours) for a pool held `held` hours so far: drawn from the curve past `held`;
+        past the last hold seen to end, the mean hold again (memoryless), but at least
+        QUEUE_FORECAST_OVERDUE_H."""
+        target = rng.random() * self._alive_at(held)
+        k = bisect.bisect_right(self.times, held)
+        for t, alive in zip(self.times[k:], self.survival[k:], strict=True):
+            if alive <= target:
+                return t - held
+        base = max(held, self.times[-1] if self.times else 0.0)
+        extra = rng.expovariate(1 / self.mean) if self.mean > 0 else 0.0
+        return max(base - held + extra, settings.QUEUE_FORECAST_OVERDUE_H)
 
 
-def _samples(history: dict[tuple, list[float]], project_id, workload: str) -> tuple[tuple[float, ...], str]:
+def hold_history(*, now: dt.datetime | None = None, limit: int = 500) -> dict[tuple, Survival]:
+    """Hold times (hours) of the last `limit` released pools and of every pool still held, keyed (project,
+    workload), (workload,) and (): a Survival each."""
+    now = now or timezone.now()
+    fields = ("project_id", "workload_type", "created_at", "released_at")
+    released = GpuPool.objects.filter(released_at__isnull=False).order_by("-released_at").values_list(*fields)
+    held = GpuPool.objects.filter(released_at__isnull=True, created_at__lte=now).values_list(*fields)
+    observations: dict[tuple, list[tuple[float, bool]]] = defaultdict(list)
+    for project_id, workload, created, ended in [*released[:limit], *held]:
+        hours = max(0.0, ((ended or now) - created).total_seconds() / 3600)
+        for key in ((project_id, workload), (workload,), ()):
+            observations[key].append((hours, ended is not None))
+    return {key: Survival(rows) for key, rows in observations.items()}
+
+
+def _samples(history: dict[tuple, Survival], project_id, workload: str) -> tuple[Survival | None, str]:
     minimum = settings.QUEUE_FORECAST_MIN_SAMPLES
     scopes = (((project_id, workload), "project and workload type"), ((workload,), "workload type"), ((), "all"))
     for key, scope in scopes:
-        if len(history.get(key, ())) >= minimum:
-            return tuple(sorted(history[key])), scope
-    return (), "default"
+        if key in history and history[key].ended >= minimum:
+            return history[key], scope
+    return None, "default"
 
 
 def holders(request: PoolRequest, *, now: dt.datetime, history=None) -> tuple[list[Holder], dict]:
     """Pools holding units of the request's spec: how many units, their end date or hold history."""
-    history = hold_history() if history is None else history
+    history = hold_history(now=now) if history is None else history
     rows = (
         _matching_allocations(request)
         .values(
@@ -126,7 +202,7 @@ def holders(request: PoolRequest, *, now: dt.datetime, history=None) -> tuple[li
     out, scopes = [], defaultdict(int)
     for parts in by_pool.values():
         row = parts[0]
-        samples, scope = ((), "end date")
+        samples, scope = (None, "end date")
         if row["pool__request__end_at"] is None:
             samples, scope = _samples(history, row["pool__project_id"], row["pool__workload_type"])
         scopes[scope] += 1
@@ -136,36 +212,48 @@ def holders(request: PoolRequest, *, now: dt.datetime, history=None) -> tuple[li
     return out, dict(scopes)
 
 
-def demand_ahead(request: PoolRequest, *, now: dt.datetime) -> int:
-    """Units that waiting requests of the same spec ahead of this one will take first.
+def queue_ahead(request: PoolRequest, *, now: dt.datetime) -> list[Waiting]:
+    """The waiting requests of the same spec that the queue serves before this one, in queue order.
 
-    A queued request counts those before it in the queue; one not queued (a dry run) counts every
-    waiting request of its spec in its priority class or a higher one.
+    A queued request has them before its place; one not queued (a dry run) is placed as the queue would
+    place it now: behind moved entries, and behind those of a higher class or of its class with a fair
+    share at most its project's (they are older).
     """
     key = spec_key(request)
     places = [p for p in ordered(now=now) if spec_key(p.entry.request) == key and not p.entry.on_hold]
     mine = next((p for p in places if p.entry.request_id == request.pk and request.pk), None)
     if mine is not None:
-        return sum(p.entry.request.count for p in places if p.position < mine.position)
-    rank = PRIORITY_RANK[request.effective_priority]
-    return sum(p.entry.request.count for p in places if PRIORITY_RANK[p.entry.request.effective_priority] <= rank)
+        before = [p for p in places if p.position < mine.position]
+    else:
+        rank = PRIORITY_RANK[request.effective_priority]
+        share = fair_shares({request.project_id}, now=now)[request.project_id]
+        before = [
+            p
+            for p in places
+            if p.entry.manual_rank is not None
+            or (PRIORITY_RANK[p.entry.request.effective_priority], p.fair_share) <= (rank, share)
+        ]
+    return [Waiting(r.count, r.project_id, r.workload_type, r.end_at) for r in (p.entry.request for p in before)]
 
 
 MIN_SPAN_H = 1.0
 SPEC_FIELDS = ("spec_kind", "product", "profile_name", "tier", "cluster_id")  # what spec_key() reads
 
 
-def arrivals_ahead(request: PoolRequest, *, now: dt.datetime) -> Arrivals:
-    """Requests of the request's spec expected to arrive while it waits and rank ahead of it, at the rate
-    seen over the last QUEUE_FORECAST_ARRIVALS_WINDOW_H (or since the first request, if later).
+def arrivals(request: PoolRequest, *, now: dt.datetime) -> Arrivals:
+    """Requests of the request's spec expected to arrive while it waits, at the rate seen over the last
+    QUEUE_FORECAST_ARRIVALS_WINDOW_H (or since the first request, if later), each like one seen then.
 
-    Ahead: a higher priority class, or the same class from a project whose fair share is now lower
-    (pools/queue_order.py). Nothing arrives ahead of a request an operator moved.
+    Each sample says whether it would rank ahead of `request` (a higher priority class, or its class from
+    a project whose fair share is now lower; nothing ranks ahead of a request an operator moved) and
+    whether an enabled auto-approval policy allows it (then it is approved at submission when it fits,
+    whatever waits in the queue: pools.queue.after_submit).
     """
     window_h = settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H
-    entry = QueueEntry.objects.filter(request_id=request.pk).first() if request.pk else None
-    if window_h == 0 or (entry is not None and entry.manual_rank is not None):
+    if window_h == 0:
         return Arrivals(0.0, ())
+    entry = QueueEntry.objects.filter(request_id=request.pk).first() if request.pk else None
+    moved = entry is not None and entry.manual_rank is not None
     since = now - dt.timedelta(hours=window_h)
     first = PoolRequest.objects.aggregate(first=Min("created_at"))["first"]
     if first is None:
@@ -176,29 +264,40 @@ def arrivals_ahead(request: PoolRequest, *, now: dt.datetime) -> Arrivals:
         r
         for r in PoolRequest.objects.filter(created_at__gt=since, created_at__lte=now)
         .exclude(state=RequestState.DRAFT)
-        .exclude(project_id=request.project_id)
+        .exclude(pk=request.pk)
         .filter(spec_kind=request.spec_kind, product=request.product, profile_name=request.profile_name)
-        .only("project_id", "count", "workload_type", "priority_class", *SPEC_FIELDS)
+        .select_related("project")
+        .only(
+            "project__cost_centre",
+            "count",
+            "workload_type",
+            "priority_class",
+            "created_at",
+            "start_at",
+            "end_at",
+            *SPEC_FIELDS,
+        )
         if spec_key(r) == spec_key(request)
     ]
     mine = PRIORITY_RANK[request.effective_priority]
     shares = fair_shares({r.project_id for r in rows} | {request.project_id}, now=now)
-    ahead = [
-        r.count
+    book = policies.PolicyBook()
+
+    def ahead(r: PoolRequest) -> bool:
+        rank = PRIORITY_RANK[r.effective_priority]
+        return not moved and (rank < mine or (rank == mine and shares[r.project_id] < shares[request.project_id]))
+
+    samples = tuple(
+        Arrival(r.count, r.project_id, r.workload_type, ahead(r), book.first_allowing(r, r.created_at) is not None)
         for r in rows
-        if PRIORITY_RANK[r.effective_priority] < mine
-        or (PRIORITY_RANK[r.effective_priority] == mine and shares[r.project_id] < shares[request.project_id])
-    ]
-    return Arrivals(len(ahead) / span_h, tuple(sorted(ahead)))
+    )
+    return Arrivals(len(samples) / span_h, samples)
 
 
 def _remaining_h(holder: Holder, rng: random.Random) -> float:
-    if not holder.history:
+    if holder.history is None:
         return max(settings.QUEUE_FORECAST_DEFAULT_HOLD_H - holder.held_h, settings.QUEUE_FORECAST_OVERDUE_H)
-    longer = [h for h in holder.history if h > holder.held_h]
-    if not longer:  # held longer than anything seen: expect it soon
-        return settings.QUEUE_FORECAST_OVERDUE_H
-    return rng.choice(longer) - holder.held_h
+    return holder.history.remaining(holder.held_h, rng)
 
 
 def _after_maintenance(start: dt.datetime, windows: list[MaintenanceWindow]) -> dt.datetime:
@@ -220,28 +319,159 @@ def _quantile(values: list[dt.datetime | None], q: float) -> dt.datetime | None:
     return ranked[min(len(ranked) - 1, max(0, int(round(q * len(ranked) + 0.5)) - 1))]
 
 
+class Units:
+    """Free units by node in one draw, taken as approval takes them (pools/topology.py, pools/units.py): a
+    multi-GPU whole-GPU request on the one node with the fewest left over, anything else from the
+    lowest node id up. Specs that need no single node are counted on one place (node 0)."""
+
+    def __init__(self, free: dict[int, int], per_node: bool):
+        self.free = dict(sorted(free.items()))
+        self.total = sum(self.free.values())
+        self.per_node = per_node
+
+    def copy(self) -> Units:
+        return Units(self.free, self.per_node)
+
+    def take(self, count: int) -> tuple[tuple[int, int], ...] | None:
+        """The (node, units) taken for a request of `count`, or None (nothing taken) when it does not fit."""
+        if self.per_node and count > 1:
+            fitting = [(n, node) for node, n in self.free.items() if n >= count]
+            if not fitting:
+                return None
+            _, node = min(fitting)
+            taken = ((node, count),)
+        elif self.total < count:
+            return None
+        else:
+            taken, left = [], count
+            for node, n in self.free.items():
+                if n and left:
+                    k = min(n, left)
+                    taken.append((node, k))
+                    left -= k
+            taken = tuple(taken)
+        for node, k in taken:
+            self.free[node] -= k
+        self.total -= count
+        return taken
+
+    def give(self, nodes: tuple[tuple[int, int], ...]) -> None:
+        for node, k in nodes:
+            self.free[node] = self.free.get(node, 0) + k
+            self.total += k
+
+    def fits(self, count: int) -> bool:
+        if self.per_node and count > 1:
+            return any(n >= count for n in self.free.values())
+        return self.total >= count
+
+
+@dataclass
+class Timeline:
+    """What one draw starts from: units free now, holders, the queue ahead, arrivals and hold history."""
+
+    now: dt.datetime
+    horizon: dt.datetime
+    count: int
+    units: Units
+    holders: list[Holder]
+    ahead: list[Waiting]
+    coming: Arrivals
+    history: dict[tuple, Survival]
+
+    def hold_h(self, project_id, workload: str, rng: random.Random) -> float:
+        survival, _ = _samples(self.history, project_id, workload)
+        return survival.remaining(0.0, rng) if survival is not None else settings.QUEUE_FORECAST_DEFAULT_HOLD_H
+
+    def draw(self, rng: random.Random) -> dt.datetime | None:
+        """One future, run as the queue runs it: at every release the queue's pass serves the requests
+        ahead in order while the head fits (a head that does not fit blocks the rest of the spec); an
+        arrival an auto-approval policy allows takes units at submission when it fits, one that does not
+        fit and ranks ahead joins the queue ahead. The start is the first pass that reaches this request
+        with its units free; None past the horizon."""
+        units, queue, hour = self.units.copy(), list(self.ahead), dt.timedelta(hours=1)
+        releases = [
+            (h.end_at if h.end_at is not None else self.now + _remaining_h(h, rng) * hour, i, h.nodes)
+            for i, h in enumerate(self.holders)
+        ]
+        heapq.heapify(releases)
+        seq = len(releases)
+        arrival = self.coming.next_after(self.now, rng)
+        t = self.now
+        while True:
+            while queue:  # the pass
+                head = queue[0]
+                if head.end_at is not None and head.end_at <= t:  # its end came while it waited
+                    queue.pop(0)
+                    continue
+                taken = units.take(head.count)
+                if taken is None:
+                    break
+                queue.pop(0)
+                seq += 1
+                release = head.end_at or t + self.hold_h(head.project_id, head.workload, rng) * hour
+                heapq.heappush(releases, (release, seq, taken))
+            if not queue and units.fits(self.count):
+                return t
+            if arrival is not None and (not releases or arrival < releases[0][0]):
+                t = arrival
+                if t > self.horizon:
+                    return None
+                sample = rng.choice(self.coming.samples)
+                taken = units.take(sample.count) if sample.auto else None
+                if taken is not None:
+                    seq += 1
+                    heapq.heappush(
+                        releases, (t + self.hold_h(sample.project_id, sample.workload, rng) * hour, seq, taken)
+                    )
+                elif sample.ahead and not units.fits(sample.count):
+                    queue.append(Waiting(sample.count, sample.project_id, sample.workload))
+                arrival = self.coming.next_after(t, rng)
+                continue
+            if not releases:
+                return None
+            at, _, nodes = heapq.heappop(releases)
+            t = max(at, self.now)
+            if t > self.horizon:
+                return None
+            units.give(nodes)
+
+
+def _units_now(request: PoolRequest, free: int, holders: list[Holder]) -> tuple[Units, dict[int, int]]:
+    """Free units (Units) and the most units one place could ever hold (node capacity) for the request."""
+    per_node = request.spec_kind == SpecKind.FULL
+    if not per_node:
+        return Units({0: free}, False), {0: free + sum(h.units for h in holders)}
+    node_free = {n: k for n, (_, k) in topology.free_by_node(units.full_candidates(request)).items()}
+    capacity = dict(node_free)
+    for holder in holders:
+        for node, k in holder.nodes:
+            capacity[node] = capacity.get(node, 0) + k
+    return Units(node_free, True), capacity
+
+
 def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, history=None) -> Forecast:
     """P50 and P90 of when `request` (saved or not) would start, and what the estimate rests on."""
     now = now or timezone.now()
     free_by_cluster = units.free_by_cluster(request)
     free = units.usable_free(request, free_by_cluster)
-    ahead = demand_ahead(request, now=now)
-    need = request.count + ahead
+    ahead = queue_ahead(request, now=now)
+    history = hold_history(now=now) if history is None else history
     found, scopes = holders(request, now=now, history=history)
     basis: dict = {
         "free_now": free,
         "need": request.count,
-        "ahead": ahead,
+        "ahead": sum(w.count for w in ahead),
         "holders": len(found),
         "holders_by_basis": scopes,
         "reconfiguration": None,
         "maintenance_windows": 0,
     }
-    if free >= need:
+    if free >= request.count and not ahead:
         start = max(now, request.start_at) if request.start_at else now
         return Forecast(start, start, {**basis, "why": "fits now"})
     reconfigured = None
-    if request.spec_kind == SpecKind.MIG and ahead == 0:
+    if request.spec_kind == SpecKind.MIG and not ahead:
         hint = units.reconfiguration_hint(request, free_by_cluster)
         if hint and hint["meets_request"]:
             reconfigured = now + dt.timedelta(seconds=settings.QUEUE_FORECAST_RECONFIGURATION_S)
@@ -250,42 +480,39 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
     if request.cluster_id:
         windows = [w for w in windows if w.cluster_id == request.cluster_id]
     basis["maintenance_windows"] = len(windows)
-    coming = arrivals_ahead(request, now=now)
-    basis["arrivals_ahead_per_h"] = round(coming.rate_h, 3)
-    per_node = topology.one_node(request)
-    node_free = (
-        {n: free for n, (_, free) in topology.free_by_node(units.full_candidates(request)).items()} if per_node else {}
+    coming = arrivals(request, now=now)
+    basis["arrivals_per_h"] = round(coming.rate_h, 3)
+    basis["arrivals_ahead_per_h"] = round(coming.ahead_per_h, 3)
+    free_units, capacity = _units_now(request, free, found)
+    largest = max(capacity.values(), default=0) if free_units.per_node and request.count > 1 else sum(capacity.values())
+    if largest < request.count:  # more than the fleet (or any one node) holds: never
+        return Forecast(None, None, {**basis, "why": "more than the fleet holds"})
+    if not free_units.per_node:
+        found = [Holder(h.units, h.end_at, h.held_h, h.history, ((0, h.units),)) for h in found]
+    timeline = Timeline(
+        now=now,
+        horizon=now + dt.timedelta(hours=settings.QUEUE_FORECAST_HORIZON_H),
+        count=request.count,
+        units=free_units,
+        holders=found,
+        ahead=ahead,
+        coming=coming,
+        history=history,
     )
-    total_free = sum(node_free.values()) if per_node else free
-    supply = total_free + sum(h.units for h in found)
     rng = random.Random(settings.QUEUE_FORECAST_SEED)
     draws: list[dt.datetime | None] = []
     for _ in range(settings.QUEUE_FORECAST_DRAWS):
-        events = sorted(
-            (h.end_at if h.end_at is not None else now + dt.timedelta(hours=_remaining_h(h, rng)), h.units, h.nodes)
-            for h in found
-        )
-        have, wanted, start = total_free, need, None
-        on_node, best = dict(node_free), max(node_free.values(), default=0)
-        arrival = now + dt.timedelta(hours=rng.expovariate(coming.rate_h)) if coming.rate_h else None
-        for at, n, nodes in events:
-            while arrival is not None and arrival <= at:  # a later request ranking ahead takes units first
-                wanted += rng.choice(coming.counts)
-                arrival = arrival + dt.timedelta(hours=rng.expovariate(coming.rate_h)) if wanted <= supply else None
-            if wanted > supply:  # more than every holder gives back: not reached
-                break
-            have += n
-            for node, k in nodes if per_node else ():
-                on_node[node] = on_node.get(node, 0) + k
-                best = max(best, on_node[node])
-            if have >= wanted and (not per_node or best >= request.count):
-                start = max(at, now)
-                break
+        start = timeline.draw(rng)
         if reconfigured is not None and (start is None or reconfigured < start):
             start = reconfigured
         draws.append(None if start is None else _after_maintenance(start, windows))
-    basis["why"] = "releases of current holders"
-    return Forecast(_quantile(draws, 0.5), _quantile(draws, 0.9), basis)
+    p50 = _quantile(draws, 0.5)
+    if p50 is not None:  # how far the draws fall from their P50: the error this forecast itself expects
+        basis["spread_h"] = round(
+            sum(abs((d - p50).total_seconds()) / 3600 for d in draws if d is not None) / len(draws), 3
+        )
+    basis["why"] = "the queue run forward over releases and arrivals"
+    return Forecast(p50, _quantile(draws, 0.9), basis)
 
 
 def accuracy(*, since: dt.datetime | None = None) -> dict:

@@ -263,9 +263,10 @@ def _approve_from_queue(request: PoolRequest, entry: QueueEntry, result: Pass, *
     return True
 
 
-def refresh_forecast(entry: QueueEntry, *, first: bool = False, now: dt.datetime | None = None) -> None:
-    """Store the request's current forecast on its entry (and as the first one, to be scored later)."""
-    estimate = forecast.estimate_start(entry.request, now=now)
+def refresh_forecast(entry: QueueEntry, *, first: bool = False, now: dt.datetime | None = None, history=None) -> None:
+    """Store the request's current forecast on its entry (and as the first one, to be scored later).
+    `history` (forecast.hold_history) saves reading it again for each entry of a beat."""
+    estimate = forecast.estimate_start(entry.request, now=now, history=history)
     fields = {
         "forecast_p50": estimate.p50,
         "forecast_p90": estimate.p90,
@@ -282,6 +283,7 @@ def refresh_forecast(entry: QueueEntry, *, first: bool = False, now: dt.datetime
 def refresh_forecasts(*, now: dt.datetime | None = None) -> int:
     """Beat: refresh every waiting entry's forecast. Returns how many."""
     places = ordered(now=now)
+    history = forecast.hold_history(now=now) if places else None
     for place in places:
-        refresh_forecast(place.entry, now=now)
+        refresh_forecast(place.entry, now=now, history=history)
     return len(places)

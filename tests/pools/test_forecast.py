@@ -1,13 +1,15 @@
 """The start forecast against hand-built histories whose answer is known."""
 
 import datetime as dt
+import math
+import random
 
 import pytest
 from django.utils import timezone
 
 from capacity.models import MaintenanceWindow
 from pools import forecast, queue, services
-from pools.models import GpuPool, PoolRequest, QueueEntry
+from pools.models import AutoApprovalPolicy, GpuPool, PoolRequest, QueueEntry
 
 pytestmark = pytest.mark.django_db
 
@@ -97,12 +99,29 @@ def test_open_ended_pools_end_as_the_projects_history_says(fleet, hold, make_req
     assert estimate.basis["holders_by_basis"] == {"project and workload type": 1}
 
 
-def test_a_pool_held_longer_than_any_seen_is_expected_soon(fleet, hold, make_request, operator, now, settings):
-    settings.QUEUE_FORECAST_OVERDUE_H = 1
+def test_a_pool_held_longer_than_any_seen_to_end_holds_the_mean_hold_again(
+    fleet, hold, make_request, operator, now, settings
+):
+    settings.QUEUE_FORECAST_DRAWS = 2000
     fleet.full_node("t1", gpus=1)
     history([3] * 5, make_request, operator, now)
     hold(held_h=12)
-    assert forecast.estimate_start(ask(1), now=now).p50 == now + 1 * H
+    # Past every hold seen to end, the remaining hold is memoryless with the mean hold (3 h): median 3 ln 2.
+    p50 = forecast.estimate_start(ask(1), now=now).p50
+    assert abs((p50 - now) / H - 3 * math.log(2)) < 0.2
+
+
+def test_pools_still_held_count_as_holds_at_least_that_long():
+    """Kaplan-Meier: five holds of 2 h ended, five pools held 20 h and still going. Half the pools are seen
+    to last past 2 h, so half the drawn holds do; the ended holds alone would say every pool ends at 2 h."""
+    survival = forecast.Survival([(2.0, True)] * 5 + [(20.0, False)] * 5)
+    rng = random.Random(1)
+    draws = [survival.remaining(0.0, rng) for _ in range(4000)]
+    assert set(d for d in draws if d <= 2.0) == {2.0}
+    assert 0.46 < sum(d > 2.0 for d in draws) / len(draws) < 0.54
+    assert all(d >= 2.0 for d in draws)
+    ended_only = forecast.Survival([(2.0, True)] * 5)
+    assert {ended_only.remaining(0.0, rng) for _ in range(100)} == {2.0}
 
 
 def test_the_spread_of_history_gives_p50_and_p90(fleet, hold, make_request, operator, now, settings):
@@ -176,4 +195,54 @@ def test_a_young_system_observes_arrivals_over_at_least_an_hour(fleet, hold, mak
     for _ in range(3):  # three production requests of team-b in the last seconds, and nothing before
         make_request(count=1, target=other_project, actor=charlie, workload_type="inference", **FULL)
     estimate = forecast.estimate_start(ask(1, workload_type="development"), now=timezone.now())
-    assert estimate.basis["arrivals_ahead_per_h"] == 3.0
+    # Team-b's three and the held pool's own request (inference, production) rank ahead of development.
+    assert estimate.basis["arrivals_ahead_per_h"] == 4.0
+
+
+def test_a_request_behind_a_larger_head_waits_for_the_head_to_start(fleet, hold, make_request, operator, now):
+    fleet.full_node("t1", gpus=2)
+    history([10] * 5, make_request, operator, now)
+    hold(ends_in_h=1)
+    hold(ends_in_h=3)
+    head = make_request(count=2, wait_if_full=True, **FULL)
+    queue.enqueue(head)
+    # One GPU is free at 1 h, but the head needs both: it blocks its spec until 3 h, then holds them 10 h.
+    estimate = forecast.estimate_start(ask(1), now=now)
+    assert estimate.basis["ahead"] == 2
+    assert (estimate.p50, estimate.p90) == (now + 13 * H, now + 13 * H)
+
+
+def test_a_dry_run_is_placed_where_the_queue_would_place_it(fleet, hold, make_request, operator, now):
+    fleet.full_node("t1", gpus=1)
+    history([10] * 5, make_request, operator, now, workload_type="development")
+    hold(ends_in_h=2)
+    waiting = make_request(count=1, wait_if_full=True, workload_type="development", **FULL)
+    queue.enqueue(waiting)
+    production = forecast.estimate_start(ask(1, workload_type="inference"), now=now)
+    assert (production.basis["ahead"], production.p50) == (0, now + 2 * H)  # ahead of the development request
+    development = forecast.estimate_start(ask(1, workload_type="development"), now=now)
+    assert (development.basis["ahead"], development.p50) == (1, now + 12 * H)  # behind it: 2 h, then its 10 h
+
+
+def test_arrivals_a_policy_approves_take_units_freed_while_the_head_cannot_start(
+    fleet, hold, make_request, other_project, charlie, operator, now, settings
+):
+    """The queue's head needs two GPUs of one node; one-GPU requests arriving by policy take each GPU
+    as it frees (pools.queue.after_submit approves what fits), so the head does not start at 3 h."""
+    settings.QUEUE_FORECAST_HORIZON_H = 48
+    settings.QUEUE_FORECAST_DRAWS = 40
+    fleet.full_node("t1", gpus=2)
+    history([10] * 5, make_request, operator, now)
+    hold(ends_in_h=1)
+    hold(ends_in_h=3)
+    for i in range(20):  # team-b asks for one GPU three times an hour
+        request = make_request(count=1, target=other_project, actor=charlie, **FULL)
+        PoolRequest.objects.filter(pk=request.pk).update(created_at=now - (20 - i) * H / 3)
+    without_policy = forecast.estimate_start(ask(2), now=now)
+    assert (without_policy.p50, without_policy.p90) == (now + 3 * H, now + 3 * H)
+
+    AutoApprovalPolicy.objects.create(name="one GPU", max_units=1)
+    starved = forecast.estimate_start(ask(2), now=now)
+    assert starved.basis["arrivals_per_h"] == 3.0
+    assert starved.p90 is None  # some draw never frees both GPUs at once within the horizon
+    assert starved.p50 is None or starved.p50 > now + 3 * H

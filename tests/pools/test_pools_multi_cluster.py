@@ -16,7 +16,7 @@ from billing import services as billing
 from capacity.adapters.kubernetes import NotFound
 from capacity.choices import Binding
 from capacity.models import Cluster
-from pools import queue, services, units
+from pools import forecast, queue, services, units
 from pools.choices import QueueAction, RequestState
 from pools.exceptions import InsufficientCapacity
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, PoolCluster, QueueEvent
@@ -362,3 +362,12 @@ def test_the_admin_shows_units_per_cluster(spanning_pool, client, operator):
     assert detail.status_code == 200
     inline = next(f for f in detail.context["inline_admin_formsets"] if f.opts.model is PoolCluster)
     assert [(form.original.cluster.name, form.original.units_held) for form in inline] == [("c1", 4), ("c2", 1)]
+
+
+def test_the_forecast_counts_a_spanning_pools_units_on_the_cluster_they_are_on(two, make_request, operator):
+    """A pool homed on east holds units on west too: a request for west waits for those (pools.forecast)."""
+    pool = services.approve(make_request(count=5, allow_multi_cluster=True), actor=operator)
+    assert units_by_cluster(pool) == {"east": 4, "west": 1}
+    west = make_request(count=2, cluster=two.clusters["west"])
+    found, _ = forecast.holders(west, now=pool.created_at)
+    assert [h.units for h in found] == [1]  # the spanning pool's one unit on west, not its four on east
