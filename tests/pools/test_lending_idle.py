@@ -72,9 +72,3 @@ def test_a_unit_is_never_lent_to_its_own_project(idle_holder, make_request):
     queue.after_submit(own)
     assert own.state == RequestState.QUEUED
     assert lend_idle() == []
-
-
-def test_with_no_one_waiting_a_lending_beat_is_one_query(idle_holder, django_assert_num_queries):
-    with django_assert_num_queries(1):  # the queue is empty: the idle flags are not read
-        assert lend_idle() == []
-    assert not Loan.objects.exists()
