@@ -74,8 +74,10 @@ def after_submit(request: PoolRequest, *, now: dt.datetime | None = None) -> Gpu
     try:
         if policy is not None:
             return services.approve(request, actor=None, reason=f"auto-approved by policy {policy.name}", policy=policy)
-        if request.wait_if_full and not fits_now(request):
-            enqueue(request, reason=_shortage(request))
+        if request.wait_if_full:
+            free = units.read_free(request)
+            if not _fits(request, free):
+                enqueue(request, reason=f"queued: {units.shortage(request, free.by_cluster)[0]}")
     except InsufficientCapacity as exc:
         if request.wait_if_full:
             enqueue(request, reason=f"queued: {exc.message}")
@@ -103,12 +105,11 @@ def approve_or_queue(request: PoolRequest, *, actor, reason: str = "", cluster=N
 
 def fits_now(request: PoolRequest) -> bool:
     """Could approval take the request's units now (on one cluster, or across clusters where it may)?"""
-    return units.usable_free(request, units.free_by_cluster(request)) >= request.count
+    return _fits(request, units.read_free(request))
 
 
-def _shortage(request: PoolRequest) -> str:
-    message, _ = units.shortage(request, units.free_by_cluster(request))
-    return f"queued: {message}"
+def _fits(request: PoolRequest, free: units.FreeUnits) -> bool:
+    return units.usable_free(request, free.by_cluster) >= request.count
 
 
 # --- Operator actions ----------------------------------------------------------------------------
@@ -210,6 +211,7 @@ def process(*, now: dt.datetime | None = None) -> Pass:
             return result
         book = policies.PolicyBook()
         blocked: set[tuple] = set()
+        busy = None  # running pods' devices (units.read_free): approvals in this pass do not change them
         for place in ordered(now=now):
             entry, request = place.entry, place.entry.request
             key = spec_key(request)
@@ -222,7 +224,9 @@ def process(*, now: dt.datetime | None = None) -> Pass:
                 continue
             if entry.on_hold or key in blocked:
                 continue
-            if not fits_now(request):
+            free = units.read_free(request, busy)
+            busy = free.busy_devices if busy is None else busy
+            if not _fits(request, free):
                 blocked.add(key)
                 result.blocked.append(request.pk)
                 if entry.approvable_at is not None:
@@ -235,12 +239,14 @@ def process(*, now: dt.datetime | None = None) -> Pass:
                     _event(request, QueueAction.APPROVABLE, detail="capacity is free for it now", at=now)
                 result.flagged.append(request.pk)
                 continue
-            if not _approve_from_queue(request, entry, result, now=now, policy=policy):
+            if not _approve_from_queue(request, entry, result, now=now, policy=policy, free=free):
                 blocked.add(key)  # taken meanwhile, or ended: leave it, block its spec this pass
     return result
 
 
-def _approve_from_queue(request: PoolRequest, entry: QueueEntry, result: Pass, *, now: dt.datetime, policy) -> bool:
+def _approve_from_queue(
+    request: PoolRequest, entry: QueueEntry, result: Pass, *, now: dt.datetime, policy, free: units.FreeUnits
+) -> bool:
     """Approve a queued request that fits now: by `policy`, or else in the name of the operator who approved
     it while capacity was short (approve_or_queue). False when it cannot be done now (taken meanwhile, ended)."""
     if policy is not None:
@@ -253,7 +259,7 @@ def _approve_from_queue(request: PoolRequest, entry: QueueEntry, result: Pass, *
         detail = f"{who} approved it at {entry.operator_approved_at:%Y-%m-%d %H:%M} while capacity was short"
     try:
         with transaction.atomic():
-            services.approve(request, actor=actor, reason=reason, policy=policy)
+            services.approve(request, actor=actor, reason=reason, policy=policy, free=free)
             _event(request, action, actor=actor, policy=policy, detail=detail, at=now)
     except DomainError as exc:
         logger.info("queue: request %s not approved: %s", request.pk, exc.message)

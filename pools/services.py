@@ -138,7 +138,15 @@ def reject(request: PoolRequest, *, actor, reason: str) -> PoolRequest:
 # --- Approval ------------------------------------------------------------------------------------
 
 
-def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster | None = None, policy=None) -> GpuPool:
+def approve(
+    request: PoolRequest,
+    *,
+    actor,
+    reason: str = "",
+    cluster: Cluster | None = None,
+    policy=None,
+    free: units.FreeUnits | None = None,
+) -> GpuPool:
     """Approve a submitted (or queued) request: take its units, create the pool and its allocations, start provisioning.
 
     One transaction: claim submitted -> approved (a conditional UPDATE, which also row-locks the
@@ -153,7 +161,9 @@ def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster |
     InsufficientCapacity (nothing written, nothing enqueued) when the units cannot be had.
     If a unique constraint on Allocation catches a unit taken concurrently, the whole approval
     starts over, up to APPROVAL_ATTEMPTS times. `policy` (an AutoApprovalPolicy) is recorded on the
-    request when a rule, not a person, approved it (pools/queue.py).
+    request when a rule, not a person, approved it (pools/queue.py). `free`: the units.read_free() of
+    this request that the caller made in the same transaction (the queue's fit test), so that the first
+    attempt does not read them again; the units are locked and checked as always.
     """
     if request.end_at is not None and request.end_at <= timezone.now():
         raise DomainError(f"Pool request #{request.pk} ended at {request.end_at:%Y-%m-%d %H:%M}; it cannot start now.")
@@ -162,9 +172,10 @@ def approve(request: PoolRequest, *, actor, reason: str = "", cluster: Cluster |
     for attempt in range(1, APPROVAL_ATTEMPTS + 1):
         try:
             with transaction.atomic():
-                return _approve_once(request, actor=actor, reason=reason, policy=policy)
+                return _approve_once(request, actor=actor, reason=reason, policy=policy, free=free)
         except IntegrityError:
             _reload_state(request)
+            free = None  # others took units: read them again
             if attempt == APPROVAL_ATTEMPTS:
                 raise DomainError("Units were taken by concurrent approvals; try again.") from None
             logger.info("approval of request %s collided on a unit; attempt %d", request.pk, attempt + 1)
@@ -180,7 +191,7 @@ def _reload_state(request: PoolRequest) -> None:
     )
 
 
-def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None) -> GpuPool:
+def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None, free=None) -> GpuPool:
     now = timezone.now()
     transition(
         request,
@@ -191,7 +202,7 @@ def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None) -> G
         approved_by=_user(actor),
         approved_by_policy=policy,
     )
-    taken = _take(request)
+    taken = _take(request, free)
     if not taken:
         message, detail = units.shortage(request, units.free_by_cluster(request))
         raise InsufficientCapacity(message, detail=detail)
@@ -231,17 +242,18 @@ def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None) -> G
     return pool
 
 
-def _take(request: PoolRequest) -> list[units.Unit]:
+def _take(request: PoolRequest, read: units.FreeUnits | None = None) -> list[units.Unit]:
     """All the request's units, or [] when they cannot be had: on one cluster (best fit) if one has them
     all; otherwise, when the request may span clusters (units.may_span), across clusters of one binding,
     the largest free first. Locks as pools/units.py describes, within the caller's transaction."""
     need = request.count
-    free = units.free_by_cluster(request)
+    read = read or units.read_free(request)
     if units.may_span(request):
-        units.lock_clusters(free)  # spanning approvals take turns: the free units are read again after the wait
-        free = units.free_by_cluster(request)
+        units.lock_clusters(read.by_cluster)  # spanning approvals take turns: read the free units again after it
+        read = units.read_free(request)
+    free = read.by_cluster
     for cluster_id in units.choose_clusters(free, need):
-        taken = units.take_units(request, cluster_id, need)
+        taken = units.take_units(request, cluster_id, need, read)
         if len(taken) == need:
             return taken
         free[cluster_id] = len(taken)  # others hold the rest now
@@ -249,7 +261,7 @@ def _take(request: PoolRequest) -> list[units.Unit]:
         return []
     taken = []
     for cluster_id in units.spread_clusters(free, need):
-        taken += units.take_units(request, cluster_id, need - len(taken))
+        taken += units.take_units(request, cluster_id, need - len(taken), read)
         if len(taken) == need:
             return taken
     return []  # others took units meanwhile: the transaction rolls back what was locked

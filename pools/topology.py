@@ -71,14 +71,28 @@ def local_set(gpus: list[tuple], need: int) -> tuple[int, list[int]]:
     return NOWHERE, []
 
 
-def local_sets(candidates, node_ids: list[int], need: int) -> dict[int, tuple[int, list[int]]]:
-    """{node id: its local_set for `need` GPUs} over free whole GPUs (one query)."""
+def free_gpus(candidates) -> list[tuple]:
+    """(node id, cluster id, GPU id, *groups in LOCALITY order) of each free whole GPU in `candidates`, in
+    (node, index) order: one query from which approval picks the cluster, the node and the set
+    (by_node, sets_on_nodes), instead of one query for each."""
+    return list(candidates.order_by("node_id", "index").values_list("node_id", "node__cluster_id", "pk", *LOCALITY))
+
+
+def by_node(gpus: list[tuple]) -> dict[int, tuple[int, int]]:
+    """free_by_node's answer, {node id: (cluster id, free GPUs)}, from free_gpus rows."""
+    counts: dict[int, tuple[int, int]] = {}
+    for node, cluster, *_ in gpus:
+        counts[node] = (cluster, counts.get(node, (cluster, 0))[1] + 1)
+    return counts
+
+
+def sets_on_nodes(gpus: list[tuple], node_ids: list[int], need: int) -> dict[int, tuple[int, list[int]]]:
+    """{node id: its local_set for `need` GPUs} from free_gpus rows."""
     rows: dict[int, list[tuple]] = {node: [] for node in node_ids}
-    for node, *gpu in (
-        candidates.filter(node_id__in=node_ids).order_by("node_id", "index").values_list("node_id", "pk", *LOCALITY)
-    ):
-        rows[node].append(tuple(gpu))
-    return {node: local_set(gpus, need) for node, gpus in rows.items()}
+    for node, _, *gpu in gpus:
+        if node in rows:
+            rows[node].append(tuple(gpu))
+    return {node: local_set(gpus_of_node, need) for node, gpus_of_node in rows.items()}
 
 
 def what_would_fit(request: PoolRequest, free_candidates, all_gpus) -> dict:

@@ -27,7 +27,7 @@ from capacity import tiers
 from capacity.choices import Availability, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, find_product
 from capacity.mig.planner import GpuState, plan_onto_gpus
-from capacity.models import Cluster, GpuCapacity, MigInstance, SpecAndCount
+from capacity.models import Cluster, GpuCapacity, MigInstance, SpecAndCount, WorkloadProfile
 from capacity.vgpu import VGPU_TYPES, VgpuType
 
 from . import topology
@@ -51,6 +51,19 @@ class Unit:
     compute_slices: int
     node_name: str
     cluster_id: int
+    locality: tuple = ()  # whole GPUs: the GPU's groups in topology.LOCALITY order, for the pool's placement
+
+
+@dataclass
+class FreeUnits:
+    """One read of the units free for a request: per cluster id (`by_cluster`), and for multi-GPU whole-GPU
+    work the free GPUs themselves (`gpus`, topology.free_gpus rows), so that approval chooses the cluster,
+    the node and the set from one read (then locks, pools/units.py). `busy_devices`: the devices of pods
+    given several (WorkloadProfile.objects.running().multi_device_uuids()), read once for the approval."""
+
+    by_cluster: dict[int, int]
+    busy_devices: frozenset[str] | None = None
+    gpus: list[tuple] | None = None
 
 
 def _product_q(product: str, prefix: str = "") -> Q:
@@ -71,9 +84,9 @@ def _tier_q(request: PoolRequest, allowed: tuple[str, ...], prefix: str = "") ->
     return Q(**{f"{prefix}node__tier__in": sorted(tiers)})
 
 
-def mig_candidates(request: PoolRequest):
+def mig_candidates(request: PoolRequest, busy_devices: frozenset[str] | None = None):
     """Free MIG instances (MigInstance.objects.free()) of the requested profile, product, tier and cluster."""
-    queryset = MigInstance.objects.free().filter(
+    queryset = MigInstance.objects.free(busy_devices).filter(
         _tier_q(request, (), "gpu__"), tiers.allowed_instances_q(), profile__name=request.profile_name
     )
     if request.product:
@@ -83,9 +96,9 @@ def mig_candidates(request: PoolRequest):
     return queryset
 
 
-def full_candidates(request: PoolRequest):
+def full_candidates(request: PoolRequest, busy_devices: frozenset[str] | None = None):
     """Free whole GPUs on nodes without time-slicing, of the training tier or untiered."""
-    return full_hosts(request, GpuCapacity.objects.free())
+    return full_hosts(request, GpuCapacity.objects.free(busy_devices))
 
 
 def full_hosts(request: PoolRequest, gpus=None):
@@ -152,17 +165,28 @@ def timeslice_candidates(request: PoolRequest):
 
 def free_by_cluster(request: PoolRequest) -> dict[int, int]:
     """Free units per cluster id, for the request's spec."""
+    return read_free(request).by_cluster
+
+
+def read_free(request: PoolRequest, busy_devices: frozenset[str] | None = None) -> FreeUnits:
+    """The units free for the request's spec (FreeUnits): two queries for MIG and whole GPUs (the busy
+    devices, unless the caller read them already as `busy_devices`, then the units), one for shares
+    (time-slice replicas, vGPUs)."""
+    busy = busy_devices
+    if busy is None and request.spec_kind in (SpecKind.MIG, SpecKind.FULL):
+        busy = WorkloadProfile.objects.running().multi_device_uuids()
     if request.spec_kind == SpecKind.MIG:
-        rows = mig_candidates(request).values("gpu__node__cluster").annotate(n=Count("pk"))
-        return {r["gpu__node__cluster"]: r["n"] for r in rows.order_by()}
+        rows = mig_candidates(request, busy).values("gpu__node__cluster").annotate(n=Count("pk"))
+        return FreeUnits({r["gpu__node__cluster"]: r["n"] for r in rows.order_by()}, busy)
     if topology.one_node(request):
-        return topology.best_per_cluster(topology.free_by_node(full_candidates(request)))
+        gpus = topology.free_gpus(full_candidates(request, busy))
+        return FreeUnits(topology.best_per_cluster(topology.by_node(gpus)), busy, gpus)
     if request.spec_kind == SpecKind.FULL:
-        rows = full_candidates(request).values("node__cluster").annotate(n=Count("pk"))
-        return {r["node__cluster"]: r["n"] for r in rows.order_by()}
+        rows = full_candidates(request, busy).values("node__cluster").annotate(n=Count("pk"))
+        return FreeUnits({r["node__cluster"]: r["n"] for r in rows.order_by()}, busy)
     queryset = vgpu_candidates(request) if request.spec_kind == SpecKind.VGPU else timeslice_candidates(request)
     rows = queryset.values("node__cluster").annotate(n=Sum("free"))
-    return {r["node__cluster"]: r["n"] for r in rows.order_by()}
+    return FreeUnits({r["node__cluster"]: r["n"] for r in rows.order_by()})
 
 
 def choose_clusters(free: dict[int, int], need: int) -> list[int]:
@@ -243,24 +267,25 @@ def _dedicated_first(queryset, request: PoolRequest, *, node: str, gpu: str, the
     ).order_by("_node_shared", "_gpu_shared", *then)
 
 
-def take_units(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
+def take_units(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None = None) -> list[Unit]:
     """Lock and return up to `need` free units of one cluster (fewer if others hold the rest).
 
     Call inside the approval's transaction; see the module docstring for the locking contract.
     Units are taken on nodes and GPUs no other project uses first (_dedicated_first), then in (node,
-    GPU, placement) order, so a pool packs onto few GPUs and nodes.
+    GPU, placement) order, so a pool packs onto few GPUs and nodes. `free`: the approval's read_free(), when
+    it has one (the node and set are chosen from it, and the busy devices are not read again).
     """
     if request.spec_kind == SpecKind.MIG:
-        return _take_mig(request, cluster_id, need)
+        return _take_mig(request, cluster_id, need, free)
     if request.spec_kind == SpecKind.FULL:
-        return _take_full(request, cluster_id, need)
+        return _take_full(request, cluster_id, need, free)
     if request.spec_kind == SpecKind.VGPU:
         return _take_vgpu(request, cluster_id, need)
     return _take_timeslice(request, cluster_id, need)
 
 
-def _take_mig(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
-    base = mig_candidates(request).filter(gpu__node__cluster_id=cluster_id)
+def _take_mig(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None) -> list[Unit]:
+    base = mig_candidates(request, free and free.busy_devices).filter(gpu__node__cluster_id=cluster_id)
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
@@ -314,12 +339,14 @@ def _gpu_batch(base, seen: list[int], request: PoolRequest, limit: int) -> list[
     return list(_dedicated_first(locked, request, node="node", gpu="pk", then=("node_id", "index"))[:limit])
 
 
-def _take_full(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
-    base = full_candidates(request).filter(node__cluster_id=cluster_id)
+def _take_full(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None) -> list[Unit]:
+    if free is None:
+        free = read_free(request)
+    base = full_candidates(request, free.busy_devices).filter(node__cluster_id=cluster_id)
     if topology.one_node(request):
-        by_node = topology.free_by_node(base)
-        nodes = topology.nodes_that_fit(by_node, cluster_id, need)
-        sets = topology.local_sets(base, nodes, need)
+        gpus = free.gpus if free.gpus is not None else topology.free_gpus(base)
+        nodes = topology.nodes_that_fit(topology.by_node(gpus), cluster_id, need)
+        sets = topology.sets_on_nodes(gpus, nodes, need)
         for node_id in sorted(nodes, key=lambda n: sets[n][0]):  # nearest set first, then best fit
             on_node = base.filter(node_id=node_id)
             if sets[node_id][1]:
@@ -344,7 +371,18 @@ def _take_full_from(request: PoolRequest, base, cluster_id: int, need: int) -> l
         seen.extend(ids)
         held = set(Allocation.objects.active().filter(gpu_id__in=ids).values_list("gpu_id", flat=True))
         taken.extend(
-            Unit(g.pk, None, 0, FULL_RESOURCE, _gpu_product(g), "", _full_slices(g), g.node.name, cluster_id)
+            Unit(
+                g.pk,
+                None,
+                0,
+                FULL_RESOURCE,
+                _gpu_product(g),
+                "",
+                _full_slices(g),
+                g.node.name,
+                cluster_id,
+                tuple(getattr(g, group) for group in topology.LOCALITY),
+            )
             for g in batch
             if g.pk not in held
         )
@@ -353,12 +391,10 @@ def _take_full_from(request: PoolRequest, base, cluster_id: int, need: int) -> l
 
 def localities(request: PoolRequest, taken: list[Unit]) -> list[tuple]:
     """The groups (topology.LOCALITY) of each GPU taken for multi-GPU whole-GPU work, for topology.placement;
-    [] otherwise."""
+    [] otherwise. Read with the units when they were locked (Unit.locality): no query."""
     if not topology.one_node(request):
         return []
-    rows = GpuCapacity.objects.filter(pk__in=[u.gpu_id for u in taken]).values_list("pk", *topology.LOCALITY)
-    groups = {pk: tuple(rest) for pk, *rest in rows}
-    return [groups[u.gpu_id] for u in taken if u.gpu_id in groups]
+    return [u.locality for u in taken]
 
 
 def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
