@@ -23,6 +23,7 @@ from .models import (
     HOLDING_STATES,
     PENDING_FIRST,
     Allocation,
+    BestEffortRequest,
     GpuPool,
     Loan,
     PoolCluster,
@@ -322,6 +323,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
     def binding(self, obj):
         """DRA (exact device, docs/dra.md) or device plugin (by count): the cluster's."""
         return obj.cluster.get_binding_display()
+
     @admin.display(description="Dedication")
     def binding_note(self, obj):
         """The shared-node note, and the units short of the request when an instance was destroyed."""
@@ -419,6 +421,8 @@ class LoanAdmin(admin.ModelAdmin):
         "allocation",
         "lender_pool",
         "borrower",
+        "borrower_request",
+        "best_effort",
         "state",
         "started_at",
         "reclaim_requested_at",
@@ -428,6 +432,25 @@ class LoanAdmin(admin.ModelAdmin):
     list_filter = ["state"]
     list_select_related = ["allocation__gpu", "allocation__pool__project", "lender_pool__project", "borrower"]
     search_fields = ["borrower__slug", "lender_pool__name", "lender_pool__project__slug"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(BestEffortRequest)
+class BestEffortRequestAdmin(admin.ModelAdmin):
+    """Best-effort requests: read-only; projects make and end them through the API, lend_idle serves them."""
+
+    list_display = ["pk", "project", "spec_kind", "product", "profile_name", "count", "until", "state", "created_at"]
+    list_filter = ["state", "spec_kind"]
+    list_select_related = ["project"]
+    search_fields = ["project__slug", "product", "profile_name"]
 
     def has_add_permission(self, request):
         return False
