@@ -92,7 +92,9 @@ def transition(request: PoolRequest, to_state: str, actor=None, reason: str = ""
         if from_state == S.QUEUED and to_state in LOANS_END_ON_LEAVING_QUEUE:
             from . import lending  # cycle: lending imports provisioning, which imports this module
 
-            lending.end_request_loans(request, reason=LOANS_END_ON_LEAVING_QUEUE[to_state], at=now)
+            # At the approval's own instant, when it sets one: billing of its own units starts there.
+            at = fields.get("approved_at") or now
+            lending.end_request_loans(request, reason=LOANS_END_ON_LEAVING_QUEUE[to_state], at=at)
     request.state, request.state_reason, request.updated_at = to_state, reason, now
     for name, value in fields.items():
         setattr(request, name, value)
