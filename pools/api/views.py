@@ -478,8 +478,10 @@ class BestEffortRequestViewSet(
     """Best-effort borrowing without a queued request (docs/queue.md, Borrowing): members ask and end;
     the lending beat serves open requests from other projects' idle units after the queue."""
 
-    queryset = BestEffortRequest.objects.select_related("project", "cluster", "requested_by").annotate(
-        units_held=Count("loans", filter=~Q(loans__state=LoanState.ENDED))
+    queryset = (
+        BestEffortRequest.objects.select_related("project", "cluster", "requested_by")
+        .annotate(units_held=Count("loans", filter=~Q(loans__state=LoanState.ENDED)))
+        .order_by("-created_at", "-id")
     )
     serializer_class = serializers.BestEffortRequestSerializer
     filterset_class = filters.BestEffortRequestFilter
