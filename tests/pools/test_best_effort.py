@@ -52,7 +52,8 @@ def test_a_member_asks_and_sees_it_a_non_member_cannot(api, fleet, other_project
     assert api(bob).get(f"{URL}{made.pk}/").status_code == 404
     assert api(bob).post(f"{URL}{made.pk}/end/", {}, format="json").status_code == 404
     assert api(bob).get(URL).data["results"] == []
-    assert ask(api, bob, other_project).data == {"project": [f'Invalid pk "{other_project.pk}" - object does not exist.']}
+    refused = ask(api, bob, other_project)
+    assert refused.data == {"project": [f'Invalid pk "{other_project.pk}" - object does not exist.']}
     # A viewer of team-a may not ask: 403; nothing was made.
     assert ask(api, victor, project).status_code == 403
     assert BestEffortRequest.objects.count() == 1
@@ -60,7 +61,8 @@ def test_a_member_asks_and_sees_it_a_non_member_cannot(api, fleet, other_project
 
 
 def test_bad_input_is_a_400_with_field_messages(api, fleet, other_project, charlie):
-    assert ask(api, charlie, other_project, count=0).data["count"] == ["Ensure this value is greater than or equal to 1."]
+    too_few = ask(api, charlie, other_project, count=0)
+    assert too_few.data["count"] == ["Ensure this value is greater than or equal to 1."]
     past = (timezone.now() - H).isoformat()
     assert ask(api, charlie, other_project, until=past).data == {"until": ["The end must be in the future."]}
     assert set(ask(api, charlie, other_project, tier="gold").data) == {"tier"}
