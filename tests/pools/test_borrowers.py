@@ -5,6 +5,7 @@ approves them (docs/queue.md, Borrowing)."""
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 from unittest import mock
 
 import pytest
@@ -12,6 +13,8 @@ from conftest import kube_for
 from django.utils import timezone
 from test_lending import MIG, NODE, create_pod, pod
 
+from billing import services as billing
+from billing.choices import LineType
 from capacity.adapters.kubernetes import NotFound
 from monitoring.models import IdleReservation
 from monitoring.services.lending import lend_idle
@@ -184,3 +187,19 @@ def test_a_loan_for_a_request_no_longer_queued_is_refused(lender, borrower, othe
     with pytest.raises(LendingRefused, match="not waiting in the queue"):
         lending.lend(units[0], other_project, request=borrower)
     assert not Loan.objects.exists()
+
+
+def test_the_borrower_is_billed_and_the_lender_credited_only_until_the_approval(
+    lender, borrower, operator, project, other_project
+):
+    pool, units = lender
+    t0 = dt.datetime(2026, 3, 10, 10, 0, tzinfo=dt.UTC)
+    flag_idle(units[0], t0)
+    (made,) = lend_idle(now=t0)
+    with mock.patch("django.utils.timezone.now", return_value=t0 + 3 * H):
+        services.approve(borrower, actor=operator)
+    assert Loan.objects.get(pk=made).returned_at == t0 + 3 * H
+    march = dt.date(2026, 3, 1)
+    charge = billing.generate_statement(other_project, march).lines.get(line_type=LineType.BORROWED)
+    credit = billing.generate_statement(project, march).lines.get(line_type=LineType.LENT_CREDIT)
+    assert (charge.hours, credit.hours, credit.amount) == (Decimal(3), Decimal(3), -charge.amount)
