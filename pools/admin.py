@@ -430,7 +430,14 @@ class LoanAdmin(admin.ModelAdmin):
         "reason",
     ]
     list_filter = ["state"]
-    list_select_related = ["allocation__gpu", "allocation__pool__project", "lender_pool__project", "borrower"]
+    list_select_related = [
+        "allocation__gpu",
+        "allocation__pool__project",
+        "lender_pool__project",
+        "borrower",
+        "borrower_request__project",
+        "best_effort__project",
+    ]
     search_fields = ["borrower__slug", "lender_pool__name", "lender_pool__project__slug"]
 
     def has_add_permission(self, request):

@@ -47,11 +47,11 @@ def lend_idle(*, now: datetime | None = None) -> list[int]:
     if not units:
         return []
     queued = [place.entry.request for place in ordered(now=now)]
-    best_effort = list(BestEffortRequest.objects.servable(now))
+    best_effort = list(BestEffortRequest.objects.servable(now).select_related("project"))
     held = _held(Loan.objects.open(), "borrower_request", queued)
     held_best_effort = _held(Loan.objects.open(), "best_effort", best_effort)
     made: list[int] = []
-    served: list[int] = []
+    served = list(held)  # queued requests holding loans already, and below those that get one
     for borrower in [*queued, *best_effort]:
         is_queued = not isinstance(borrower, BestEffortRequest)
         want = borrower.count - (held if is_queued else held_best_effort).get(borrower.pk, 0)

@@ -10,6 +10,7 @@ from unittest import mock
 
 import pytest
 from conftest import kube_for
+from django.urls import reverse
 from django.utils import timezone
 from test_lending import MIG, NODE, create_pod, pod
 
@@ -203,3 +204,16 @@ def test_the_borrower_is_billed_and_the_lender_credited_only_until_the_approval(
     charge = billing.generate_statement(other_project, march).lines.get(line_type=LineType.BORROWED)
     credit = billing.generate_statement(project, march).lines.get(line_type=LineType.LENT_CREDIT)
     assert (charge.hours, credit.hours, credit.amount) == (Decimal(3), Decimal(3), -charge.amount)
+
+
+def test_the_admin_queue_filters_requests_running_on_lent_units(
+    client, staff_operator, lender, borrower, django_capture_on_commit_callbacks
+):
+    pool, units = lender
+    lend_now(units, timezone.now(), django_capture_on_commit_callbacks)
+    client.force_login(staff_operator)
+    url = reverse("admin:pools_queueentry_changelist")
+    assert list(client.get(url, {"on_loan": "yes"}).context["cl"].result_list) == [entry_of(borrower)]
+    assert list(client.get(url, {"on_loan": "no"}).context["cl"].result_list) == []
+    assert client.get(reverse("admin:pools_besteffortrequest_changelist")).status_code == 200
+    assert client.get(reverse("admin:pools_loan_changelist")).status_code == 200
