@@ -15,12 +15,13 @@ copy per policy, under a simulated clock (django.utils.timezone.now is patched t
   not replayed). lend_idle() runs every LENDING_INTERVAL_S and lends flagged units to waiting
   requests of other projects. A borrower **starts when lent units cover its whole count**: its wait
   ends then (that is its start for mean_wait_h and p90_wait_h), its work runs down while it holds
-  them, and it moves to its own units, with what is left of its hold, when the queue approves it (its
-  loans end then, pools.lending.end_loan); a borrower whose work is done on lent units gives them
-  back and withdraws its request. An idle pool's need comes back at a modelled time (need_back_h):
-  from then on its namespace has a Pending pod for the lent resource, which reconcile_loans(), stepped
-  on the simulated clock every LENDING_RECONCILE_INTERVAL_S, sees; it requests the reclaim, and ends
-  the loan LENDING_RECLAIM_GRACE_S later; the borrower then waits again for its remaining work.
+  them, and it moves to its own units, with what is left of its hold, when the queue approves it (the
+  product ends its loans then, in the approval's transaction: pools.services.transition); a borrower
+  whose work is done on lent units gives them back and withdraws its request. An idle pool's need
+  comes back at a modelled time (need_back_h): from then on its namespace has a Pending pod for the
+  lent resource, which reconcile_loans(), stepped on the simulated clock every
+  LENDING_RECONCILE_INTERVAL_S, sees; it requests the reclaim, and ends the loan
+  LENDING_RECLAIM_GRACE_S later; the borrower then waits again for its remaining work.
   Reconcile ticks at which no loan can change (no need pending, no grace running out, no lender
   released) are skipped: they would be no-ops.
 
@@ -250,9 +251,7 @@ class Replay:
         self.started.setdefault(pk, at)
         self.own[pk] = (at, release_at)
         self.push(release_at, "release", pk)
-        if self.borrowing:
-            for loan in Loan.objects.open().filter(borrower_request_id=pk):
-                lending.end_loan(loan, reason="its own units were approved", at=at)
+        if self.borrowing:  # its loans ended with the approval (pools.services.transition)
             pool_id = GpuPool.objects.filter(request_id=pk).values_list("pk", flat=True).first()
             self.pool_of[pk] = pool_id
             if arrival.activity == IDLE_ACTIVITY:
@@ -267,11 +266,9 @@ class Replay:
     def process(self, at: dt.datetime) -> None:
         result = queue.process(now=at)
         self.note_approvals(result.approved, at)
-        for pk in result.ended:
+        for pk in result.ended:  # its loans ended with the rejection (pools.services.transition)
             self.stop_borrowing(pk, at)
             self.remaining_h.pop(pk, None)
-            for loan in Loan.objects.open().filter(borrower_request_id=pk):
-                lending.end_loan(loan, reason="its request ended while waiting", at=at)
 
     # --- borrowing -------------------------------------------------------------------------------
 

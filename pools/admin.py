@@ -24,6 +24,7 @@ from .models import (
     HOLDING_STATES,
     PENDING_FIRST,
     Allocation,
+    BestEffortRequest,
     GpuPool,
     Loan,
     PoolCluster,
@@ -440,6 +441,8 @@ class LoanAdmin(admin.ModelAdmin):
         "allocation",
         "lender_pool",
         "borrower",
+        "borrower_request",
+        "best_effort",
         "state",
         "started_at",
         "reclaim_requested_at",
@@ -447,8 +450,34 @@ class LoanAdmin(admin.ModelAdmin):
         "reason",
     ]
     list_filter = ["state"]
-    list_select_related = ["allocation__gpu", "allocation__pool__project", "lender_pool__project", "borrower"]
+    list_select_related = [
+        "allocation__gpu",
+        "allocation__pool__project",
+        "lender_pool__project",
+        "borrower",
+        "borrower_request__project",
+        "best_effort__project",
+    ]
     search_fields = ["borrower__slug", "lender_pool__name", "lender_pool__project__slug"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(BestEffortRequest)
+class BestEffortRequestAdmin(admin.ModelAdmin):
+    """Best-effort requests: read-only; projects make and end them through the API, lend_idle serves them."""
+
+    list_display = ["pk", "project", "spec_kind", "product", "profile_name", "count", "until", "state", "created_at"]
+    list_filter = ["state", "spec_kind"]
+    list_select_related = ["project"]
+    search_fields = ["project__slug", "product", "profile_name"]
 
     def has_add_permission(self, request):
         return False

@@ -89,3 +89,10 @@ class LoanState(models.TextChoices):
     ACTIVE = "active", "Lent"
     RECLAIMING = "reclaiming", "Reclaiming (grace period)"
     ENDED = "ended", "Ended"
+
+
+class BestEffortState(models.TextChoices):
+    """A best-effort request: served from idle units while open; ended by its project or its `until`."""
+
+    OPEN = "open", "Open"
+    ENDED = "ended", "Ended"

@@ -519,17 +519,33 @@ def accuracy(*, since: dt.datetime | None = None) -> dict:
     """Predicted (first P50) against actual start for every request approved out of the queue.
 
     mae_ratio is the mean absolute error over the mean actual wait, the figure `bench queue` reports.
+    The actual start is the approval onto the request's own units, what the forecast predicts (it counts
+    units that free for the request, never lent units, which are preemptible and promised to no one).
+    A request that ran on lent units before (QueueEntry.first_on_loan_at) is scored the same way and
+    counted in `ran_on_loan_first`, with its mean wait until lent units covered it (`mean_wait_to_loan_h`).
     """
     rows = QueueEntry.objects.started()
     if since is not None:
         rows = rows.filter(request__approved_at__gte=since)
-    errors, waits, inside_p90 = [], [], 0
-    for queued, p50, p90, started in rows.values_list("queued_at", "first_p50", "first_p90", "request__approved_at"):
+    errors, waits, inside_p90, loan_waits = [], [], 0, []
+    for queued, p50, p90, started, on_loan in rows.values_list(
+        "queued_at", "first_p50", "first_p90", "request__approved_at", "first_on_loan_at"
+    ):
         errors.append(abs((started - p50).total_seconds()) / 3600)
         waits.append(max(0.0, (started - queued).total_seconds() / 3600))
         inside_p90 += p90 is not None and started <= p90
+        if on_loan is not None and on_loan < started:
+            loan_waits.append(max(0.0, (on_loan - queued).total_seconds() / 3600))
     if not errors:
-        return {"started": 0, "mae_h": None, "mean_wait_h": None, "mae_ratio": None, "within_p90": None}
+        return {
+            "started": 0,
+            "mae_h": None,
+            "mean_wait_h": None,
+            "mae_ratio": None,
+            "within_p90": None,
+            "ran_on_loan_first": 0,
+            "mean_wait_to_loan_h": None,
+        }
     mean_wait = sum(waits) / len(waits)
     mae = sum(errors) / len(errors)
     return {
@@ -538,4 +554,6 @@ def accuracy(*, since: dt.datetime | None = None) -> dict:
         "mean_wait_h": round(mean_wait, 3),
         "mae_ratio": round(mae / mean_wait, 3) if mean_wait > 0 else None,
         "within_p90": round(inside_p90 / len(errors), 3),
+        "ran_on_loan_first": len(loan_waits),
+        "mean_wait_to_loan_h": round(sum(loan_waits) / len(loan_waits), 3) if loan_waits else None,
     }

@@ -8,6 +8,12 @@ the borrower's grant shrinks at once (no new pods), and after LENDING_RECLAIM_GR
 the unit's node are evicted through the Eviction API and the loan ends. `reconcile_loans()` drives
 this from the beat; every step is a conditional UPDATE, so repeated or concurrent runs are harmless.
 Which units to lend (idle data) is decided by monitoring (monitoring/services/lending.py).
+
+A loan serves a queued PoolRequest (`borrower_request`) or a BestEffortRequest (`best_effort`). When a
+queued borrower leaves the queue (approved onto its own units, rejected, withdrawn) its loans end in the
+same transaction (end_request_loans, called by services.transition). QueueEntry.running_on_loan_since says
+whether open loans cover a queued request's whole count; refresh_on_loan() keeps it true wherever loans
+are made or end.
 """
 
 from __future__ import annotations
@@ -18,28 +24,38 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Count
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from capacity.adapters.kubernetes import KubernetesClient, KubernetesError, NotFound
 from capacity.models import Cluster
 from tenancy.models import Project
 
-from .choices import LoanState
+from .choices import BestEffortState, LoanState, RequestState
 from .exceptions import LendingRefused
-from .models import Allocation, Loan, PoolRequest
+from .models import Allocation, BestEffortRequest, Loan, PoolRequest, QueueEntry
 from .provisioning import BORROWED_PRIORITY_CLASS, reconcile
 
 logger = logging.getLogger(__name__)
 
 
 def lend(
-    allocation: Allocation, borrower: Project, *, request: PoolRequest | None = None, at: datetime | None = None
+    allocation: Allocation,
+    borrower: Project,
+    *,
+    request: PoolRequest | None = None,
+    best_effort: BestEffortRequest | None = None,
+    at: datetime | None = None,
 ) -> Loan:
-    """Lend one active unit to `borrower`; the borrower's grant is reconciled after commit.
+    """Lend one active unit to `borrower`, for its queued `request` or its `best_effort` request (or neither);
+    the borrower's grant is reconciled after commit.
 
-    Refused (LendingRefused) when the pool opted out, the unit is released or already lent, or the
-    borrower is the lender. The partial unique constraint makes a double loan impossible: a concurrent
-    lend of the same unit is refused too.
+    Refused (LendingRefused) when the pool opted out, the unit is released or already lent, the borrower
+    is the lender, or the request it serves is no longer waiting (queued) or open. The partial unique
+    constraint makes a double loan impossible: a concurrent lend of the same unit is refused too. The
+    served request's row is locked (SELECT ... FOR UPDATE) while the loan is made, so a concurrent
+    approval either ends this loan (it commits after) or is seen here (the lend is refused).
     """
     from .tasks import reconcile_project_task  # cycle: pools.tasks imports provisioning
 
@@ -52,17 +68,30 @@ def lend(
         raise LendingRefused("a project cannot borrow its own units")
     try:
         with transaction.atomic():
+            _lock_served(request, best_effort)
             loan = Loan.objects.create(
                 allocation=allocation,
                 lender_pool=pool,
                 borrower=borrower,
                 borrower_request=request,
+                best_effort=best_effort,
                 started_at=at or timezone.now(),
             )
             reconcile_project_task.delay_on_commit(borrower.pk, Allocation.objects.cluster_id_of(allocation.pk))
     except IntegrityError:  # pools_loan_unique_open_allocation
         raise LendingRefused(f"{allocation} is already lent") from None
     return loan
+
+
+def _lock_served(request: PoolRequest | None, best_effort: BestEffortRequest | None) -> None:
+    if request is not None and not (
+        PoolRequest.objects.select_for_update().filter(pk=request.pk, state=RequestState.QUEUED).exists()
+    ):
+        raise LendingRefused(f"pool request #{request.pk} is not waiting in the queue")
+    if best_effort is not None and not (
+        BestEffortRequest.objects.select_for_update().filter(pk=best_effort.pk, state=BestEffortState.OPEN).exists()
+    ):
+        raise LendingRefused(f"best-effort request #{best_effort.pk} has ended")
 
 
 def request_reclaim(loan: Loan, *, reason: str, at: datetime | None = None) -> bool:
@@ -195,6 +224,7 @@ def reconcile_loans(
             ):
                 result["ended"] += 1
                 borrowers.add(loan.borrower_id)
+        refresh_on_loan([x.borrower_request_id for x in due if x.borrower_request_id], at=now)
     for borrower_id in sorted(borrowers):
         try:
             reconcile(Project.objects.get(pk=borrower_id), cluster, client_factory=client_factory)
@@ -206,15 +236,94 @@ def reconcile_loans(
 
 
 def end_loan(loan: Loan, *, reason: str, at: datetime | None = None) -> bool:
-    """The borrower is done with the unit (its request approved elsewhere, or it gives it back): end now."""
+    """The borrower is done with the unit (it gives it back): end now. False when it had ended already."""
+    return end_loans([loan.pk], reason=reason, at=at) == 1
+
+
+def end_loans(loan_ids, *, reason: str, at: datetime | None = None) -> int:
+    """End these loans now if still open (returned_at = `at`: billing and the lender's credit stop there),
+    reconcile each borrower's grant after commit and refresh its queue entries. Returns how many ended.
+
+    Locks the open loans in primary-key order (as reconcile_loans updates them), then ends them with one
+    conditional UPDATE on `open`: a loan a concurrent reclaim ended first is left as it ended. Runs in the
+    caller's transaction when there is one. The borrower's pods on the units are not evicted (see
+    docs/queue.md, What is left).
+    """
     from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
 
     at = at or timezone.now()
     with transaction.atomic():
+        loans = list(
+            Loan.objects.open()
+            .filter(pk__in=list(loan_ids))
+            .select_for_update(of=("self",))
+            .order_by("pk")
+            .values_list("pk", "borrower_id", "allocation__gpu__node__cluster_id", "borrower_request_id")
+        )
+        if not loans:
+            return 0
+        ended = (
+            Loan.objects.open()
+            .filter(pk__in=[row[0] for row in loans])
+            .update(state=LoanState.ENDED, returned_at=at, reason=reason[:200])
+        )
+        for borrower_id, cluster_id in sorted({(row[1], row[2]) for row in loans}):
+            reconcile_project_task.delay_on_commit(borrower_id, cluster_id)
+        refresh_on_loan([row[3] for row in loans if row[3]], at=at)
+    return ended
+
+
+def end_request_loans(request: PoolRequest | BestEffortRequest, *, reason: str, at: datetime | None = None) -> int:
+    """End every open loan serving `request` (see end_loans). services.transition calls it, in the approval's
+    (or rejection's, withdrawal's) own transaction, when a queued request leaves the queue."""
+    served = "best_effort" if isinstance(request, BestEffortRequest) else "borrower_request"
+    return end_loans(Loan.objects.open().filter(**{served: request}).values_list("pk", flat=True), reason=reason, at=at)
+
+
+def refresh_on_loan(request_ids, *, at: datetime) -> None:
+    """Set or clear QueueEntry.running_on_loan_since for these requests: set (and first_on_loan_at, once)
+    when the request is queued and its open loans (lent, or in their grace period) cover its whole count;
+    cleared otherwise. Conditional UPDATEs: repeated or concurrent calls leave the first time set."""
+    ids = sorted(set(request_ids))
+    if not ids:
+        return
+    held = dict(
+        Loan.objects.open()
+        .filter(borrower_request__in=ids)
+        .values_list("borrower_request")
+        .annotate(n=Count("pk"))
+        .values_list("borrower_request", "n")
+    )
+    entries = QueueEntry.objects.filter(request_id__in=ids).values_list(
+        "pk", "request_id", "request__state", "request__count"
+    )
+    for pk, request_id, state, count in entries:
+        if state == RequestState.QUEUED and held.get(request_id, 0) >= count:
+            QueueEntry.objects.filter(pk=pk, running_on_loan_since__isnull=True).update(
+                running_on_loan_since=at, first_on_loan_at=Coalesce("first_on_loan_at", at)
+            )
+        else:
+            QueueEntry.objects.filter(pk=pk, running_on_loan_since__isnull=False).update(running_on_loan_since=None)
+
+
+def end_best_effort(best_effort: BestEffortRequest, *, reason: str, at: datetime | None = None) -> bool:
+    """open -> ended, and its loans end now (the borrower gives the units back; the lenders' credit stops).
+    Claimed with a conditional UPDATE: False when it had ended already."""
+    at = at or timezone.now()
+    with transaction.atomic():
         if (
-            Loan.objects.open().filter(pk=loan.pk).update(state=LoanState.ENDED, returned_at=at, reason=reason[:200])
+            BestEffortRequest.objects.filter(pk=best_effort.pk, state=BestEffortState.OPEN).update(
+                state=BestEffortState.ENDED, ended_at=at, end_reason=reason[:200]
+            )
             != 1
         ):
             return False
-        reconcile_project_task.delay_on_commit(loan.borrower_id, Allocation.objects.cluster_id_of(loan.allocation_id))
+        end_request_loans(best_effort, reason=reason, at=at)
+    best_effort.state, best_effort.ended_at, best_effort.end_reason = BestEffortState.ENDED, at, reason[:200]
     return True
+
+
+def end_due_best_effort(*, now: datetime) -> int:
+    """End the open best-effort requests whose `until` has come (lend_idle runs it first). Returns how many."""
+    due = BestEffortRequest.objects.open().filter(until__lte=now).order_by("pk")
+    return sum(end_best_effort(b, reason=f"its end ({b.until:%Y-%m-%d %H:%M} UTC) came", at=now) for b in due)

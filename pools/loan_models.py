@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from capacity.choices import SpecKind
 from tenancy.models import Project
 
-from .choices import LoanState
+from .choices import BestEffortState, LoanState
 
 
 class LoanQuerySet(models.QuerySet):
@@ -45,7 +48,15 @@ class Loan(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="loans",
-        help_text="The queued request the loan serves, if any (else the borrower's best-effort workloads).",
+        help_text="The queued request the loan serves, if any.",
+    )
+    best_effort = models.ForeignKey(
+        "pools.BestEffortRequest",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="loans",
+        help_text="The best-effort request the loan serves, if any.",
     )
     state = models.CharField(max_length=16, choices=LoanState, default=LoanState.ACTIVE, editable=False)
     started_at = models.DateTimeField(default=timezone.now)
@@ -69,6 +80,10 @@ class Loan(models.Model):
             models.CheckConstraint(
                 condition=Q(state="ended") | Q(returned_at__isnull=True), name="pools_loan_returned_only_when_ended"
             ),
+            models.CheckConstraint(
+                condition=Q(borrower_request__isnull=True) | Q(best_effort__isnull=True),
+                name="pools_loan_one_borrowing_request",
+            ),
         ]
         indexes = [models.Index(fields=["borrower", "state"], name="pools_loan_borrower_state")]
 
@@ -79,3 +94,65 @@ class Loan(models.Model):
         """Seconds the borrower held the unit within [start, end)."""
         until = min(self.returned_at or end, end)
         return max(0, int((until - max(self.started_at, start)).total_seconds()))
+
+
+class BestEffortRequestQuerySet(models.QuerySet):
+    def open(self):
+        return self.filter(state=BestEffortState.OPEN)
+
+    def servable(self, at: datetime):
+        """Open requests whose `until` has not come: lend_idle serves these, oldest first."""
+        return self.open().filter(Q(until__isnull=True) | Q(until__gt=at)).order_by("created_at", "pk")
+
+
+class BestEffortRequest(models.Model):
+    """A project's standing ask for preemptible units of a spec, served only from other projects' idle units.
+
+    Its own small table rather than a PoolRequest with a flag: a PoolRequest is a claim on guaranteed
+    units, and everything reading that table (approval, the queue and its fair share, the forecast's
+    arrivals, expiry, pools, the project page) would have to learn to skip these rows. A best-effort
+    request is never approved, never queued, never refused for shortage: `open` until its project ends
+    it or `until` passes. monitoring.services.lending.lend_idle lends to it after the queue's waiting
+    requests; each unit it gets is a Loan (reclaimed like any loan, billed at the best-effort rate).
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="best_effort_requests")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    spec_kind = models.CharField(max_length=16, choices=SpecKind, default=SpecKind.MIG)
+    product = models.CharField(max_length=32, blank=True, help_text="GPU product if it matters (catalog key).")
+    profile_name = models.CharField(max_length=32, blank=True, help_text="MIG profile, e.g. 3g.40gb")
+    cluster = models.ForeignKey(
+        "capacity.Cluster", null=True, blank=True, on_delete=models.PROTECT, related_name="best_effort_requests"
+    )
+    count = models.PositiveIntegerField(validators=[MinValueValidator(1)], default=1)
+    until = models.DateTimeField(null=True, blank=True, help_text="Served until then (empty: until ended).")
+    state = models.CharField(max_length=16, choices=BestEffortState, default=BestEffortState.OPEN, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    ended_at = models.DateTimeField(null=True, blank=True, editable=False)
+    end_reason = models.CharField(max_length=200, blank=True, editable=False)
+
+    objects = BestEffortRequestQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(count__gte=1), name="pools_besteffortrequest_count_positive"),
+            models.CheckConstraint(
+                condition=Q(state="ended") | Q(ended_at__isnull=True),
+                name="pools_besteffortrequest_ended_only_when_ended",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "created_at"], name="pools_besteffort_state_created")]
+
+    def __str__(self) -> str:
+        return f"best-effort #{self.pk} of {self.project.slug}: {self.count} x {self.spec_label}"
+
+    @property
+    def spec_label(self) -> str:
+        if self.spec_kind == SpecKind.MIG:
+            return f"{self.product} {self.profile_name}".strip()
+        if self.spec_kind == SpecKind.FULL:
+            return f"{self.product} full GPU".strip()
+        return f"{self.product} {self.spec_kind} {self.profile_name}".strip()

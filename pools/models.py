@@ -555,12 +555,13 @@ class Allocation(models.Model):
 
 
 # The queue's tables (policies, entries, audit, weights) live in their own module; Django finds them here.
-from .loan_models import Loan  # noqa: E402
+from .loan_models import BestEffortRequest, Loan  # noqa: E402
 from .queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent  # noqa: E402
 
 __all__ = [
     "Allocation",
     "AutoApprovalPolicy",
+    "BestEffortRequest",
     "GpuPool",
     "Loan",
     "PoolCluster",

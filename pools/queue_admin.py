@@ -59,6 +59,21 @@ class ApprovableFilter(admin.SimpleListFilter):
         return queryset
 
 
+class OnLoanFilter(admin.SimpleListFilter):
+    title = "running on lent units"
+    parameter_name = "on_loan"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(running_on_loan_since__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(running_on_loan_since__isnull=True)
+        return queryset
+
+
 class QueueEventInline(admin.TabularInline):
     model = QueueEvent
     fk_name = "request"
@@ -82,13 +97,14 @@ class QueueEntryAdmin(admin.ModelAdmin):
         "position",
         "on_hold",
         "approvable_at",
+        "running_on_loan_since",
         "queued_at",
         "forecast_p50",
         "forecast_p90",
         "first_p50",
         "started",
     ]
-    list_filter = [ApprovableFilter, "on_hold"]
+    list_filter = [ApprovableFilter, OnLoanFilter, "on_hold"]
     list_select_related = ["request__project"]
     actions = ["hold_selected", "unhold_selected", "move_to_top", "cancel_selected"]
 
@@ -111,6 +127,11 @@ class QueueEntryAdmin(admin.ModelAdmin):
                 f" on a mean wait of {score['mean_wait_h']} h (ratio {score['mae_ratio']}),"
                 f" {score['within_p90']:.0%} started by their P90"
             )
+            if score["ran_on_loan_first"]:
+                title += (
+                    f"; {score['ran_on_loan_first']} ran on lent units first,"
+                    f" after a mean wait of {score['mean_wait_to_loan_h']} h"
+                )
         return super().changelist_view(request, extra_context={"title": title, **(extra_context or {})})
 
     @admin.display(description="Project")

@@ -167,6 +167,15 @@ class QueueEntry(models.Model):
     operator_approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
     )
+    running_on_loan_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Since when open loans cover its whole count (it runs on lent units); empty when they do not.",
+    )
+    first_on_loan_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When lent units first covered its whole count (kept)."
+    )
 
     objects = QueueEntryQuerySet.as_manager()
 

@@ -46,6 +46,12 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.RELEASED: frozenset(),
     S.EXPIRED: frozenset(),
 }
+# A queued request that leaves the queue ends the loans it ran on (pools/lending.py), saying why.
+LOANS_END_ON_LEAVING_QUEUE: dict[str, str] = {
+    S.APPROVED: "its own units were approved",
+    S.REJECTED: "its request left the queue (rejected)",
+    S.WITHDRAWN: "its request was withdrawn",
+}
 # How many times approval starts over when the unique constraints catch a unit taken concurrently.
 APPROVAL_ATTEMPTS = 3
 
@@ -61,7 +67,9 @@ def transition(request: PoolRequest, to_state: str, actor=None, reason: str = ""
     request cannot both succeed. If the claim misses because the object was stale, the state is read
     again and the move is tried from there when the table allows it (a release still releases a
     request that became active meanwhile); otherwise IllegalTransition names the state it lost to.
-    Updates `request` in place and returns it.
+    A queued request leaving the queue ends the loans it ran on, in the same transaction
+    (LOANS_END_ON_LEAVING_QUEUE, pools.lending.end_request_loans; the borrower's grant is reconciled
+    after commit). Updates `request` in place and returns it.
     """
     now = timezone.now()
     actor = _user(actor)
@@ -81,6 +89,12 @@ def transition(request: PoolRequest, to_state: str, actor=None, reason: str = ""
         PoolRequestTransition.objects.create(
             request=request, from_state=from_state, to_state=to_state, actor=actor, reason=reason, at=now
         )
+        if from_state == S.QUEUED and to_state in LOANS_END_ON_LEAVING_QUEUE:
+            from . import lending  # cycle: lending imports provisioning, which imports this module
+
+            # At the approval's own instant, when it sets one: billing of its own units starts there.
+            at = fields.get("approved_at") or now
+            lending.end_request_loans(request, reason=LOANS_END_ON_LEAVING_QUEUE[to_state], at=at)
     request.state, request.state_reason, request.updated_at = to_state, reason, now
     for name, value in fields.items():
         setattr(request, name, value)

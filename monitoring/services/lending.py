@@ -3,7 +3,9 @@
 A unit flagged idle (monitoring/services/idle.py) for at least LENDING_IDLE_H, in a pool that lends
 (GpuPool.lending_enabled) and not lent yet, is lent to the first waiting request of another project,
 in queue order, whose spec it matches (kind, product, MIG profile; the request's cluster if it names
-one), up to that request's count. The mechanism (grant, reclaim, eviction) is pools/lending.py.
+one), up to that request's count; units left after the queue go to open best-effort requests of other
+projects (pools.BestEffortRequest), oldest first, the same way. The mechanism (grant, reclaim,
+eviction) is pools/lending.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from django.utils import timezone
 from monitoring.models import IdleReservation
 from pools import lending
 from pools.exceptions import LendingRefused
-from pools.models import Loan
+from pools.models import BestEffortRequest, Loan
 from pools.queue_order import ordered
 
 
@@ -37,37 +39,49 @@ def lendable_flags(*, now: datetime):
 
 
 def lend_idle(*, now: datetime | None = None) -> list[int]:
-    """Lend idle units to waiting requests of other projects; returns the new loans' ids (idempotent)."""
+    """Lend idle units to waiting requests of other projects, then to open best-effort requests; returns the
+    new loans' ids (idempotent). Best-effort requests whose `until` came are ended first."""
     now = now or timezone.now()
+    lending.end_due_best_effort(now=now)
     units = [flag.allocation for flag in lendable_flags(now=now)]
     if not units:
         return []
-    places = ordered(now=now)
-    borrowed = dict(
-        Loan.objects.open()
-        .filter(borrower_request__in=[p.entry.request_id for p in places])
-        .values_list("borrower_request")
-        .annotate(n=Count("pk"))
-        .values_list("borrower_request", "n")
-    )
+    queued = [place.entry.request for place in ordered(now=now)]
+    best_effort = list(BestEffortRequest.objects.servable(now).select_related("project"))
+    held = _held(Loan.objects.open(), "borrower_request", queued)
+    held_best_effort = _held(Loan.objects.open(), "best_effort", best_effort)
     made: list[int] = []
-    for place in places:
-        request = place.entry.request
-        want = request.count - borrowed.get(request.pk, 0)
+    served = list(held)  # queued requests holding loans already, and below those that get one
+    for borrower in [*queued, *best_effort]:
+        is_queued = not isinstance(borrower, BestEffortRequest)
+        want = borrower.count - (held if is_queued else held_best_effort).get(borrower.pk, 0)
         for unit in list(units):
             if want <= 0:
                 break
-            if not _matches(unit, request):
-                continue
-            try:
-                loan = lending.lend(unit, request.project, request=request, at=now)
-            except LendingRefused:
-                units.remove(unit)
+            if not _matches(unit, borrower):
                 continue
             units.remove(unit)
+            serves = {"request": borrower} if is_queued else {"best_effort": borrower}
+            try:
+                loan = lending.lend(unit, borrower.project, at=now, **serves)
+            except LendingRefused:
+                continue
             made.append(loan.pk)
             want -= 1
+            if is_queued:
+                served.append(borrower.pk)
+    lending.refresh_on_loan(served, at=now)
     return made
+
+
+def _held(loans, field: str, borrowers) -> dict[int, int]:
+    """Open loans per served request (`field`: borrower_request or best_effort)."""
+    return dict(
+        loans.filter(**{f"{field}__in": [b.pk for b in borrowers]})
+        .values_list(field)
+        .annotate(n=Count("pk"))
+        .values_list(field, "n")
+    )
 
 
 def _matches(unit, request) -> bool:

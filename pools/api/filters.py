@@ -7,8 +7,8 @@ from capacity.api.strict import IsoDateTimeFilter
 from capacity.choices import SpecKind
 from tenancy.models import Project
 
-from ..choices import Isolation, PoolState, RequestState, WorkloadType
-from ..models import Allocation, GpuPool, PoolRequest
+from ..choices import BestEffortState, Isolation, PoolState, RequestState, WorkloadType
+from ..models import Allocation, BestEffortRequest, GpuPool, PoolRequest
 
 
 class ProjectFilter(filters.FilterSet):
@@ -80,3 +80,12 @@ class AllocationFilter(filters.FilterSet):
     class Meta:
         model = Allocation
         fields = ["project", "project_slug", "pool", "kind", "product", "profile_name", "cluster", "active"]
+
+
+class BestEffortRequestFilter(filters.FilterSet):
+    project = filters.NumberFilter(field_name="project_id")
+    state = filters.ChoiceFilter(choices=BestEffortState.choices)
+
+    class Meta:
+        model = BestEffortRequest
+        fields = ["project", "state"]

@@ -23,7 +23,15 @@ from tenancy.models import ApiToken, Project
 from .. import matching, offers, queue, services
 from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, PoolClusterState, WorkloadType
 from ..exceptions import SpecError
-from ..models import SHARED_NODE_NOTE, Allocation, GpuPool, PoolCluster, PoolRequest, PoolRequestTransition
+from ..models import (
+    SHARED_NODE_NOTE,
+    Allocation,
+    BestEffortRequest,
+    GpuPool,
+    PoolCluster,
+    PoolRequest,
+    PoolRequestTransition,
+)
 from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
 
 # --- Projects and members ------------------------------------------------------------------------
@@ -93,6 +101,8 @@ class QueueStateSerializer(serializers.ModelSerializer):
             "forecast_basis",
             "first_p50",
             "operator_approved_at",
+            "running_on_loan_since",
+            "first_on_loan_at",
         ]
         read_only_fields = fields
 
@@ -726,3 +736,86 @@ class LendingSerializer(serializers.Serializer):
     """Opt a pool in or out of lending its idle units (docs/queue.md, Borrowing)."""
 
     lending_enabled = serializers.BooleanField()
+
+
+class BestEffortRequestSerializer(StrictModelSerializer):
+    """A standing ask for preemptible units of a spec, served from other projects' idle units (docs/queue.md).
+
+    Never approved onto own units, never refused for shortage: it gets what idle units there are, up to
+    `count`, until its project ends it or `until` passes. Name the spec as for a pinned pool request:
+    an isolation kind, a tier, a product and (MIG) a profile. `units_held`: its open loans now.
+    """
+
+    project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.none())
+    project_slug = serializers.CharField(source="project.slug", read_only=True)
+    isolation = serializers.ChoiceField(
+        choices=[c for c in Isolation.choices if c[0] != Isolation.VGPU], required=False, write_only=True
+    )
+    tier = serializers.CharField(required=False, allow_blank=True, write_only=True, max_length=32)
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
+    spec = serializers.CharField(source="spec_label", read_only=True)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    units_held = serializers.IntegerField(read_only=True, help_text="Lent units it holds now (open loans).")
+
+    class Meta:
+        model = BestEffortRequest
+        fields = [
+            "id",
+            "project",
+            "project_slug",
+            "isolation",
+            "tier",
+            "spec_kind",
+            "product",
+            "profile_name",
+            "spec",
+            "cluster",
+            "count",
+            "until",
+            "state",
+            "units_held",
+            "requested_by",
+            "created_at",
+            "ended_at",
+            "end_reason",
+        ]
+        read_only_fields = ["spec_kind", "state", "created_at", "ended_at", "end_reason"]
+        extra_kwargs = {
+            "count": {
+                "min_value": 1,
+                "max_value": settings.POOL_REQUEST_MAX_UNITS,
+                "error_messages": {"max_value": TOO_MANY_UNITS},
+            },
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:  # projects you cannot see do not exist, to you (400), as for pool requests
+            self.fields["project"].queryset = roles.projects_for(request.user)
+
+    def validate_project(self, project: Project) -> Project:
+        if not roles.has_project_perm(self.context["request"].user, project, "request_capacity"):
+            raise exceptions.PermissionDenied("Your role in this project cannot request capacity.")
+        return project
+
+    def validate_until(self, until: dt.datetime | None) -> dt.datetime | None:
+        if until is not None and until <= timezone.now():
+            raise serializers.ValidationError("The end must be in the future.")
+        return until
+
+    def validate(self, attrs: dict) -> dict:
+        try:
+            spec = services.resolve_spec(
+                isolation=attrs.pop("isolation", ""),
+                tier=attrs.pop("tier", ""),
+                product=attrs.get("product", ""),
+                profile_name=attrs.get("profile_name", ""),
+            )
+        except SpecError as exc:
+            raise serializers.ValidationError(exc.errors) from None
+        attrs.update(spec_kind=spec.spec_kind, product=spec.product, profile_name=spec.profile_name)
+        return attrs
+
+    def create(self, validated_data: dict) -> BestEffortRequest:
+        return BestEffortRequest.objects.create(requested_by=self.context["request"].user, **validated_data)

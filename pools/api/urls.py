@@ -6,6 +6,7 @@ from . import views
 
 router.register("projects", views.ProjectViewSet, basename="project")
 router.register("pool-requests", views.PoolRequestViewSet, basename="poolrequest")
+router.register("best-effort-requests", views.BestEffortRequestViewSet, basename="besteffortrequest")
 router.register("auto-approval-policies", views.AutoApprovalPolicyViewSet, basename="autoapprovalpolicy")
 router.register("pools", views.GpuPoolViewSet, basename="gpupool")
 router.register("allocations", views.AllocationViewSet, basename="allocation")

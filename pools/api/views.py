@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch, Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, status, viewsets
@@ -29,8 +29,9 @@ from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project
 
 from .. import forecast, lending, queue, queue_order, services
+from ..choices import LoanState
 from ..exceptions import DomainError
-from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
+from ..models import Allocation, BestEffortRequest, GpuPool, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy
 from . import filters, serializers
 
@@ -232,7 +233,11 @@ class PoolRequestViewSet(
         responses={200: OpenApiResponse(description="declared, chosen, offers (ranked), rejected (with reasons)")},
     )
     @action(
-        detail=False, methods=["post"], url_path="dry-run", filterset_class=None, pagination_class=None,
+        detail=False,
+        methods=["post"],
+        url_path="dry-run",
+        filterset_class=None,
+        pagination_class=None,
         scope=Scope.SIGNED_IN,
     )
     def dry_run(self, request):
@@ -455,6 +460,56 @@ class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.Rea
         require_project_perm(request.user, pool.project_id, "request_capacity", "Your role does not allow this.")
         lending.reclaim_pool(pool)
         return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="My projects' best-effort requests (preemptible units from idle reservations)"),
+    retrieve=extend_schema(summary="One best-effort request"),
+    create=extend_schema(summary="Ask for best-effort units of a spec (project members)"),
+)
+class BestEffortRequestViewSet(
+    DomainErrorsAs409,
+    ProjectScopedQuerysetMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Best-effort borrowing without a queued request (docs/queue.md, Borrowing): members ask and end;
+    the lending beat serves open requests from other projects' idle units after the queue."""
+
+    queryset = (
+        BestEffortRequest.objects.select_related("project", "cluster", "requested_by")
+        .annotate(units_held=Count("loans", filter=~Q(loans__state=LoanState.ENDED)))
+        .order_by("-created_at", "-id")
+    )
+    serializer_class = serializers.BestEffortRequestSerializer
+    filterset_class = filters.BestEffortRequestFilter
+    ordering_fields = ["created_at", "id"]
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        created = serializer.save()
+        return Response(
+            self.get_serializer(self.get_queryset().get(pk=created.pk)).data, status=status.HTTP_201_CREATED
+        )
+
+    @extend_schema(
+        summary="End a best-effort request (project members): its lent units go back to their lenders now",
+        request=serializers.ReasonSerializer,
+        responses={200: serializers.BestEffortRequestSerializer, 409: CONFLICT},
+    )
+    @action(detail=True, methods=["post"], filterset_class=None)
+    def end(self, request, pk=None):
+        obj = self.get_object()
+        require_project_perm(request.user, obj.project_id, "request_capacity", "Your role does not allow this.")
+        body = serializers.ReasonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        reason = body.validated_data["reason"] or f"ended by {request.user.get_username()}"
+        if not lending.end_best_effort(obj, reason=reason):
+            raise Conflict(f"Best-effort request #{obj.pk} has ended already.")
+        return Response(self.get_serializer(self.get_queryset().get(pk=obj.pk)).data)
 
 
 @extend_schema_view(

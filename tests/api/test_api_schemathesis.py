@@ -65,7 +65,7 @@ def ids(project, other_project, operator, bob) -> dict[str, int]:
     from billing.models import BillingRun, RateCard, UsageRecord
     from capacity.models import DiscoveryRun, MaintenanceWindow, MigLayout, SpecAndCount, TimeSlicingPolicy
     from monitoring.models import HealthEvent, IdleReservation, Series
-    from pools.models import Allocation
+    from pools.models import Allocation, BestEffortRequest
 
     world = build_world(project, other_project)
     add_signals(world)
@@ -81,6 +81,7 @@ def ids(project, other_project, operator, bob) -> dict[str, int]:
     values = {
         "projects": project.pk,
         "pool-requests": world.pending.pk,
+        "best-effort-requests": BestEffortRequest.objects.create(project=project, product="H100-80GB").pk,
         "pools": world.pools["inference"].pk,
         "allocations": Allocation.objects.filter(project=project).order_by("pk").first().pk,
         "billing/rate-cards": getattr(RateCard.objects.order_by("pk").first(), "pk", None),

@@ -105,7 +105,7 @@ def _world_objects():
         TimeSlicingPolicy,
     )
     from monitoring.models import IdleReservation, Series, TrespassEvent
-    from pools.models import Allocation, AutoApprovalPolicy
+    from pools.models import Allocation, AutoApprovalPolicy, BestEffortRequest
     from tenancy.models import ApiToken, Project
     from tenancy.roles import operators_group, set_role
 
@@ -173,6 +173,10 @@ def _world_objects():
     objects = {  # by DRF basename or URL name: which object fills `pk` for each target
         "project": pair(team_a, team_b),
         "poolrequest": pair(world.pending, b_pool.request),
+        "besteffortrequest": pair(
+            BestEffortRequest.objects.create(project=team_a, product="H100-80GB", profile_name="3g.40gb"),
+            BestEffortRequest.objects.create(project=team_b, product="H100-80GB", profile_name="3g.40gb"),
+        ),
         "gpupool": pair(a_pool, b_pool),
         "allocation": pair(a_alloc, b_alloc),
         "apitoken": {"own": token.pk},

@@ -158,7 +158,29 @@ def test_accuracy_compares_the_first_p50_with_the_actual_start(fleet, make_reque
         )
         PoolRequest.objects.filter(pk=request.pk).update(approved_at=now + wait_h * H)
     score = forecast.accuracy()
-    assert score == {"started": 2, "mae_h": 0.5, "mean_wait_h": 3.0, "mae_ratio": 0.167, "within_p90": 1.0}
+    assert score == {
+        "started": 2,
+        "mae_h": 0.5,
+        "mean_wait_h": 3.0,
+        "mae_ratio": 0.167,
+        "within_p90": 1.0,
+        "ran_on_loan_first": 0,
+        "mean_wait_to_loan_h": None,
+    }
+
+
+def test_accuracy_scores_a_request_that_ran_on_lent_units_by_its_own_start(fleet, make_request, now):
+    """The forecast predicts the start on the request's own units: a start on lent units is reported beside it."""
+    fleet.full_node("t1", gpus=1)
+    request = make_request(count=1, wait_if_full=True, **FULL)
+    services.transition(request, "queued", None, "queued")
+    QueueEntry.objects.create(
+        request=request, queued_at=now, first_p50=now + 5 * H, first_p90=now + 9 * H, first_on_loan_at=now + 1 * H
+    )
+    PoolRequest.objects.filter(pk=request.pk).update(approved_at=now + 4 * H)
+    score = forecast.accuracy()
+    assert (score["started"], score["mae_h"], score["mean_wait_h"]) == (1, 1.0, 4.0)
+    assert (score["ran_on_loan_first"], score["mean_wait_to_loan_h"]) == (1, 1.0)
 
 
 def test_later_arrivals_of_a_higher_class_push_the_start_back(fleet, hold, make_request, other_project, charlie, now):

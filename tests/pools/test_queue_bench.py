@@ -50,6 +50,22 @@ def test_with_borrowing_the_request_starts_on_the_idle_units_and_the_lender_gets
     assert borrower.pool.released_at == START + 104 * H - dt.timedelta(seconds=120)
 
 
+def test_the_borrowers_own_approval_ends_its_loan_in_the_product():
+    """Project 2 holds the eighth GPU for 30 hours: at its release the queue approves the borrower, running on a
+    lent unit since hour 24; the approval itself ends the loan (the replay no longer does)."""
+    lender = Arrival(START, 0, "inference", 7, 100.0, False, 0.02)
+    holder = Arrival(START, 2, "inference", 1, 30.0, True, 0.5)
+    result = replay([lender, holder, BORROWER], gpus=8, days=3, policy="queue+borrowing")
+    loan = Loan.objects.get()
+    assert (loan.started_at, loan.returned_at) == (START + 24 * H, START + 30 * H)
+    assert (loan.state, loan.reason) == (LoanState.ENDED, "its own units were approved")
+    borrower = PoolRequest.objects.get(project__slug="p1")
+    assert borrower.approved_at == START + 30 * H
+    assert borrower.queue_entry.first_on_loan_at == START + 24 * H
+    assert borrower.queue_entry.running_on_loan_since is None
+    assert result["started_on_borrowed_units"] == 1
+
+
 def test_a_need_between_reconcile_ticks_waits_for_the_next_tick():
     lender = Arrival(START, 0, "inference", 8, 100.0, False, 0.02, need_back_h=30.0 + 10 / 3600)
     result = replay([lender, BORROWER], gpus=8, days=2, policy="queue+borrowing")
