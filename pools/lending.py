@@ -277,7 +277,9 @@ def end_request_loans(request: PoolRequest | BestEffortRequest, *, reason: str, 
     """End every open loan serving `request` (see end_loans). services.transition calls it, in the approval's
     (or rejection's, withdrawal's) own transaction, when a queued request leaves the queue."""
     served = "best_effort" if isinstance(request, BestEffortRequest) else "borrower_request"
-    return end_loans(Loan.objects.open().filter(**{served: request}).values_list("pk", flat=True), reason=reason, at=at)
+    ids = list(Loan.objects.open().filter(**{served: request}).values_list("pk", flat=True))
+    # Most requests leave the queue without a loan: one read, no savepoint. end_loans locks and re-checks.
+    return end_loans(ids, reason=reason, at=at) if ids else 0
 
 
 def refresh_on_loan(request_ids, *, at: datetime) -> None:
