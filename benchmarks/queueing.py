@@ -432,6 +432,7 @@ class Replay:
             mock.patch.object(services, "enqueue_deprovisioning"),
             mock.patch.object(services, "enqueue_queue_processing"),
             mock.patch("pools.tasks.reconcile_project_task.delay_on_commit"),
+            mock.patch("pools.tasks.evict_returned_loans_task.delay_on_commit"),  # no borrower pods are replayed
             mock.patch.object(lending, "reconcile"),  # the borrower's quota in Kubernetes
         ):
             while self.events and self.events[0][0] < self.end:

@@ -127,29 +127,58 @@ def set_lending(pool, enabled: bool) -> bool:
     return bool(changed)
 
 
-def _borrower_pods_to_evict(kube: KubernetesClient, loans: list[Loan]) -> list[tuple[str, str]]:
-    """Per (borrower namespace, node, resource): as many of the borrower's low-priority pods there as units
-    come back (pods of the borrowed PriorityClass only; the borrower's own units are never touched)."""
-    wanted: dict[tuple[str, str, str], int] = defaultdict(int)
-    for loan in loans:
-        wanted[(loan.borrower.namespace, loan.allocation.gpu.node.name, loan.allocation.resource_name)] += 1
+def _loan_key(loan: Loan) -> tuple[str, str, str]:
+    return (loan.borrower.namespace, loan.allocation.gpu.node.name, loan.allocation.resource_name)
+
+
+def _borrower_pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> list[tuple[str, str]]:
+    """Per (borrower namespace, node, resource) of the units coming back: the borrower's low-priority pods
+    there beyond what its other open loans on that node cover (pods of the borrowed PriorityClass only; the
+    borrower's own units are never touched). Pods are not tied to one lent device, so the count is what
+    matters: after the evictions the borrower runs on that node no more borrowed units than it still holds."""
+    if not returning:
+        return []
+    returning_ids = {loan.pk for loan in returning}
+    keys = {_loan_key(loan) for loan in returning}
+    kept: dict[tuple[str, str, str], int] = defaultdict(int)
+    others = (
+        Loan.objects.open()
+        .filter(
+            borrower__namespace__in={k[0] for k in keys},
+            allocation__gpu__node__cluster_id=returning[0].allocation.gpu.node.cluster_id,
+            allocation__gpu__node__name__in={k[1] for k in keys},
+        )
+        .exclude(pk__in=returning_ids)
+        .select_related("borrower", "allocation__gpu__node")
+    )
+    for loan in others:
+        kept[_loan_key(loan)] += 1
     chosen: list[tuple[str, str]] = []
-    for (namespace, node, resource), count in sorted(wanted.items()):
+    for namespace, node, resource in sorted(keys):
         try:
             pods = kube.list_pods_on_node(node, namespace)
         except NotFound:
             continue
-        freed = 0
+        running = []
         for pod in sorted(pods, key=lambda p: p.name):
-            if freed >= count:
-                break
-            if pod.finished or pod.priority_class != BORROWED_PRIORITY_CLASS:
-                continue
             uses = pod.requests.get(resource, 0) or (1 if pod.claims else 0)
-            if uses:
-                chosen.append((namespace, pod.name))
-                freed += uses
+            if uses and not pod.finished and pod.priority_class == BORROWED_PRIORITY_CLASS:
+                running.append((pod.name, uses))
+        excess = sum(uses for _, uses in running) - kept[(namespace, node, resource)]
+        for name, uses in running:
+            if excess <= 0:
+                break
+            chosen.append((namespace, name))
+            excess -= uses
     return chosen
+
+
+def _evict(kube: KubernetesClient, pods: list[tuple[str, str]]) -> None:
+    for namespace, name in pods:
+        try:
+            kube.evict_pod(namespace, name)
+        except NotFound:
+            pass
 
 
 def _lender_needs(kube: KubernetesClient, loans: list[Loan]) -> set[int]:
@@ -205,12 +234,8 @@ def reconcile_loans(
             for x in loans
             if x.state == LoanState.RECLAIMING and x not in gone and x.reclaim_requested_at + grace <= now
         ]
-        evicted = _borrower_pods_to_evict(kube, due) if due else []
-        for namespace, name in evicted:
-            try:
-                kube.evict_pod(namespace, name)
-            except NotFound:
-                pass
+        evicted = _borrower_pods_to_evict(kube, due)
+        _evict(kube, evicted)
         result["evicted"] = len(evicted)
     with transaction.atomic():
         for loan in due:
@@ -246,10 +271,11 @@ def end_loans(loan_ids, *, reason: str, at: datetime | None = None) -> int:
 
     Locks the open loans in primary-key order (as reconcile_loans updates them), then ends them with one
     conditional UPDATE on `open`: a loan a concurrent reclaim ended first is left as it ended. Runs in the
-    caller's transaction when there is one. The borrower's pods on the units are not evicted (see
-    docs/queue.md, What is left).
+    caller's transaction when there is one. After commit, evict_returned() takes the borrower's low-priority
+    pods off the returned units (evict_returned_loans_task): a loan that ends leaves nothing of the borrower
+    on the lender's unit, however it ended.
     """
-    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
+    from .tasks import evict_returned_loans_task, reconcile_project_task  # cycle: pools.tasks imports this module
 
     at = at or timezone.now()
     with transaction.atomic():
@@ -269,8 +295,35 @@ def end_loans(loan_ids, *, reason: str, at: datetime | None = None) -> int:
         )
         for borrower_id, cluster_id in sorted({(row[1], row[2]) for row in loans}):
             reconcile_project_task.delay_on_commit(borrower_id, cluster_id)
+        evict_returned_loans_task.delay_on_commit([row[0] for row in loans])
         refresh_on_loan([row[3] for row in loans if row[3]], at=at)
     return ended
+
+
+def evict_returned(loan_ids, *, client_factory=KubernetesClient.for_cluster) -> int:
+    """Evict the borrower's low-priority pods from the units of these ended loans, beyond what its open loans
+    on the same nodes still cover (_borrower_pods_to_evict); the pods are added to each loan's evicted_pods.
+    Idempotent: a pod already gone is skipped, and a second run finds nothing left to evict. Returns how many
+    pods were evicted. Raises KubernetesError when a cluster cannot be reached (the task retries)."""
+    loans = list(
+        Loan.objects.filter(pk__in=list(loan_ids), state=LoanState.ENDED)
+        .select_related("allocation__gpu__node__cluster", "borrower")
+        .order_by("pk")
+    )
+    by_cluster: dict[int, list[Loan]] = defaultdict(list)
+    for loan in loans:
+        by_cluster[loan.allocation.gpu.node.cluster_id].append(loan)
+    evicted_total = 0
+    for returned in by_cluster.values():
+        with client_factory(returned[0].allocation.gpu.node.cluster) as kube:
+            evicted = _borrower_pods_to_evict(kube, returned)
+            _evict(kube, evicted)
+        evicted_total += len(evicted)
+        for loan in returned:
+            pods = [name for namespace, name in evicted if namespace == loan.borrower.namespace]
+            if pods:
+                Loan.objects.filter(pk=loan.pk).update(evicted_pods=sorted({*loan.evicted_pods, *pods}))
+    return evicted_total
 
 
 def end_request_loans(request: PoolRequest | BestEffortRequest, *, reason: str, at: datetime | None = None) -> int:

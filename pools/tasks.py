@@ -10,7 +10,7 @@ from tenancy.models import Project
 
 from . import queue
 from .choices import PoolState
-from .lending import reconcile_loans
+from .lending import evict_returned, reconcile_loans
 from .models import GpuPool
 from .provisioning import deprovision_pool, provision_pool, reconcile, reconcile_provisioned
 from .services import expire_due, pools_awaiting_cleanup, sweep_provisioning
@@ -100,3 +100,13 @@ def reconcile_loans_task() -> dict[str, int]:
         except KubernetesError:
             totals["failed"] = totals.get("failed", 0) + 1  # the next beat retries
     return totals
+
+
+@shared_task(acks_late=True)
+def evict_returned_loans_task(loan_ids: list[int]) -> int:
+    """After loans ended without a reclaim (the borrower approved, withdrawn or done; a best-effort request
+    ended): evict the borrower's low-priority pods left on the returned units (pools.lending.evict_returned)."""
+    try:
+        return evict_returned(loan_ids)
+    except KubernetesError as exc:
+        raise evict_returned_loans_task.retry(exc=exc, countdown=60, max_retries=10) from None

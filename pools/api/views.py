@@ -36,6 +36,13 @@ from ..queue_models import AutoApprovalPolicy
 from . import filters, serializers
 
 
+def validated_body(request, serializer_class=serializers.ReasonSerializer) -> dict:
+    """The request body through `serializer_class`: a 400 with field messages when it does not validate."""
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
 class Conflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The object's state does not allow this."
@@ -223,9 +230,7 @@ class PoolRequestViewSet(
         return obj
 
     def _reason(self, serializer_class=serializers.ReasonSerializer) -> dict:
-        serializer = serializer_class(data=self.request.data)
-        serializer.is_valid(raise_exception=True)
-        return serializer.validated_data
+        return validated_body(self.request, serializer_class)
 
     @extend_schema(
         summary="Dry run: the offers that meet a declaration, ranked, with prices and a start forecast",
@@ -504,9 +509,7 @@ class BestEffortRequestViewSet(
     def end(self, request, pk=None):
         obj = self.get_object()
         require_project_perm(request.user, obj.project_id, "request_capacity", "Your role does not allow this.")
-        body = serializers.ReasonSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        reason = body.validated_data["reason"] or f"ended by {request.user.get_username()}"
+        reason = validated_body(request)["reason"] or f"ended by {request.user.get_username()}"
         if not lending.end_best_effort(obj, reason=reason):
             raise Conflict(f"Best-effort request #{obj.pk} has ended already.")
         return Response(self.get_serializer(self.get_queryset().get(pk=obj.pk)).data)

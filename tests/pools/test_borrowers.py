@@ -9,6 +9,7 @@ from decimal import Decimal
 from unittest import mock
 
 import pytest
+from celery.exceptions import Retry
 from conftest import kube_for
 from django.urls import reverse
 from django.utils import timezone
@@ -16,7 +17,7 @@ from test_lending import MIG, NODE, create_pod, pod
 
 from billing import services as billing
 from billing.choices import LineType
-from capacity.adapters.kubernetes import NotFound
+from capacity.adapters.kubernetes import KubernetesError, NotFound
 from monitoring.models import IdleReservation
 from monitoring.services.lending import lend_idle
 from pools import lending, queue, services
@@ -24,7 +25,7 @@ from pools.choices import LoanState, RequestState
 from pools.exceptions import LendingRefused
 from pools.models import Allocation, AutoApprovalPolicy, Loan, PoolRequest, QueueEntry
 from pools.provisioning import BORROWED_QUOTA
-from pools.tasks import provision_pool_task, reconcile_project_task
+from pools.tasks import evict_returned_loans_task, provision_pool_task, reconcile_project_task
 
 pytestmark = pytest.mark.django_db
 H = dt.timedelta(hours=1)
@@ -217,3 +218,54 @@ def test_the_admin_queue_filters_requests_running_on_lent_units(
     assert list(client.get(url, {"on_loan": "no"}).context["cl"].result_list) == []
     assert client.get(reverse("admin:pools_besteffortrequest_changelist")).status_code == 200
     assert client.get(reverse("admin:pools_loan_changelist")).status_code == 200
+
+
+def _cancel(request, operator):
+    queue.cancel(request, actor=operator, reason="duplicate")
+
+
+def _approve(request, operator):
+    services.approve(request, actor=operator)
+
+
+@pytest.mark.parametrize("leave", [_cancel, _approve])
+def test_a_loan_ended_without_a_reclaim_takes_the_borrowers_pods_off_the_lenders_unit(
+    sim, lender, borrower, operator, leave, django_capture_on_commit_callbacks
+):
+    """However a loan ends (here its request leaves the queue, approved or cancelled), the borrower's low-priority
+    pods do not stay on the lender's unit: the lender's next need would find no loan to reclaim."""
+    pool, units = lender
+    lend_now(units, timezone.now() - H, django_capture_on_commit_callbacks)
+    create_pod(sim, "team-b", "borrower", borrowed=True)
+    assert pod(sim, "team-b", "borrower")["status"]["phase"] == "Running"
+    loan = Loan.objects.get()
+    with mock.patch("pools.tasks.evict_returned_loans_task.delay_on_commit") as enqueued:
+        leave(borrower, operator)
+    enqueued.assert_called_once_with([loan.pk])
+    assert evict_returned_loans_task([loan.pk]) == 1  # as the worker runs it
+    assert pod(sim, "team-b", "borrower") is None
+    loan.refresh_from_db()
+    assert (loan.state, loan.evicted_pods) == (LoanState.ENDED, ["borrower"])
+    assert evict_returned_loans_task([loan.pk]) == 0  # idempotent: nothing left
+
+
+def test_only_the_pods_beyond_the_borrowers_other_open_loans_on_the_node_are_evicted(
+    sim, lender, borrower, other_project, django_capture_on_commit_callbacks
+):
+    pool, units = lender
+    with django_capture_on_commit_callbacks():
+        first = lending.lend(units[0], other_project, request=borrower)
+        lending.lend(units[1], other_project)  # a second loan to team-b on the same node stays open
+    assert reconcile_project_task(other_project.pk, pool.cluster_id) is True
+    for name in ("b-0", "b-1"):
+        create_pod(sim, "team-b", name, borrowed=True)
+        assert pod(sim, "team-b", name)["status"]["phase"] == "Running"
+    assert lending.end_loan(first, reason="done")
+    assert evict_returned_loans_task([first.pk]) == 1
+    assert [pod(sim, "team-b", n) is None for n in ("b-0", "b-1")] == [True, False]
+
+
+def test_the_eviction_task_retries_when_the_cluster_cannot_be_reached():
+    with mock.patch("pools.tasks.evict_returned", side_effect=KubernetesError("unreachable")):
+        with pytest.raises(Retry):
+            evict_returned_loans_task.apply(args=([1],), throw=True).get()
