@@ -356,9 +356,13 @@ class Units:
         return taken
 
     def give(self, nodes: tuple[tuple[int, int], ...]) -> None:
+        new = False
         for node, k in nodes:
+            new = new or node not in self.free
             self.free[node] = self.free.get(node, 0) + k
             self.total += k
+        if new:  # keep the first-fit order: by node id, as approval takes them
+            self.free = dict(sorted(self.free.items()))
 
     def fits(self, count: int) -> bool:
         if self.per_node and count > 1:

@@ -7,7 +7,7 @@ from datetime import datetime
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from capacity.choices import SpecKind
@@ -99,6 +99,10 @@ class Loan(models.Model):
 class BestEffortRequestQuerySet(models.QuerySet):
     def open(self):
         return self.filter(state=BestEffortState.OPEN)
+
+    def with_units_held(self):
+        """`units_held`: its open loans (lent, or in their grace period) now."""
+        return self.annotate(units_held=Count("loans", filter=~Q(loans__state=LoanState.ENDED)))
 
     def servable(self, at: datetime):
         """Open requests whose `until` has not come: lend_idle serves these, oldest first."""

@@ -79,6 +79,7 @@ def _overview(request, scope, project=None):
             "projects": projects.visible_projects(request.user) if project is None else [project],
             "pools": projects.pool_cards(projects.held_pools(scope)),
             "requests": projects.recent_requests(scope),
+            "best_effort": projects.best_effort_requests(scope),
             "profiles": projects.profile_distribution(Allocation.objects.filter(project__in=scope)),
             "costs": table_rows(sources.month_costs(project_ids)),
             "trespass": table_rows(sources.trespass_events(project_ids)),

@@ -11,7 +11,7 @@ from collections import defaultdict
 from django.db.models import Count, Exists, OuterRef, Q
 
 from capacity.choices import SpecKind
-from pools.models import Allocation, GpuPool, PoolRequest
+from pools.models import Allocation, BestEffortRequest, GpuPool, PoolRequest
 from tenancy.models import Project
 from tenancy.roles import projects_for
 
@@ -81,6 +81,16 @@ def recent_requests(projects) -> list[PoolRequest]:
         PoolRequest.objects.filter(project__in=projects)
         .select_related("project", "queue_entry")
         .order_by("-created_at", "-id")[:REQUESTS_SHOWN]
+    )
+
+
+def best_effort_requests(projects) -> list[BestEffortRequest]:
+    """The projects' best-effort requests, open ones first, with the lent units each holds now."""
+    return list(
+        BestEffortRequest.objects.filter(project__in=projects)
+        .select_related("project")
+        .with_units_held()
+        .order_by("-state", "-created_at", "-id")[:REQUESTS_SHOWN]  # "open" sorts before "ended" descending
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, status, viewsets
@@ -29,7 +29,6 @@ from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project
 
 from .. import forecast, lending, queue, queue_order, services
-from ..choices import LoanState
 from ..exceptions import DomainError
 from ..models import Allocation, BestEffortRequest, GpuPool, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy
@@ -485,7 +484,7 @@ class BestEffortRequestViewSet(
 
     queryset = (
         BestEffortRequest.objects.select_related("project", "cluster", "requested_by")
-        .annotate(units_held=Count("loans", filter=~Q(loans__state=LoanState.ENDED)))
+        .with_units_held()
         .order_by("-created_at", "-id")
     )
     serializer_class = serializers.BestEffortRequestSerializer
