@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile
 
 # Development targets run with DEBUG=1 (production defaults are safe: DEBUG off needs SECRET_KEY etc.).

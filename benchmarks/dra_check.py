@@ -59,9 +59,13 @@ MEMBER = "alice"  # a project member: may create pods, claims and templates in t
 
 
 def _pod(name: str, claim_ref: dict) -> dict:
-    return {"metadata": {"name": name}, "spec": {
-        "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
-        "resourceClaims": [{"name": "gpu", **claim_ref}]}}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", **claim_ref}],
+        },
+    }
 
 
 def _device_uuids(cluster) -> dict[tuple[str, str], str]:
@@ -80,8 +84,11 @@ def _allocated(cluster, namespace: str, pod: dict, uuids: dict[tuple[str, str], 
     found = []
     for name in names:
         claim = cluster.resourceclaims.get((namespace, name))
-        results = (((claim.obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-            "results") or () if claim else ()
+        results = (
+            (((claim.obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ()
+            if claim
+            else ()
+        )
         found.extend(uuids[(r["pool"], r["device"])] for r in results)
     return found
 
@@ -110,11 +117,23 @@ def _world(nodes: int, projects: int, seed: int, workdir: Path, admission_policy
             project = Project.objects.create(name=slug, slug=slug, namespace=f"dra-p{seed}-{i}")
             wanted = [("3g.40gb", per_project)] + ([("", 1)] if i % 2 == 0 else [])
             for profile, count in wanted:
-                spec = services.resolve_spec(product="H100-80GB", profile_name=profile) if profile else (
-                    services.resolve_spec(product="H100-80GB", isolation="full"))
+                spec = (
+                    services.resolve_spec(product="H100-80GB", profile_name=profile)
+                    if profile
+                    else (services.resolve_spec(product="H100-80GB", isolation="full"))
+                )
                 request = services.create_request(
-                    project, actor=operator, submit=True, count=count, cluster=cluster, isolation=spec.isolation,
-                    tier=spec.tier, spec_kind=spec.spec_kind, product=spec.product, profile_name=spec.profile_name)
+                    project,
+                    actor=operator,
+                    submit=True,
+                    count=count,
+                    cluster=cluster,
+                    isolation=spec.isolation,
+                    tier=spec.tier,
+                    spec_kind=spec.spec_kind,
+                    product=spec.product,
+                    profile_name=spec.profile_name,
+                )
                 pools.setdefault(project.pk, []).append(services.approve(request, actor=operator))
     for project_pools in pools.values():
         for pool in project_pools:
@@ -123,8 +142,9 @@ def _world(nodes: int, projects: int, seed: int, workdir: Path, admission_policy
     return state, server, cluster, pools
 
 
-def measure_dra_wrong_device(nodes: int = 20, projects: int = 5, seed: int = 15, *, rounds: int = 6,
-                             admission_policy: bool = True) -> dict:
+def measure_dra_wrong_device(
+    nodes: int = 20, projects: int = 5, seed: int = 15, *, rounds: int = 6, admission_policy: bool = True
+) -> dict:
     """Build a DRA fleet, provision pools for `projects` projects, run a seeded churn of pods; see the module doc."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
@@ -135,8 +155,9 @@ def measure_dra_wrong_device(nodes: int = 20, projects: int = 5, seed: int = 15,
             server.stop()
 
 
-def _churn(state, cluster_row: Cluster, pools: dict[int, list[GpuPool]], seed: int, rounds: int,
-           started: float) -> dict:
+def _churn(
+    state, cluster_row: Cluster, pools: dict[int, list[GpuPool]], seed: int, rounds: int, started: float
+) -> dict:
     rng = random.Random(seed)
     sim = state.cluster("dra")
     api = ClusterApi(sim, user=MEMBER)  # a project member's kubectl
@@ -154,9 +175,16 @@ def _churn(state, cluster_row: Cluster, pools: dict[int, list[GpuPool]], seed: i
     kinds: dict[tuple[str, str], str] = {}
     counts = {"pods_created": 0, "own": 0, "foreign_template": 0, "forged": 0, "forged_refused": 0, "deleted": 0}
     # Distinct pods (devices, for double_allocated) seen breaking each rule at any check.
-    checks: dict[str, set] = {name: set() for name in (
-        "dra_wrong_device", "cross_project_via_template", "double_allocated", "forged_obtained_foreign",
-        "foreign_template_scheduled")}
+    checks: dict[str, set] = {
+        name: set()
+        for name in (
+            "dra_wrong_device",
+            "cross_project_via_template",
+            "double_allocated",
+            "forged_obtained_foreign",
+            "foreign_template_scheduled",
+        )
+    }
     serial = 0
     churn_started = time.perf_counter()
     project_ids = sorted(pools)
@@ -182,24 +210,44 @@ def _churn(state, cluster_row: Cluster, pools: dict[int, list[GpuPool]], seed: i
                         target = rng.choice([u for u, p in owned.items() if p != project_id] or list(owned))
                         forged = f"forged-{serial}"
                         as_template = rng.random() < 0.5
-                        spec = {"devices": {"requests": [{"name": "gpu", "exactly": {
-                            "deviceClassName": "mig.nvidia.com" if target.startswith("MIG-") else "gpu.nvidia.com",
-                            "selectors": [{"cel": {"expression": f"{UUID} == '{target}'"}}]}}]}}
+                        spec = {
+                            "devices": {
+                                "requests": [
+                                    {
+                                        "name": "gpu",
+                                        "exactly": {
+                                            "deviceClassName": "mig.nvidia.com"
+                                            if target.startswith("MIG-")
+                                            else "gpu.nvidia.com",
+                                            "selectors": [{"cel": {"expression": f"{UUID} == '{target}'"}}],
+                                        },
+                                    }
+                                ]
+                            }
+                        }
                         counts["forged"] += 1
                         try:
                             if as_template:
-                                api.create("resourceclaimtemplates", namespace,
-                                           {"metadata": {"name": forged}, "spec": {"spec": spec}})
+                                api.create(
+                                    "resourceclaimtemplates",
+                                    namespace,
+                                    {"metadata": {"name": forged}, "spec": {"spec": spec}},
+                                )
                             else:
                                 api.create("resourceclaims", namespace, {"metadata": {"name": forged}, "spec": spec})
                         except ApiError as exc:
                             if exc.code != 403 or "ValidatingAdmissionPolicy" not in exc.message:
-                                raise RuntimeError(f"forged {'template' if as_template else 'claim'} refused for "
-                                                   f"another reason: {exc.message}") from None
+                                raise RuntimeError(
+                                    f"forged {'template' if as_template else 'claim'} refused for "
+                                    f"another reason: {exc.message}"
+                                ) from None
                             counts["forged_refused"] += 1
                             continue
-                        api.create("pods", namespace, _pod(name, {"resourceClaimTemplateName" if as_template else
-                                                                  "resourceClaimName": forged}))
+                        api.create(
+                            "pods",
+                            namespace,
+                            _pod(name, {"resourceClaimTemplateName" if as_template else "resourceClaimName": forged}),
+                        )
                         admitted[key], kinds[key] = {target}, "forged"
                     counts["pods_created"] += 1
                     if kinds[key] != "forged":
@@ -262,8 +310,8 @@ def _attribution(sim, cluster_row: Cluster, admitted, owned) -> int:
         raise RuntimeError("discovery after the churn failed")
     rows = {}
     for pod_name, namespace, project_id, mig, gpu in WorkloadProfile.objects.filter(
-            cluster=cluster_row, ended_at__isnull=True).values_list(
-            "pod_name", "namespace", "project_id", "mig_instance__uuid", "gpu__uuid"):
+        cluster=cluster_row, ended_at__isnull=True
+    ).values_list("pod_name", "namespace", "project_id", "mig_instance__uuid", "gpu__uuid"):
         rows.setdefault((namespace, pod_name), []).append((project_id, mig or gpu))
     projects = dict(Project.objects.filter(namespace__in={k[0] for k in admitted}).values_list("namespace", "pk"))
     errors = 0
@@ -289,13 +337,21 @@ def _attribution(sim, cluster_row: Cluster, admitted, owned) -> int:
         arg("--projects", type=int, default=5),
         arg("--seed", type=int, default=15),
         arg("--rounds", type=int, default=6),
-        arg("--without-admission-policy", action="store_true",
-            help="a cluster without deploy/admission-policy.yaml: forged claims are admitted"),
+        arg(
+            "--without-admission-policy",
+            action="store_true",
+            help="a cluster without deploy/admission-policy.yaml: forged claims are admitted",
+        ),
     ],
 )
-def run_dra_bench(*, nodes: int, projects: int, seed: int, rounds: int, without_admission_policy: bool = False,
-                  **_options) -> dict:
+def run_dra_bench(
+    *, nodes: int, projects: int, seed: int, rounds: int, without_admission_policy: bool = False, **_options
+) -> dict:
     with bench_database():
-        return {"benchmark": "dra", "admission_policy": not without_admission_policy,
-                **measure_dra_wrong_device(nodes, projects, seed, rounds=rounds,
-                                           admission_policy=not without_admission_policy)}
+        return {
+            "benchmark": "dra",
+            "admission_policy": not without_admission_policy,
+            **measure_dra_wrong_device(
+                nodes, projects, seed, rounds=rounds, admission_policy=not without_admission_policy
+            ),
+        }

@@ -461,6 +461,7 @@ def every(seconds: int, task: str) -> dict:
     """A beat entry that runs `task` every `seconds` and expires after one period (no backlog piles up)."""
     return {"task": task, "schedule": timedelta(seconds=seconds), "options": {"expires": seconds}}
 
+
 # --- Borrowing idle reservations (docs/queue.md, Borrowing) -----------------------------------------
 # A unit idle (monitoring's detector) for at least this long may be lent to another project's queued request.
 LENDING_IDLE_H = env_int("LENDING_IDLE_H", 24, minimum=1)

@@ -125,8 +125,13 @@ class Supervisor:
                 self.log(f"supervisor: {program.name} restarted (pid {program.proc.pid}, restart {program.restarts})")
         self.write_status()
 
-    def run(self, *, tick: float = 1.0, until: Callable[[], bool] = lambda: False,
-            every_tick: Callable[[], None] | None = None) -> None:
+    def run(
+        self,
+        *,
+        tick: float = 1.0,
+        until: Callable[[], bool] = lambda: False,
+        every_tick: Callable[[], None] | None = None,
+    ) -> None:
         """Poll every `tick` seconds until `until()` is true (or KeyboardInterrupt); does not stop children."""
         while not until():
             self.poll()

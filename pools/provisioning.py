@@ -167,15 +167,23 @@ def uuid_selector(uuids: list[str]) -> str:
 def claim_template_spec(kind: str, uuids: list[str]) -> dict:
     """ResourceClaimTemplate.spec: one request of exactly one device of the kind's class, among `uuids`.
     allocationMode and count are written as the API server defaults them, so a read-back compares equal."""
-    return {"spec": {"devices": {"requests": [{
-        "name": "gpu" if kind == SpecKind.FULL else "mig",
-        "exactly": {
-            "deviceClassName": DRA_CLASS[kind],
-            "selectors": [{"cel": {"expression": uuid_selector(uuids)}}],
-            "allocationMode": "ExactCount",
-            "count": 1,
-        },
-    }]}}}
+    return {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu" if kind == SpecKind.FULL else "mig",
+                        "exactly": {
+                            "deviceClassName": DRA_CLASS[kind],
+                            "selectors": [{"cel": {"expression": uuid_selector(uuids)}}],
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                        },
+                    }
+                ]
+            }
+        }
+    }
 
 
 def desired_state(project: Project, cluster: Cluster) -> Desired:
@@ -199,8 +207,15 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     granted: Counter = Counter()
     # A pool across clusters (PoolCluster): only its units on this cluster count here.
     rows = Allocation.objects.filter(pool_id__in=[p.pk for p in pools], gpu__node__cluster=cluster).values_list(
-        "pool_id", "gpu__node__name", "gpu__node_id", "resource_name", "released_at", "kind", "profile_name",
-        "gpu__uuid", "mig_instance__uuid",
+        "pool_id",
+        "gpu__node__name",
+        "gpu__node_id",
+        "resource_name",
+        "released_at",
+        "kind",
+        "profile_name",
+        "gpu__uuid",
+        "mig_instance__uuid",
     )
     node_ids: set[int] = set()
     units: dict[tuple[int, str, str], list[str]] = defaultdict(list)  # (pool, kind, profile) -> device uuids
@@ -275,8 +290,15 @@ def _borrowed_units(project, cluster, desired: Desired, granted: Counter, units:
     the lent UUID; under the device plugin the quota counts it and the node carries the project label.
     """
     rows = Loan.objects.filter(borrower=project, allocation__gpu__node__cluster=cluster).values_list(
-        "pk", "state", "lender_pool_id", "allocation__gpu__node__name", "allocation__gpu__node_id",
-        "allocation__resource_name", "allocation__kind", "allocation__gpu__uuid", "allocation__mig_instance__uuid",
+        "pk",
+        "state",
+        "lender_pool_id",
+        "allocation__gpu__node__name",
+        "allocation__gpu__node_id",
+        "allocation__resource_name",
+        "allocation__kind",
+        "allocation__gpu__uuid",
+        "allocation__mig_instance__uuid",
     )
     borrowed_nodes: set[str] = set()
     lent_nodes: set[str] = set()
@@ -308,7 +330,9 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
         )
         if desired.borrowed:
             kube.ensure_priority_class(
-                BORROWED_PRIORITY_CLASS, BORROWED_PRIORITY, labels=MANAGED_BY,
+                BORROWED_PRIORITY_CLASS,
+                BORROWED_PRIORITY,
+                labels=MANAGED_BY,
                 description="gpuaas: pods on borrowed (lent, preemptible) GPU units; evicted when the lender reclaims.",
             )
         for name, hard in desired.quotas.items():

@@ -40,8 +40,10 @@ def _admitted(plural: str, user: str, obj: dict) -> bool:
     return (
         user == CLAIM_CONTROLLER
         and POD_CLAIM_NAME_ANNOTATION in (meta.get("annotations") or {})
-        and any(o.get("apiVersion") == "v1" and o.get("kind") == "Pod" and o.get("controller")
-                for o in meta.get("ownerReferences") or ())
+        and any(
+            o.get("apiVersion") == "v1" and o.get("kind") == "Pod" and o.get("controller")
+            for o in meta.get("ownerReferences") or ()
+        )
     )
 
 
@@ -56,6 +58,8 @@ def admit(cluster, user: str, operation: str, plural: str, namespace: str | None
     if any(labels.get(k) != v for k, v in NAMESPACE_LABELS.items()) or _admitted(plural, user, obj):
         return
     name = (obj.get("metadata") or {}).get("name") or ""
-    message = (f'{plural}.{GROUP} "{name}" is forbidden: ValidatingAdmissionPolicy \'{POLICY}\' with binding '
-               f"'{BINDING}' denied request: {MESSAGES[plural]}")
+    message = (
+        f"{plural}.{GROUP} \"{name}\" is forbidden: ValidatingAdmissionPolicy '{POLICY}' with binding "
+        f"'{BINDING}' denied request: {MESSAGES[plural]}"
+    )
     raise ApiError(403, "Forbidden", message, {"name": name, "group": GROUP, "kind": plural})

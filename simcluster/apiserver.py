@@ -44,26 +44,42 @@ _DRA_NAMESPACED = ("resourceclaims", "resourceclaimtemplates")
 _DRA_CLUSTER = ("resourceslices", "deviceclasses")
 SCHEDULING_GROUP = "scheduling.k8s.io"
 _REASONS = {
-    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
-    409: "Conflict", 410: "Expired", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
-    503: "ServiceUnavailable", 504: "Timeout",
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
 }
 
 
 def _fault_error(fault) -> kube.ApiError:
     status = fault.status
     if status == 429:
-        return kube.ApiError(429, "TooManyRequests", "Too many requests, please try again later.",
-                             {"retryAfterSeconds": fault.retry_after},
-                             headers={"Retry-After": str(fault.retry_after)})
+        return kube.ApiError(
+            429,
+            "TooManyRequests",
+            "Too many requests, please try again later.",
+            {"retryAfterSeconds": fault.retry_after},
+            headers={"Retry-After": str(fault.retry_after)},
+        )
     if status == 500:
-        return kube.ApiError(500, "InternalError", "Internal error occurred: simulated fault",
-                             {"causes": [{"message": "simulated fault"}]})
+        return kube.ApiError(
+            500,
+            "InternalError",
+            "Internal error occurred: simulated fault",
+            {"causes": [{"message": "simulated fault"}]},
+        )
     if status == 504:
         return kube.ApiError(504, "Timeout", "Timeout: request did not complete within the allotted timeout")
     headers = {"Retry-After": str(fault.retry_after)} if status == 503 else None
-    return kube.ApiError(status, _REASONS.get(status, "InternalError"), f"simulated fault ({status})",
-                         headers=headers)
+    return kube.ApiError(status, _REASONS.get(status, "InternalError"), f"simulated fault ({status})", headers=headers)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -117,8 +133,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             return json.loads(self._raw_body)
         except ValueError:
-            raise kube.bad_request("the body of the request was in an unknown format - accepted media types "
-                                   "include: application/json, application/yaml") from None
+            raise kube.bad_request(
+                "the body of the request was in an unknown format - accepted media types "
+                "include: application/json, application/yaml"
+            ) from None
 
     def _dispatch(self, method: str) -> None:
         # Read the whole body first: an early error answer must not leave bytes on a keep-alive connection.
@@ -149,7 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
         cluster = srv.state.cluster(cluster_name)
         query = parse_qs(parts.query)
         if path.startswith("/sim/v1/"):
-            self._sim(method, cluster, path[len("/sim/v1"):], query)
+            self._sim(method, cluster, path[len("/sim/v1") :], query)
             return
         if path.startswith("/api") or path.startswith("/apis"):
             rbac.authorize(cluster.state.api, rbac.access_of(method, path, query), self.headers.get("User-Agent", ""))
@@ -183,8 +201,10 @@ class _Handler(BaseHTTPRequestHandler):
         if segments[:3] == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
             self._dra(method, api, segments[3:], query)
             return
-        if segments[:3] == ["apis", SCHEDULING_GROUP, "v1"] and len(segments) in (4, 5) and (
-            segments[3] == "priorityclasses"
+        if (
+            segments[:3] == ["apis", SCHEDULING_GROUP, "v1"]
+            and len(segments) in (4, 5)
+            and (segments[3] == "priorityclasses")
         ):
             self._resource(method, api, "priorityclasses", None, segments[4] if len(segments) == 5 else None, query)
             return
@@ -200,8 +220,9 @@ class _Handler(BaseHTTPRequestHandler):
                 raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
             if sub == "eviction":
                 if method != "POST":
-                    raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                        "requested resource")
+                    raise kube.ApiError(
+                        405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                    )
                 body = self._body()
                 with cluster.state.lock:
                     code, payload = api.evict(namespace, name, body)
@@ -211,8 +232,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if len(rest) == 1 and rest[0] in _NAMESPACED:
             if method != "GET":
-                raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                    "requested resource")
+                raise kube.ApiError(
+                    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                )
             self._resource(method, api, rest[0], None, None, query)
             return
         if rest and rest[0] in ("nodes", "namespaces") and len(rest) <= 2:
@@ -229,8 +251,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if len(rest) == 1 and rest[0] in _DRA_NAMESPACED:
             if method != "GET":
-                raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                    "requested resource")
+                raise kube.ApiError(
+                    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                )
             self._resource(method, api, rest[0], None, None, query)
             return
         if rest and rest[0] in _DRA_CLUSTER and len(rest) <= 2:
@@ -238,8 +261,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         raise not_found
 
-    def _resource(self, method: str, api: kube.ClusterApi, plural: str, namespace: str | None, name: str | None,
-                  query: dict) -> None:
+    def _resource(
+        self, method: str, api: kube.ClusterApi, plural: str, namespace: str | None, name: str | None, query: dict
+    ) -> None:
         lock = api.cluster.state.lock
         if name is None:
             if method == "GET":
@@ -257,8 +281,9 @@ class _Handler(BaseHTTPRequestHandler):
                     code, body = api.create(plural, namespace, payload)
                 self._send(code, body)
                 return
-            raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
-                                "resource")
+            raise kube.ApiError(
+                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+            )
         if method == "GET":
             with lock:
                 body = api.get(plural, namespace, name)
@@ -275,8 +300,9 @@ class _Handler(BaseHTTPRequestHandler):
             with lock:
                 body = api.delete(plural, namespace, name, grace)
         else:
-            raise kube.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
-                                "resource")
+            raise kube.ApiError(
+                405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+            )
         self._send(200, body)
 
     def _watch(self, api: kube.ClusterApi, plural: str, namespace: str | None, params: kube.ListParams) -> None:
@@ -386,8 +412,14 @@ class _Handler(BaseHTTPRequestHandler):
                         op, args = spec.get("op"), spec.get("args") or {}
                         if op == "events":
                             masks = {int(k): int(v) for k, v in (args.get("masks") or {}).items()}
-                            events = driver.wait_events(state, cluster.name, node_name, int(args.get("after", 0)),
-                                                        masks, min(float(args.get("timeout_s", 0)), 60.0))
+                            events = driver.wait_events(
+                                state,
+                                cluster.name,
+                                node_name,
+                                int(args.get("after", 0)),
+                                masks,
+                                min(float(args.get("timeout_s", 0)), 60.0),
+                            )
                             self._send_json(200, {"events": events})
                         else:
                             self._send_json(200, driver.nvml_op(state, cluster.name, node_name, str(op), args))
@@ -433,39 +465,85 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
     if segments == ["version"]:
         version = cluster.settings.kubernetes_version
         major, minor = version.lstrip("v").split(".")[:2]
-        return {"major": major, "minor": minor, "gitVersion": version,
-                "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
-                "buildDate": "2024-12-10T00:00:00Z", "goVersion": "go1.22.9", "compiler": "gc",
-                "platform": "linux/amd64"}
+        return {
+            "major": major,
+            "minor": minor,
+            "gitVersion": version,
+            "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean",
+            "buildDate": "2024-12-10T00:00:00Z",
+            "goVersion": "go1.22.9",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
     if segments == ["api"]:
-        return {"kind": "APIVersions", "versions": ["v1"],
-                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]}
-    dra_group = {"name": dra.GROUP, "versions": [{"groupVersion": dra.API_VERSION, "version": "v1"}],
-                 "preferredVersion": {"groupVersion": dra.API_VERSION, "version": "v1"}}
-    scheduling_group = {"name": SCHEDULING_GROUP, "versions": [{"groupVersion": f"{SCHEDULING_GROUP}/v1",
-                        "version": "v1"}], "preferredVersion": {"groupVersion": f"{SCHEDULING_GROUP}/v1",
-                                                                "version": "v1"}}
+        return {
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}],
+        }
+    dra_group = {
+        "name": dra.GROUP,
+        "versions": [{"groupVersion": dra.API_VERSION, "version": "v1"}],
+        "preferredVersion": {"groupVersion": dra.API_VERSION, "version": "v1"},
+    }
+    scheduling_group = {
+        "name": SCHEDULING_GROUP,
+        "versions": [{"groupVersion": f"{SCHEDULING_GROUP}/v1", "version": "v1"}],
+        "preferredVersion": {"groupVersion": f"{SCHEDULING_GROUP}/v1", "version": "v1"},
+    }
     if segments == ["apis"]:
         # policy/v1 is served only as the pods/eviction subresource, so no group is listed for it.
-        return {"kind": "APIGroupList", "apiVersion": "v1",
-                "groups": [scheduling_group, *([dra_group] if cluster.settings.dra else [])]}
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [scheduling_group, *([dra_group] if cluster.settings.dra else [])],
+        }
     if segments == ["apis", SCHEDULING_GROUP]:
         return {"kind": "APIGroup", "apiVersion": "v1", **scheduling_group}
     if segments == ["apis", SCHEDULING_GROUP, "v1"]:
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{SCHEDULING_GROUP}/v1",
-                "resources": [{"name": "priorityclasses", "singularName": "priorityclass", "namespaced": False,
-                               "kind": "PriorityClass", "verbs": _READ_WRITE}]}
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{SCHEDULING_GROUP}/v1",
+            "resources": [
+                {
+                    "name": "priorityclasses",
+                    "singularName": "priorityclass",
+                    "namespaced": False,
+                    "kind": "PriorityClass",
+                    "verbs": _READ_WRITE,
+                }
+            ],
+        }
     if segments == ["apis", dra.GROUP] and cluster.settings.dra:
         return {"kind": "APIGroup", "apiVersion": "v1", **dra_group}
     if segments == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": dra.API_VERSION, "resources": [
-            {"name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind, "verbs": verbs}
-            for name, kind, namespaced, verbs in _DRA_RESOURCES]}
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": dra.API_VERSION,
+            "resources": [
+                {"name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind, "verbs": verbs}
+                for name, kind, namespaced, verbs in _DRA_RESOURCES
+            ],
+        }
     if segments == ["api", "v1"]:
-        return {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-            {"name": name, "singularName": "" if "/" in name else kind.lower(), "namespaced": namespaced,
-             "kind": kind, "verbs": verbs, **({"group": "policy", "version": "v1"} if "/" in name else {})}
-            for name, kind, namespaced, verbs in _RESOURCES]}
+        return {
+            "kind": "APIResourceList",
+            "groupVersion": "v1",
+            "resources": [
+                {
+                    "name": name,
+                    "singularName": "" if "/" in name else kind.lower(),
+                    "namespaced": namespaced,
+                    "kind": kind,
+                    "verbs": verbs,
+                    **({"group": "policy", "version": "v1"} if "/" in name else {}),
+                }
+                for name, kind, namespaced, verbs in _RESOURCES
+            ],
+        }
     return None
 
 
@@ -475,13 +553,19 @@ def _node_info(node) -> dict:
         "mig_strategy": node.mig_strategy,
         "mig_job": node.mig_job.config if node.mig_job else None,
         "mig_message": node.mig_message,
-        "sharing": None if node.sharing is None else {
-            "strategy": node.sharing.strategy, "replicas": node.sharing.replicas,
-            "renameByDefault": node.sharing.rename_by_default},
+        "sharing": None
+        if node.sharing is None
+        else {
+            "strategy": node.sharing.strategy,
+            "replicas": node.sharing.replicas,
+            "renameByDefault": node.sharing.rename_by_default,
+        },
         "devices": node.devices,
         "assigned": {k: "/".join(v) for k, v in node.assigned.items()},
-        "gpus": [{"index": g.index, "uuid": g.uuid, "lost": g.lost, "mig": g.mig_current, "layout": g.layout()}
-                 for g in node.gpus],
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "lost": g.lost, "mig": g.mig_current, "layout": g.layout()}
+            for g in node.gpus
+        ],
     }
 
 
@@ -510,8 +594,16 @@ class SimServer:
     `tick_interval`: advance simulated time with the wall clock every so many seconds.
     """
 
-    def __init__(self, state: SimState, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
-                 tick_interval: float | None = None, verbose: bool = False):
+    def __init__(
+        self,
+        state: SimState,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str | None = None,
+        tick_interval: float | None = None,
+        verbose: bool = False,
+    ):
         self.state = state
         self.host = host
         self.port = port
@@ -528,8 +620,12 @@ class SimServer:
             raise RuntimeError("already started")
         self._httpd = _Server((self.host, self.port), self.state, self.token, self.verbose, self)
         self.port = self._httpd.server_address[1]
-        serve = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                 name=f"simcluster-http-{self.port}", daemon=True)
+        serve = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"simcluster-http-{self.port}",
+            daemon=True,
+        )
         background = threading.Thread(target=self._background, name=f"simcluster-bg-{self.port}", daemon=True)
         self._threads = [serve, background]
         for thread in self._threads:
@@ -595,8 +691,9 @@ class SimServer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         return {
-            name: write_kubeconfig(directory / f"{name}.kubeconfig", self.cluster_url(name), name=name,
-                                   token=self.token or token)
+            name: write_kubeconfig(
+                directory / f"{name}.kubeconfig", self.cluster_url(name), name=name, token=self.token or token
+            )
             for name in self.state.clusters
         }
 

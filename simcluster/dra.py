@@ -60,8 +60,10 @@ class CelError(ValueError):
     """An expression outside the subset, or malformed: the object that carries it is refused."""
 
 
-_TOKEN = re.compile(r"""\s*(?:(?P<str>'[^'\\]*'|"[^"\\]*")|(?P<num>-?\d+)|(?P<op>==|!=|&&|\|\||[!\[\]().,])"""
-                    r"""|(?P<name>[A-Za-z_][A-Za-z0-9_]*))""")
+_TOKEN = re.compile(
+    r"""\s*(?:(?P<str>'[^'\\]*'|"[^"\\]*")|(?P<num>-?\d+)|(?P<op>==|!=|&&|\|\||[!\[\]().,])"""
+    r"""|(?P<name>[A-Za-z_][A-Za-z0-9_]*))"""
+)
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -70,7 +72,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
-            raise CelError(f"unsupported syntax at {text[pos:pos + 20]!r}")
+            raise CelError(f"unsupported syntax at {text[pos : pos + 20]!r}")
         kind = m.lastgroup
         out.append((kind, m.group(kind)))
         pos = m.end()
@@ -161,8 +163,10 @@ class _Parser:
             return ("list", tuple(item[1] for item in items))
         if value == "device":
             return self.path()
-        raise CelError(f"unsupported identifier {value!r} in {self.text!r} (simcluster evaluates only device.driver "
-                       "and device.attributes[\"<domain>\"].<name>)")
+        raise CelError(
+            f"unsupported identifier {value!r} in {self.text!r} (simcluster evaluates only device.driver "
+            'and device.attributes["<domain>"].<name>)'
+        )
 
     def path(self):
         self.take(".")
@@ -247,8 +251,9 @@ def selector_problems(requests_or_class: list[dict], field: str) -> list[tuple[s
         try:
             Selector(expression)
         except CelError as exc:
-            problems.append((f"{field}[{i}].cel.expression", f"Invalid value: {expression!r}: compilation failed: "
-                             f"{exc}"))
+            problems.append(
+                (f"{field}[{i}].cel.expression", f"Invalid value: {expression!r}: compilation failed: {exc}")
+            )
     return problems
 
 
@@ -263,8 +268,9 @@ def _claim_spec_problems(spec: dict, field: str) -> list[tuple[str, str]]:
         if not (req or {}).get("name"):
             problems.append((f"{here}.name", "Required value"))
         if not isinstance(exactly, dict) or not exactly.get("deviceClassName"):
-            problems.append((f"{here}.exactly.deviceClassName", "Required value (simcluster serves `exactly` "
-                             "requests only)"))
+            problems.append(
+                (f"{here}.exactly.deviceClassName", "Required value (simcluster serves `exactly` requests only)")
+            )
             continue
         mode = exactly.get("allocationMode", "ExactCount")
         if mode not in ("ExactCount", "All"):
@@ -315,12 +321,18 @@ def node_devices(cluster: Cluster, node: Node) -> list[dict]:
             "cudaDriverVersion": {"version": _version(settings.cuda_version)},
         }
         if not gpu.mig_enabled:
-            devices.append({
-                "name": f"gpu-{gpu.index}",
-                "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu.uuid}, **common,
-                               "pcieBusID": {"string": gpu.pci_bus_id.lower()[4:]}},
-                "capacity": {"memory": {"value": _quantity_mib(product.memory_mib)}},
-            })
+            devices.append(
+                {
+                    "name": f"gpu-{gpu.index}",
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "uuid": {"string": gpu.uuid},
+                        **common,
+                        "pcieBusID": {"string": gpu.pci_bus_id.lower()[4:]},
+                    },
+                    "capacity": {"memory": {"value": _quantity_mib(product.memory_mib)}},
+                }
+            )
             continue
         for gi, ci in gpu.mig_devices():
             profile = gi.profile
@@ -337,13 +349,20 @@ def node_devices(cluster: Cluster, node: Node) -> list[dict]:
             }
             for s in range(gi.start, gi.start + profile.memory_slices):
                 capacity[f"memorySlice{s}"] = {"value": "1"}
-            devices.append({
-                "name": f"gpu-{gpu.index}-mig-{profile.profile_id}-{gi.start}-{profile.memory_slices}",
-                "attributes": {"type": {"string": "mig"}, "uuid": {"string": ci.uuid},
-                               "parentUUID": {"string": gpu.uuid}, "profile": {"string": profile.name}, **common,
-                               "pcieBusID": {"string": gpu.pci_bus_id.lower()[4:]}},
-                "capacity": capacity,
-            })
+            devices.append(
+                {
+                    "name": f"gpu-{gpu.index}-mig-{profile.profile_id}-{gi.start}-{profile.memory_slices}",
+                    "attributes": {
+                        "type": {"string": "mig"},
+                        "uuid": {"string": ci.uuid},
+                        "parentUUID": {"string": gpu.uuid},
+                        "profile": {"string": profile.name},
+                        **common,
+                        "pcieBusID": {"string": gpu.pci_bus_id.lower()[4:]},
+                    },
+                    "capacity": capacity,
+                }
+            )
     return devices
 
 
@@ -357,8 +376,11 @@ def bootstrap(cluster: Cluster) -> None:
 
     api = ClusterApi(cluster)
     for name, expression in DEVICE_CLASSES.items():
-        api.create("deviceclasses", None, {"metadata": {"name": name},
-                                           "spec": {"selectors": [{"cel": {"expression": expression}}]}})
+        api.create(
+            "deviceclasses",
+            None,
+            {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expression}}]}},
+        )
 
 
 def publish(cluster: Cluster, node: Node) -> None:
@@ -380,8 +402,9 @@ def publish(cluster: Cluster, node: Node) -> None:
             "uid": record.obj["metadata"]["uid"] if record else cluster.new_uid("resourceslice", node.name),
             "creationTimestamp": record.obj["metadata"]["creationTimestamp"] if record else cluster.state.timestamp(),
             "generation": generation,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid,
-                                 "controller": True}],
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid, "controller": True}
+            ],
             "resourceVersion": cluster.bump(),
         },
         "spec": {
@@ -431,8 +454,9 @@ def ensure_claims(cluster: Cluster, record: Record) -> tuple[list[Record], str |
         if name is None:
             template = cluster.resourceclaimtemplates.get((namespace, entry.get("resourceClaimTemplateName") or ""))
             if template is None:
-                return [], (f'resourceclaimtemplate.resource.k8s.io "{entry.get("resourceClaimTemplateName")}" '
-                            "not found")
+                return [], (
+                    f'resourceclaimtemplate.resource.k8s.io "{entry.get("resourceClaimTemplateName")}" not found'
+                )
             body = copy.deepcopy(template.obj["spec"])
             meta = body.get("metadata") or {}
             generated = f"{pod_name}-{entry['name']}"[:57] + "-" + cluster.new_uid("claim", pod_name)[-5:]
@@ -440,9 +464,16 @@ def ensure_claims(cluster: Cluster, record: Record) -> tuple[list[Record], str |
                 "name": generated,
                 "labels": meta.get("labels") or {},
                 "annotations": {**(meta.get("annotations") or {}), POD_CLAIM_NAME_ANNOTATION: entry["name"]},
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
-                                     "uid": pod["metadata"]["uid"], "controller": True,
-                                     "blockOwnerDeletion": True}],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": pod_name,
+                        "uid": pod["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
             }
             ClusterApi(cluster, user=admission.CLAIM_CONTROLLER).create("resourceclaims", namespace, body)
             status = pod.setdefault("status", {}).setdefault("resourceClaimStatuses", [])
@@ -471,7 +502,8 @@ def held_devices(cluster: Cluster, node: Node) -> set[str]:
         by_pool: dict[str, set[str]] = {}
         for claim in cluster.resourceclaims.values():
             for result in (((claim.obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-                    "results") or ():
+                "results"
+            ) or ():
                 by_pool.setdefault(result.get("pool"), set()).add(result.get("device"))
         cached = cluster._dra_held = (cluster.rv, by_pool)
     return set(cached[1].get(node.name, ()))
@@ -497,11 +529,14 @@ def plan(cluster: Cluster, node: Node, pod: dict, claims: list[Record]) -> list[
             device_class = cluster.deviceclasses.get(exactly["deviceClassName"])
             if device_class is None:
                 return None
-            selectors = [compiled(s["cel"]["expression"]) for s in (device_class.obj.get("spec") or {}).get(
-                "selectors") or ()] + [compiled(s["cel"]["expression"]) for s in exactly.get("selectors") or ()]
+            selectors = [
+                compiled(s["cel"]["expression"]) for s in (device_class.obj.get("spec") or {}).get("selectors") or ()
+            ] + [compiled(s["cel"]["expression"]) for s in exactly.get("selectors") or ()]
             admitted = [
-                d for d in devices
-                if d["name"] not in held and d["attributes"]["uuid"]["string"] not in in_use
+                d
+                for d in devices
+                if d["name"] not in held
+                and d["attributes"]["uuid"]["string"] not in in_use
                 and all(s.admits(DRIVER, d) for s in selectors)
             ]
             want = len(admitted) if exactly.get("allocationMode") == "All" else int(exactly.get("count", 1))
@@ -510,8 +545,9 @@ def plan(cluster: Cluster, node: Node, pod: dict, claims: list[Record]) -> list[
             for device in admitted[:want]:
                 held.add(device["name"])
                 uuids.append(device["attributes"]["uuid"]["string"])
-                results.append({"request": request["name"], "driver": DRIVER, "pool": node.name,
-                                "device": device["name"]})
+                results.append(
+                    {"request": request["name"], "driver": DRIVER, "pool": node.name, "device": device["name"]}
+                )
         picks.append(_Pick(claim, results, uuids))
     return picks
 
@@ -527,8 +563,11 @@ def commit(cluster: Cluster, node: Node, record: Record, claims: list[Record], p
         if pick is not None:
             status["allocation"] = {
                 "devices": {"results": pick.results},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node.name]}]}]},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node.name]}]}
+                    ]
+                },
                 "allocationTimestamp": cluster.state.timestamp(),
             }
         reserved = status.setdefault("reservedFor", [])
@@ -544,7 +583,7 @@ def _claim_uuids(cluster: Cluster, claim: dict) -> list[str]:
     for result in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ():
         node = cluster.nodes.get(result.get("pool", ""))
         record = cluster.resourceslices.get(slice_name(cluster, node)) if node else None
-        for device in (record.obj["spec"]["devices"] if record else ()):
+        for device in record.obj["spec"]["devices"] if record else ():
             if device["name"] == result.get("device"):
                 uuids.append(device["attributes"]["uuid"]["string"])
     return uuids

@@ -47,41 +47,61 @@ def node_snapshot(cluster: Cluster, node: Node) -> dict:
         instances = []
         for gi_id in sorted(gpu.instances):
             gi = gpu.instances[gi_id]
-            instances.append({
-                "id": gi.id,
-                "profile_id": gi.profile.profile_id,
-                "start": gi.start,
-                "serial": gi.serial,
-                "activity": gi.activity,
-                "used_bytes": sum(p["used_bytes"] for p in procs if p["gi"] == gi.id),
-                "cis": [
-                    {"id": ci.id, "slices": ci.slices, "start": ci.start, "uuid": ci.uuid}
-                    for _, ci in sorted(gi.compute_instances.items())
+            instances.append(
+                {
+                    "id": gi.id,
+                    "profile_id": gi.profile.profile_id,
+                    "start": gi.start,
+                    "serial": gi.serial,
+                    "activity": gi.activity,
+                    "used_bytes": sum(p["used_bytes"] for p in procs if p["gi"] == gi.id),
+                    "cis": [
+                        {"id": ci.id, "slices": ci.slices, "start": ci.start, "uuid": ci.uuid}
+                        for _, ci in sorted(gi.compute_instances.items())
+                    ],
+                }
+            )
+        gpus.append(
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "serial": gpu.serial,
+                "product": gpu.product.key,
+                "pci_bus_id": gpu.pci_bus_id,
+                "lost": gpu.lost,
+                "nvlink_down": gpu.nvlink_down,
+                "mig": [gpu.mig_current, gpu.mig_pending],
+                "activity": gpu.activity,
+                "power_mw": int(gpu.power_w * 1000),
+                "energy_mj": int(gpu.energy_mj),
+                "temperature": gpu.temperature_c,
+                "used_bytes": sum(p["used_bytes"] for p in procs),
+                "ecc": [
+                    gpu.ecc_corrected_volatile,
+                    gpu.ecc_uncorrected_volatile,
+                    gpu.ecc_corrected_aggregate,
+                    gpu.ecc_uncorrected_aggregate,
                 ],
-            })
-        gpus.append({
-            "index": gpu.index,
-            "uuid": gpu.uuid,
-            "serial": gpu.serial,
-            "product": gpu.product.key,
-            "pci_bus_id": gpu.pci_bus_id,
-            "lost": gpu.lost,
-            "nvlink_down": gpu.nvlink_down,
-            "mig": [gpu.mig_current, gpu.mig_pending],
-            "activity": gpu.activity,
-            "power_mw": int(gpu.power_w * 1000),
-            "energy_mj": int(gpu.energy_mj),
-            "temperature": gpu.temperature_c,
-            "used_bytes": sum(p["used_bytes"] for p in procs),
-            "ecc": [gpu.ecc_corrected_volatile, gpu.ecc_uncorrected_volatile, gpu.ecc_corrected_aggregate,
-                    gpu.ecc_uncorrected_aggregate],
-            "remapped_rows": [gpu.remapped_correctable, gpu.remapped_uncorrectable, int(gpu.remap_pending),
-                              int(gpu.remap_failure)],
-            "clocks_event_reasons": gpu.clocks_event_reasons,
-            "processes": [{"pid": p["pid"], "used_bytes": p["used_bytes"], "gi": p["gi"], "pod_uid": p["pod_uid"],
-                           "sm_util": p.get("sm_util", 0)} for p in procs],
-            "instances": instances,
-        })
+                "remapped_rows": [
+                    gpu.remapped_correctable,
+                    gpu.remapped_uncorrectable,
+                    int(gpu.remap_pending),
+                    int(gpu.remap_failure),
+                ],
+                "clocks_event_reasons": gpu.clocks_event_reasons,
+                "processes": [
+                    {
+                        "pid": p["pid"],
+                        "used_bytes": p["used_bytes"],
+                        "gi": p["gi"],
+                        "pod_uid": p["pod_uid"],
+                        "sm_util": p.get("sm_util", 0),
+                    }
+                    for p in procs
+                ],
+                "instances": instances,
+            }
+        )
     settings = cluster.settings
     return {
         "cluster": cluster.name,
@@ -208,8 +228,9 @@ def nvml_op(state: SimState, cluster_name: str | None, node_name: str, op: str, 
         return result
 
 
-def wait_events(state: SimState, cluster_name: str | None, node_name: str, after: int,
-                masks: dict[int, int], timeout_s: float) -> list[dict]:
+def wait_events(
+    state: SimState, cluster_name: str | None, node_name: str, after: int, masks: dict[int, int], timeout_s: float
+) -> list[dict]:
     """Events newer than `after` for the registered GPUs/types, waiting up to timeout_s."""
     deadline = time.monotonic() + max(0.0, timeout_s)
     with state.lock:

@@ -63,25 +63,58 @@ class Faults:
 
     # --- Kubernetes API ---------------------------------------------------------------
 
-    def api_error(self, count: int = 1, *, status: int = 500, path_prefix: str | None = None,
-                  cluster: str | None = None, method: str | None = None, retry_after: int = 1) -> ApiFault:
+    def api_error(
+        self,
+        count: int = 1,
+        *,
+        status: int = 500,
+        path_prefix: str | None = None,
+        cluster: str | None = None,
+        method: str | None = None,
+        retry_after: int = 1,
+    ) -> ApiFault:
         """The next `count` matching API requests answer `status` (500, 429 + Retry-After,
         503, ...) with a Status body."""
-        return self._add(ApiFault("error", count, status=status, path_prefix=path_prefix, cluster=cluster,
-                                  method=method, retry_after=retry_after))
+        return self._add(
+            ApiFault(
+                "error",
+                count,
+                status=status,
+                path_prefix=path_prefix,
+                cluster=cluster,
+                method=method,
+                retry_after=retry_after,
+            )
+        )
 
-    def api_timeout(self, count: int = 1, *, seconds: float = 30.0, path_prefix: str | None = None,
-                    cluster: str | None = None, method: str | None = None) -> ApiFault:
+    def api_timeout(
+        self,
+        count: int = 1,
+        *,
+        seconds: float = 30.0,
+        path_prefix: str | None = None,
+        cluster: str | None = None,
+        method: str | None = None,
+    ) -> ApiFault:
         """The next `count` matching requests hang `seconds` (then answer 504 Timeout)."""
-        return self._add(ApiFault("timeout", count, status=504, path_prefix=path_prefix, cluster=cluster,
-                                  method=method, seconds=seconds))
+        return self._add(
+            ApiFault(
+                "timeout", count, status=504, path_prefix=path_prefix, cluster=cluster, method=method, seconds=seconds
+            )
+        )
 
-    def api_page_error(self, page: int = 2, *, status: int = 500, path_prefix: str | None = None,
-                       cluster: str | None = None, count: int = 1) -> ApiFault:
+    def api_page_error(
+        self,
+        page: int = 2,
+        *,
+        status: int = 500,
+        path_prefix: str | None = None,
+        cluster: str | None = None,
+        count: int = 1,
+    ) -> ApiFault:
         """Page `page` (1 = the request without a continue token) of a paged list fails:
         500 InternalError, or 410 Expired ("continue token expired")."""
-        return self._add(ApiFault("page", count, status=status, path_prefix=path_prefix, cluster=cluster,
-                                  page=page))
+        return self._add(ApiFault("page", count, status=status, path_prefix=path_prefix, cluster=cluster, page=page))
 
     def _add(self, fault: ApiFault) -> ApiFault:
         with self._api_lock:
@@ -202,10 +235,30 @@ class Faults:
                     if changed:
                         gpuoperator.refresh_devices(c, n)
 
-    KNOBS = ("api_error", "api_timeout", "api_page_error", "node_vanish", "node_ready", "gpu_lost", "xid",
-             "ecc_double_bit", "ecc_single_bit", "row_remap_pending", "thermal_throttle", "reset")
-    _CLUSTER_SCOPED = ("node_vanish", "node_ready", "gpu_lost", "xid", "ecc_double_bit", "ecc_single_bit",
-                       "row_remap_pending", "thermal_throttle")
+    KNOBS = (
+        "api_error",
+        "api_timeout",
+        "api_page_error",
+        "node_vanish",
+        "node_ready",
+        "gpu_lost",
+        "xid",
+        "ecc_double_bit",
+        "ecc_single_bit",
+        "row_remap_pending",
+        "thermal_throttle",
+        "reset",
+    )
+    _CLUSTER_SCOPED = (
+        "node_vanish",
+        "node_ready",
+        "gpu_lost",
+        "xid",
+        "ecc_double_bit",
+        "ecc_single_bit",
+        "row_remap_pending",
+        "thermal_throttle",
+    )
 
     def apply(self, spec: dict, *, default_cluster: Cluster | None = None) -> dict:
         """Run one knob from its JSON form: {"fault": name, ...kwargs}."""

@@ -88,8 +88,7 @@ _BASE_CAPACITY = {
     "memory": "2113378836Ki",
     "pods": "110",
 }
-_BASE_ALLOCATABLE = {**_BASE_CAPACITY, "cpu": "223500m", "ephemeral-storage": "1699708367023",
-                     "memory": "2112764436Ki"}
+_BASE_ALLOCATABLE = {**_BASE_CAPACITY, "cpu": "223500m", "ephemeral-storage": "1699708367023", "memory": "2112764436Ki"}
 
 
 # ----------------------------------------------------------------------------------------
@@ -119,17 +118,40 @@ def bootstrap_cluster(cluster: Cluster) -> None:
     for ns in ("default", "kube-node-lease", "kube-public", "kube-system", cluster.settings.operator_namespace):
         api.create("namespaces", None, {"metadata": {"name": ns}})
     ns = cluster.settings.operator_namespace
-    api.create("configmaps", ns, {
-        "metadata": {"name": DEFAULT_MIG_CONFIGMAP, "labels": {"app": "nvidia-mig-manager"}},
-        "data": {"config.yaml": default_mig_parted_config_yaml()},
-    })
-    api.create("configmaps", ns, {
-        "metadata": {"name": "default-gpu-clients"},
-        "data": {"clients.yaml": yaml.safe_dump({"version": "v1", "systemd-services": [
-            "nvsm.service", "nvsm-mqtt.service", "nvsm-core.service", "nvsm-api-gateway.service",
-            "nvsm-notifier.service", "nv_peer_mem.service", "nvidia-dcgm.service", "dcgm.service",
-            "dcgm-exporter.service"]}, sort_keys=False)},
-    })
+    api.create(
+        "configmaps",
+        ns,
+        {
+            "metadata": {"name": DEFAULT_MIG_CONFIGMAP, "labels": {"app": "nvidia-mig-manager"}},
+            "data": {"config.yaml": default_mig_parted_config_yaml()},
+        },
+    )
+    api.create(
+        "configmaps",
+        ns,
+        {
+            "metadata": {"name": "default-gpu-clients"},
+            "data": {
+                "clients.yaml": yaml.safe_dump(
+                    {
+                        "version": "v1",
+                        "systemd-services": [
+                            "nvsm.service",
+                            "nvsm-mqtt.service",
+                            "nvsm-core.service",
+                            "nvsm-api-gateway.service",
+                            "nvsm-notifier.service",
+                            "nv_peer_mem.service",
+                            "nvidia-dcgm.service",
+                            "dcgm.service",
+                            "dcgm-exporter.service",
+                        ],
+                    },
+                    sort_keys=False,
+                )
+            },
+        },
+    )
     _mount_now(cluster)
     if cluster.settings.dra:
         dra.bootstrap(cluster)
@@ -232,8 +254,9 @@ def parse_mig_parted(text: str) -> dict[str, list[dict]]:
             if not isinstance(entry.get("mig-enabled"), bool):
                 raise ValueError(f"mig-config {name!r}: missing mig-enabled")
             mig_devices = entry.get("mig-devices") or {}
-            if not isinstance(mig_devices, dict) or not all(isinstance(v, int) and v >= 0
-                                                            for v in mig_devices.values()):
+            if not isinstance(mig_devices, dict) or not all(
+                isinstance(v, int) and v >= 0 for v in mig_devices.values()
+            ):
                 raise ValueError(f"mig-config {name!r}: mig-devices must map profile names to counts")
     return configs
 
@@ -442,30 +465,38 @@ def gfd_labels(cluster: Cluster, node: Node) -> dict[str, str]:
         product = gpus[0].product
         has_full = any(not g.mig_enabled for g in gpus)
         replicas = (sharing.replicas_for("nvidia.com/gpu") if sharing else 1) if has_full else 0
-        labels.update(_resource_labels("nvidia.com/gpu", _sanitise(model), len(gpus), replicas,
-                                       sharing if has_full else None))
-        labels.update({
-            "nvidia.com/gpu.memory": str(product.memory_mib),
-            "nvidia.com/gpu.family": product.family,
-            "nvidia.com/gpu.compute.major": str(product.compute_major),
-            "nvidia.com/gpu.compute.minor": str(product.compute_minor),
-        })
+        labels.update(
+            _resource_labels("nvidia.com/gpu", _sanitise(model), len(gpus), replicas, sharing if has_full else None)
+        )
+        labels.update(
+            {
+                "nvidia.com/gpu.memory": str(product.memory_mib),
+                "nvidia.com/gpu.family": product.family,
+                "nvidia.com/gpu.compute.major": str(product.compute_major),
+                "nvidia.com/gpu.compute.minor": str(product.compute_minor),
+            }
+        )
     model = node.gpus[0].name
     if strategy == "single":
         state = _single_strategy_state(node.gpus)
         if state == "invalid":
-            labels.update({
-                "nvidia.com/gpu.product": f"{_sanitise(model)}-MIG-INVALID",
-                "nvidia.com/gpu.count": "0",
-                "nvidia.com/gpu.replicas": "0",
-                "nvidia.com/gpu.memory": "0",
-            })
+            labels.update(
+                {
+                    "nvidia.com/gpu.product": f"{_sanitise(model)}-MIG-INVALID",
+                    "nvidia.com/gpu.count": "0",
+                    "nvidia.com/gpu.replicas": "0",
+                    "nvidia.com/gpu.memory": "0",
+                }
+            )
         elif state == "valid":
             migs = [gi for g in node.gpus for gi, _ in g.mig_devices()]
             profile = migs[0].profile
             replicas = sharing.replicas_for("nvidia.com/gpu") if sharing else 1
-            labels.update(_resource_labels("nvidia.com/gpu", f"{_sanitise(model)}-MIG-{profile.resource_suffix}",
-                                           len(migs), replicas, sharing))
+            labels.update(
+                _resource_labels(
+                    "nvidia.com/gpu", f"{_sanitise(model)}-MIG-{profile.resource_suffix}", len(migs), replicas, sharing
+                )
+            )
             labels.update(_mig_attribute_labels("nvidia.com/gpu", profile))
     elif strategy == "mixed":
         counts: dict[str, tuple[Profile, int]] = {}
@@ -477,8 +508,11 @@ def gfd_labels(cluster: Cluster, node: Node) -> dict[str, str]:
         for profile, count in counts.values():
             resource = profile.resource_name
             replicas = sharing.replicas_for(resource) if sharing else 1
-            labels.update(_resource_labels(resource, f"{_sanitise(model)}-MIG-{profile.resource_suffix}", count,
-                                           replicas, sharing))
+            labels.update(
+                _resource_labels(
+                    resource, f"{_sanitise(model)}-MIG-{profile.resource_suffix}", count, replicas, sharing
+                )
+            )
             labels.update(_mig_attribute_labels(resource, profile))
     return labels
 
@@ -638,19 +672,30 @@ def ensure_device_plugin_pod(cluster: Cluster, node: Node) -> None:
     if node.device_plugin_pod and (cluster.settings.operator_namespace, node.device_plugin_pod) in cluster.pods:
         return
     name = f"{DEVICE_PLUGIN_APP}-{cluster.new_uid('device-plugin', node.name)[-5:]}"
-    ClusterApi(cluster).create("pods", cluster.settings.operator_namespace, {
-        "metadata": {
-            "name": name,
-            "labels": {"app": DEVICE_PLUGIN_APP, "app.kubernetes.io/part-of": "nvidia-gpu"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": DEVICE_PLUGIN_APP,
-                                 "uid": cluster.new_uid("daemonset"), "controller": True}],
+    ClusterApi(cluster).create(
+        "pods",
+        cluster.settings.operator_namespace,
+        {
+            "metadata": {
+                "name": name,
+                "labels": {"app": DEVICE_PLUGIN_APP, "app.kubernetes.io/part-of": "nvidia-gpu"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "DaemonSet",
+                        "name": DEVICE_PLUGIN_APP,
+                        "uid": cluster.new_uid("daemonset"),
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "nodeName": node.name,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "nvidia-device-plugin", "image": DEVICE_PLUGIN_IMAGE}],
+            },
         },
-        "spec": {
-            "nodeName": node.name,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{"name": "nvidia-device-plugin", "image": DEVICE_PLUGIN_IMAGE}],
-        },
-    })
+    )
     node.device_plugin_pod = name
     refresh_devices(cluster, node)
 

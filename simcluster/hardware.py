@@ -90,7 +90,7 @@ class LoadModel:
     @classmethod
     def seeded(cls, *key: object) -> LoadModel:
         digest = stable_hex("load", *key)
-        kind_f, level, period, phase = (int(digest[i:i + 12], 16) / float(1 << 48) for i in range(0, 48, 12))
+        kind_f, level, period, phase = (int(digest[i : i + 12], 16) / float(1 << 48) for i in range(0, 48, 12))
         return cls(
             kind="busy" if kind_f < 0.6 else "bursty",
             level=level,

@@ -96,8 +96,11 @@ def invalid(kind: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
         422,
         "Invalid",
         f'{kind} "{name}" is invalid: {text}',
-        {"name": name, "kind": kind, "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f}
-                                                 for f, m in causes]},
+        {
+            "name": name,
+            "kind": kind,
+            "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in causes],
+        },
     )
 
 
@@ -170,8 +173,10 @@ def label_problems(labels: object, field: str = "metadata.labels") -> list[tuple
     problems = []
     for key, value in labels.items():
         prefix, _, name = key.rpartition("/")
-        if (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix))) or len(name) > 63 or not (
-            _LABEL_NAME.match(name)
+        if (
+            (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)))
+            or len(name) > 63
+            or not (_LABEL_NAME.match(name))
         ):
             problems.append((field, f'Invalid value: "{key}": {_QUALIFIED_NAME_MSG}'))
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
@@ -261,8 +266,9 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
         elif m := _REQ_EXISTS.match(part):
             requirements.append(Requirement(m.group(2), "!exists" if m.group(1) else "exists"))
         else:
-            raise bad_request(f"unable to parse requirement: found '{part.strip()}', expected: in, notin, =, ==, !=, "
-                              "gt, lt")
+            raise bad_request(
+                f"unable to parse requirement: found '{part.strip()}', expected: in, notin, =, ==, !=, gt, lt"
+            )
     return requirements
 
 
@@ -301,13 +307,15 @@ FIELD_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "configmaps": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
     "resourcequotas": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
-    "resourceslices": {"metadata.name": ("metadata", "name"), "spec.nodeName": ("spec", "nodeName"),
-                       "spec.driver": ("spec", "driver")},
+    "resourceslices": {
+        "metadata.name": ("metadata", "name"),
+        "spec.nodeName": ("spec", "nodeName"),
+        "spec.driver": ("spec", "driver"),
+    },
     "deviceclasses": {"metadata.name": ("metadata", "name")},
     "priorityclasses": {"metadata.name": ("metadata", "name")},
     "resourceclaims": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
-    "resourceclaimtemplates": {"metadata.name": ("metadata", "name"),
-                               "metadata.namespace": ("metadata", "namespace")},
+    "resourceclaimtemplates": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
 }
 
 
@@ -323,7 +331,7 @@ def parse_field_selector(plural: str, text: str | None) -> list[tuple[tuple[str,
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         field, op, value = m.groups()
         if field not in allowed:
-            raise bad_request(f'field label not supported: {field}')
+            raise bad_request(f"field label not supported: {field}")
         result.append((allowed[field], op != "!=", value))
     return result
 
@@ -411,8 +419,12 @@ def json_patch(target: dict, operations: list) -> dict:
                 add(parts, copy.deepcopy(op["value"]))
             elif kind == "test":
                 if get(parts) != op["value"]:
-                    raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: "
-                                   f"testing value {op['path']} failed")
+                    raise ApiError(
+                        422,
+                        "Invalid",
+                        f"the server rejected our request due to an error in our request: "
+                        f"testing value {op['path']} failed",
+                    )
             elif kind in ("copy", "move"):
                 source = _pointer(op["from"])
                 value = copy.deepcopy(get(source))
@@ -448,8 +460,13 @@ _MERGE_KEYS: dict[tuple[str, ...], str | None] = {
     **{
         ("spec", group, "[]", field): key
         for group in ("containers", "initContainers", "ephemeralContainers")
-        for field, key in (("env", "name"), ("ports", "containerPort"), ("volumeMounts", "mountPath"),
-                           ("volumeDevices", "devicePath"), ("resizePolicy", "resourceName"))
+        for field, key in (
+            ("env", "name"),
+            ("ports", "containerPort"),
+            ("volumeMounts", "mountPath"),
+            ("volumeDevices", "devicePath"),
+            ("resizePolicy", "resourceName"),
+        )
     },
 }
 
@@ -472,9 +489,7 @@ def strategic_merge_patch(target: object, patch: object, path: tuple[str, ...] =
         elif isinstance(value, list) and here in _MERGE_KEYS and isinstance(result.get(key), list):
             result[key] = _merge_list(result[key], value, _MERGE_KEYS[here], here)
         elif isinstance(value, list):
-            result[key] = [
-                item for item in copy.deepcopy(value) if not (isinstance(item, dict) and item.get("$patch"))
-            ]
+            result[key] = [item for item in copy.deepcopy(value) if not (isinstance(item, dict) and item.get("$patch"))]
         else:
             result[key] = strategic_merge_patch(result.get(key), value, here)
     return result
@@ -489,8 +504,9 @@ def _merge_list(current: list, patch: list, merge_key: str | None, path: tuple[s
     for item in patch:
         if not isinstance(item, dict) or merge_key not in item:
             raise bad_request(f"map: {item} does not contain declared merge key: {merge_key}")
-        at = next((i for i, old in enumerate(merged) if isinstance(old, dict) and old.get(merge_key) ==
-                   item[merge_key]), None)
+        at = next(
+            (i for i, old in enumerate(merged) if isinstance(old, dict) and old.get(merge_key) == item[merge_key]), None
+        )
         if item.get("$patch") == "delete":
             if at is not None:
                 merged.pop(at)
@@ -515,9 +531,13 @@ def apply_patch(target: dict, body: object, content_type: str) -> dict:
         return merge_patch(target, body)
     if ctype == "application/apply-patch+yaml":
         raise ApiError(415, "UnsupportedMediaType", "server-side apply is not supported by simcluster")
-    raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted "
-                   f"media types include: application/json-patch+json, application/merge-patch+json, "
-                   f"application/apply-patch+yaml; got {content_type!r}")
+    raise ApiError(
+        415,
+        "UnsupportedMediaType",
+        f"the body of the request was in an unknown format - accepted "
+        f"media types include: application/json-patch+json, application/merge-patch+json, "
+        f"application/apply-patch+yaml; got {content_type!r}",
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -538,8 +558,7 @@ def continue_fields(token: str) -> dict:
     try:
         padded = token + "=" * (-len(token) % 4)
         data = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return {"rv": int(data["rv"]), "start": str(data["start"]), "page": int(data["page"]),
-                "snap": data.get("snap")}
+        return {"rv": int(data["rv"]), "start": str(data["start"]), "page": int(data["page"]), "snap": data.get("snap")}
     except (binascii.Error, ValueError, KeyError, TypeError):
         raise bad_request("continue key is not valid: illegal base64 data at input byte 0") from None
 
@@ -601,10 +620,17 @@ class ListParams:
                 raise bad_request(f"{name} must be an integer, got {text!r}") from None
 
         timeout = number("timeoutSeconds")
-        return cls(one("labelSelector"), one("fieldSelector"), max(0, number("limit")), one("continue"),
-                   one("resourceVersion") or None, one("resourceVersionMatch") or None,
-                   one("watch") in _TRUE, one("allowWatchBookmarks") in _TRUE,
-                   float(timeout) if timeout > 0 else None)
+        return cls(
+            one("labelSelector"),
+            one("fieldSelector"),
+            max(0, number("limit")),
+            one("continue"),
+            one("resourceVersion") or None,
+            one("resourceVersionMatch") or None,
+            one("watch") in _TRUE,
+            one("allowWatchBookmarks") in _TRUE,
+            float(timeout) if timeout > 0 else None,
+        )
 
     def start_rv(self) -> int | None:
         """The resourceVersion a watch or list names; None for unset or "0" (any/most recent)."""
@@ -616,15 +642,30 @@ class ListParams:
             raise bad_request(f"invalid resource version: {self.resource_version!r}") from None
 
 
-def _list_bytes(kind: str, rv: int, items: list[bytes], next_key: str | None, page: int,
-                remaining: int | None, snapshot: str | None = None, api_version: str = "v1") -> bytes:
+def _list_bytes(
+    kind: str,
+    rv: int,
+    items: list[bytes],
+    next_key: str | None,
+    page: int,
+    remaining: int | None,
+    snapshot: str | None = None,
+    api_version: str = "v1",
+) -> bytes:
     meta: dict = {"resourceVersion": str(rv)}
     if next_key is not None:
         meta["continue"] = encode_continue(rv, next_key, page + 1, snapshot)
         if remaining is not None:
             meta["remainingItemCount"] = remaining
-    head = (b'{"kind":"' + kind.encode() + b'","apiVersion":"' + api_version.encode() + b'","metadata":'
-            + _DUMPS(meta).encode() + b',"items":[')
+    head = (
+        b'{"kind":"'
+        + kind.encode()
+        + b'","apiVersion":"'
+        + api_version.encode()
+        + b'","metadata":'
+        + _DUMPS(meta).encode()
+        + b',"items":['
+    )
     return head + b",".join(items) + b"]}"
 
 
@@ -651,13 +692,25 @@ def render_node(cluster: Cluster, node: Node) -> dict:
         ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
         ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
     ):
-        conditions.append({"type": ctype, "status": "False", "lastHeartbeatTime": stamp,
-                           "lastTransitionTime": stamp, "reason": reason, "message": message})
+        conditions.append(
+            {
+                "type": ctype,
+                "status": "False",
+                "lastHeartbeatTime": stamp,
+                "lastTransitionTime": stamp,
+                "reason": reason,
+                "message": message,
+            }
+        )
     conditions.append(
-        {"type": "Ready", "status": "True" if node.ready else "Unknown", "lastHeartbeatTime": stamp,
-         "lastTransitionTime": stamp,
-         "reason": "KubeletReady" if node.ready else "NodeStatusUnknown",
-         "message": "kubelet is posting ready status" if node.ready else "Kubelet stopped posting node status."}
+        {
+            "type": "Ready",
+            "status": "True" if node.ready else "Unknown",
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": stamp,
+            "reason": "KubeletReady" if node.ready else "NodeStatusUnknown",
+            "message": "kubelet is posting ready status" if node.ready else "Kubelet stopped posting node status.",
+        }
     )
     spec: dict = {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]}
     if node.unschedulable:
@@ -727,8 +780,9 @@ KINDS = {
     "resourceslices": Kind("resourceslices", "ResourceSlice", False, "subdomain", True, dra.API_VERSION),
     "deviceclasses": Kind("deviceclasses", "DeviceClass", False, "subdomain", True, dra.API_VERSION),
     "resourceclaims": Kind("resourceclaims", "ResourceClaim", True, "subdomain", True, dra.API_VERSION),
-    "resourceclaimtemplates": Kind("resourceclaimtemplates", "ResourceClaimTemplate", True, "subdomain", True,
-                                   dra.API_VERSION),
+    "resourceclaimtemplates": Kind(
+        "resourceclaimtemplates", "ResourceClaimTemplate", True, "subdomain", True, dra.API_VERSION
+    ),
 }
 KINDS["priorityclasses"] = Kind("priorityclasses", "PriorityClass", False, "subdomain", True, "scheduling.k8s.io/v1")
 DRA_PLURALS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
@@ -802,7 +856,7 @@ class ClusterApi:
             else:  # the inconsistent continuation a 410 offers: the live state
                 rv, matched = cluster.rv, self.matching(plural, namespace, labels, fields)
             keys = [k for k, _ in matched]
-            matched = matched[bisect.bisect_right(keys, token["start"]):]
+            matched = matched[bisect.bisect_right(keys, token["start"]) :]
             page = token["page"]
         else:
             self._check_list_rv(params)
@@ -818,8 +872,9 @@ class ClusterApi:
         items = matched[:limit]
         # Like kube-apiserver, remainingItemCount only when it is exact (no selectors).
         remaining = None if labels or fields else len(matched) - limit
-        return _list_bytes(list_kind, rv, [raw for _, raw in items], items[-1][0], page, remaining, snapshot,
-                           api_version)
+        return _list_bytes(
+            list_kind, rv, [raw for _, raw in items], items[-1][0], page, remaining, snapshot, api_version
+        )
 
     def _check_list_rv(self, params: ListParams) -> None:
         """resourceVersion on a list: newer than the cluster's is 504 (kube-apiserver waits 3 s
@@ -829,28 +884,43 @@ class ClusterApi:
         if wanted is None:
             return
         if wanted > current:
-            raise ApiError(504, "Timeout", f"Timeout: Too large resource version: {wanted}, current: {current}",
-                           {"causes": [{"reason": "ResourceVersionTooLarge",
-                                        "message": "Too large resource version"}], "retryAfterSeconds": 1})
+            raise ApiError(
+                504,
+                "Timeout",
+                f"Timeout: Too large resource version: {wanted}, current: {current}",
+                {
+                    "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                    "retryAfterSeconds": 1,
+                },
+            )
         if params.resource_version_match == "Exact" and wanted != current:
             raise too_old(wanted, current)
 
-    def matching(self, plural: str, namespace: str | None, labels: list[Requirement], fields) -> list[
-            tuple[str, bytes]]:
+    def matching(
+        self, plural: str, namespace: str | None, labels: list[Requirement], fields
+    ) -> list[tuple[str, bytes]]:
         """Every object of the kind (in the namespace) that the selectors match, as (key, JSON) in
         the etcd-like key order continue tokens refer to: node name, or "<namespace>/<name>"."""
         cluster = self.cluster
         if plural == "nodes":
             return [
-                (node.name, node_json(cluster, node)) for node in cluster.iter_nodes_from(None)
-                if labels_match(labels, node.labels) and (not fields or fields_match(
-                    fields, {"metadata": {"name": node.name}, "spec": {"unschedulable": node.unschedulable}}))
+                (node.name, node_json(cluster, node))
+                for node in cluster.iter_nodes_from(None)
+                if labels_match(labels, node.labels)
+                and (
+                    not fields
+                    or fields_match(
+                        fields, {"metadata": {"name": node.name}, "spec": {"unschedulable": node.unschedulable}}
+                    )
+                )
             ]
         store = self._store(plural)
-        ordered = sorted(("/".join(k) if isinstance(k, tuple) else k, k) for k in store
-                         if namespace is None or k[0] == namespace)
+        ordered = sorted(
+            ("/".join(k) if isinstance(k, tuple) else k, k) for k in store if namespace is None or k[0] == namespace
+        )
         return [
-            (joined, self.render(plural, store[k])) for joined, k in ordered
+            (joined, self.render(plural, store[k]))
+            for joined, k in ordered
             if labels_match(labels, store[k].obj["metadata"].get("labels") or {}) and fields_match(fields, store[k].obj)
         ]
 
@@ -866,12 +936,12 @@ class ClusterApi:
             lines = [_event_line("ADDED", raw) for _, raw in self.matching(plural, namespace, labels, fields)]
             return lines, self.cluster.rv
         if start > self.cluster.rv:
-            raise ApiError(504, "Timeout", f"Timeout: Too large resource version: {start}, current: "
-                           f"{self.cluster.rv}")
+            raise ApiError(504, "Timeout", f"Timeout: Too large resource version: {start}, current: {self.cluster.rv}")
         return [], start
 
-    def watch_lines(self, plural: str, namespace: str | None, params: ListParams, since: int,
-                    promote: set) -> tuple[list[bytes], int]:
+    def watch_lines(
+        self, plural: str, namespace: str | None, params: ListParams, since: int, promote: set
+    ) -> tuple[list[bytes], int]:
         """Events after resourceVersion `since` that this watch sees, as JSON lines, and the
         resourceVersion now reached. 410 (too_old) when `since` is older than the kept history.
 
@@ -914,8 +984,10 @@ class ClusterApi:
     def bookmark(self, plural: str, rv: int) -> bytes:
         kind = "Node" if plural == "nodes" else KINDS[plural].kind
         api_version = "v1" if plural == "nodes" else KINDS[plural].api_version
-        return _event_line("BOOKMARK", _DUMPS({"kind": kind, "apiVersion": api_version,
-                                                "metadata": {"resourceVersion": str(rv)}}).encode())
+        return _event_line(
+            "BOOKMARK",
+            _DUMPS({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": str(rv)}}).encode(),
+        )
 
     # --- get --------------------------------------------------------------------------
 
@@ -938,8 +1010,9 @@ class ClusterApi:
         if kind.namespaced:
             body_ns = meta.get("namespace")
             if body_ns and body_ns != namespace:
-                raise bad_request("the namespace of the provided object does not match the namespace sent on the "
-                                  "request")
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = namespace
             self._require_namespace(namespace)
         name = meta.get("name")
@@ -978,7 +1051,8 @@ class ClusterApi:
         elif plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
         elif plural in ("deviceclasses", "resourceclaimtemplates") or (
-                plural == "resourceclaims" and not meta.get("ownerReferences")):
+            plural == "resourceclaims" and not meta.get("ownerReferences")
+        ):
             scheduler.retry_pending(self.cluster)  # pods waiting for this template, class or claim
         return 201, self.render(plural, record)
 
@@ -992,10 +1066,15 @@ class ClusterApi:
                     continue
                 for k, v in data.items():
                     if not _CONFIG_KEY.match(k):
-                        problems.append((f"{section}[{k}]", f'Invalid value: "{k}": a valid config key must consist '
-                                         "of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or "
-                                         "'KEY_NAME',  or 'key-name', regex used for validation is "
-                                         "'[-._a-zA-Z0-9]+')"))
+                        problems.append(
+                            (
+                                f"{section}[{k}]",
+                                f'Invalid value: "{k}": a valid config key must consist '
+                                "of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or "
+                                "'KEY_NAME',  or 'key-name', regex used for validation is "
+                                "'[-._a-zA-Z0-9]+')",
+                            )
+                        )
                     if section == "data" and not isinstance(v, str):
                         problems.append((f"data[{k}]", "Invalid value: must be a string"))
             return problems
@@ -1056,10 +1135,15 @@ class ClusterApi:
         problems = label_problems(meta.get("labels")) + annotation_problems(meta.get("annotations"))
         problems += self._validate(plural, new)
         if plural == "pods" and _fixed_pod_spec(new.get("spec") or {}) != _fixed_pod_spec(old.get("spec") or {}):
-            problems.append(("spec", "Forbidden: pod updates may not change fields other than `spec.containers[*]."
-                             "image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
-                             "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
-                             "(allow it to be set to 1 if it was previously negative)"))
+            problems.append(
+                (
+                    "spec",
+                    "Forbidden: pod updates may not change fields other than `spec.containers[*]."
+                    "image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+                    "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+                    "(allow it to be set to 1 if it was previously negative)",
+                )
+            )
         if plural in ("resourceclaims", "resourceclaimtemplates") and new.get("spec") != old.get("spec"):
             problems.append(("spec", "Invalid value: field is immutable"))
         if problems:
@@ -1097,10 +1181,16 @@ class ClusterApi:
         spec = new.get("spec") or {}
         problems = label_problems(labels) + annotation_problems(annotations)
         taints = spec.get("taints") or []
-        if not isinstance(taints, list) or not all(isinstance(t, dict) and t.get("key") and t.get("effect") in (
-                "NoSchedule", "PreferNoSchedule", "NoExecute") for t in taints):
-            problems.append(("spec.taints", "Invalid value: each taint needs a key and an effect of NoSchedule, "
-                             "PreferNoSchedule or NoExecute"))
+        if not isinstance(taints, list) or not all(
+            isinstance(t, dict) and t.get("key") and t.get("effect") in ("NoSchedule", "PreferNoSchedule", "NoExecute")
+            for t in taints
+        ):
+            problems.append(
+                (
+                    "spec.taints",
+                    "Invalid value: each taint needs a key and an effect of NoSchedule, PreferNoSchedule or NoExecute",
+                )
+            )
         unschedulable = spec.get("unschedulable") or False
         if not isinstance(unschedulable, bool):
             problems.append(("spec.unschedulable", "Invalid value: must be a boolean"))
@@ -1181,8 +1271,9 @@ class ClusterApi:
         options = (body or {}).get("deleteOptions") if isinstance(body, dict) else None
         grace = (options or {}).get("gracePeriodSeconds")
         self.delete("pods", namespace, name, None if grace is None else int(grace))
-        return 201, _DUMPS({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                            "code": 201}).encode()
+        return 201, _DUMPS(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        ).encode()
 
 
 def _fixed_pod_spec(spec: dict) -> dict:

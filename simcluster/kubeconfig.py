@@ -7,8 +7,9 @@ from pathlib import Path
 import yaml
 
 
-def write_kubeconfig(path: str | Path, url: str, *, name: str = "simcluster", token: str = "simcluster",
-                     namespace: str = "default") -> Path:
+def write_kubeconfig(
+    path: str | Path, url: str, *, name: str = "simcluster", token: str = "simcluster", namespace: str = "default"
+) -> Path:
     """Write a kubeconfig for `url` (plain http, bearer token) and return its path.
 
     Load it with `kubernetes.config.new_client_from_config(config_file=path)`.

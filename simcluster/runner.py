@@ -33,27 +33,54 @@ def _param(text: str) -> tuple[str, object]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simcluster", description="Simulated Kubernetes GPU clusters for gpuaas.")
-    parser.add_argument("--scenario", default="demo",
-                        help=f"built-in ({', '.join(available_scenarios())}) or a YAML path (default: demo)")
+    parser.add_argument(
+        "--scenario",
+        default="demo",
+        help=f"built-in ({', '.join(available_scenarios())}) or a YAML path (default: demo)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=6443)
     parser.add_argument("--kubeconfig-dir", default="var/simcluster")
-    parser.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
-                        help="scenario parameter, e.g. nodes=200 (repeatable)")
+    parser.add_argument(
+        "--param",
+        action="append",
+        type=_param,
+        default=[],
+        metavar="KEY=VALUE",
+        help="scenario parameter, e.g. nodes=200 (repeatable)",
+    )
     parser.add_argument("--seed", type=int, help="override the scenario's seed")
     parser.add_argument("--token", help="require this bearer token (default: accept any)")
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between metric ticks (0: frozen)")
     parser.add_argument("--mig-manager-delay", type=float, default=0.2)
-    parser.add_argument("--pod-start-delay", type=float, default=0.0,
-                        help="seconds a bound pod stays ContainerCreating (default 0: Running at once)")
-    parser.add_argument("--pod-termination-grace", type=float, default=0.0,
-                        help="longest a deleted pod stays Terminating (default 0: gone at once)")
-    parser.add_argument("--configmap-sync-delay", type=float, default=0.0,
-                        help="seconds before a ConfigMap change reaches the MIG manager's mounted copy (real: ~60)")
-    parser.add_argument("--device-plugin-restart", action="store_true",
-                        help="the device plugin keeps its devices after NVML MIG writes until its pod restarts")
-    parser.add_argument("--mig-mode-reboot", action="store_true",
-                        help="the MIG manager passes through `rebooting` to change a GPU's MIG mode")
+    parser.add_argument(
+        "--pod-start-delay",
+        type=float,
+        default=0.0,
+        help="seconds a bound pod stays ContainerCreating (default 0: Running at once)",
+    )
+    parser.add_argument(
+        "--pod-termination-grace",
+        type=float,
+        default=0.0,
+        help="longest a deleted pod stays Terminating (default 0: gone at once)",
+    )
+    parser.add_argument(
+        "--configmap-sync-delay",
+        type=float,
+        default=0.0,
+        help="seconds before a ConfigMap change reaches the MIG manager's mounted copy (real: ~60)",
+    )
+    parser.add_argument(
+        "--device-plugin-restart",
+        action="store_true",
+        help="the device plugin keeps its devices after NVML MIG writes until its pod restarts",
+    )
+    parser.add_argument(
+        "--mig-mode-reboot",
+        action="store_true",
+        help="the MIG manager passes through `rebooting` to change a GPU's MIG mode",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -69,17 +96,20 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
         return 2
     if args.seed is not None:
         scenario.seed = args.seed
-    state = scenario.build(SimState(
-        seed=scenario.seed,
-        mig_manager_delay=args.mig_manager_delay,
-        configmap_sync_delay=args.configmap_sync_delay,
-        device_plugin_restart=args.device_plugin_restart,
-        mig_mode_reboot=args.mig_mode_reboot,
-    ))
+    state = scenario.build(
+        SimState(
+            seed=scenario.seed,
+            mig_manager_delay=args.mig_manager_delay,
+            configmap_sync_delay=args.configmap_sync_delay,
+            device_plugin_restart=args.device_plugin_restart,
+            mig_mode_reboot=args.mig_mode_reboot,
+        )
+    )
     state.api.pod_start_delay_s = args.pod_start_delay
     state.api.pod_termination_grace_s = args.pod_termination_grace
-    server = SimServer(state, host=args.host, port=args.port, token=args.token,
-                       tick_interval=args.tick or None, verbose=args.verbose)
+    server = SimServer(
+        state, host=args.host, port=args.port, token=args.token, tick_interval=args.tick or None, verbose=args.verbose
+    )
     try:
         server.start()
     except OSError as exc:
@@ -91,11 +121,17 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
             signal.signal(sig, lambda *_: stop.set())
     paths = server.write_kubeconfigs(args.kubeconfig_dir)
     counts = scenario.expected_counts()["clusters"]
-    print(f"simcluster: scenario {scenario.name!r} (seed {scenario.seed}) built in "
-          f"{time.monotonic() - started:.1f}s, serving {server.url}", flush=True)
+    print(
+        f"simcluster: scenario {scenario.name!r} (seed {scenario.seed}) built in "
+        f"{time.monotonic() - started:.1f}s, serving {server.url}",
+        flush=True,
+    )
     for name, path in paths.items():
-        print(f"  cluster {name}: {counts[name]['nodes']} nodes, {sum(counts[name]['gpus'].values())} GPUs, "
-              f"{server.cluster_url(name)}  kubeconfig {path}", flush=True)
+        print(
+            f"  cluster {name}: {counts[name]['nodes']} nodes, {sum(counts[name]['gpus'].values())} GPUs, "
+            f"{server.cluster_url(name)}  kubeconfig {path}",
+            flush=True,
+        )
     try:
         stop.wait()
     finally:

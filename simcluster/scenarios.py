@@ -79,15 +79,23 @@ class TimeSlicing:
     @property
     def key(self) -> str:
         suffix = "-renamed" if self.rename_by_default else ""
-        names = "" if self.resources == ["nvidia.com/gpu"] else "-" + "-".join(
-            r.removeprefix("nvidia.com/").replace(".", "-") for r in self.resources)
+        names = (
+            ""
+            if self.resources == ["nvidia.com/gpu"]
+            else "-" + "-".join(r.removeprefix("nvidia.com/").replace(".", "-") for r in self.resources)
+        )
         return f"time-sliced-{self.replicas}{names}{suffix}"
 
     def document(self) -> dict:
-        return {"version": "v1", "sharing": {"timeSlicing": {
-            "renameByDefault": self.rename_by_default,
-            "resources": [{"name": r, "replicas": self.replicas} for r in self.resources],
-        }}}
+        return {
+            "version": "v1",
+            "sharing": {
+                "timeSlicing": {
+                    "renameByDefault": self.rename_by_default,
+                    "resources": [{"name": r, "replicas": self.replicas} for r in self.resources],
+                }
+            },
+        }
 
 
 @dataclass
@@ -251,8 +259,16 @@ class Scenario:
         clusters = []
         for raw_cluster in document.get("clusters") or []:
             settings = ClusterSettings()
-            for key in ("driver_version", "cuda_version", "kubernetes_version", "operator_namespace",
-                        "mig_config_name", "device_plugin_config_name", "device_plugin_default", "machine"):
+            for key in (
+                "driver_version",
+                "cuda_version",
+                "kubernetes_version",
+                "operator_namespace",
+                "mig_config_name",
+                "device_plugin_config_name",
+                "device_plugin_default",
+                "machine",
+            ):
                 if raw_cluster.get(key) is not None:
                     setattr(settings, key, str(raw_cluster[key]))
             if raw_cluster.get("dra") is not None:
@@ -274,17 +290,23 @@ class Scenario:
                 else:
                     count = int(raw.get("count", 1))
                 groups.append(_parse_group(raw, count))
-            clusters.append(ClusterSpec(
-                name=str(raw_cluster["name"]),
-                settings=settings,
-                groups=groups,
-                namespaces=list(raw_cluster.get("namespaces") or []),
-                pods=list(raw_cluster.get("pods") or []),
-            ))
+            clusters.append(
+                ClusterSpec(
+                    name=str(raw_cluster["name"]),
+                    settings=settings,
+                    groups=groups,
+                    namespaces=list(raw_cluster.get("namespaces") or []),
+                    pods=list(raw_cluster.get("pods") or []),
+                )
+            )
         if not clusters:
             raise ScenarioError("a scenario needs at least one cluster")
-        return cls(name=str(document.get("name", "scenario")), seed=int(document.get("seed", 0)),
-                   clusters=clusters, params=merged)
+        return cls(
+            name=str(document.get("name", "scenario")),
+            seed=int(document.get("seed", 0)),
+            clusters=clusters,
+            params=merged,
+        )
 
     # --- building ---------------------------------------------------------------------
 
@@ -310,14 +332,21 @@ class Scenario:
             gpuoperator.add_mig_configs(cluster, custom)
         sharing = {g.time_slicing.key: g.time_slicing for g in spec.groups if g.time_slicing}
         if sharing:
-            api.create("configmaps", ns, {
-                "metadata": {"name": cluster.settings.device_plugin_config_name},
-                "data": {key: yaml.safe_dump(ts.document(), sort_keys=False) for key, ts in sorted(sharing.items())},
-            })
+            api.create(
+                "configmaps",
+                ns,
+                {
+                    "metadata": {"name": cluster.settings.device_plugin_config_name},
+                    "data": {
+                        key: yaml.safe_dump(ts.document(), sort_keys=False) for key, ts in sorted(sharing.items())
+                    },
+                },
+            )
         for group in spec.groups:
             for name in group.node_names():
-                node = cluster.add_node(name, group.product, group.gpus_per_node, mig_strategy=group.mig_strategy,
-                                        labels=group.labels)
+                node = cluster.add_node(
+                    name, group.product, group.gpus_per_node, mig_strategy=group.mig_strategy, labels=group.labels
+                )
                 node.labels.update(gpuoperator.operator_labels(node))
                 if group.tier is not None:
                     node.labels[TIER_LABEL] = group.tier
@@ -334,13 +363,26 @@ class Scenario:
                 gpuoperator.refresh_node(cluster, node)
         try:
             for raw in spec.namespaces:
-                api.create("namespaces", None, {"metadata": {
-                    "name": raw["name"], "labels": raw.get("labels") or {},
-                    "annotations": raw.get("annotations") or {}}})
+                api.create(
+                    "namespaces",
+                    None,
+                    {
+                        "metadata": {
+                            "name": raw["name"],
+                            "labels": raw.get("labels") or {},
+                            "annotations": raw.get("annotations") or {},
+                        }
+                    },
+                )
                 if raw.get("quota"):
-                    api.create("resourcequotas", raw["name"], {
-                        "metadata": {"name": raw.get("quota_name", "gpu-quota")},
-                        "spec": {"hard": {k: str(v) for k, v in raw["quota"].items()}}})
+                    api.create(
+                        "resourcequotas",
+                        raw["name"],
+                        {
+                            "metadata": {"name": raw.get("quota_name", "gpu-quota")},
+                            "spec": {"hard": {k: str(v) for k, v in raw["quota"].items()}},
+                        },
+                    )
             for raw in spec.pods:
                 for pod in _pod_bodies(raw):
                     api.create("pods", raw["namespace"], pod)
@@ -366,8 +408,16 @@ def _accumulate(into: dict, counts: dict) -> None:
 
 
 def _expected_cluster(spec: ClusterSpec) -> dict:
-    counts: dict = {"nodes": 0, "gpus": {}, "mig_enabled_gpus": {}, "full_gpus": {}, "mig_instances": {},
-                    "tiers": {}, "allocatable": {}, "pods": sum(int(p.get("count", 1)) for p in spec.pods)}
+    counts: dict = {
+        "nodes": 0,
+        "gpus": {},
+        "mig_enabled_gpus": {},
+        "full_gpus": {},
+        "mig_instances": {},
+        "tiers": {},
+        "allocatable": {},
+        "pods": sum(int(p.get("count", 1)) for p in spec.pods),
+    }
 
     def add(section: dict, key: str, n: int) -> None:
         if n:
@@ -417,16 +467,24 @@ def _pod_bodies(raw: dict) -> list[dict]:
     limits = {k: str(v) for k, v in (raw.get("requests") or {}).items()}
     bodies = []
     for name in names:
-        spec: dict = {"containers": [{"name": "main", "image": raw.get("image", "nvcr.io/nvidia/pytorch:24.05-py3"),
-                                      "resources": {"limits": limits, "requests": limits}}]}
+        spec: dict = {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": raw.get("image", "nvcr.io/nvidia/pytorch:24.05-py3"),
+                    "resources": {"limits": limits, "requests": limits},
+                }
+            ]
+        }
         if raw.get("node_selector"):
             spec["nodeSelector"] = dict(raw["node_selector"])
         if raw.get("node_name"):
             spec["nodeName"] = raw["node_name"]
         if raw.get("tolerations"):
             spec["tolerations"] = list(raw["tolerations"])
-        bodies.append({"metadata": {"name": name, "labels": dict(raw.get("labels") or {"app": raw["name"]})},
-                       "spec": spec})
+        bodies.append(
+            {"metadata": {"name": name, "labels": dict(raw.get("labels") or {"app": raw["name"]})}, "spec": spec}
+        )
     return bodies
 
 

@@ -130,15 +130,19 @@ def check_quota(cluster: Cluster, pod: dict) -> None:
         if used is None:
             used = quota_used(cluster, namespace)
         over = sorted(
-            key for key, limit in hard.items()
+            key
+            for key, limit in hard.items()
             if usage.get(key, 0) > 0 and used.get(key, Decimal(0)) + usage[key] > _quantity(limit)
         )
         if over:
             requested = ",".join(f"{k}={_fmt(usage[k])}" for k in over)
             in_use = ",".join(f"{k}={_fmt(used.get(k, Decimal(0)))}" for k in over)
             limited = ",".join(f"{k}={_fmt(_quantity(hard[k]))}" for k in over)
-            raise forbidden("pods", pod["metadata"]["name"],
-                            f"exceeded quota: {qname}, requested: {requested}, used: {in_use}, limited: {limited}")
+            raise forbidden(
+                "pods",
+                pod["metadata"]["name"],
+                f"exceeded quota: {qname}, requested: {requested}, used: {in_use}, limited: {limited}",
+            )
 
 
 # ----------------------------------------------------------------------------------------
@@ -169,8 +173,9 @@ def admit_pod(cluster: Cluster, pod: dict) -> None:
         wanted = _selector_set(ns_selector)
         selector = spec.get("nodeSelector") or {}
         if any(k in selector and selector[k] != v for k, v in wanted.items()):
-            raise forbidden("pods", meta["name"], "pod node label selector conflicts with its namespace node label "
-                            "selector")
+            raise forbidden(
+                "pods", meta["name"], "pod node label selector conflicts with its namespace node label selector"
+            )
         spec["nodeSelector"] = {**selector, **wanted}
     _namespace_tolerations(ns_record.obj, pod)
     check_quota(cluster, pod)
@@ -190,8 +195,10 @@ TOLERATIONS_WHITELIST_ANNOTATION = "scheduler.alpha.kubernetes.io/tolerationsWhi
 
 def _same_toleration(a: dict, b: dict) -> bool:
     keys = ("key", "operator", "value", "effect")
-    return all((a.get(k) or ("Equal" if k == "operator" else "")) == (b.get(k) or ("Equal" if k == "operator" else ""))
-               for k in keys)
+    return all(
+        (a.get(k) or ("Equal" if k == "operator" else "")) == (b.get(k) or ("Equal" if k == "operator" else ""))
+        for k in keys
+    )
 
 
 def _namespace_tolerations(namespace: dict, pod: dict) -> None:
@@ -205,8 +212,9 @@ def _namespace_tolerations(namespace: dict, pod: dict) -> None:
     tolerations = list(spec.get("tolerations") or [])
     defaults = json.loads(annotations.get(DEFAULT_TOLERATIONS_ANNOTATION) or "[]")
     for default in defaults:
-        if not any(t.get("key") == default.get("key") and t.get("effect") == default.get("effect")
-                   for t in tolerations):
+        if not any(
+            t.get("key") == default.get("key") and t.get("effect") == default.get("effect") for t in tolerations
+        ):
             tolerations.append(dict(default))
     if tolerations:
         spec["tolerations"] = tolerations
@@ -215,8 +223,12 @@ def _namespace_tolerations(namespace: dict, pod: dict) -> None:
         return
     allowed = json.loads(whitelist or "[]")
     if any(not any(_same_toleration(t, a) for a in allowed) for t in tolerations):
-        raise forbidden("pods", pod["metadata"]["name"], "pod tolerations (possibly merged with namespace default "
-                        "tolerations) conflict with its namespace whitelist")
+        raise forbidden(
+            "pods",
+            pod["metadata"]["name"],
+            "pod tolerations (possibly merged with namespace default "
+            "tolerations) conflict with its namespace whitelist",
+        )
 
 
 def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
@@ -239,19 +251,23 @@ def _fit(node: Node, pod: dict, requests: dict[str, int]) -> str | None:
     spec = pod.get("spec") or {}
     if not node.ready:
         return "node(s) had untolerated taint {node.kubernetes.io/not-ready: }"
-    if node.unschedulable and not _tolerated({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
-                                             spec.get("tolerations") or []):
+    if node.unschedulable and not _tolerated(
+        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}, spec.get("tolerations") or []
+    ):
         return "node(s) were unschedulable"
     selector = spec.get("nodeSelector") or {}
     if any(node.labels.get(k) != v for k, v in selector.items()):
         return "node(s) didn't match Pod's node affinity/selector"
-    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    terms = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+        or {}
+    ).get("nodeSelectorTerms") or []
     if not node_selector_terms_match(terms, node.labels):
         return "node(s) didn't match Pod's node affinity/selector"
     for taint in node.taints:
-        if taint.get("key") != "node.kubernetes.io/unschedulable" and not _tolerated(taint, spec.get("tolerations")
-                                                                                     or []):
+        if taint.get("key") != "node.kubernetes.io/unschedulable" and not _tolerated(
+            taint, spec.get("tolerations") or []
+        ):
             return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
     for resource, count in requests.items():
         free = sum(1 for d in node.devices.get(resource, ()) if d not in node.assigned)
@@ -316,18 +332,37 @@ def _set_creating(cluster: Cluster, record: Record, node: Node) -> None:
         "conditions": [
             {"type": "PodReadyToStartContainers", "status": "False", "lastProbeTime": None, "lastTransitionTime": now},
             {"type": "Initialized", "status": "True", "lastProbeTime": None, "lastTransitionTime": now},
-            {"type": "Ready", "status": "False", "lastProbeTime": None, "lastTransitionTime": now,
-             "reason": "ContainersNotReady", "message": unready},
-            {"type": "ContainersReady", "status": "False", "lastProbeTime": None, "lastTransitionTime": now,
-             "reason": "ContainersNotReady", "message": unready},
+            {
+                "type": "Ready",
+                "status": "False",
+                "lastProbeTime": None,
+                "lastTransitionTime": now,
+                "reason": "ContainersNotReady",
+                "message": unready,
+            },
+            {
+                "type": "ContainersReady",
+                "status": "False",
+                "lastProbeTime": None,
+                "lastTransitionTime": now,
+                "reason": "ContainersNotReady",
+                "message": unready,
+            },
             {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now},
         ],
         "hostIP": node.address,
         "hostIPs": [{"ip": node.address}],
         "startTime": now,
         "containerStatuses": [
-            {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "started": False,
-             "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
             for c in pod["spec"].get("containers") or []
         ],
         "qosClass": pod.get("status", {}).get("qosClass", "BestEffort"),
@@ -357,17 +392,27 @@ def bind(cluster: Cluster, record: Record, node: Node) -> None:
         for resource, count in requests.items():
             base = resource[: -len(".shared")] if resource.endswith(".shared") else resource
             if count > 1 and sharing.replicas_for(base) > 1:
-                _set_failed(cluster, record, node, "UnexpectedAdmissionError",
-                            "Pod was rejected: Allocate failed due to rpc error: code = Unknown desc = request for "
-                            f"'{resource}: {count}' too large: maximum request size for shared resources is 1")
+                _set_failed(
+                    cluster,
+                    record,
+                    node,
+                    "UnexpectedAdmissionError",
+                    "Pod was rejected: Allocate failed due to rpc error: code = Unknown desc = request for "
+                    f"'{resource}: {count}' too large: maximum request size for shared resources is 1",
+                )
                 return
     for resource, count in requests.items():
         free = [d for d in node.devices.get(resource, ()) if d not in node.assigned]
         if len(free) < count:
-            _set_failed(cluster, record, node, f"OutOf{resource}",
-                        f"Pod was rejected: Node didn't have enough resource: {resource}, requested: {count}, "
-                        f"used: {len(node.devices.get(resource, ())) - len(free)}, "
-                        f"capacity: {len(node.devices.get(resource, ()))}")
+            _set_failed(
+                cluster,
+                record,
+                node,
+                f"OutOf{resource}",
+                f"Pod was rejected: Node didn't have enough resource: {resource}, requested: {count}, "
+                f"used: {len(node.devices.get(resource, ())) - len(free)}, "
+                f"capacity: {len(node.devices.get(resource, ()))}",
+            )
             return
     chosen = []
     key = _pod_key(pod)
@@ -389,9 +434,16 @@ def bind(cluster: Cluster, record: Record, node: Node) -> None:
 def _unschedulable(cluster: Cluster, record: Record, message: str) -> bool:
     status = record.obj.setdefault("status", {})
     status["phase"] = "Pending"
-    status["conditions"] = [{"type": "PodScheduled", "status": "False", "lastProbeTime": None,
-                             "lastTransitionTime": cluster.state.timestamp(), "reason": "Unschedulable",
-                             "message": message}]
+    status["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "lastProbeTime": None,
+            "lastTransitionTime": cluster.state.timestamp(),
+            "reason": "Unschedulable",
+            "message": message,
+        }
+    ]
     record.raw = None
     return False
 
@@ -424,8 +476,9 @@ def schedule(cluster: Cluster, record: Record) -> bool:
             return True
         reasons[why] = reasons.get(why, 0) + 1
     detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-    return _unschedulable(cluster, record, f"0/{len(cluster.nodes)} nodes are available" +
-                          (f": {detail}." if detail else "."))
+    return _unschedulable(
+        cluster, record, f"0/{len(cluster.nodes)} nodes are available" + (f": {detail}." if detail else ".")
+    )
 
 
 def on_pod_created(cluster: Cluster, record: Record) -> None:
@@ -522,7 +575,8 @@ def on_pod_deleted(cluster: Cluster, pod: dict) -> None:
 def retry_pending(cluster: Cluster) -> None:
     """Give unscheduled pods another chance, oldest first (by resourceVersion of creation)."""
     pending = [
-        r for r in cluster.pods.values()
+        r
+        for r in cluster.pods.values()
         if not r.obj["spec"].get("nodeName") and (r.obj.get("status") or {}).get("phase") == "Pending"
     ]
     for record in sorted(pending, key=lambda r: (r.obj["metadata"]["creationTimestamp"], r.obj["metadata"]["uid"])):
@@ -602,15 +656,17 @@ def processes(cluster: Cluster, node: Node) -> list[dict]:
         replicas = node.sharing.replicas_for("nvidia.com/gpu") if node.sharing and "::" in device_id else 1
         seed = zlib.crc32(f"{record.obj['metadata']['uid']}/{device_id}".encode())
         fraction = 0.3 + 0.5 * (seed % 1000) / 1000
-        result.append({
-            "gpu": owner[0],
-            "gi": owner[1],
-            "pid": 2000 + seed % 60000,
-            "used_bytes": int(unit_mib * fraction / replicas) * 1024 * 1024,
-            # SM utilisation as nvmlDeviceGetProcessUtilization reports it: within the pod's share, unless
-            # the pod is annotated gpuaas.io/sim-sm-util (a greedy tenant, for the over-use checks).
-            "sm_util": _sm_util(record, fraction, replicas),
-            "pod": f"{key[0]}/{key[1]}",
-            "pod_uid": record.obj["metadata"]["uid"],
-        })
+        result.append(
+            {
+                "gpu": owner[0],
+                "gi": owner[1],
+                "pid": 2000 + seed % 60000,
+                "used_bytes": int(unit_mib * fraction / replicas) * 1024 * 1024,
+                # SM utilisation as nvmlDeviceGetProcessUtilization reports it: within the pod's share, unless
+                # the pod is annotated gpuaas.io/sim-sm-util (a greedy tenant, for the over-use checks).
+                "sm_util": _sm_util(record, fraction, replicas),
+                "pod": f"{key[0]}/{key[1]}",
+                "pod_uid": record.obj["metadata"]["uid"],
+            }
+        )
     return result

@@ -11,11 +11,29 @@ from capacity.mig.catalog import PRODUCTS
 
 def load_catalog(MigProfile, MigPlacement, *, using: str = "default") -> int:  # noqa: N803 - model classes
     """Create or update every catalog profile and placement; returns rows written. Idempotent."""
-    fields = ("product", "name", "profile_id", "compute_slices", "memory_slices", "memory_mib", "multiprocessors",
-              "max_instances", "placements")
+    fields = (
+        "product",
+        "name",
+        "profile_id",
+        "compute_slices",
+        "memory_slices",
+        "memory_mib",
+        "multiprocessors",
+        "max_instances",
+        "placements",
+    )
     expected = sorted(
-        (product.key, p.name, p.profile_id, p.compute_slices, p.memory_slices, p.memory_mib, p.multiprocessors,
-         p.max_instances, tuple(p.starts))
+        (
+            product.key,
+            p.name,
+            p.profile_id,
+            p.compute_slices,
+            p.memory_slices,
+            p.memory_mib,
+            p.multiprocessors,
+            p.max_instances,
+            tuple(p.starts),
+        )
         for product in PRODUCTS.values()
         for p in product.profiles
     )

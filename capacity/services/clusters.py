@@ -75,9 +75,10 @@ def rotate_credentials() -> tuple[int, int]:
     """
     with transaction.atomic():
         clusters = list(
-            Cluster.objects.select_for_update().exclude(encrypted_kubeconfig="").order_by("pk").only(
-                "pk", "name", "encrypted_kubeconfig"
-            )
+            Cluster.objects.select_for_update()
+            .exclude(encrypted_kubeconfig="")
+            .order_by("pk")
+            .only("pk", "name", "encrypted_kubeconfig")
         )
         stale = [c for c in clusters if not credentials.is_current(c.encrypted_kubeconfig)]
         rotated, undecryptable = [], []

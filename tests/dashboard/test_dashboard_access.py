@@ -86,8 +86,12 @@ def test_login_page_signs_a_member_in_to_the_project_view(client, world, bob):
 
 
 def test_the_project_page_lists_its_best_effort_requests_and_no_one_elses(client, world, bob):
-    mine = BestEffortRequest.objects.create(project=world.pools["inference"].project, count=2, product="A30-24GB", profile_name="1g.6gb")
-    BestEffortRequest.objects.create(project=world.pools["batch"].project, count=3, product="A30-24GB", profile_name="2g.12gb")
+    mine = BestEffortRequest.objects.create(
+        project=world.pools["inference"].project, count=2, product="A30-24GB", profile_name="1g.6gb"
+    )
+    BestEffortRequest.objects.create(
+        project=world.pools["batch"].project, count=3, product="A30-24GB", profile_name="2g.12gb"
+    )
     client.force_login(bob)
     response = client.get("/projects/team-a/")
     assert [(b.pk, b.units_held) for b in response.context["best_effort"]] == [(mine.pk, 0)]

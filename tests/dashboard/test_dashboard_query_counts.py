@@ -11,7 +11,9 @@ pytestmark = pytest.mark.django_db
 # 2 of them read the session and the user; a multi-device pod adds up to 2 (resolving its device UUIDs).
 OVERVIEW_MAX = 20
 CLUSTER_MAX = 20
-PROJECT_LIST_MAX = 13  # 2 of them read the trespass panel, 1 the pools' clusters (units per cluster), 1 best-effort requests
+PROJECT_LIST_MAX = (
+    13  # 2 of them read the trespass panel, 1 the pools' clusters (units per cluster), 1 best-effort requests
+)
 POOL_PAGE_MAX = 15  # 6 of them read the monitoring tab's series (monitoring.readers), 1 the pool's clusters
 
 

@@ -41,5 +41,7 @@ def test_each_validation_names_who_may_write_and_says_so():
     assert f"'{admission.POD_CLAIM_NAME_ANNOTATION}' in object.metadata.annotations" in claims["expression"]
     assert "o.kind == 'Pod'" in claims["expression"] and "o.controller" in claims["expression"]
     assert (templates["message"], claims["message"]) == (
-        admission.MESSAGES["resourceclaimtemplates"], admission.MESSAGES["resourceclaims"])
+        admission.MESSAGES["resourceclaimtemplates"],
+        admission.MESSAGES["resourceclaims"],
+    )
     assert templates["reason"] == claims["reason"] == "Forbidden"  # 403, as the simulator answers

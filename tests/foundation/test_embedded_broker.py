@@ -86,7 +86,10 @@ def _settings_value(tmp_path, expr, **env):
     full.update(GPUAAS_VAR_DIR=str(tmp_path), **env)
     return subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); from django.conf import settings; print({expr})"],
-        cwd=ROOT, env={**full, "DJANGO_SETTINGS_MODULE": "gpuaas.settings"}, capture_output=True, text=True,
+        cwd=ROOT,
+        env={**full, "DJANGO_SETTINGS_MODULE": "gpuaas.settings"},
+        capture_output=True,
+        text=True,
         timeout=60,
     )
 

@@ -25,7 +25,9 @@ def test_crashed_child_is_restarted_and_the_others_stay_up(tmp_path):
     clock, lines = FakeClock(), []
     sup = Supervisor(
         [Program("web", SLEEPER, tmp_path / "web.log"), Program("worker", CRASHER, tmp_path / "worker.log")],
-        log=lines.append, clock=clock, status_path=tmp_path / "status.json",
+        log=lines.append,
+        clock=clock,
+        status_path=tmp_path / "status.json",
     )
     try:
         sup.start_all()
@@ -46,7 +48,11 @@ def test_crashed_child_is_restarted_and_the_others_stay_up(tmp_path):
         status = json.loads((tmp_path / "status.json").read_text())
         assert (status["crashes"], status["restarts"]) == (1, 1)
         assert status["programs"]["worker"] == {
-            "pid": worker.proc.pid, "alive": True, "crashes": 1, "restarts": 1, "last_exit": 3,
+            "pid": worker.proc.pid,
+            "alive": True,
+            "crashes": 1,
+            "restarts": 1,
+            "last_exit": 3,
         }
         assert lines[0].startswith("supervisor: worker exited with status 3 after ")
         assert lines[1] == f"supervisor: worker restarted (pid {worker.proc.pid}, restart 1)"
@@ -58,8 +64,13 @@ def test_crashed_child_is_restarted_and_the_others_stay_up(tmp_path):
 
 def test_backoff_doubles_on_quick_crashes_and_resets_after_a_stable_run(tmp_path):
     clock = FakeClock()
-    sup = Supervisor([Program("worker", CRASHER, tmp_path / "w.log")], log=lambda line: None, clock=clock,
-                     stable_after=60, backoff_max=4)
+    sup = Supervisor(
+        [Program("worker", CRASHER, tmp_path / "w.log")],
+        log=lambda line: None,
+        clock=clock,
+        stable_after=60,
+        backoff_max=4,
+    )
     worker = sup.programs["worker"]
     delays = []
     try:

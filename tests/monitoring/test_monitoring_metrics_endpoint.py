@@ -74,6 +74,8 @@ def test_token_configured_still_admits_staff_session_but_not_a_wrong_bearer(clie
     client.force_login(operator)
     assert client.get("/metrics").status_code == 200
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+
+
 def test_staff_without_the_permission_get_401_and_operators_get_the_metrics(
     client, settings, staff_nobody, staff_operator, busy
 ):

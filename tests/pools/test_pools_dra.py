@@ -41,9 +41,13 @@ def run_pod(sim, namespace: str, name: str, template: str) -> dict:
     """Create a pod that references a claim template (as a user would) and return it as the simulator holds it."""
     from simcluster.kube import ClusterApi
 
-    body = {"metadata": {"name": name}, "spec": {
-        "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}}
+    body = {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        },
+    }
     with sim.state.lock:
         ClusterApi(sim.sim).create("pods", namespace, body)
         return sim.sim.pods[(namespace, name)].obj
@@ -53,8 +57,11 @@ def pod_devices(sim, namespace: str, name: str) -> list[str]:
     """UUIDs of the devices the pod's claims were allocated (empty while Pending)."""
     cluster = sim.sim
     pod = cluster.pods[(namespace, name)].obj
-    uuids = {(r.obj["spec"]["pool"]["name"], d["name"]): d["attributes"]["uuid"]["string"]
-             for r in cluster.resourceslices.values() for d in r.obj["spec"]["devices"]}
+    uuids = {
+        (r.obj["spec"]["pool"]["name"], d["name"]): d["attributes"]["uuid"]["string"]
+        for r in cluster.resourceslices.values()
+        for d in r.obj["spec"]["devices"]
+    }
     found = []
     for status in pod["status"].get("resourceClaimStatuses") or ():
         claim = cluster.resourceclaims[(namespace, status["resourceClaimName"])].obj
@@ -70,7 +77,8 @@ def pool_uuids(pool) -> list[str]:
 def template_uuids(kube, namespace: str, name: str) -> list[str]:
     templates = {t["metadata"]["name"]: t for t in kube.list_resource_claim_templates(namespace)}
     expression = templates[name]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"][
-        "expression"]
+        "expression"
+    ]
     subject, listed = expression.split(" in [")
     assert subject == 'device.attributes["gpu.nvidia.com"].uuid'
     return sorted(part.strip(' "') for part in listed.rstrip("]").split(","))
@@ -93,10 +101,12 @@ def test_discovery_reads_the_drivers_slices_and_records_dra_binding(dra_sim):
     node = NodeCapacity.objects.get(cluster=cluster, name="dra-h100-mig-01")
     sim_node = dra_sim.sim.nodes["dra-h100-mig-01"]
     assert node.dra_devices == {
-        f"gpu-{gpu.index}-mig-9-{gi.start}-4": ci.uuid for gpu in sim_node.gpus for gi, ci in gpu.mig_devices()}
+        f"gpu-{gpu.index}-mig-9-{gi.start}-4": ci.uuid for gpu in sim_node.gpus for gi, ci in gpu.mig_devices()
+    }
     # The same UUIDs NVML gave the MIG instances: the slices match the inventory row for row.
     assert sorted(node.dra_devices.values()) == sorted(
-        MigInstance.objects.filter(gpu__node=node).values_list("uuid", flat=True))
+        MigInstance.objects.filter(gpu__node=node).values_list("uuid", flat=True)
+    )
     full = NodeCapacity.objects.get(cluster=cluster, name="dra-h100-full-01")
     assert sorted(full.dra_devices) == ["gpu-0", "gpu-1"]
     assert sorted(full.dra_devices.values()) == sorted(full.gpus.values_list("uuid", flat=True))
@@ -135,17 +145,33 @@ def test_a_member_cannot_forge_a_claim_or_template_for_another_projects_unit(two
 
     a, b = two_pools
     target = pool_uuids(b)[0]
-    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com", "selectors": [
-        {"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid == "{target}"'}}]}}]}}
+    spec = {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {
+                        "deviceClassName": "mig.nvidia.com",
+                        "selectors": [
+                            {"cel": {"expression": f'device.attributes["gpu.nvidia.com"].uuid == "{target}"'}}
+                        ],
+                    },
+                }
+            ]
+        }
+    }
     member = ClusterApi(dra_sim.sim, user="alice")
     with dra_sim.sim.state.lock:
-        for plural, body in (("resourceclaims", {"metadata": {"name": "mine"}, "spec": spec}),
-                             ("resourceclaimtemplates", {"metadata": {"name": "mine"}, "spec": {"spec": spec}})):
+        for plural, body in (
+            ("resourceclaims", {"metadata": {"name": "mine"}, "spec": spec}),
+            ("resourceclaimtemplates", {"metadata": {"name": "mine"}, "spec": {"spec": spec}}),
+        ):
             with pytest.raises(ApiError) as refused:
                 member.create(plural, "team-a", body)
             assert refused.value.code == 403
             assert "ValidatingAdmissionPolicy 'gpuaas-dra-claims' with binding 'gpuaas-dra-claims' denied" in (
-                refused.value.message)
+                refused.value.message
+            )
         assert not [k for k in dra_sim.sim.resourceclaims if k[0] == "team-a"]
     run_pod(dra_sim, "team-a", "own", f"gpuaas-{a.pk}-mig-3g.40gb")
     assert pod_devices(dra_sim, "team-a", "own")[0] in pool_uuids(a)
@@ -157,14 +183,17 @@ def test_gpuaas_under_another_service_account_than_the_policy_names_fails_provis
     """Installed in another namespace without editing the policy: the template write is refused and the pool says so."""
     from simcluster.rbac import Role
 
-    dra_sim.state.api.role = Role([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
-                                  user="system:serviceaccount:platform:gpuaas-controller")
+    dra_sim.state.api.role = Role(
+        [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
+        user="system:serviceaccount:platform:gpuaas-controller",
+    )
     pool = services.approve(make_request(count=1), actor=operator)
     assert provision_pool_task(pool.pk) == "failed"
     pool.refresh_from_db()
     assert "403" in pool.state_reason
     assert "ValidatingAdmissionPolicy 'gpuaas-dra-claims' with binding 'gpuaas-dra-claims' denied request" in (
-        pool.state_reason)
+        pool.state_reason
+    )
     assert not [k for k in dra_sim.sim.resourceclaimtemplates if k[0] == "team-a"]
 
 
@@ -175,7 +204,11 @@ def test_workload_tracker_takes_the_device_from_the_claim(two_pools, dra_sim, pr
     assert discover_cluster(dra_sim.cluster.pk, inventory="none").run.status == "succeeded"
     row = WorkloadProfile.objects.get(pod_name="infer")
     assert (row.namespace, row.project_id, row.resource_name, row.count) == (
-        "team-a", project.pk, "nvidia.com/mig-3g.40gb", 1)
+        "team-a",
+        project.pk,
+        "nvidia.com/mig-3g.40gb",
+        1,
+    )
     assert row.mig_instance.uuid == uuid and row.device_ids == [uuid]
     assert row.node.name == dra_sim.sim.pods[("team-a", "infer")].obj["spec"]["nodeName"]
     card = GpuPool.objects.with_card().get(pk=a.pk)
@@ -211,9 +244,12 @@ def test_drift_repair_recreates_a_deleted_template_and_records_it(two_pools, dra
     name = f"gpuaas-{a.pk}-mig-3g.40gb"
     with kube_for(dra_sim.cluster) as kube:
         kube.delete_resource_claim_template("team-a", name)
-        kube.create_resource_claim_template("team-a", f"gpuaas-{a.pk}-gpu", {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}},
-            labels={"app.kubernetes.io/managed-by": "gpuaas", "gpuaas.io/pool": str(a.pk)})
+        kube.create_resource_claim_template(
+            "team-a",
+            f"gpuaas-{a.pk}-gpu",
+            {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}},
+            labels={"app.kubernetes.io/managed-by": "gpuaas", "gpuaas.io/pool": str(a.pk)},
+        )
     result = reconcile_provisioned()
     assert result["errors"] == 0 and result["repaired"] == 2
     with kube_for(dra_sim.cluster) as kube:

@@ -50,9 +50,7 @@ def test_one_approval_reads_the_free_units_once(four_nodes, make_request, operat
     assert sum("FOR UPDATE" in q for q in reads) == 1
 
 
-def test_one_queue_pass_that_approves_the_head_costs_a_bounded_number_of_queries(
-    four_nodes, make_request, operator
-):
+def test_one_queue_pass_that_approves_the_head_costs_a_bounded_number_of_queries(four_nodes, make_request, operator):
     AutoApprovalPolicy.objects.create(name="every request")
     holders = [make_request(count=8, **FULL) for _ in range(4)]
     for holder in holders:

@@ -169,9 +169,7 @@ def test_a_named_vgpu_type_must_still_meet_the_declared_needs(api, bob, project,
     body = {"project": project.pk, "workload_type": "staging", "memory_gib": 30, "vgpu_type": "H100XM-20C"}
     response = api(bob).post(URL, body, format="json")
     assert response.status_code == 400
-    assert response.data["memory_gib"] == [
-        "vGPU H100XM-20C (H100-80GB): has a 20 GB framebuffer, you asked for 30 GiB"
-    ]
+    assert response.data["memory_gib"] == ["vGPU H100XM-20C (H100-80GB): has a 20 GB framebuffer, you asked for 30 GiB"]
     pinned = {"project": project.pk, "vgpu_type": "H100XM-20C", "profile_name": "3g.40gb"}
     assert list(api(bob).post(URL, pinned, format="json").data) == ["vgpu_type"]
 

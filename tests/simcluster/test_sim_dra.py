@@ -36,8 +36,12 @@ def resource_api(dra_state, tmp_path):
 
 def devices(state, node=None):
     cluster = state.cluster("dra")
-    return [d for r in cluster.resourceslices.values() for d in r.obj["spec"]["devices"]
-            if node is None or r.obj["spec"]["nodeName"] == node]
+    return [
+        d
+        for r in cluster.resourceslices.values()
+        for d in r.obj["spec"]["devices"]
+        if node is None or r.obj["spec"]["nodeName"] == node
+    ]
 
 
 def template(name, device_class, expression=None):
@@ -49,11 +53,18 @@ def template(name, device_class, expression=None):
 
 
 def pod(name, template_name=None, claim_name=None):
-    ref = {"name": "gpu", **({"resourceClaimTemplateName": template_name} if template_name else {}),
-           **({"resourceClaimName": claim_name} if claim_name else {})}
-    return {"metadata": {"name": name}, "spec": {
-        "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
-        "resourceClaims": [ref]}}
+    ref = {
+        "name": "gpu",
+        **({"resourceClaimTemplateName": template_name} if template_name else {}),
+        **({"resourceClaimName": claim_name} if claim_name else {}),
+    }
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [ref],
+        },
+    }
 
 
 def allocated_uuid(state, namespace, pod_name):
@@ -61,8 +72,11 @@ def allocated_uuid(state, namespace, pod_name):
     obj = cluster.pods[(namespace, pod_name)].obj
     names = [s["resourceClaimName"] for s in obj["status"].get("resourceClaimStatuses") or ()]
     names += [c["resourceClaimName"] for c in obj["spec"]["resourceClaims"] if c.get("resourceClaimName")]
-    by_name = {(d["name"], r.obj["spec"]["pool"]["name"]): d["attributes"]["uuid"]["string"]
-               for r in cluster.resourceslices.values() for d in r.obj["spec"]["devices"]}
+    by_name = {
+        (d["name"], r.obj["spec"]["pool"]["name"]): d["attributes"]["uuid"]["string"]
+        for r in cluster.resourceslices.values()
+        for d in r.obj["spec"]["devices"]
+    }
     uuids = []
     for name in names:
         allocation = cluster.resourceclaims[(namespace, name)].obj.get("status", {}).get("allocation")
@@ -82,14 +96,17 @@ def test_slices_have_the_fixture_shape(dra_state):
         for device in item["spec"]["devices"]:
             ours = published[device["attributes"]["type"]["string"]]
             assert {k: set(v) for k, v in device["attributes"].items()} == {
-                k: set(v) for k, v in ours["attributes"].items()}
+                k: set(v) for k, v in ours["attributes"].items()
+            }
             assert {k.rstrip("0123456789") for k in device["capacity"]} == {
-                k.rstrip("0123456789") for k in ours["capacity"]}
+                k.rstrip("0123456789") for k in ours["capacity"]
+            }
     cluster = dra_state.cluster("dra")
     mig_node = cluster.nodes["dra-h100-mig-01"]
     mig = [d for d in devices(dra_state, "dra-h100-mig-01")]
     assert sorted(d["attributes"]["uuid"]["string"] for d in mig) == sorted(
-        ci.uuid for gpu in mig_node.gpus for _, ci in gpu.mig_devices())
+        ci.uuid for gpu in mig_node.gpus for _, ci in gpu.mig_devices()
+    )
     assert {d["name"] for d in mig} == {"gpu-0-mig-9-0-4", "gpu-0-mig-9-4-4", "gpu-1-mig-9-0-4", "gpu-1-mig-9-4-4"}
     assert {d["name"] for d in devices(dra_state, "dra-h100-full-01")} == {"gpu-0", "gpu-1"}
 
@@ -109,8 +126,12 @@ def test_official_client_reads_slices_classes_and_discovery(resource_api, dra_st
     groups = client.ApisApi(core.api_client).get_api_versions()
     assert [g.name for g in groups.groups] == ["scheduling.k8s.io", "resource.k8s.io"]
     listed = resource.get_api_resources()
-    assert {r.name for r in listed.resources} == {"deviceclasses", "resourceclaims", "resourceclaimtemplates",
-                                                   "resourceslices"}
+    assert {r.name for r in listed.resources} == {
+        "deviceclasses",
+        "resourceclaims",
+        "resourceclaimtemplates",
+        "resourceslices",
+    }
 
 
 def test_template_pod_gets_only_an_admitted_device_and_waits_when_none_is_left(resource_api, dra_state):
@@ -150,8 +171,14 @@ def test_a_device_held_by_one_claim_is_never_given_to_another(dra_state):
     api.create("pods", "team-a", pod("owner", "a"))
     assert allocated_uuid(dra_state, "team-a", "owner") == [target]
     # A claim written by hand in another namespace that names the same device cannot have it.
-    api.create("resourceclaims", "team-b", {"metadata": {"name": "forged"}, "spec": template(
-        "x", "gpu.nvidia.com", f"{UUID} in ['{target}']")["spec"]["spec"]})
+    api.create(
+        "resourceclaims",
+        "team-b",
+        {
+            "metadata": {"name": "forged"},
+            "spec": template("x", "gpu.nvidia.com", f"{UUID} in ['{target}']")["spec"]["spec"],
+        },
+    )
     api.create("pods", "team-b", pod("thief", claim_name="forged"))
     thief = cluster.pods[("team-b", "thief")].obj
     assert thief["status"]["phase"] == "Pending"
@@ -160,7 +187,8 @@ def test_a_device_held_by_one_claim_is_never_given_to_another(dra_state):
     api.create("pods", "team-b", pod("borrower", "a"))
     borrower = cluster.pods[("team-b", "borrower")].obj
     assert borrower["status"]["conditions"][0]["message"] == (
-        '0/4 nodes are available: resourceclaimtemplate.resource.k8s.io "a" not found.')
+        '0/4 nodes are available: resourceclaimtemplate.resource.k8s.io "a" not found.'
+    )
 
 
 def test_mig_class_never_admits_a_whole_gpu(dra_state):
@@ -173,12 +201,15 @@ def test_mig_class_never_admits_a_whole_gpu(dra_state):
     assert cluster.pods[("team-a", "p")].obj["status"]["phase"] == "Pending"
 
 
-@pytest.mark.parametrize("expression", [
-    'device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA")',
-    'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0',
-    "cel.bind(x, 1, true)",
-    f"{UUID} in ",
-])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA")',
+        'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0',
+        "cel.bind(x, 1, true)",
+        f"{UUID} in ",
+    ],
+)
 def test_cel_outside_the_subset_is_refused_when_written(resource_api, expression):
     resource, core = resource_api
     core.create_namespace({"metadata": {"name": "team-a"}})
@@ -215,9 +246,15 @@ def test_templates_are_immutable_and_a_claim_template_watch_sees_changes(resourc
     resource.delete_namespaced_resource_claim_template("t", "team-a")
     from kubernetes import watch
 
-    events = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
-        resource.list_namespaced_resource_claim_template, "team-a",
-        resource_version=created.metadata.resource_version, timeout_seconds=1)]
+    events = [
+        (e["type"], e["object"].metadata.name)
+        for e in watch.Watch().stream(
+            resource.list_namespaced_resource_claim_template,
+            "team-a",
+            resource_version=created.metadata.resource_version,
+            timeout_seconds=1,
+        )
+    ]
     assert events == [("DELETED", "t")]
 
 
@@ -258,8 +295,10 @@ def test_a_forged_claim_in_a_managed_namespace_is_refused_as_kube_apiserver_word
     managed_namespaces(cluster, "team-b")
     target = devices(dra_state, "dra-h100-full-02")[0]["attributes"]["uuid"]["string"]
     member = ClusterApi(cluster, user="alice")
-    body = {"metadata": {"name": "forged"}, "spec": template("x", "gpu.nvidia.com", f"{UUID} == '{target}'")[
-        "spec"]["spec"]}
+    body = {
+        "metadata": {"name": "forged"},
+        "spec": template("x", "gpu.nvidia.com", f"{UUID} == '{target}'")["spec"]["spec"],
+    }
     with pytest.raises(ApiError) as refused:
         member.create("resourceclaims", "team-b", body)
     assert refused.value.body() == {
@@ -267,7 +306,7 @@ def test_a_forged_claim_in_a_managed_namespace_is_refused_as_kube_apiserver_word
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
-        "message": "resourceclaims.resource.k8s.io \"forged\" is forbidden: ValidatingAdmissionPolicy "
+        "message": 'resourceclaims.resource.k8s.io "forged" is forbidden: ValidatingAdmissionPolicy '
         "'gpuaas-dra-claims' with binding 'gpuaas-dra-claims' denied request: ResourceClaims in a gpuaas project "
         "namespace are made from a pod's resourceClaimTemplateName only; reference your pool's claim_template",
         "reason": "Forbidden",
@@ -280,8 +319,9 @@ def test_a_forged_claim_in_a_managed_namespace_is_refused_as_kube_apiserver_word
         ClusterApi(cluster).create("resourceclaims", "team-b", body)
     # Dressing it up as the controller's claim does not help: the user is not the controller's.
     body["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}
-    body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u",
-                                            "controller": True}]
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u", "controller": True}
+    ]
     with pytest.raises(ApiError, match="denied request"):
         member.create("resourceclaims", "team-b", body)
 
@@ -304,8 +344,13 @@ def test_only_gpuaas_writes_claim_templates_in_a_managed_namespace(dra_state):
     gpuaas.create("resourceclaimtemplates", "team-a", template("pool", "gpu.nvidia.com", f"{UUID} == '{target}'"))
     # UPDATE is matched too: a member cannot relabel (or otherwise rewrite) gpuaas's template.
     with pytest.raises(ApiError, match="written by gpuaas only"):
-        ClusterApi(cluster, user="alice").patch("resourceclaimtemplates", "team-a", "pool",
-                                                {"metadata": {"labels": {"x": "y"}}}, "application/merge-patch+json")
+        ClusterApi(cluster, user="alice").patch(
+            "resourceclaimtemplates",
+            "team-a",
+            "pool",
+            {"metadata": {"labels": {"x": "y"}}},
+            "application/merge-patch+json",
+        )
     # A pod referencing gpuaas's template gets its claim from the resourceclaim controller, which is admitted.
     ClusterApi(cluster, user="alice").create("pods", "team-a", pod("p", "pool"))
     assert allocated_uuid(dra_state, "team-a", "p") == [target]
@@ -329,6 +374,7 @@ def test_a_malformed_template_gets_its_422_before_admission(dra_state):
     cluster = dra_state.cluster("dra")
     managed_namespaces(cluster, "team-a")
     with pytest.raises(ApiError) as refused:
-        ClusterApi(cluster, user="alice").create("resourceclaimtemplates", "team-a",
-                                                 template("t", "gpu.nvidia.com", "cel.bind(x, 1, true)"))
+        ClusterApi(cluster, user="alice").create(
+            "resourceclaimtemplates", "team-a", template("t", "gpu.nvidia.com", "cel.bind(x, 1, true)")
+        )
     assert refused.value.code == 422

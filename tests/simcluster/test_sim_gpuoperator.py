@@ -29,8 +29,16 @@ def wait_for_state(api, node_name: str, timeout: float = 5.0) -> str:
 
 
 def small_state(**group):
-    spec = {"name": "t", "seed": 1, "clusters": [{"name": "lab", "node_groups": [
-        {"name_prefix": "n", "count": 1, "product": "H100-80GB", "gpus_per_node": 2, **group}]}]}
+    spec = {
+        "name": "t",
+        "seed": 1,
+        "clusters": [
+            {
+                "name": "lab",
+                "node_groups": [{"name_prefix": "n", "count": 1, "product": "H100-80GB", "gpus_per_node": 2, **group}],
+            }
+        ],
+    }
     return Scenario.from_dict(spec).build()
 
 
@@ -67,12 +75,21 @@ def test_mixed_strategy_labels_match_the_reference(prod):
 def test_full_gpu_labels_match_the_reference_example(prod):
     labels = nvidia_labels(prod.read_node("prod-h100-full-01"))
     expected = {
-        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
-        "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.family": "hopper", "nvidia.com/gpu.compute.major": "9",
-        "nvidia.com/gpu.compute.minor": "0", "nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.sharing-strategy": "none",
-        "nvidia.com/gpu.mode": "compute", "nvidia.com/mig.capable": "true", "nvidia.com/mps.capable": "false",
-        "nvidia.com/cuda.driver-version.full": "550.54.15", "nvidia.com/cuda.runtime-version.full": "12.4",
-        "nvidia.com/gpu.present": "true", MIG_CONFIG: "all-disabled",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+        "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "nvidia.com/gpu.mode": "compute",
+        "nvidia.com/mig.capable": "true",
+        "nvidia.com/mps.capable": "false",
+        "nvidia.com/cuda.driver-version.full": "550.54.15",
+        "nvidia.com/cuda.runtime-version.full": "12.4",
+        "nvidia.com/gpu.present": "true",
+        MIG_CONFIG: "all-disabled",
     }
     assert {k: labels[k] for k in expected} == expected
     assert not any(k.startswith("nvidia.com/mig-") for k in labels)
@@ -116,8 +133,9 @@ def test_default_mig_parted_config_follows_the_operator(prod):
     h100 = next(e for e in configs["all-balanced"] if "0x233010DE" in e["device-filter"])
     assert h100["mig-devices"] == {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
     assert {"0x233010DE", "0x20B210DE"} <= set(h100["device-filter"])  # H100-80GB and A100-80GB share it
-    assert configs["prod-4g-3g"] == [{"devices": list(range(8)), "mig-enabled": True,
-                                      "mig-devices": {"3g.40gb": 1, "4g.40gb": 1}}]
+    assert configs["prod-4g-3g"] == [
+        {"devices": list(range(8)), "mig-enabled": True, "mig-devices": {"3g.40gb": 1, "4g.40gb": 1}}
+    ]
 
 
 @pytest.mark.parametrize(
@@ -194,17 +212,27 @@ def test_refuses_while_gpu_pods_run(prod, state):
 
 
 def test_gpuaas_configmap_wins_and_invalid_layouts_fail(prod, state):
-    document = {"version": "v1", "mig-configs": {
-        "gpuaas-2x3g": [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.40gb": 2}}],
-        "gpuaas-too-big": [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.40gb": 3}}],
-        "gpuaas-wrong-gpu": [{"device-filter": "0x233510DE", "devices": "all", "mig-enabled": True,
-                              "mig-devices": {"1g.18gb": 7}}],
-    }}
-    prod.create_namespaced_config_map("gpu-operator", {
-        "metadata": {"name": "gpuaas-mig-parted-config"}, "data": {"config.yaml": yaml.safe_dump(document)}})
+    document = {
+        "version": "v1",
+        "mig-configs": {
+            "gpuaas-2x3g": [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.40gb": 2}}],
+            "gpuaas-too-big": [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.40gb": 3}}],
+            "gpuaas-wrong-gpu": [
+                {"device-filter": "0x233510DE", "devices": "all", "mig-enabled": True, "mig-devices": {"1g.18gb": 7}}
+            ],
+        },
+    }
+    prod.create_namespaced_config_map(
+        "gpu-operator",
+        {"metadata": {"name": "gpuaas-mig-parted-config"}, "data": {"config.yaml": yaml.safe_dump(document)}},
+    )
     node = state.cluster("prod").nodes["prod-h100-bal-02"]
-    for config, outcome in [("gpuaas-too-big", "failed"), ("gpuaas-wrong-gpu", "failed"),
-                            ("all-balanced", "failed"), ("gpuaas-2x3g", "success")]:
+    for config, outcome in [
+        ("gpuaas-too-big", "failed"),
+        ("gpuaas-wrong-gpu", "failed"),
+        ("all-balanced", "failed"),
+        ("gpuaas-2x3g", "success"),
+    ]:
         prod.patch_node("prod-h100-bal-02", {"metadata": {"labels": {MIG_CONFIG: config}}})
         state.run_mig_manager()
         assert node.labels[MIG_STATE] == outcome, (config, node.mig_message)
@@ -214,10 +242,13 @@ def test_gpuaas_configmap_wins_and_invalid_layouts_fail(prod, state):
 
 def test_cluster_policy_config_name_is_read(prod, state):
     state.cluster("prod").settings.mig_config_name = "site-mig-config"
-    document = {"version": "v1", "mig-configs": {"site-7g": [{"devices": [0, 1], "mig-enabled": True,
-                                                              "mig-devices": {"7g.80gb": 1}}]}}
-    prod.create_namespaced_config_map("gpu-operator", {
-        "metadata": {"name": "site-mig-config"}, "data": {"config.yaml": yaml.safe_dump(document)}})
+    document = {
+        "version": "v1",
+        "mig-configs": {"site-7g": [{"devices": [0, 1], "mig-enabled": True, "mig-devices": {"7g.80gb": 1}}]},
+    }
+    prod.create_namespaced_config_map(
+        "gpu-operator", {"metadata": {"name": "site-mig-config"}, "data": {"config.yaml": yaml.safe_dump(document)}}
+    )
     prod.patch_node("prod-h100-full-02", {"metadata": {"labels": {MIG_CONFIG: "site-7g"}}})
     state.run_mig_manager()
     node = prod.read_node("prod-h100-full-02")
@@ -231,10 +262,24 @@ def test_cluster_policy_config_name_is_read(prod, state):
 
 def test_device_plugin_config_label_switches_sharing(prod):
     sharing = {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 3}]}}}
-    renamed = {"version": "v1", "sharing": {"timeSlicing": {"renameByDefault": True, "failRequestsGreaterThanOne": True,
-                                                            "resources": [{"name": "gpu", "replicas": 2}]}}}
-    prod.create_namespaced_config_map("gpu-operator", {"metadata": {"name": "time-slicing-config"}, "data": {
-        "three": yaml.safe_dump(sharing), "renamed": yaml.safe_dump(renamed)}})
+    renamed = {
+        "version": "v1",
+        "sharing": {
+            "timeSlicing": {
+                "renameByDefault": True,
+                "failRequestsGreaterThanOne": True,
+                "resources": [{"name": "gpu", "replicas": 2}],
+            }
+        },
+    }
+    prod.create_namespaced_config_map(
+        "gpu-operator",
+        {
+            "metadata": {"name": "time-slicing-config"},
+            "data": {"three": yaml.safe_dump(sharing), "renamed": yaml.safe_dump(renamed)},
+        },
+    )
+
     def select(key):
         return prod.patch_node("prod-h100-full-02", {"metadata": {"labels": {"nvidia.com/device-plugin.config": key}}})
 
@@ -249,16 +294,24 @@ def test_device_plugin_config_label_switches_sharing(prod):
     assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert node.metadata.labels["nvidia.com/gpu.replicas"] == "2"
     prod.create_namespace({"metadata": {"name": "batch"}})
-    pod = prod.create_namespaced_pod("batch", {"metadata": {"name": "two"}, "spec": {
-        "nodeName": "prod-h100-full-02",
-        "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu.shared": "2"}}}]}})
+    pod = prod.create_namespaced_pod(
+        "batch",
+        {
+            "metadata": {"name": "two"},
+            "spec": {
+                "nodeName": "prod-h100-full-02",
+                "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu.shared": "2"}}}],
+            },
+        },
+    )
     assert (pod.status.phase, pod.status.reason) == ("Failed", "UnexpectedAdmissionError")
     assert "maximum request size for shared resources is 1" in pod.status.message
     # Editing the ConfigMap reconfigures the nodes that use it.
     sharing["sharing"]["timeSlicing"]["resources"][0]["replicas"] = 5
     renamed["sharing"]["timeSlicing"]["resources"][0]["replicas"] = 5
-    prod.patch_namespaced_config_map("time-slicing-config", "gpu-operator",
-                                     {"data": {"renamed": yaml.safe_dump(renamed)}})
+    prod.patch_namespaced_config_map(
+        "time-slicing-config", "gpu-operator", {"data": {"renamed": yaml.safe_dump(renamed)}}
+    )
     assert prod.read_node("prod-h100-full-02").status.allocatable["nvidia.com/gpu.shared"] == "40"
 
 

@@ -11,16 +11,24 @@ H100 = PRODUCTS["H100-80GB"]
 
 
 def gpu(product=H100) -> Gpu:
-    g = Gpu(index=0, product=product, uuid="GPU-test", serial="1", pci_bus_id="00000000:18:00.0",
-            load=LoadModel.seeded("t"))
+    g = Gpu(
+        index=0, product=product, uuid="GPU-test", serial="1", pci_bus_id="00000000:18:00.0", load=LoadModel.seeded("t")
+    )
     g.mig_current = g.mig_pending = 1
     return g
 
 
 @pytest.mark.parametrize(
     ("profile", "start", "gi_id"),
-    [("7g.80gb", 0, 0), ("1g.10gb", 0, 7), ("1g.10gb", 6, 13), ("2g.20gb", 4, 5), ("1g.20gb", 6, 6),
-     ("3g.40gb", 4, 1), ("4g.40gb", 0, 1)],
+    [
+        ("7g.80gb", 0, 0),
+        ("1g.10gb", 0, 7),
+        ("1g.10gb", 6, 13),
+        ("2g.20gb", 4, 5),
+        ("1g.20gb", 6, 6),
+        ("3g.40gb", 4, 1),
+        ("4g.40gb", 0, 1),
+    ],
 )
 def test_gi_ids_follow_the_observed_pattern(profile, start, gi_id):
     assert gpu().create_gpu_instance(H100.profile(profile), start).id == gi_id
@@ -38,8 +46,9 @@ def test_overlap_counts_and_mig_off_are_refused():
         g.create_gpu_instance(H100.profile("2g.20gb"), 2)
     assert exc.value.code == 23
     g.create_gpu_instance(H100.profile("3g.40gb"), 4)  # 3g at {4} + 4g at {0} is valid
-    assert remaining_capacity(H100, H100.profile("1g.10gb"), [(gi.profile, gi.start) for gi in g.instances.values()]
-                              ) == 0
+    assert (
+        remaining_capacity(H100, H100.profile("1g.10gb"), [(gi.profile, gi.start) for gi in g.instances.values()]) == 0
+    )
     one_me = gpu()
     one_me.create_gpu_instance(H100.profile("1g.10gb+me"))
     with pytest.raises(HardwareError):
@@ -53,8 +62,7 @@ def test_overlap_counts_and_mig_off_are_refused():
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("1g.10gb", 7), ("1g.10gb+me", 1), ("1g.20gb", 4), ("2g.20gb", 3), ("3g.40gb", 2), ("4g.40gb", 1),
-     ("7g.80gb", 1)],
+    [("1g.10gb", 7), ("1g.10gb+me", 1), ("1g.20gb", 4), ("2g.20gb", 3), ("3g.40gb", 2), ("4g.40gb", 1), ("7g.80gb", 1)],
 )
 def test_remaining_capacity_on_an_empty_gpu(name, expected):
     assert gpu().remaining_capacity(H100.profile(name)) == expected
@@ -73,8 +81,9 @@ def test_plans():
     assert sorted(names) == ["3g.40gb", "4g.40gb"]
     assert plan_layout(H100, [H100.profile("3g.40gb")] * 3) is None
     assert plan_layout(H100, [H100.profile("1g.10gb")] * 7 + [H100.profile("1g.10gb")]) is None
-    plan = plan_layout(H100, [H100.profile("1g.10gb"), H100.profile("1g.10gb"), H100.profile("2g.20gb"),
-                              H100.profile("3g.40gb")])
+    plan = plan_layout(
+        H100, [H100.profile("1g.10gb"), H100.profile("1g.10gb"), H100.profile("2g.20gb"), H100.profile("3g.40gb")]
+    )
     assert sorted((p.name, s) for p, s in plan) == [("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)]
 
 

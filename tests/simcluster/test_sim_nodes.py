@@ -8,8 +8,12 @@ from kubernetes.client.exceptions import ApiException
 from simcluster import kube
 
 DEMO_PROD_NODES = [
-    "prod-h100-4g3g-01", "prod-h100-4g3g-02", "prod-h100-bal-01", "prod-h100-bal-02",
-    "prod-h100-full-01", "prod-h100-full-02",
+    "prod-h100-4g3g-01",
+    "prod-h100-4g3g-02",
+    "prod-h100-bal-01",
+    "prod-h100-bal-02",
+    "prod-h100-full-01",
+    "prod-h100-full-02",
 ]
 
 
@@ -97,16 +101,22 @@ def test_get_node_and_404_status_body(prod):
     assert exc.value.status == 404
     body = kube.json.loads(exc.value.body)
     assert body == {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": 'nodes "nope" not found', "reason": "NotFound", "details": {"name": "nope", "kind": "nodes"},
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'nodes "nope" not found',
+        "reason": "NotFound",
+        "details": {"name": "nope", "kind": "nodes"},
         "code": 404,
     }
 
 
 def test_strategic_merge_patch_labels_and_null_deletes(prod):
     before = prod.read_node("prod-h100-bal-01")
-    patched = prod.patch_node("prod-h100-bal-01", {"metadata": {"labels": {"gpuaas.io/pool": "inference",
-                                                                            "gpuaas.io/tier": None}}})
+    patched = prod.patch_node(
+        "prod-h100-bal-01", {"metadata": {"labels": {"gpuaas.io/pool": "inference", "gpuaas.io/tier": None}}}
+    )
     assert patched.metadata.labels["gpuaas.io/pool"] == "inference"
     assert "gpuaas.io/tier" not in patched.metadata.labels
     assert int(patched.metadata.resource_version) > int(before.metadata.resource_version)
@@ -115,7 +125,8 @@ def test_strategic_merge_patch_labels_and_null_deletes(prod):
 
 def test_merge_patch_annotations(prod):
     patched = prod.patch_node(
-        "prod-h100-bal-02", {"metadata": {"annotations": {"gpuaas.io/owner": "ops"}}},
+        "prod-h100-bal-02",
+        {"metadata": {"annotations": {"gpuaas.io/owner": "ops"}}},
         _content_type="application/merge-patch+json",
     )
     assert patched.metadata.annotations["gpuaas.io/owner"] == "ops"
@@ -123,9 +134,12 @@ def test_merge_patch_annotations(prod):
 
 
 def test_json_patch(prod):
-    patched = prod.patch_node("prod-h100-bal-02", [
-        {"op": "add", "path": "/metadata/labels/gpuaas.io~1drain", "value": "yes"},
-    ])
+    patched = prod.patch_node(
+        "prod-h100-bal-02",
+        [
+            {"op": "add", "path": "/metadata/labels/gpuaas.io~1drain", "value": "yes"},
+        ],
+    )
     assert patched.metadata.labels["gpuaas.io/drain"] == "yes"
 
 
@@ -153,8 +167,9 @@ def test_patch_with_stale_resource_version_conflicts(prod):
     node = prod.read_node("prod-h100-full-01")
     prod.patch_node("prod-h100-full-01", {"metadata": {"labels": {"a": "1"}}})
     with pytest.raises(ApiException) as exc:
-        prod.patch_node("prod-h100-full-01", {"metadata": {"resourceVersion": node.metadata.resource_version,
-                                                           "labels": {"a": "2"}}})
+        prod.patch_node(
+            "prod-h100-full-01", {"metadata": {"resourceVersion": node.metadata.resource_version, "labels": {"a": "2"}}}
+        )
     assert exc.value.status == 409
     assert kube.json.loads(exc.value.body)["reason"] == "Conflict"
 

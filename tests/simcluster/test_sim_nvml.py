@@ -76,23 +76,34 @@ def test_mig_devices_match_the_device_plugin(nvml, state):
             except pynvml.NVMLError_NotFound:
                 break
             assert nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig).contents is not None
-            assert nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)) == \
-                nvml.nvmlDeviceGetUUID(handle)
+            assert nvml.nvmlDeviceGetUUID(
+                nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+            ) == nvml.nvmlDeviceGetUUID(handle)
             gi_id = nvml.nvmlDeviceGetGpuInstanceId(mig)
             seen.append((nvml.nvmlDeviceGetUUID(mig), nvml.nvmlDeviceGetName(mig), gi_id))
     devices = node.devices
-    assert sorted(u for u, _, _ in seen) == sorted(devices["nvidia.com/mig-1g.10gb"] + devices["nvidia.com/mig-2g.20gb"]
-                                                   + devices["nvidia.com/mig-3g.40gb"])
+    assert sorted(u for u, _, _ in seen) == sorted(
+        devices["nvidia.com/mig-1g.10gb"] + devices["nvidia.com/mig-2g.20gb"] + devices["nvidia.com/mig-3g.40gb"]
+    )
     # all-balanced on one GPU, by GI id: 3g (GI 1), 2g at start 2 (GI 3+1), 1g at starts 0 and 1 (GI 7, 8).
     assert [(name.split(" MIG ")[1], gi) for _, name, gi in seen[:4]] == [
-        ("3g.40gb", 1), ("2g.20gb", 4), ("1g.10gb", 7), ("1g.10gb", 8)]
+        ("3g.40gb", 1),
+        ("2g.20gb", 4),
+        ("1g.10gb", 7),
+        ("1g.10gb", 8),
+    ]
 
 
 def test_profile_info_and_placements_follow_the_reference(nvml):
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
     expected = {  # profile id: (starts, size) - reference §1.3
-        19: ([0, 1, 2, 3, 4, 5, 6], 1), 20: ([0, 1, 2, 3, 4, 5, 6], 1), 15: ([0, 2, 4, 6], 2),
-        14: ([0, 2, 4], 2), 9: ([0, 4], 4), 5: ([0], 4), 0: ([0], 8),
+        19: ([0, 1, 2, 3, 4, 5, 6], 1),
+        20: ([0, 1, 2, 3, 4, 5, 6], 1),
+        15: ([0, 2, 4, 6], 2),
+        14: ([0, 2, 4], 2),
+        9: ([0, 4], 4),
+        5: ([0], 4),
+        0: ([0], 8),
     }
     for profile_id, (starts, size) in expected.items():
         placements = (pynvml.c_nvmlGpuInstancePlacement_t * 8)()
@@ -101,7 +112,12 @@ def test_profile_info_and_placements_follow_the_reference(nvml):
         assert [(placements[i].start, placements[i].size) for i in range(count.value)] == [(s, size) for s in starts]
     info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2)
     assert (info.id, info.sliceCount, info.memorySizeMB, info.multiprocessorCount, info.name) == (
-        15, 1, 20096, 26, "MIG 1g.20gb")
+        15,
+        1,
+        20096,
+        26,
+        "MIG 1g.20gb",
+    )
     with pytest.raises(pynvml.NVMLError_NotSupported):
         nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, pynvml.NVML_GPU_INSTANCE_PROFILE_6_SLICE)
     assert nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, 19) == 0  # all-balanced leaves slice 7 only
@@ -275,7 +291,8 @@ def test_gpm_per_device_and_per_mig_instance_on_hopper(nvml, state):
     gpu = state.cluster("prod").nodes["prod-h100-bal-01"].gpu(0)
     assert values == {gi.id: pytest.approx(gi.activity * 100, abs=0.01) for gi in gpu.instances.values()}
     assert values[1] * 3 / 7 + values[4] * 2 / 7 + values[7] / 7 + values[8] / 7 == pytest.approx(
-        gpu.activity * 100, abs=0.05)
+        gpu.activity * 100, abs=0.05
+    )
 
 
 def test_activity_follows_the_work_placed_on_each_unit():
@@ -309,8 +326,14 @@ def test_activity_follows_the_work_placed_on_each_unit():
 
 
 def test_gpm_not_supported_on_ampere():
-    state = Scenario.from_dict({"name": "t", "clusters": [{"name": "c", "node_groups": [
-        {"name_prefix": "a100", "product": "A100-80GB", "gpus_per_node": 1}]}]}).build()
+    state = Scenario.from_dict(
+        {
+            "name": "t",
+            "clusters": [
+                {"name": "c", "node_groups": [{"name_prefix": "a100", "product": "A100-80GB", "gpus_per_node": 1}]}
+            ],
+        }
+    ).build()
     lib = library_for_state(state, "c", "a100-01")
     lib.nvmlInit()
     handle = lib.nvmlDeviceGetHandleByIndex(0)
@@ -348,20 +371,26 @@ def test_xid_and_ecc_events(state):
     handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
     assert lib.nvmlDeviceGetSupportedEventTypes(handles[0]) & pynvml.nvmlEventTypeXidCriticalError
     for h in handles:
-        lib.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError,
-                                     events)
+        lib.nvmlDeviceRegisterEvents(
+            h, pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError, events
+        )
     with pytest.raises(pynvml.NVMLError_Timeout):
         lib.nvmlEventSetWait_v2(events, 10)
     state.faults.xid("prod", "prod-h100-full-02", 5, code=48)
     state.faults.ecc_double_bit("prod", "prod-h100-full-02", 1, count=2)
     data = lib.nvmlEventSetWait_v2(events, 1000)
-    assert (data.eventType, data.eventData, data.gpuInstanceId) == (pynvml.nvmlEventTypeXidCriticalError, 48,
-                                                                   0xFFFFFFFF)
+    assert (data.eventType, data.eventData, data.gpuInstanceId) == (
+        pynvml.nvmlEventTypeXidCriticalError,
+        48,
+        0xFFFFFFFF,
+    )
     assert lib.nvmlDeviceGetIndex(data.device) == 5
     data = lib.nvmlEventSetWait(events, 1000)
     assert data.eventType == pynvml.nvmlEventTypeDoubleBitEccError
-    assert lib.nvmlDeviceGetTotalEccErrors(handles[1], pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                           pynvml.NVML_VOLATILE_ECC) == 2
+    assert (
+        lib.nvmlDeviceGetTotalEccErrors(handles[1], pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+        == 2
+    )
     state.faults.row_remap_pending("prod", "prod-h100-full-02", 1)
     assert lib.nvmlDeviceGetRemappedRows(handles[1]) == (0, 1, 1, 0)
     state.faults.thermal_throttle("prod", "prod-h100-full-02", 1)
@@ -405,9 +434,20 @@ def test_per_process_sm_utilisation_on_whole_gpus(nvml, state):
 
 def test_nvlink_state_and_p2p_status_follow_the_board():
     """HGX H100 (SXM): 18 links per GPU, all GPUs joined through NVSwitch; H100 NVL: bridged pairs, 12 links."""
-    state = Scenario.from_dict({"name": "t", "clusters": [{"name": "c", "node_groups": [
-        {"name_prefix": "hgx", "product": "H100-80GB", "gpus_per_node": 8},
-        {"name_prefix": "nvl", "product": "H100-94GB-NVL", "gpus_per_node": 4}]}]}).build()
+    state = Scenario.from_dict(
+        {
+            "name": "t",
+            "clusters": [
+                {
+                    "name": "c",
+                    "node_groups": [
+                        {"name_prefix": "hgx", "product": "H100-80GB", "gpus_per_node": 8},
+                        {"name_prefix": "nvl", "product": "H100-94GB-NVL", "gpus_per_node": 4},
+                    ],
+                }
+            ],
+        }
+    ).build()
     nvlink = pynvml.NVML_P2P_CAPS_INDEX_NVLINK
     hgx = library_for_state(state, "c", "hgx-01")
     hgx.nvmlInit()

@@ -16,7 +16,7 @@ from simcluster.nvml import library_for_node
 
 REPO = Path(__file__).resolve().parents[2]
 
-WORKER = textwrap.dedent('''
+WORKER = textwrap.dedent("""
     import json, sys
     from ctypes import byref
     import pynvml
@@ -49,14 +49,18 @@ WORKER = textwrap.dedent('''
     out["round_trips"] = backend.requests
     lib.nvmlShutdown()
     print(json.dumps(out))
-''')
+""")
 
 
 def test_nvml_over_http_from_another_process(server, prod, state):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [sys.executable, "-c", WORKER, server.cluster_url("prod"), "prod-h100-full-01"],
-        capture_output=True, text=True, env=env, timeout=60, cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)

@@ -14,8 +14,10 @@ from simcluster.scheduler import DEVICE_IDS_ANNOTATION
 def gpu_pod(name: str, resource: str, count: int = 1, **spec) -> dict:
     return {
         "metadata": {"name": name},
-        "spec": {"containers": [{"name": "main", "image": "busybox",
-                                 "resources": {"limits": {resource: str(count)}}}], **spec},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {resource: str(count)}}}],
+            **spec,
+        },
     }
 
 
@@ -74,8 +76,12 @@ def test_create_in_missing_namespace_is_404(prod):
 def test_demo_pods_are_running_with_device_ids(prod):
     pods = prod.list_pod_for_all_namespaces().items
     assert [(p.metadata.namespace, p.metadata.name) for p in pods] == [
-        ("team-nlp", "llm-train-0"), ("team-nlp", "llm-train-1"), ("team-vision", "detector"),
-        ("team-vision", "segmenter"), ("team-vision", "tracker")]
+        ("team-nlp", "llm-train-0"),
+        ("team-nlp", "llm-train-1"),
+        ("team-vision", "detector"),
+        ("team-vision", "segmenter"),
+        ("team-vision", "tracker"),
+    ]
     assert {p.status.phase for p in pods} == {"Running"}
     train = pods[0]
     assert train.spec.node_selector == {"gpuaas.io/tier": "full"}  # from the namespace annotation
@@ -114,15 +120,15 @@ def test_pod_scheduled_pending_and_retried_when_devices_free_up(prod):
 def test_node_selector_and_cordon_respected(prod):
     prod.create_namespace({"metadata": {"name": "batch"}})
     prod.patch_node("prod-h100-bal-01", {"spec": {"unschedulable": True}})
-    pod = prod.create_namespaced_pod("batch", gpu_pod("p", "nvidia.com/mig-2g.20gb", 1,
-                                                      nodeSelector={"gpuaas.io/tier": "1"}))
+    pod = prod.create_namespaced_pod(
+        "batch", gpu_pod("p", "nvidia.com/mig-2g.20gb", 1, nodeSelector={"gpuaas.io/tier": "1"})
+    )
     assert pod.spec.node_name == "prod-h100-bal-02"
 
 
 def test_namespace_selector_conflict_is_403(prod):
     with pytest.raises(ApiException) as exc:
-        prod.create_namespaced_pod("team-nlp", gpu_pod("x", "nvidia.com/gpu", 1,
-                                                       nodeSelector={"gpuaas.io/tier": "1"}))
+        prod.create_namespaced_pod("team-nlp", gpu_pod("x", "nvidia.com/gpu", 1, nodeSelector={"gpuaas.io/tier": "1"}))
     assert exc.value.status == 403
     assert "conflicts with its namespace node label selector" in status_of(exc)["message"]
 
@@ -211,10 +217,12 @@ def test_quota_status_and_enforcement(prod):
 
 def test_quota_crud(prod):
     ns = "team-vision"
-    prod.create_namespaced_resource_quota(ns, {"metadata": {"name": "extra"},
-                                               "spec": {"hard": {"requests.nvidia.com/mig-2g.20gb": "1"}}})
-    replaced = prod.replace_namespaced_resource_quota("extra", ns, {
-        "metadata": {"name": "extra"}, "spec": {"hard": {"requests.nvidia.com/mig-2g.20gb": "3"}}})
+    prod.create_namespaced_resource_quota(
+        ns, {"metadata": {"name": "extra"}, "spec": {"hard": {"requests.nvidia.com/mig-2g.20gb": "1"}}}
+    )
+    replaced = prod.replace_namespaced_resource_quota(
+        "extra", ns, {"metadata": {"name": "extra"}, "spec": {"hard": {"requests.nvidia.com/mig-2g.20gb": "3"}}}
+    )
     assert replaced.spec.hard == {"requests.nvidia.com/mig-2g.20gb": "3"}
     patched = prod.patch_namespaced_resource_quota("extra", ns, {"spec": {"hard": {"pods": "10"}}})
     assert patched.status.used == {"requests.nvidia.com/mig-2g.20gb": "0", "pods": "3"}

@@ -23,20 +23,25 @@ def observed(api) -> dict:
         tiers[labels[TIER_LABEL]] += 1
         for key, value in labels.items():
             if key.startswith("nvidia.com/mig-") and key.endswith(".count"):
-                mig[key[len("nvidia.com/mig-"):-len(".count")]] += int(value)
+                mig[key[len("nvidia.com/mig-") : -len(".count")]] += int(value)
         for resource, value in node.status.allocatable.items():
             if resource.startswith("nvidia.com/") and value != "0":
                 allocatable[resource] += int(value)
-    return {"nodes": len(nodes), "gpus": dict(gpus), "mig": dict(mig), "allocatable": dict(allocatable),
-            "tiers": dict(tiers), "pods": len(api.list_pod_for_all_namespaces().items)}
+    return {
+        "nodes": len(nodes),
+        "gpus": dict(gpus),
+        "mig": dict(mig),
+        "allocatable": dict(allocatable),
+        "tiers": dict(tiers),
+        "pods": len(api.list_pod_for_all_namespaces().items),
+    }
 
 
 def test_demo_expected_counts_match_the_api(demo, prod, dev):
     expected = demo.expected_counts()
     prod_expected = expected["clusters"]["prod"]
     assert prod_expected["gpus"] == {"H100-80GB": 48}
-    assert prod_expected["mig_instances"] == {"H100-80GB": {"1g.10gb": 32, "2g.20gb": 16, "3g.40gb": 32,
-                                                            "4g.40gb": 16}}
+    assert prod_expected["mig_instances"] == {"H100-80GB": {"1g.10gb": 32, "2g.20gb": 16, "3g.40gb": 32, "4g.40gb": 16}}
     assert expected["totals"]["nodes"] == 8
     assert expected["totals"]["gpus"] == {"H100-80GB": 48, "H200-141GB": 16}
     for api, name, product in ((prod, "prod", "NVIDIA-H100-80GB-HBM3"), (dev, "dev", "NVIDIA-H200")):
@@ -60,11 +65,14 @@ def test_builds_are_deterministic(demo):
     for state in (first, second):
         state.tick(10.0)
     a, b = first.cluster("prod"), second.cluster("prod")
-    assert [g.energy_mj for n in a.nodes.values() for g in n.gpus] == [g.energy_mj for n in b.nodes.values()
-                                                                         for g in n.gpus]
+    assert [g.energy_mj for n in a.nodes.values() for g in n.gpus] == [
+        g.energy_mj for n in b.nodes.values() for g in n.gpus
+    ]
     other = Scenario.from_dict({**_yaml("demo"), "seed": 43}).build()
-    assert other.cluster("prod").nodes["prod-h100-bal-01"].gpus[0].uuid != \
-        first.cluster("prod").nodes["prod-h100-bal-01"].gpus[0].uuid
+    assert (
+        other.cluster("prod").nodes["prod-h100-bal-01"].gpus[0].uuid
+        != first.cluster("prod").nodes["prod-h100-bal-01"].gpus[0].uuid
+    )
 
 
 def _yaml(name):
@@ -105,17 +113,37 @@ def test_scale_parameters_and_shapes():
 )
 def test_scenario_errors_are_clear(group, message):
     with pytest.raises(ScenarioError, match=message):
-        Scenario.from_dict({"name": "bad", "clusters": [{"name": "c", "node_groups": [
-            {"name_prefix": "n", **group}]}]})
+        Scenario.from_dict({"name": "bad", "clusters": [{"name": "c", "node_groups": [{"name_prefix": "n", **group}]}]})
 
 
 def test_per_gpu_layouts():
-    scenario = Scenario.from_dict({"name": "t", "clusters": [{"name": "c", "node_groups": [
-        {"name_prefix": "n", "product": "H100-80GB", "gpus_per_node": 4, "mig_strategy": "mixed",
-         "mig_layout": {"0-1": "all-balanced", "2": ["7g"]}, "mig_config": "split"}]}]})
+    scenario = Scenario.from_dict(
+        {
+            "name": "t",
+            "clusters": [
+                {
+                    "name": "c",
+                    "node_groups": [
+                        {
+                            "name_prefix": "n",
+                            "product": "H100-80GB",
+                            "gpus_per_node": 4,
+                            "mig_strategy": "mixed",
+                            "mig_layout": {"0-1": "all-balanced", "2": ["7g"]},
+                            "mig_config": "split",
+                        }
+                    ],
+                }
+            ],
+        }
+    )
     node = scenario.build().cluster().nodes["n-01"]
     assert [g.layout() for g in node.gpus] == [
-        ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"], ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"], ["7g.80gb"], []]
+        ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"],
+        ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"],
+        ["7g.80gb"],
+        [],
+    ]
     assert node.labels["nvidia.com/mig.config"] == "split"
     assert len(node.devices["nvidia.com/gpu"]) == 1
     assert scenario.expected_counts()["totals"]["full_gpus"] == {"H100-80GB": 1}
@@ -124,8 +152,12 @@ def test_per_gpu_layouts():
 def test_runner_serves_and_writes_kubeconfigs(tmp_path, make_api, capsys):
     stop = threading.Event()
     result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("rc", main(
-        ["--scenario", "demo", "--port", "0", "--kubeconfig-dir", str(tmp_path), "--tick", "0.1"], stop=stop)))
+    thread = threading.Thread(
+        target=lambda: result.setdefault(
+            "rc",
+            main(["--scenario", "demo", "--port", "0", "--kubeconfig-dir", str(tmp_path), "--tick", "0.1"], stop=stop),
+        )
+    )
     thread.start()
     try:
         deadline = time.monotonic() + 30

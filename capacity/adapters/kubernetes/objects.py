@@ -170,18 +170,20 @@ def parse_resource_slice(obj: dict) -> list[DraDevice]:
         uuid = _attribute(device, "uuid")
         if not uuid:
             continue
-        devices.append(DraDevice(
-            driver=driver,
-            pool=pool,
-            node_name=spec.get("nodeName") or "",
-            name=device.get("name") or "",
-            type=str(_attribute(device, "type") or ""),
-            uuid=str(uuid),
-            parent_uuid=str(_attribute(device, "parentUUID") or ""),
-            profile=str(_attribute(device, "profile") or ""),
-            product_name=str(_attribute(device, "productName") or ""),
-            memory=str(((device.get("capacity") or {}).get("memory") or {}).get("value") or ""),
-        ))
+        devices.append(
+            DraDevice(
+                driver=driver,
+                pool=pool,
+                node_name=spec.get("nodeName") or "",
+                name=device.get("name") or "",
+                type=str(_attribute(device, "type") or ""),
+                uuid=str(uuid),
+                parent_uuid=str(_attribute(device, "parentUUID") or ""),
+                profile=str(_attribute(device, "profile") or ""),
+                product_name=str(_attribute(device, "productName") or ""),
+                memory=str(((device.get("capacity") or {}).get("memory") or {}).get("value") or ""),
+            )
+        )
     return devices
 
 
@@ -208,7 +210,8 @@ def parse_resource_claim(obj: dict) -> ResourceClaim:
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
-        results=tuple((r.get("request", ""), r.get("driver", ""), r.get("pool", ""), r.get("device", ""))
-                      for r in results),
+        results=tuple(
+            (r.get("request", ""), r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results
+        ),
         reserved_for=tuple(r.get("uid", "") for r in status.get("reservedFor") or () if r.get("resource") == "pods"),
     )
