@@ -527,10 +527,15 @@ def accuracy(*, since: dt.datetime | None = None) -> dict:
     units that free for the request, never lent units, which are preemptible and promised to no one).
     A request that ran on lent units before (QueueEntry.first_on_loan_at) is scored the same way and
     counted in `ran_on_loan_first`, with its mean wait until lent units covered it (`mean_wait_to_loan_h`).
+    A request that started although its first forecast found no start within QUEUE_FORECAST_HORIZON_H (P50
+    None) cannot be scored: `without_forecast` counts them, so none is left out unseen.
     """
     rows = QueueEntry.objects.started()
+    unscored = QueueEntry.objects.filter(request__approved_at__isnull=False, first_p50__isnull=True)
     if since is not None:
         rows = rows.filter(request__approved_at__gte=since)
+        unscored = unscored.filter(request__approved_at__gte=since)
+    without_forecast = unscored.count()
     errors, waits, inside_p90, loan_waits = [], [], 0, []
     for queued, p50, p90, started, on_loan in rows.values_list(
         "queued_at", "first_p50", "first_p90", "request__approved_at", "first_on_loan_at"
@@ -549,6 +554,7 @@ def accuracy(*, since: dt.datetime | None = None) -> dict:
             "within_p90": None,
             "ran_on_loan_first": 0,
             "mean_wait_to_loan_h": None,
+            "without_forecast": without_forecast,
         }
     mean_wait = sum(waits) / len(waits)
     mae = sum(errors) / len(errors)
@@ -560,4 +566,5 @@ def accuracy(*, since: dt.datetime | None = None) -> dict:
         "within_p90": round(inside_p90 / len(errors), 3),
         "ran_on_loan_first": len(loan_waits),
         "mean_wait_to_loan_h": round(sum(loan_waits) / len(loan_waits), 3) if loan_waits else None,
+        "without_forecast": without_forecast,
     }

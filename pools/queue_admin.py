@@ -132,6 +132,8 @@ class QueueEntryAdmin(admin.ModelAdmin):
                     f"; {score['ran_on_loan_first']} ran on lent units first,"
                     f" after a mean wait of {score['mean_wait_to_loan_h']} h"
                 )
+            if score["without_forecast"]:
+                title += f"; {score['without_forecast']} started that had no forecast start within the horizon"
         return super().changelist_view(request, extra_context={"title": title, **(extra_context or {})})
 
     @admin.display(description="Project")

@@ -150,11 +150,14 @@ def test_a_start_inside_a_maintenance_window_moves_to_its_close(fleet, hold, now
 
 def test_accuracy_compares_the_first_p50_with_the_actual_start(fleet, make_request, operator, now):
     fleet.full_node("t1", gpus=2)
-    for wait_h, predicted_h in ((4, 5), (2, 2)):
+    for wait_h, predicted_h in ((4, 5), (2, 2), (7, None)):  # the last had no start within the horizon
         request = make_request(count=1, wait_if_full=True, **FULL)
         services.transition(request, "queued", None, "queued")
         QueueEntry.objects.create(
-            request=request, queued_at=now, first_p50=now + predicted_h * H, first_p90=now + 9 * H
+            request=request,
+            queued_at=now,
+            first_p50=None if predicted_h is None else now + predicted_h * H,
+            first_p90=None if predicted_h is None else now + 9 * H,
         )
         PoolRequest.objects.filter(pk=request.pk).update(approved_at=now + wait_h * H)
     score = forecast.accuracy()
@@ -166,6 +169,7 @@ def test_accuracy_compares_the_first_p50_with_the_actual_start(fleet, make_reque
         "within_p90": 1.0,
         "ran_on_loan_first": 0,
         "mean_wait_to_loan_h": None,
+        "without_forecast": 1,
     }
 
 
