@@ -45,6 +45,8 @@ approved out of the queue).
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import datetime as dt
 import heapq
 import math
@@ -68,7 +70,7 @@ from monitoring.services.lending import lend_idle
 from pools import forecast, lending, queue, services
 from pools.choices import LoanState, RequestState
 from pools.exceptions import InsufficientCapacity
-from pools.models import Allocation, AutoApprovalPolicy, GpuPool, Loan, PoolRequest
+from pools.models import Allocation, AutoApprovalPolicy, GpuPool, Loan, PoolRequest, QueueEntry
 from tenancy.models import Project
 
 from .pools import _percentile, bench_database, h100_fleet
@@ -92,6 +94,7 @@ START = dt.datetime(2026, 11, 2, tzinfo=dt.UTC)
 # Planner statistics are refreshed this often (simulated hours) on PostgreSQL, as autovacuum would in production.
 ANALYZE_EVERY_H = 6
 POLICIES = ("refuse", "queue", "queue+borrowing")
+BOUNDS_DRAWS = 50  # draws per forecast for --forecast-bounds' partly known futures
 
 
 @dataclass(frozen=True)
@@ -199,11 +202,28 @@ class _LenderPods:
         raise AssertionError("no borrower pods exist in the replay")
 
 
+class KnownArrivals:
+    """The arrivals that did come after a forecast, for Timeline.draw (duck-typing forecast.Arrivals): each at
+    its time, with its real size, hold and rank (ahead when the queue approved it before the request)."""
+
+    def __init__(self, times: list[dt.datetime], samples: list[forecast.Arrival]):
+        self.times, self.samples, self.next = times, samples, 0
+
+    def next_after(self, t: dt.datetime, rng) -> dt.datetime | None:
+        self.next = bisect.bisect_right(self.times, t)
+        return self.times[self.next] if self.next < len(self.times) else None
+
+    def pick(self, rng) -> forecast.Arrival:
+        return self.samples[self.next]
+
+
 class Replay:
     """One policy's run over the arrivals; run() returns its figures."""
 
-    def __init__(self, arrivals: list[Arrival], *, gpus: int, days: int, policy: str):
+    def __init__(self, arrivals: list[Arrival], *, gpus: int, days: int, policy: str, bounds: bool = False):
         self.arrivals, self.gpus, self.policy = arrivals, gpus, policy
+        self.bounds = bounds and policy != "refuse"
+        self.plans: dict[int, forecast.Plan] = {}  # queued request id: what its first forecast drew from
         self.queued = policy != "refuse"
         self.borrowing = policy == "queue+borrowing"
         self.end = START + dt.timedelta(days=days)
@@ -404,6 +424,8 @@ class Replay:
         queue.after_submit(request)
         if request.state != RequestState.QUEUED:
             self.start_own(request.pk, at)
+        elif self.bounds:  # read again what the first forecast (just stored by enqueue) drew from
+            self.plans[request.pk] = forecast.plan(request, now=at)
 
     def release(self, pk: int, at: dt.datetime) -> None:
         services.release(PoolRequest.objects.get(pk=pk), actor=None)
@@ -500,7 +522,89 @@ class Replay:
             score = forecast.accuracy()
             result["forecast_mae_ratio"] = score["mae_ratio"]
             result["forecast"] = score
+        if self.bounds:
+            result["forecast_bounds"] = self.forecast_bounds()
         return result
+
+    def forecast_bounds(self) -> dict:
+        """The forecast's error if it had known part of the future: each scored request's first forecast drawn
+        again with the holders' real releases (exact_holds), with the arrivals that did come and their real
+        holds (exact_arrivals), and with both (exact_both: what is left is the draw's model of the queue
+        itself). as_drawn re-draws the plan unchanged: it must equal forecast_mae_ratio. BOUNDS_DRAWS draws
+        per forecast (exact_both is one: nothing is left to chance)."""
+        started = dict(
+            QueueEntry.objects.started()
+            .filter(request_id__in=list(self.plans))
+            .values_list("request_id", "request__approved_at")
+        )
+        request_of_pool = dict(GpuPool.objects.values_list("pk", "request_id"))
+        approved = dict(PoolRequest.objects.values_list("pk", "approved_at"))
+        pk_of = {id(arrival): pk for pk, arrival in self.by_request.items()}
+        order = sorted((a.at, pk_of[id(a)]) for a in self.arrivals if id(a) in pk_of)
+        variants = {
+            "as_drawn": (False, False),
+            "exact_holds": (True, False),
+            "exact_arrivals": (False, True),
+            "exact_both": (True, True),
+        }
+        errors: dict[str, list[float]] = {name: [] for name in variants}
+        inside: dict[str, int] = dict.fromkeys(variants, 0)
+        waits = []
+        for pk, actual in sorted(started.items()):
+            planned = self.plans[pk]
+            waits.append(_hours(self.arrived_at[pk], actual))
+            for name, (holds, arrivals) in variants.items():
+                timeline = planned.timeline
+                if timeline is not None and holds:
+                    timeline = self._known_holds(timeline, request_of_pool)
+                if timeline is not None and arrivals:
+                    timeline = self._known_arrivals(timeline, order, approved, actual)
+                n = 1 if name == "exact_both" else (None if name == "as_drawn" else BOUNDS_DRAWS)
+                estimate = forecast.quantiles(planned, timeline, n=n)
+                p50 = estimate.p50 or timeline.horizon  # never within the horizon: scored at the horizon
+                errors[name].append(abs((actual - p50).total_seconds()) / 3600)
+                inside[name] += estimate.p90 is not None and actual <= estimate.p90
+        mean_wait = sum(waits) / len(waits) if waits else 0.0
+        return {
+            "scored": len(waits),
+            "draws": BOUNDS_DRAWS,
+            **{
+                name: {
+                    "mae_ratio": round(sum(e) / len(e) / mean_wait, 3) if mean_wait else None,
+                    "within_p90": round(inside[name] / len(e), 3) if e else None,
+                }
+                for name, e in errors.items()
+            },
+        }
+
+    def _known_holds(self, timeline: forecast.Timeline, request_of_pool: dict) -> forecast.Timeline:
+        """The timeline with each holder's real release (its end date) and each request ahead's real hold."""
+        holders = []
+        for holder in timeline.holders:
+            own = self.own.get(request_of_pool.get(holder.pool_id))
+            holders.append(dataclasses.replace(holder, end_at=own[1]) if own else holder)
+        ahead = [dataclasses.replace(w, hold_h=self.by_request[w.request_id].hold_h) for w in timeline.ahead]
+        return dataclasses.replace(timeline, holders=holders, ahead=ahead)
+
+    def _known_arrivals(self, timeline: forecast.Timeline, order: list, approved: dict, actual) -> forecast.Timeline:
+        """The timeline with the requests that did arrive after it (to its horizon), their sizes and holds; one
+        ranks ahead when the queue approved it before this request."""
+        times, samples = [], []
+        for at, pk in order:
+            if timeline.now < at <= timeline.horizon:
+                arrival, when = self.by_request[pk], approved.get(pk)
+                times.append(at)
+                samples.append(
+                    forecast.Arrival(
+                        arrival.size,
+                        None,
+                        arrival.workload,
+                        ahead=when is not None and when < actual,
+                        auto=True,
+                        hold_h=arrival.hold_h,
+                    )
+                )
+        return dataclasses.replace(timeline, coming=KnownArrivals(times, samples))
 
     def loan_figures(self) -> dict:
         loans = Loan.objects.all()
@@ -520,9 +624,9 @@ class Replay:
         }
 
 
-def replay(arrivals: list[Arrival], *, gpus: int, days: int, policy: str) -> dict:
+def replay(arrivals: list[Arrival], *, gpus: int, days: int, policy: str, bounds: bool = False) -> dict:
     """Replay `arrivals` under `policy` (one of POLICIES) in the current database; the figures."""
-    return Replay(arrivals, gpus=gpus, days=days, policy=policy).run()
+    return Replay(arrivals, gpus=gpus, days=days, policy=policy, bounds=bounds).run()
 
 
 @benchmark(
@@ -534,9 +638,14 @@ def replay(arrivals: list[Arrival], *, gpus: int, days: int, policy: str) -> dic
         arg("--seed", type=int, default=1),
         arg("--policies", default=",".join(POLICIES), help="Comma-separated: refuse, queue, queue+borrowing."),
         arg("--keep-db", action="store_true"),
+        arg(
+            "--forecast-bounds",
+            action="store_true",
+            help="Also score each first forecast with part of the future known (Replay.forecast_bounds).",
+        ),
     ],
 )
-def queue_benchmark(*, stdout, gpus, days, seed, policies, keep_db, **_):
+def queue_benchmark(*, stdout, gpus, days, seed, policies, keep_db, forecast_bounds=False, **_):
     chosen = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = sorted(set(chosen) - set(POLICIES))
     if unknown or not chosen:
@@ -548,7 +657,7 @@ def queue_benchmark(*, stdout, gpus, days, seed, policies, keep_db, **_):
     for policy in chosen:
         started = time.perf_counter()
         with bench_database(keep_db):
-            results[policy] = replay(arrivals, gpus=gpus, days=days, policy=policy)
+            results[policy] = replay(arrivals, gpus=gpus, days=days, policy=policy, bounds=forecast_bounds)
         results[policy]["seconds"] = round(time.perf_counter() - started, 1)
         stdout.write(f"{policy}: {results[policy]}\n")
     return {

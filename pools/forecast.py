@@ -60,6 +60,7 @@ class Holder:
     held_h: float
     history: Survival | None  # for a pool without an end date
     nodes: tuple[tuple[int, int], ...] = ()  # (node id, units there)
+    pool_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class Waiting:
     project_id: int | None
     workload: str
     end_at: dt.datetime | None = None
+    request_id: int | None = None
+    hold_h: float | None = None  # known (`bench queue --forecast-bounds`); else drawn from the hold history
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Arrival:
     workload: str
     ahead: bool  # would rank ahead of the request being forecast
     auto: bool  # an auto-approval policy allows it: approved at submission when it fits
+    hold_h: float | None = None  # known (`bench queue --forecast-bounds`); else drawn from the hold history
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,10 @@ class Arrivals:
     def next_after(self, t: dt.datetime, rng: random.Random) -> dt.datetime | None:
         """The next arrival after `t` (a Poisson process), or None when none are expected."""
         return t + dt.timedelta(hours=rng.expovariate(self.rate_h)) if self.rate_h else None
+
+    def pick(self, rng: random.Random) -> Arrival:
+        """What arrives (at the time next_after gave): one of the samples."""
+        return rng.choice(self.samples)
 
     @property
     def ahead_per_h(self) -> float:
@@ -208,7 +216,7 @@ def holders(request: PoolRequest, *, now: dt.datetime, history=None) -> tuple[li
         scopes[scope] += 1
         held = max(0.0, (now - row["pool__created_at"]).total_seconds() / 3600)
         nodes = tuple((part["gpu__node_id"], part["n"]) for part in parts)
-        out.append(Holder(sum(n for _, n in nodes), row["pool__request__end_at"], held, samples, nodes))
+        out.append(Holder(sum(n for _, n in nodes), row["pool__request__end_at"], held, samples, nodes, row["pool_id"]))
     return out, dict(scopes)
 
 
@@ -233,7 +241,7 @@ def queue_ahead(request: PoolRequest, *, now: dt.datetime) -> list[Waiting]:
             if p.entry.manual_rank is not None
             or (PRIORITY_RANK[p.entry.request.effective_priority], p.fair_share) <= (rank, share)
         ]
-    return [Waiting(r.count, r.project_id, r.workload_type, r.end_at) for r in (p.entry.request for p in before)]
+    return [Waiting(r.count, r.project_id, r.workload_type, r.end_at, r.pk) for r in (p.entry.request for p in before)]
 
 
 MIN_SPAN_H = 1.0
@@ -383,7 +391,9 @@ class Timeline:
     coming: Arrivals
     history: dict[tuple, Survival]
 
-    def hold_h(self, project_id, workload: str, rng: random.Random) -> float:
+    def hold_h(self, project_id, workload: str, rng: random.Random, known: float | None = None) -> float:
+        if known is not None:
+            return known
         survival, _ = _samples(self.history, project_id, workload)
         return survival.remaining(0.0, rng) if survival is not None else settings.QUEUE_FORECAST_DEFAULT_HOLD_H
 
@@ -413,7 +423,7 @@ class Timeline:
                     break
                 queue.pop(0)
                 seq += 1
-                release = head.end_at or t + self.hold_h(head.project_id, head.workload, rng) * hour
+                release = head.end_at or t + self.hold_h(head.project_id, head.workload, rng, head.hold_h) * hour
                 heapq.heappush(releases, (release, seq, taken))
             if not queue and units.fits(self.count):
                 return t
@@ -421,15 +431,16 @@ class Timeline:
                 t = arrival
                 if t > self.horizon:
                     return None
-                sample = rng.choice(self.coming.samples)
+                sample = self.coming.pick(rng)
                 taken = units.take(sample.count) if sample.auto else None
                 if taken is not None:
                     seq += 1
                     heapq.heappush(
-                        releases, (t + self.hold_h(sample.project_id, sample.workload, rng) * hour, seq, taken)
+                        releases,
+                        (t + self.hold_h(sample.project_id, sample.workload, rng, sample.hold_h) * hour, seq, taken),
                     )
                 elif sample.ahead and not units.fits(sample.count):
-                    queue.append(Waiting(sample.count, sample.project_id, sample.workload))
+                    queue.append(Waiting(sample.count, sample.project_id, sample.workload, hold_h=sample.hold_h))
                 arrival = self.coming.next_after(t, rng)
                 continue
             if not releases:
@@ -454,9 +465,27 @@ def _units_now(request: PoolRequest, free: int, holders: list[Holder]) -> tuple[
     return Units(node_free, True), capacity
 
 
-def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, history=None) -> Forecast:
-    """P50 and P90 of when `request` (saved or not) would start, and what the estimate rests on."""
-    now = now or timezone.now()
+@dataclass
+class Plan:
+    """What estimate_start draws from: the timeline (None when the answer needs no draws: `forecast`), a MIG
+    reconfiguration that would make room by `reconfigured`, the maintenance windows a start moves past."""
+
+    basis: dict
+    forecast: Forecast | None = None
+    timeline: Timeline | None = None
+    reconfigured: dt.datetime | None = None
+    windows: list = field(default_factory=list)
+
+    def draw(self, rng: random.Random, timeline: Timeline | None = None) -> dt.datetime | None:
+        """One draw's start; `timeline` replaces the plan's (`bench queue --forecast-bounds` gives it known futures)."""
+        start = (timeline or self.timeline).draw(rng)
+        if self.reconfigured is not None and (start is None or self.reconfigured < start):
+            start = self.reconfigured
+        return None if start is None else _after_maintenance(start, self.windows)
+
+
+def plan(request: PoolRequest, *, now: dt.datetime, history=None) -> Plan:
+    """Read what the forecast of `request` (saved or not) rests on; see the module docstring."""
     free_by_cluster = units.free_by_cluster(request)
     free = units.usable_free(request, free_by_cluster)
     ahead = queue_ahead(request, now=now)
@@ -473,7 +502,7 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
     }
     if free >= request.count and not ahead:
         start = max(now, request.start_at) if request.start_at else now
-        return Forecast(start, start, {**basis, "why": "fits now"})
+        return Plan(basis, forecast=Forecast(start, start, {**basis, "why": "fits now"}))
     reconfigured = None
     if request.spec_kind == SpecKind.MIG and not ahead:
         hint = units.reconfiguration_hint(request, free_by_cluster)
@@ -490,9 +519,9 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
     free_units, capacity = _units_now(request, free, found)
     largest = max(capacity.values(), default=0) if free_units.per_node and request.count > 1 else sum(capacity.values())
     if largest < request.count:  # more than the fleet (or any one node) holds: never
-        return Forecast(None, None, {**basis, "why": "more than the fleet holds"})
+        return Plan(basis, forecast=Forecast(None, None, {**basis, "why": "more than the fleet holds"}))
     if not free_units.per_node:
-        found = [Holder(h.units, h.end_at, h.held_h, h.history, ((0, h.units),)) for h in found]
+        found = [Holder(h.units, h.end_at, h.held_h, h.history, ((0, h.units),), h.pool_id) for h in found]
     timeline = Timeline(
         now=now,
         horizon=now + dt.timedelta(hours=settings.QUEUE_FORECAST_HORIZON_H),
@@ -503,19 +532,27 @@ def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, hist
         coming=coming,
         history=history,
     )
+    basis["why"] = "the queue run forward over releases and arrivals"
+    return Plan(basis, timeline=timeline, reconfigured=reconfigured, windows=windows)
+
+
+def estimate_start(request: PoolRequest, *, now: dt.datetime | None = None, history=None) -> Forecast:
+    """P50 and P90 of when `request` (saved or not) would start, and what the estimate rests on."""
+    return quantiles(plan(request, now=now or timezone.now(), history=history))
+
+
+def quantiles(planned: Plan, timeline: Timeline | None = None, *, n: int | None = None) -> Forecast:
+    """P50 and P90 over QUEUE_FORECAST_DRAWS (or `n`) seeded draws of the plan (of `timeline`, when given)."""
+    if planned.forecast is not None:
+        return planned.forecast
     rng = random.Random(settings.QUEUE_FORECAST_SEED)
-    draws: list[dt.datetime | None] = []
-    for _ in range(settings.QUEUE_FORECAST_DRAWS):
-        start = timeline.draw(rng)
-        if reconfigured is not None and (start is None or reconfigured < start):
-            start = reconfigured
-        draws.append(None if start is None else _after_maintenance(start, windows))
+    draws = [planned.draw(rng, timeline) for _ in range(n or settings.QUEUE_FORECAST_DRAWS)]
+    basis = dict(planned.basis)
     p50 = _quantile(draws, 0.5)
     if p50 is not None:  # how far the draws fall from their P50: the error this forecast itself expects
         basis["spread_h"] = round(
             sum(abs((d - p50).total_seconds()) / 3600 for d in draws if d is not None) / len(draws), 3
         )
-    basis["why"] = "the queue run forward over releases and arrivals"
     return Forecast(p50, _quantile(draws, 0.9), basis)
 
 

@@ -75,3 +75,22 @@ def test_a_need_between_reconcile_ticks_waits_for_the_next_tick():
 def test_an_unknown_policy_is_refused_with_the_choices():
     with pytest.raises(CommandError, match="unknown fifo; choose among refuse, queue, queue\\+borrowing"):
         call_command("bench", "queue", "--policies", "queue,fifo", "--gpus", "8", "--days", "1")
+
+
+def test_forecast_bounds_score_the_first_forecast_again_with_part_of_the_future_known():
+    """Project 0 holds the node for 20 hours, with no end date and no hold history: the forecast draws its
+    release at the default hold (24 h). Project 1's one-GPU request, queued at hour 1, starts at hour 20."""
+    holder = Arrival(START, 0, "inference", 8, 20.0, False, 0.5)
+    waiting = Arrival(START + H, 1, "inference", 1, 5.0, False, 0.5)
+    result = replay([holder, waiting], gpus=8, days=2, policy="queue", bounds=True)
+    assert result["mean_wait_h"] == 9.5  # (0 + 19) / 2
+    as_drawn = round(4 / 19, 3)  # predicted hour 24, started at hour 20, after a wait of 19 hours
+    assert result["forecast_mae_ratio"] == as_drawn
+    assert result["forecast_bounds"] == {
+        "scored": 1,
+        "draws": 50,
+        "as_drawn": {"mae_ratio": as_drawn, "within_p90": 1.0},
+        "exact_holds": {"mae_ratio": 0.0, "within_p90": 1.0},  # the holder's real release: exact
+        "exact_arrivals": {"mae_ratio": as_drawn, "within_p90": 1.0},  # nothing arrived after it
+        "exact_both": {"mae_ratio": 0.0, "within_p90": 1.0},
+    }
