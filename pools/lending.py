@@ -173,6 +173,11 @@ def _borrower_pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> li
     return chosen
 
 
+def _pods_of(loan: Loan, evicted: list[tuple[str, str]]) -> list[str]:
+    """The evicted pods recorded on `loan`: those of its borrower's namespace."""
+    return [name for namespace, name in evicted if namespace == loan.borrower.namespace]
+
+
 def _evict(kube: KubernetesClient, pods: list[tuple[str, str]]) -> None:
     for namespace, name in pods:
         try:
@@ -239,7 +244,7 @@ def reconcile_loans(
         result["evicted"] = len(evicted)
     with transaction.atomic():
         for loan in due:
-            pods = [name for namespace, name in evicted if namespace == loan.borrower.namespace]
+            pods = _pods_of(loan, evicted)
             reason = loan.reason or "the lender's unit was released"
             if (
                 Loan.objects.open()
@@ -320,7 +325,7 @@ def evict_returned(loan_ids, *, client_factory=KubernetesClient.for_cluster) -> 
             _evict(kube, evicted)
         evicted_total += len(evicted)
         for loan in returned:
-            pods = [name for namespace, name in evicted if namespace == loan.borrower.namespace]
+            pods = _pods_of(loan, evicted)
             if pods:
                 Loan.objects.filter(pk=loan.pk).update(evicted_pods=sorted({*loan.evicted_pods, *pods}))
     return evicted_total
