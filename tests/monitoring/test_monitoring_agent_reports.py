@@ -42,7 +42,8 @@ def _read(sim, node: str, slot: int | None = None) -> dict:
 
 
 def test_a_batch_of_two_nodes_is_written_in_one_sample_insert(sim):
-    batch = [_read(sim, "h100-01"), _read(sim, "a100-01")]
+    slot = int(poll_slot().timestamp())  # both reads in one slot, even when a slot boundary falls between them
+    batch = [_read(sim, "h100-01", slot), _read(sim, "a100-01", slot)]
     with mock.patch.object(reports, "write_samples", wraps=reports.write_samples) as write:
         outcome = reports.ingest_reports(batch)
     assert write.call_count == 1  # one slot: every node's samples in one insert (a COPY above 200 rows)
