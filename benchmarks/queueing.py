@@ -67,7 +67,7 @@ from capacity.models import Cluster
 from monitoring.choices import IdleProposal, IdleState
 from monitoring.models import IdleReservation
 from monitoring.services.lending import lend_idle
-from pools import forecast, lending, queue, services
+from pools import forecast, lending, queue, queue_order, services
 from pools.choices import LoanState, RequestState
 from pools.exceptions import InsufficientCapacity
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, Loan, PoolRequest, QueueEntry
@@ -424,7 +424,11 @@ class Replay:
         queue.after_submit(request)
         if request.state != RequestState.QUEUED:
             self.start_own(request.pk, at)
-        elif self.bounds:  # read again what the first forecast (just stored by enqueue) drew from
+            return
+        aged = queue_order.aged_at(at)
+        if aged is not None:  # the queue's beat (QUEUE_PROCESS_INTERVAL_S) passes over the new order then
+            self.push(aged, "aged", request.pk)
+        if self.bounds:  # read again what the first forecast (just stored by enqueue) drew from
             self.plans[request.pk] = forecast.plan(request, now=at)
 
     def release(self, pk: int, at: dt.datetime) -> None:
@@ -474,6 +478,9 @@ class Replay:
                     self.need_back(ref, at)
                 elif kind == "analyze":
                     self.analyze(at)
+                elif kind == "aged":
+                    if PoolRequest.objects.filter(pk=ref, state=RequestState.QUEUED).exists():
+                        self.process(at)
                 elif kind == f"done:{self.version[ref]}" and ref in self.running_since:
                     self.borrower_done(ref, at)
             self.clock.now = self.end

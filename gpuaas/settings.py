@@ -340,6 +340,9 @@ POOL_REQUEST_MAX_UNITS = env_int("POOL_REQUEST_MAX_UNITS", 512, minimum=1)
 # --- Queue: fair share, processing, forecast (docs/queue.md) --------------------------------------
 # Fair share counts each project's GPU-hours reserved over this many past hours, over its weight.
 QUEUE_FAIR_SHARE_WINDOW_H = env_int("QUEUE_FAIR_SHARE_WINDOW_H", 168, minimum=1)
+# Fair share orders a request only for its first hours of waiting: after this many it is served by age
+# within its priority class, and no later request of its class overtakes it (0: fair share always orders).
+QUEUE_AGED_AFTER_H = env_int("QUEUE_AGED_AFTER_H", 1, minimum=0)
 # A pass over the queue after every release, and on this beat too (a node back, a reconfiguration done).
 QUEUE_PROCESS_INTERVAL_S = env_int("QUEUE_PROCESS_INTERVAL_S", 60, minimum=5)
 QUEUE_FORECAST_INTERVAL_S = env_int("QUEUE_FORECAST_INTERVAL_S", 300, minimum=10)

@@ -43,7 +43,7 @@ from . import policies, topology, units
 from .choices import RequestState
 from .models import HOLDING_STATES, Allocation, GpuPool, PoolRequest
 from .queue_models import QueueEntry
-from .queue_order import PRIORITY_RANK, fair_shares, ordered, spec_key
+from .queue_order import PRIORITY_RANK, aged_at, fair_shares, ordered, spec_key
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,10 @@ class Waiting:
     end_at: dt.datetime | None = None
     request_id: int | None = None
     hold_h: float | None = None  # known (`bench queue --forecast-bounds`); else drawn from the hold history
+    # The queue's order moves with age (queue_order.aged_at): a request behind this one now but older comes
+    # ahead when it is aged (joins_at); one ahead now but younger falls behind when this one is (leaves_at).
+    joins_at: dt.datetime | None = None
+    leaves_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class Arrival:
     ahead: bool  # would rank ahead of the request being forecast
     auto: bool  # an auto-approval policy allows it: approved at submission when it fits
     hold_h: float | None = None  # known (`bench queue --forecast-bounds`); else drawn from the hold history
+    by_share: bool = False  # ahead by fair share only: not once the request being forecast is aged
 
 
 @dataclass(frozen=True)
@@ -221,47 +226,72 @@ def holders(request: PoolRequest, *, now: dt.datetime, history=None) -> tuple[li
 
 
 def queue_ahead(request: PoolRequest, *, now: dt.datetime) -> list[Waiting]:
-    """The waiting requests of the same spec that the queue serves before this one, in queue order.
+    """The waiting requests of the same spec that the queue serves before this one, in queue order, and
+    those that will come ahead of it when they are aged (Waiting.joins_at).
 
     A queued request has them before its place; one not queued (a dry run) is placed as the queue would
-    place it now: behind moved entries, and behind those of a higher class or of its class with a fair
-    share at most its project's (they are older).
+    place it now: behind moved entries, those of a higher class, and those of its class that are aged or
+    have a fair share at most its project's (they are older). Order by age (queue_order.aged_at): while
+    neither was moved and both are of one class, an older request behind it joins ahead when it is aged,
+    and a younger one ahead of it by fair share falls behind when this one is aged.
     """
     key = spec_key(request)
     places = [p for p in ordered(now=now) if spec_key(p.entry.request) == key and not p.entry.on_hold]
     mine = next((p for p in places if p.entry.request_id == request.pk and request.pk), None)
+    rank = PRIORITY_RANK[request.effective_priority]
     if mine is not None:
         before = [p for p in places if p.position < mine.position]
+        queued_at, moved = mine.entry.queued_at, mine.entry.manual_rank is not None
     else:
-        rank = PRIORITY_RANK[request.effective_priority]
         share = fair_shares({request.project_id}, now=now)[request.project_id]
         before = [
             p
             for p in places
             if p.entry.manual_rank is not None
-            or (PRIORITY_RANK[p.entry.request.effective_priority], p.fair_share) <= (rank, share)
+            or PRIORITY_RANK[p.entry.request.effective_priority] < rank
+            or (PRIORITY_RANK[p.entry.request.effective_priority] == rank and (p.aged or p.fair_share <= share))
         ]
-    return [Waiting(r.count, r.project_id, r.workload_type, r.end_at, r.pk) for r in (p.entry.request for p in before)]
+        queued_at, moved = now, False
+    mine_aged_at = aged_at(queued_at)
+
+    def moves(p) -> bool:  # its order against this request can change with age
+        same_class = PRIORITY_RANK[p.entry.request.effective_priority] == rank
+        return mine_aged_at is not None and not moved and p.entry.manual_rank is None and same_class
+
+    out = []
+    ahead_ids = {p.entry.pk for p in before}
+    for p in places:
+        if p is mine:
+            continue
+        r = p.entry.request
+        joins = leaves = None
+        if p.entry.pk in ahead_ids:
+            if mine is not None and moves(p) and p.entry.queued_at > queued_at:  # a dry run is the youngest
+                leaves = mine_aged_at
+        elif moves(p) and p.entry.queued_at < queued_at:
+            joins = aged_at(p.entry.queued_at)
+        else:
+            continue
+        out.append(Waiting(r.count, r.project_id, r.workload_type, r.end_at, r.pk, joins_at=joins, leaves_at=leaves))
+    return out
 
 
 MIN_SPAN_H = 1.0
 SPEC_FIELDS = ("spec_kind", "product", "profile_name", "tier", "cluster_id")  # what spec_key() reads
 
 
-def arrivals(request: PoolRequest, *, now: dt.datetime) -> Arrivals:
+def arrivals(request: PoolRequest, *, now: dt.datetime, moved: bool = False) -> Arrivals:
     """Requests of the request's spec expected to arrive while it waits, at the rate seen over the last
     QUEUE_FORECAST_ARRIVALS_WINDOW_H (or since the first request, if later), each like one seen then.
 
     Each sample says whether it would rank ahead of `request` (a higher priority class, or its class from
-    a project whose fair share is now lower; nothing ranks ahead of a request an operator moved) and
-    whether an enabled auto-approval policy allows it (then it is approved at submission when it fits,
-    whatever waits in the queue: pools.queue.after_submit).
+    a project whose fair share is now lower, until `request` is aged; nothing ranks ahead of a request an
+    operator moved) and whether an enabled auto-approval policy allows it (then it is approved at
+    submission when it fits, whatever waits in the queue: pools.queue.after_submit).
     """
     window_h = settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H
     if window_h == 0:
         return Arrivals(0.0, ())
-    entry = QueueEntry.objects.filter(request_id=request.pk).first() if request.pk else None
-    moved = entry is not None and entry.manual_rank is not None
     since = now - dt.timedelta(hours=window_h)
     first = PoolRequest.objects.aggregate(first=Min("created_at"))["first"]
     if first is None:
@@ -291,12 +321,19 @@ def arrivals(request: PoolRequest, *, now: dt.datetime) -> Arrivals:
     shares = fair_shares({r.project_id for r in rows} | {request.project_id}, now=now)
     book = policies.PolicyBook()
 
-    def ahead(r: PoolRequest) -> bool:
+    def by_share(r: PoolRequest) -> bool:
         rank = PRIORITY_RANK[r.effective_priority]
-        return not moved and (rank < mine or (rank == mine and shares[r.project_id] < shares[request.project_id]))
+        return not moved and rank == mine and shares[r.project_id] < shares[request.project_id]
 
     samples = tuple(
-        Arrival(r.count, r.project_id, r.workload_type, ahead(r), book.first_allowing(r, r.created_at) is not None)
+        Arrival(
+            r.count,
+            r.project_id,
+            r.workload_type,
+            ahead=(not moved and PRIORITY_RANK[r.effective_priority] < mine) or by_share(r),
+            auto=book.first_allowing(r, r.created_at) is not None,
+            by_share=by_share(r),
+        )
         for r in rows
     )
     return Arrivals(len(samples) / span_h, samples)
@@ -380,7 +417,9 @@ class Units:
 
 @dataclass
 class Timeline:
-    """What one draw starts from: units free now, holders, the queue ahead, arrivals and hold history."""
+    """What one draw starts from: units free now, holders, the queue ahead (and those that will join it or
+    leave it with age), arrivals, hold history, and when the request is aged (arrivals ahead by fair
+    share overtake it only until then)."""
 
     now: dt.datetime
     horizon: dt.datetime
@@ -390,6 +429,7 @@ class Timeline:
     ahead: list[Waiting]
     coming: Arrivals
     history: dict[tuple, Survival]
+    aged_at: dt.datetime | None = None
 
     def hold_h(self, project_id, workload: str, rng: random.Random, known: float | None = None) -> float:
         if known is not None:
@@ -401,9 +441,12 @@ class Timeline:
         """One future, run as the queue runs it: at every release the queue's pass serves the requests
         ahead in order while the head fits (a head that does not fit blocks the rest of the spec); an
         arrival an auto-approval policy allows takes units at submission when it fits, one that does not
-        fit and ranks ahead joins the queue ahead. The start is the first pass that reaches this request
-        with its units free; None past the horizon."""
-        units, queue, hour = self.units.copy(), list(self.ahead), dt.timedelta(hours=1)
+        fit and ranks ahead joins the queue ahead. With age the order moves: an older request joins the
+        queue ahead when it is aged, a younger one ahead by fair share leaves it when this one is. The
+        start is the first pass that reaches this request with its units free; None past the horizon."""
+        units, hour = self.units.copy(), dt.timedelta(hours=1)
+        queue = [w for w in self.ahead if w.joins_at is None]
+        joining = sorted((w for w in self.ahead if w.joins_at is not None), key=lambda w: w.joins_at)
         releases = [
             (h.end_at if h.end_at is not None else self.now + _remaining_h(h, rng) * hour, i, h.nodes)
             for i, h in enumerate(self.holders)
@@ -413,6 +456,10 @@ class Timeline:
         arrival = self.coming.next_after(self.now, rng)
         t = self.now
         while True:
+            while joining and joining[0].joins_at <= t:
+                queue.append(joining.pop(0))
+            if self.aged_at is not None and t >= self.aged_at:
+                queue = [w for w in queue if w.leaves_at is None or w.leaves_at > t]
             while queue:  # the pass
                 head = queue[0]
                 if head.end_at is not None and head.end_at <= t:  # its end came while it waited
@@ -427,10 +474,20 @@ class Timeline:
                 heapq.heappush(releases, (release, seq, taken))
             if not queue and units.fits(self.count):
                 return t
-            if arrival is not None and (not releases or arrival < releases[0][0]):
-                t = arrival
-                if t > self.horizon:
-                    return None
+            reorder = [w.joins_at for w in joining[:1]]
+            if any(w.leaves_at is not None for w in queue):
+                reorder.append(self.aged_at)
+            reorder_at = min(reorder, default=None)
+            released_at = releases[0][0] if releases else None
+            nxt = min((x for x in (arrival, released_at, reorder_at) if x is not None), default=None)
+            if nxt is None:
+                return None
+            t = max(nxt, self.now)
+            if t > self.horizon:
+                return None
+            if nxt == released_at:  # a release before an arrival at the same instant
+                units.give(heapq.heappop(releases)[2])
+            elif nxt == arrival:
                 sample = self.coming.pick(rng)
                 taken = units.take(sample.count) if sample.auto else None
                 if taken is not None:
@@ -439,17 +496,13 @@ class Timeline:
                         releases,
                         (t + self.hold_h(sample.project_id, sample.workload, rng, sample.hold_h) * hour, seq, taken),
                     )
-                elif sample.ahead and not units.fits(sample.count):
+                elif self._ranks_ahead(sample, t) and not units.fits(sample.count):
                     queue.append(Waiting(sample.count, sample.project_id, sample.workload, hold_h=sample.hold_h))
                 arrival = self.coming.next_after(t, rng)
-                continue
-            if not releases:
-                return None
-            at, _, nodes = heapq.heappop(releases)
-            t = max(at, self.now)
-            if t > self.horizon:
-                return None
-            units.give(nodes)
+            # else the queue's order moved (joining, leaving): the next pass serves it
+
+    def _ranks_ahead(self, sample: Arrival, t: dt.datetime) -> bool:
+        return sample.ahead and not (sample.by_share and self.aged_at is not None and t >= self.aged_at)
 
 
 def _units_now(request: PoolRequest, free: int, holders: list[Holder]) -> tuple[Units, dict[int, int]]:
@@ -488,7 +541,8 @@ def plan(request: PoolRequest, *, now: dt.datetime, history=None) -> Plan:
     """Read what the forecast of `request` (saved or not) rests on; see the module docstring."""
     free_by_cluster = units.free_by_cluster(request)
     free = units.usable_free(request, free_by_cluster)
-    ahead = queue_ahead(request, now=now)
+    waiting = queue_ahead(request, now=now)
+    ahead = [w for w in waiting if w.joins_at is None]
     history = hold_history(now=now) if history is None else history
     found, scopes = holders(request, now=now, history=history)
     basis: dict = {
@@ -513,7 +567,9 @@ def plan(request: PoolRequest, *, now: dt.datetime, history=None) -> Plan:
     if request.cluster_id:
         windows = [w for w in windows if w.cluster_id == request.cluster_id]
     basis["maintenance_windows"] = len(windows)
-    coming = arrivals(request, now=now)
+    entry = QueueEntry.objects.filter(request_id=request.pk).first() if request.pk else None
+    moved = entry is not None and entry.manual_rank is not None  # an operator's place: nothing overtakes it
+    coming = arrivals(request, now=now, moved=moved)
     basis["arrivals_per_h"] = round(coming.rate_h, 3)
     basis["arrivals_ahead_per_h"] = round(coming.ahead_per_h, 3)
     free_units, capacity = _units_now(request, free, found)
@@ -528,9 +584,10 @@ def plan(request: PoolRequest, *, now: dt.datetime, history=None) -> Plan:
         count=request.count,
         units=free_units,
         holders=found,
-        ahead=ahead,
+        ahead=waiting,
         coming=coming,
         history=history,
+        aged_at=None if moved else aged_at(entry.queued_at if entry is not None else now),
     )
     basis["why"] = "the queue run forward over releases and arrivals"
     return Plan(basis, timeline=timeline, reconfigured=reconfigured, windows=windows)

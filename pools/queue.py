@@ -3,7 +3,9 @@
 Order (pools/queue_order.py): entries an operator moved come first, by the rank the move gave them; then by
 priority class (production, staging, development); then by fair share, the project's GPU-hours
 reserved over the last QUEUE_FAIR_SHARE_WINDOW_H hours divided by its operator-set weight
-(ProjectQueueWeight, default 1), lowest first; then by age (queued_at, id).
+(ProjectQueueWeight, default 1), lowest first; then by age (queued_at, id). Fair share orders a request
+for its first QUEUE_AGED_AFTER_H hours of waiting only; after that it is served by age, ahead of every
+younger request of its class (queue_order.aged_at), so no stream of later arrivals starves it.
 
 When units come free (a release, an expiry, a unit released as idle, a reconfiguration done, a node
 back: services.enqueue_queue_processing() after commit, and the beat every QUEUE_PROCESS_INTERVAL_S)

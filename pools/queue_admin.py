@@ -95,6 +95,7 @@ class QueueEntryAdmin(admin.ModelAdmin):
         "project",
         "priority",
         "position",
+        "ordered_by",
         "on_hold",
         "approvable_at",
         "running_on_loan_since",
@@ -118,7 +119,7 @@ class QueueEntryAdmin(admin.ModelAdmin):
         return roles.operator_can(request.user, "pools.approve_poolrequest")
 
     def changelist_view(self, request, extra_context=None):
-        self._positions = {p.entry.pk: p.position for p in ordered()}
+        self._places = {p.entry.pk: p for p in ordered()}
         score = forecast.accuracy()
         title = "Queue"
         if score["started"]:
@@ -146,7 +147,18 @@ class QueueEntryAdmin(admin.ModelAdmin):
 
     @admin.display(description="Place")
     def position(self, obj):
-        return getattr(self, "_positions", {}).get(obj.pk, "-")
+        place = getattr(self, "_places", {}).get(obj.pk)
+        return place.position if place else "-"
+
+    @admin.display(description="Ordered by")
+    def ordered_by(self, obj):
+        """Fair share (GPU-hours over weight) for a request's first QUEUE_AGED_AFTER_H hours, then age."""
+        place = getattr(self, "_places", {}).get(obj.pk)
+        if place is None:
+            return "-"
+        if obj.manual_rank is not None:
+            return "operator's move"
+        return "age" if place.aged else f"fair share {place.fair_share:.1f}"
 
     @admin.display(description="Started")
     def started(self, obj):

@@ -1,5 +1,10 @@
 """The queue's order: operator moves, then priority class, then fair share, then age (pools/queue.py).
 
+Fair share orders a request for its first QUEUE_AGED_AFTER_H hours of waiting only: from then on it is
+"aged", ahead of every younger request of its class and served by age among the aged. A project with a
+high share still waits behind lower shares, but only for so long: no stream of later arrivals can starve
+it, and its start no longer depends on who else arrives (which the forecast could only guess).
+
 Apart from pools/queue.py so the forecast (pools/forecast.py), which the queue calls, can read it too.
 """
 
@@ -68,11 +73,23 @@ def fair_shares(project_ids, *, now: dt.datetime | None = None) -> dict[int, flo
     return {pk: hours[pk] / float(weights.get(pk, 1)) for pk in hours}
 
 
+def aged_at(queued_at: dt.datetime) -> dt.datetime | None:
+    """When a request queued at `queued_at` stops being ordered by fair share (None: never)."""
+    limit = settings.QUEUE_AGED_AFTER_H
+    return queued_at + dt.timedelta(hours=limit) if limit else None
+
+
+def is_aged(queued_at: dt.datetime, now: dt.datetime) -> bool:
+    at = aged_at(queued_at)
+    return at is not None and at <= now
+
+
 @dataclass
 class Place:
     entry: QueueEntry
     position: int  # 1-based
     fair_share: float
+    aged: bool = False  # served by age now, no longer by fair share
 
 
 def ordered(*, now: dt.datetime | None = None, entries=None) -> list[Place]:
@@ -80,7 +97,9 @@ def ordered(*, now: dt.datetime | None = None, entries=None) -> list[Place]:
     if entries is None:
         entries = QueueEntry.objects.waiting().select_related("request__project", "operator_approved_by")
     entries = list(entries)
+    now = now or timezone.now()
     shares = fair_shares({e.request.project_id for e in entries}, now=now)
+    aged = {e.pk for e in entries if is_aged(e.queued_at, now)}
 
     def key(entry: QueueEntry):
         request = entry.request
@@ -88,13 +107,14 @@ def ordered(*, now: dt.datetime | None = None, entries=None) -> list[Place]:
             entry.manual_rank is None,
             entry.manual_rank or 0,
             PRIORITY_RANK[request.effective_priority],
-            shares[request.project_id],
+            entry.pk not in aged,
+            0.0 if entry.pk in aged else shares[request.project_id],
             entry.queued_at,
             entry.pk,
         )
 
     entries.sort(key=key)
-    return [Place(e, i, shares[e.request.project_id]) for i, e in enumerate(entries, start=1)]
+    return [Place(e, i, shares[e.request.project_id], e.pk in aged) for i, e in enumerate(entries, start=1)]
 
 
 def position_of(request: PoolRequest) -> int | None:

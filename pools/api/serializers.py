@@ -20,7 +20,7 @@ from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
-from .. import matching, offers, queue, services
+from .. import matching, offers, queue, queue_order, services
 from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, PoolClusterState, WorkloadType
 from ..exceptions import SpecError
 from ..models import (
@@ -86,6 +86,10 @@ class QueueStateSerializer(serializers.ModelSerializer):
 
     position = serializers.SerializerMethodField(help_text="1-based place in the queue; null once it left.")
     can_be_approved_now = serializers.SerializerMethodField()
+    served_by_age_from = serializers.SerializerMethodField(
+        help_text="From then on fair share no longer orders it: no later request of its class overtakes it "
+        "(QUEUE_AGED_AFTER_H after queued_at). Null when ageing is off or an operator moved it."
+    )
 
     class Meta:
         model = QueueEntry
@@ -94,6 +98,7 @@ class QueueStateSerializer(serializers.ModelSerializer):
             "position",
             "on_hold",
             "can_be_approved_now",
+            "served_by_age_from",
             "approvable_at",
             "forecast_p50",
             "forecast_p90",
@@ -113,6 +118,11 @@ class QueueStateSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.BooleanField())
     def get_can_be_approved_now(self, entry: QueueEntry) -> bool:
         return entry.approvable_at is not None and not entry.on_hold
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_served_by_age_from(self, entry: QueueEntry):
+        at = queue_order.aged_at(entry.queued_at) if entry.manual_rank is None else None
+        return None if at is None else serializers.DateTimeField().to_representation(at)
 
 
 VGPU_TYPE_HELP = "A VM's vGPU type, e.g. H100XM-20C: one the fleet's vm-vgpu nodes offer. Implies vm."

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from capacity.models import MaintenanceWindow
 from pools import forecast, queue, services
-from pools.models import AutoApprovalPolicy, GpuPool, PoolRequest, QueueEntry
+from pools.models import Allocation, AutoApprovalPolicy, GpuPool, PoolRequest, QueueEntry
 
 pytestmark = pytest.mark.django_db
 
@@ -272,3 +272,73 @@ def test_arrivals_a_policy_approves_take_units_freed_while_the_head_cannot_start
     assert starved.basis["arrivals_per_h"] == 3.0
     assert starved.p90 is None  # some draw never frees both GPUs at once within the horizon
     assert starved.p50 is None or starved.p50 > now + 3 * H
+
+
+def _held_for_20_h(request, now) -> None:
+    """The pool's units count in its project's fair share from 20 hours back (its hold history is unchanged)."""
+    Allocation.objects.filter(pool__request=request).update(allocated_at=now - 20 * H)
+
+
+def _queued(request, now, waited_h: float) -> PoolRequest:
+    queue.enqueue(request)
+    QueueEntry.objects.filter(request=request).update(queued_at=now - waited_h * H)
+    return request
+
+
+@pytest.mark.parametrize(("aged_after_h", "start_h"), [(4, 2), (0, 12)])
+def test_a_younger_request_ahead_by_fair_share_falls_behind_when_this_one_is_aged(
+    fleet, hold, make_request, operator, other_project, charlie, now, settings, aged_after_h, start_h
+):
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0  # the queue's own moves only
+    settings.QUEUE_AGED_AFTER_H = aged_after_h
+    fleet.full_node("t1", gpus=1)
+    history([10] * 5, make_request, operator, now)
+    history([10] * 5, make_request, operator, now, target=other_project, actor=charlie)  # team-b's holds too
+    _held_for_20_h(hold(ends_in_h=2), now)  # team-a holds the GPU: its fair share is the higher
+    mine = _queued(make_request(count=1, wait_if_full=True, **FULL), now, waited_h=3)  # aged at 1 h
+    theirs = _queued(make_request(count=1, wait_if_full=True, target=other_project, actor=charlie, **FULL), now, 1)
+    estimate = forecast.estimate_start(mine, now=now)
+    assert estimate.basis["ahead"] == 1  # team-b's, by fair share, for now
+    # Aged at 1 h, mine is ahead when the GPU frees at 2 h; never aged, team-b's takes it for its 10 h first.
+    assert (estimate.p50, estimate.p90) == (now + start_h * H, now + start_h * H)
+    assert forecast.estimate_start(theirs, now=now).p50 == now + (12 if aged_after_h else 2) * H
+
+
+@pytest.mark.parametrize(("aged_after_h", "start_h"), [(4, 12), (0, 2)])
+def test_an_older_request_behind_by_fair_share_comes_ahead_when_it_is_aged(
+    fleet, hold, make_request, operator, other_project, charlie, now, settings, aged_after_h, start_h
+):
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0
+    settings.QUEUE_AGED_AFTER_H = aged_after_h
+    fleet.full_node("t1", gpus=1)
+    history([10] * 5, make_request, operator, now)
+    history([10] * 5, make_request, operator, now, target=other_project, actor=charlie)  # team-b's holds too
+    _held_for_20_h(hold(ends_in_h=2), now)
+    _queued(make_request(count=1, wait_if_full=True, **FULL), now, waited_h=3.5)  # team-a's, aged at 0.5 h
+    theirs = _queued(make_request(count=1, wait_if_full=True, target=other_project, actor=charlie, **FULL), now, 1)
+    estimate = forecast.estimate_start(theirs, now=now)
+    assert estimate.basis["ahead"] == 0  # ahead of team-a's by fair share, for now
+    assert (estimate.p50, estimate.p90) == (now + start_h * H, now + start_h * H)
+
+
+@pytest.mark.parametrize(("aged_after_h", "overtaken"), [(4, False), (0, True)])
+def test_arrivals_ahead_by_fair_share_overtake_a_request_only_until_it_is_aged(
+    fleet, hold, make_request, operator, other_project, charlie, now, settings, aged_after_h, overtaken
+):
+    settings.QUEUE_AGED_AFTER_H = aged_after_h
+    fleet.full_node("t1", gpus=1)
+    history([10] * 5, make_request, operator, now)
+    history([10] * 5, make_request, operator, now, target=other_project, actor=charlie)  # team-b's holds too
+    _held_for_20_h(hold(ends_in_h=2), now)
+    mine = _queued(make_request(count=1, wait_if_full=True, **FULL), now, waited_h=4 - 1 / 60)  # aged in a minute
+    for i in range(30):  # team-b (no GPU-hours: the lower share) asks for one GPU three times an hour
+        request = make_request(count=1, target=other_project, actor=charlie, **FULL)
+        PoolRequest.objects.filter(pk=request.pk).update(created_at=now - (30 - i) * H / 3)
+    estimate = forecast.estimate_start(mine, now=now)
+    assert estimate.basis["arrivals_ahead_per_h"] == 3.0
+    # Aged in a minute, one arrives before that in 5 % of the draws: the GPU freed at 2 h is its own. Never
+    # aged, one arrives within 2 h in 99.8 % and takes it, and the queue ahead grows faster than it drains.
+    if overtaken:
+        assert estimate.p50 is None
+    else:
+        assert (estimate.p50, estimate.p90) == (now + 2 * H, now + 2 * H)

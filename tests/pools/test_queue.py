@@ -117,6 +117,27 @@ def test_a_projects_weight_scales_its_fair_share(busy, full_request, project, ot
     assert queue_order.fair_shares({project.pk})[project.pk] == pytest.approx(0.5, rel=0.01)
 
 
+def test_a_request_waiting_past_the_aged_limit_is_served_by_age_not_fair_share(
+    busy, full_request, project, other_project, settings
+):
+    settings.QUEUE_AGED_AFTER_H = 4
+    Allocation.objects.filter(project=project).update(allocated_at=timezone.now() - dt.timedelta(hours=6))
+    now = timezone.now()
+    old_mine, young_mine, theirs = full_request(), full_request(), full_request(target=other_project)
+    older_theirs = full_request(target=other_project)
+    dev = full_request(target=other_project, workload_type="development")
+    for request, waited_h in ((old_mine, 5), (young_mine, 1), (theirs, 0.5), (older_theirs, 4.5), (dev, 9)):
+        queue.enqueue(request)
+        QueueEntry.objects.filter(request=request).update(queued_at=now - dt.timedelta(hours=waited_h))
+    # Aged first, oldest first (team-a's higher share no longer counts); then fair share; a lower class last.
+    assert waiting_order() == [old_mine.pk, older_theirs.pk, theirs.pk, young_mine.pk, dev.pk]
+    places = {p.entry.request_id: p.aged for p in queue_order.ordered()}
+    assert places == {old_mine.pk: True, older_theirs.pk: True, theirs.pk: False, young_mine.pk: False, dev.pk: True}
+
+    settings.QUEUE_AGED_AFTER_H = 0  # fair share always orders
+    assert waiting_order() == [older_theirs.pk, theirs.pk, old_mine.pk, young_mine.pk, dev.pk]
+
+
 def test_move_puts_a_request_at_a_place_and_keeps_the_others_order(busy, full_request, operator):
     a, b, c = full_request(), full_request(), full_request()
     for request in (a, b, c):

@@ -1,5 +1,7 @@
 """The queue's admin pages: the waiting requests in order, the forecast's accuracy, the operator actions."""
 
+import datetime as dt
+
 import pytest
 from django.urls import reverse
 
@@ -34,6 +36,16 @@ def test_the_queue_page_lists_places_and_the_forecast_accuracy(client, operator,
     assert "forecast accuracy over 1 started" in page.content.decode()
     flagged = client.get(REQUESTS, {"queue": "approvable"})
     assert list(flagged.context["cl"].result_list) == []
+
+
+def test_the_queue_page_says_what_orders_each_entry(client, operator, waiting, settings):
+    settings.QUEUE_AGED_AFTER_H = 1
+    old = QueueEntry.objects.get(request=waiting[0])
+    QueueEntry.objects.filter(pk=old.pk).update(queued_at=old.queued_at - dt.timedelta(hours=2))
+    client.force_login(operator)
+    rows = client.get(ENTRIES).content.decode()
+    assert rows.count('<td class="field-ordered_by">age</td>') == 1
+    assert rows.count('<td class="field-ordered_by">fair share 0.0</td>') == 1
 
 
 def test_hold_from_the_admin_asks_for_a_reason_then_holds(client, operator, waiting):

@@ -1,7 +1,10 @@
 """The queue through the API: waiting instead of refusal, the queue in order, the dry-run forecast,
 operators' queue actions and auto-approval policies (operators only)."""
 
+import datetime as dt
+
 import pytest
+from django.conf import settings
 
 from pools import services
 from pools.models import AutoApprovalPolicy, PoolRequest, QueueEvent
@@ -32,6 +35,9 @@ def test_a_waiting_request_is_queued_and_shows_its_place_and_forecast(api, bob, 
     assert response.data["queue"]["on_hold"] is False
     assert response.data["queue"]["can_be_approved_now"] is False
     assert response.data["queue"]["forecast_p50"] is not None
+    queued_at = dt.datetime.fromisoformat(response.data["queue"]["queued_at"])
+    aged_from = dt.datetime.fromisoformat(response.data["queue"]["served_by_age_from"])
+    assert aged_from - queued_at == dt.timedelta(hours=settings.QUEUE_AGED_AFTER_H)
     listed = api(bob).get(f"{URL}queue/")
     assert [(r["id"], r["queue"]["position"]) for r in listed.data] == [(response.data["id"], 1)]
 
