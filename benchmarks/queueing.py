@@ -8,7 +8,8 @@ copy per policy, under a simulated clock (django.utils.timezone.now is patched t
 
 - refuse: today's behaviour, a request that does not fit is refused;
 - queue: requests wait (`wait_if_full`); one auto-approval policy ("every request") approves the
-  queue's head whenever units come free;
+  queue's head whenever units come free, and the queue is passed over again when a waiting request
+  ages (QUEUE_AGED_AFTER_H after it was queued), as the queue's beat would;
 - queue+borrowing: as queue, and idle pools lend their units to the queue (docs/queue.md, Borrowing).
   An idle pool (IDLE_SHARE of pools, 2% SM) is flagged by the idle detector MONITORING_IDLE_WINDOW_H
   after it starts (the flag is written as the detector would write it; the metrics behind it are
