@@ -2,12 +2,15 @@
 
 import io
 import json
+import os
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 
 from benchmarks.registry import REGISTRY, Benchmark, Smoke, load
+from benchmarks.smoke import missing_services, run_one
 from benchmarks.targets import CORRECTNESS, Expr, block, correctness, performance, unmet
 from gpuaas.management.commands.bench import Command
 
@@ -108,3 +111,25 @@ def test_the_bench_command_prints_the_block_and_fails_on_a_missed_correctness_ta
     out = io.StringIO()
     call_command("bench", "fake", stdout=out)
     assert json.loads(out.getvalue().strip().splitlines()[-1])["targets_met"] is True
+
+
+def test_an_error_instead_of_figures_is_named_in_the_failure():
+    with pytest.raises(CommandError, match=r"smoke: correctness targets not met: error: unknown benchmark\(s\): nope"):
+        call_command("bench", "smoke", "--only", "nope", stdout=io.StringIO())
+
+
+def test_the_smoke_skips_what_the_configuration_lacks(monkeypatch, settings):
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    settings.CELERY_BROKER_URL = "filesystem://"
+    assert missing_services(REGISTRY["poll-cycle"]) == ["postgresql", "redis"]
+    assert missing_services(REGISTRY["billing"]) == ["postgresql"]
+    assert missing_services(REGISTRY["approvals"]) == []
+
+
+def test_the_smoke_reports_a_benchmark_that_printed_no_figures():
+    """A benchmark process that dies before its JSON line is a failure with the end of its output."""
+    broken = Benchmark("mig-planner", None, "", [], [], Smoke(("--cases", "many")))
+    outcome = run_one(broken, dict(os.environ), timeout_s=60)
+    assert len(outcome["failures"]) == 1
+    assert outcome["failures"][0].startswith("exit 2, no JSON line:")
+    assert "invalid int value: 'many'" in outcome["failures"][0]

@@ -50,4 +50,5 @@ class Command(BaseCommand):
         result = {**result, **block(result, bench.targets)}
         self.stdout.write(json.dumps(result, sort_keys=False, default=str))
         if not result["correctness_met"]:
-            raise CommandError(f"{benchmark}: correctness targets not met: {'; '.join(unmet(result))}")
+            problems = ([f"error: {result['error']}"] if "error" in result else []) + unmet(result)
+            raise CommandError(f"{benchmark}: correctness targets not met: {'; '.join(problems)}")
