@@ -30,6 +30,12 @@ test: $(STAMP) lint
 	DEBUG=1 $(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
 
+# Every benchmark at a small size, checked on its correctness targets only (benchmarks/smoke.py, docs/benchmarks.md).
+# Runs on the configured DATABASE_URL/CELERY_BROKER_URL; benchmarks needing PostgreSQL or Redis are skipped without.
+.PHONY: bench-smoke
+bench-smoke: $(STAMP)
+	$(PY) manage.py bench smoke
+
 schema: $(STAMP)
 	DEBUG=1 $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
 
