@@ -1,7 +1,10 @@
-"""Operator console for tenancy: projects and their members (one role each), personal API tokens."""
+"""Operator console for tenancy: projects and their members (one role each), personal API tokens, and
+failed sign-ins (django-axes' Access attempts, with an Unlock action)."""
 
 from __future__ import annotations
 
+from axes.admin import AccessAttemptAdmin
+from axes.models import AccessAttempt
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
@@ -109,3 +112,22 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke_selected(self, request, queryset):
         done = sum(services.revoke_token(token) for token in queryset.filter(revoked_at__isnull=True))
         self.message_user(request, f"{done} tokens revoked.", messages.SUCCESS)
+
+
+admin.site.unregister(AccessAttempt)
+
+
+@admin.register(AccessAttempt)
+class LockoutAdmin(AccessAttemptAdmin):
+    """Axes' Access attempts, plus the operator's unlock: a username is locked across addresses, so
+    deleting one row rarely frees it; the action clears every row of the selected usernames."""
+
+    actions = ["unlock_sign_in"]
+
+    @admin.action(description="Unlock sign-in for the selected usernames (from every address)", permissions=["delete"])
+    def unlock_sign_in(self, request, queryset):
+        usernames = sorted({name for name in queryset.values_list("username", flat=True) if name})
+        cleared = services.unlock_sign_in(usernames)
+        self.message_user(
+            request, f"Unlocked sign-in for {', '.join(usernames)} ({cleared} attempts cleared).", messages.SUCCESS
+        )
