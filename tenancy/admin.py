@@ -102,13 +102,22 @@ class ApiTokenAdmin(admin.ModelAdmin):
     search_fields = ["name", "user__username", "key_prefix"]
     # The owner and the expiry are read-only (a token moved to another user, or given a longer life,
     # would grant what nobody asked for); only the name can be edited, and tokens can be revoked.
-    readonly_fields = ["user", "key_prefix", "key_digest", "created_at", "expires_at", "last_used_at", "revoked_at"]
+    readonly_fields = [
+        "user",
+        "key_prefix",
+        "key_digest",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+        "parent",
+    ]
     actions = ["revoke_selected"]
 
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    @admin.action(description="Revoke selected tokens (and the tokens created with them)", permissions=["change"])
     def revoke_selected(self, request, queryset):
         done = sum(services.revoke_token(token) for token in queryset.filter(revoked_at__isnull=True))
         self.message_user(request, f"{done} tokens revoked.", messages.SUCCESS)

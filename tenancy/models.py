@@ -77,6 +77,14 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+        help_text="The token the creating request authenticated with; revoking it revokes this one.",
+    )
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -116,9 +124,22 @@ class ApiToken(models.Model):
             raise ValueError(f"a token may not expire after {limit.isoformat()}")
         key = cls.PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(
-            user=user, name=name, key_prefix=key[:10], key_digest=cls.digest(key), expires_at=expires_at
+            user=user,
+            name=name,
+            key_prefix=key[:10],
+            key_digest=cls.digest(key),
+            expires_at=expires_at,
+            parent=parent,
         )
         return token, key
+
+    def descendant_ids(self) -> list[int]:
+        """Every token minted with this one, with a token minted with one of those, and so on."""
+        found, frontier = [], [self.pk]
+        while frontier:
+            frontier = list(ApiToken.objects.filter(parent_id__in=frontier).values_list("pk", flat=True))
+            found += frontier
+        return found
 
     @property
     def is_usable(self) -> bool:

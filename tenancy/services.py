@@ -9,14 +9,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from axes.utils import reset as axes_reset
+from django.db import transaction
 from django.utils import timezone
 
 from .models import ApiToken
 
 
-def revoke_token(token: ApiToken) -> bool:
-    """Revoke a token; False if it was revoked already (idempotent: a conditional UPDATE)."""
-    return ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1
+def revoke_token(token: ApiToken) -> int:
+    """Revoke a token and every token minted with it (its descendants); returns how many were revoked.
+
+    A token created by a request that authenticated with a token is that token's child
+    (ApiToken.parent): whoever holds the parent could have made it, so it goes with it. Idempotent:
+    one conditional UPDATE over the token and its descendants, counting only those not yet revoked
+    (0: all were revoked already). Revoking an already revoked token still revokes a descendant
+    that somehow escaped.
+    """
+    with transaction.atomic():
+        ids = [token.pk, *token.descendant_ids()]
+        return ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
 def unlock_sign_in(usernames: Iterable[str]) -> int:
