@@ -21,11 +21,13 @@ def revoke_token(token: ApiToken) -> int:
     A token created by a request that authenticated with a token is that token's child
     (ApiToken.parent): whoever holds the parent could have made it, so it goes with it. Idempotent:
     one conditional UPDATE over the token and its descendants, counting only those not yet revoked
-    (0: all were revoked already). Revoking an already revoked token still revokes a descendant
-    that somehow escaped.
+    (0: all were revoked already). Locks the token's row, then each level of descendants as it
+    reads them (primary-key order): a token being minted concurrently with one of them
+    (ApiToken.issue locks its parent) is either found and revoked, or refused.
     """
     with transaction.atomic():
-        ids = [token.pk, *token.descendant_ids()]
+        list(ApiToken.objects.select_for_update().filter(pk=token.pk).values_list("pk", flat=True))
+        ids = [token.pk, *token.descendant_ids(lock=True)]
         return ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 

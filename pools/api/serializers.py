@@ -732,12 +732,15 @@ class ApiTokenSerializer(StrictModelSerializer):
         return auth if isinstance(auth, ApiToken) else None
 
     def create(self, validated_data: dict) -> ApiToken:
-        token, key = ApiToken.issue(
-            self.context["request"].user,
-            validated_data["name"],
-            validated_data.get("expires_at"),
-            parent=self._parent_token(),
-        )
+        try:
+            token, key = ApiToken.issue(
+                self.context["request"].user,
+                validated_data["name"],
+                validated_data.get("expires_at"),
+                parent=self._parent_token(),
+            )
+        except ValueError as refused:  # the parent was revoked (or its expiry moved) since validate()
+            raise serializers.ValidationError({"non_field_errors": [str(refused)]}) from refused
         token.plain_key = key
         return token
 

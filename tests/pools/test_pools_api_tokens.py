@@ -196,3 +196,14 @@ def test_without_an_expiry_a_token_gets_the_maximum_lifetime(api, bob, settings)
     created = api(bob).post(URL, {"name": "default"}).data
     left = ApiToken.objects.get(pk=created["id"]).expires_at - timezone.now()
     assert dt.timedelta(days=364) < left <= dt.timedelta(days=365)
+
+
+def test_a_revoked_token_mints_nothing_even_past_authentication(bob):
+    """issue() re-reads the parent under its row lock: a revocation that won the race refuses the child."""
+    from tenancy.services import revoke_token
+
+    parent, _ = ApiToken.issue(bob, "parent")
+    revoke_token(parent)
+    with pytest.raises(ValueError, match="was revoked"):
+        ApiToken.issue(bob, "child", parent=parent)
+    assert not ApiToken.objects.filter(parent=parent).exists()
