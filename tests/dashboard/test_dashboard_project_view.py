@@ -79,7 +79,7 @@ def test_costs_show_only_the_members_projects(client, world, bob):
     client.force_login(bob)
     costs = client.get("/projects/").context["costs"]
     assert [(i["project"], i["total"], i["used"]) for i in costs["items"]] == [("team-a", "3.12", "1.25")]
-    assert costs["rows"][0][0] == {"value": "team-a", "num": False}
+    assert costs["rows"][0][0] == {"value": "team-a", "num": False, "datetime": False}
     assert "0.36" not in client.get("/projects/").content.decode()
 
 
