@@ -18,8 +18,8 @@ CLUSTER_MAX = 20
 # pools' held units (their shares of a GPU).
 PROJECT_LIST_MAX = 14
 # 10 of them read the monitoring tab's series (monitoring.readers), 4 of those the raw samples after the last
-# finished rollup; 1 reads the pool's clusters.
-POOL_PAGE_MAX = 19
+# finished rollup; 1 reads the pool's clusters, 1 its held units (their shares of a GPU).
+POOL_PAGE_MAX = 20
 # The readers add queries for the raw samples after the last finished 5-minute rollup, when there are any:
 # the world is built with its fresh sample a bucket back, so that tail is there on every run (the worst case),
 # and a slow run cannot cross a bucket boundary half-way through.
