@@ -30,6 +30,7 @@ from .models import (
     PoolCluster,
     PoolRequest,
     PoolRequestTransition,
+    gpu_count,
 )
 
 
@@ -338,8 +339,8 @@ class GpuPoolAdmin(admin.ModelAdmin):
     @admin.display(description="GPUs in use / held (shares)")
     def gpus(self, obj):
         """Each unit as its share of a GPU (a 3g.40gb of an H100 is 0.5), as billing charges it."""
-        card = obj.card()
-        return f"{card['in_use_gpus']:g}/{card['total_gpus']:g}"
+        held, in_use = obj.gpu_shares()
+        return f"{gpu_count(in_use):g}/{gpu_count(held):g}"
 
     @admin.display(description="Binding", ordering="cluster__binding")
     def binding(self, obj):

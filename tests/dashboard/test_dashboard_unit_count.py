@@ -85,3 +85,10 @@ def test_pool_cards_project_page_dashboard_and_api_agree(client, held, bob, oper
     assert card["gpu_equivalents"]["free"] == 4 - sum(EXPECTED.values())
     assert "a 3g.40gb of an H100 is 1/2 of a GPU" in data["gpus_note"]
     assert "3/7" not in data["gpus_note"]
+
+
+def test_the_admin_pool_list_gives_gpus_as_shares(client, held, operator):
+    client.force_login(operator)
+    html = client.get("/admin/pools/gpupool/").content.decode()
+    assert "GPUs in use / held (shares)" in html
+    assert '<td class="field-gpus">0/1.5</td>' in html and '<td class="field-gpus">0/0.5</td>' in html
