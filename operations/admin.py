@@ -416,5 +416,12 @@ class RebalanceForm(forms.Form):
     drain = forms.BooleanField(required=False)
     force = forms.BooleanField(required=False, help_text="Create them now, outside the maintenance window.")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Default to what the fleet is made of, not the catalog's first entry.
+        fleet = GpuCapacity.objects.present().most_common_product()
+        if fleet in PRODUCTS:
+            self.fields["product"].initial = fleet
+
     def clean_backend(self):
         return self.cleaned_data.get("backend") or ReconfigurationBackend.AGENT

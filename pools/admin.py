@@ -30,6 +30,7 @@ from .models import (
     PoolCluster,
     PoolRequest,
     PoolRequestTransition,
+    gpu_count,
 )
 
 
@@ -317,7 +318,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
     actions = ["retry_provisioning", "release_selected", "enable_lending", "disable_lending", "reclaim_lent"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).with_card().with_clusters()
+        return super().get_queryset(request).with_card().with_clusters().with_shares()
 
     def has_add_permission(self, request):
         return False  # pools are created by approval only
@@ -335,9 +336,11 @@ class GpuPoolAdmin(admin.ModelAdmin):
     def units(self, obj):
         return f"{obj.units_in_use}/{obj.units_total}"
 
-    @admin.display(description="GPUs in use / total")
+    @admin.display(description="GPUs in use / held (shares)")
     def gpus(self, obj):
-        return f"{obj.gpus_in_use}/{obj.gpus_total}"
+        """Each unit as its share of a GPU (a 3g.40gb of an H100 is 0.5), as billing charges it."""
+        held, in_use = obj.gpu_shares()
+        return f"{gpu_count(in_use):g}/{gpu_count(held):g}"
 
     @admin.display(description="Binding", ordering="cluster__binding")
     def binding(self, obj):

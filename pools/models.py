@@ -6,6 +6,8 @@ projects through `project__in=<projects the user may view>` in one query (tenanc
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
@@ -16,6 +18,7 @@ from django.db.models.lookups import LessThan
 from django.utils import timezone
 
 from capacity.choices import Binding, SpecKind, Tier
+from capacity.mig.share import held_share
 from capacity.models import WorkloadProfile
 from tenancy.models import Project
 
@@ -213,6 +216,12 @@ class GpuPoolQuerySet(models.QuerySet):
         home_first = models.Case(models.When(cluster=models.F("pool__cluster"), then=0), default=1)
         return self.prefetch_related(models.Prefetch("pool_clusters", queryset=parts.order_by(home_first, "pk")))
 
+    def with_shares(self):
+        """Prefetch each pool's held units with what their share of a GPU needs and whether each is in use
+        (`held_units`), for GpuPool.gpu_shares(): one more query, whatever the number of pools."""
+        held = Allocation.objects.active().annotate_busy().select_related("gpu__node").order_by("pk")
+        return self.prefetch_related(models.Prefetch("allocations", queryset=held, to_attr="held_units"))
+
     def with_card(self):
         """Annotate the card's counts in the same query: units and GPUs, total and in use, and utilisation.
 
@@ -345,17 +354,35 @@ class GpuPool(models.Model):
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}},
         }
 
+    def gpu_shares(self) -> tuple[Fraction, Fraction]:
+        """(held, in use): the pool's units counted in GPUs, each as its share of a GPU
+        (capacity.mig.share.held_share, as billing charges it). Reads with_shares(), else one query."""
+        units = getattr(self, "held_units", None)
+        if units is None:
+            units = list(self.allocations.active().annotate_busy().select_related("gpu__node"))
+        held = sum((u.share() for u in units), Fraction(0))
+        return held, sum((u.share() for u in units if u.busy), Fraction(0))
+
     def card(self) -> dict:
-        """The seed's pool card. Reads the with_card() annotations when present, else counts (3 queries)."""
+        """The seed's pool card. Reads the with_card() annotations and with_shares() when present, else counts
+        (3 queries and 1).
+
+        GPUs (`total_gpus`, `in_use_gpus`) count each unit as its share of a GPU: one 3g.40gb of an H100
+        is 0.5, six time-slice replicas of GPUs split 4 ways are 1.5. `gpus_touched` and
+        `gpus_touched_in_use` are the physical GPUs the units sit on, whatever their share.
+        """
         if not hasattr(self, "units_total"):
             annotated = GpuPool.objects.with_card().get(pk=self.pk)
             for name in CARD_ANNOTATIONS:
                 setattr(self, name, getattr(annotated, name))
+        held, in_use = self.gpu_shares()
         return {
             "name": self.name,
             "spec": self.request.spec_label if self.request_id else "",
-            "total_gpus": self.gpus_total,
-            "in_use_gpus": self.gpus_in_use,
+            "total_gpus": gpu_count(held),
+            "in_use_gpus": gpu_count(in_use),
+            "gpus_touched": self.gpus_total,
+            "gpus_touched_in_use": self.gpus_in_use,
             "utilisation": self.utilisation,
             "profiles_in_use": self.units_in_use,
             "profiles_total": self.units_total,
@@ -442,9 +469,30 @@ class PoolCluster(models.Model):
         return PoolClusterState.PROVISIONING
 
 
+def gpu_count(share: Fraction) -> float:
+    """A number of GPUs as the API and the screens give it: a sum of shares, to 4 decimal places."""
+    return float(round(share, 4))
+
+
 class AllocationQuerySet(models.QuerySet):
     def active(self):
         return self.filter(released_at__isnull=True)
+
+    def annotate_busy(self):
+        """`busy`: a workload runs on the unit (in_use(), read per row)."""
+        return self.annotate(busy=models.Exists(Allocation.objects.in_use().filter(pk=models.OuterRef("pk"))))
+
+    def counted(self, *by: str) -> dict[tuple, tuple[int, Fraction]]:
+        """{values of `by`: (units, GPUs)}: the units and their shares of a GPU (capacity.mig.share.held_share),
+        summed per value of the `by` fields (fields or annotations). One query."""
+        totals: dict[tuple, tuple[int, Fraction]] = {}
+        rows = self.values(*dict.fromkeys([*by, *SHARE_FIELDS])).annotate(n=models.Count("pk")).order_by()
+        for row in rows:
+            key = tuple(row[field] for field in by)
+            units, gpus = totals.get(key, (0, Fraction(0)))
+            share = held_share(*(row[field] for field in SHARE_FIELDS))
+            totals[key] = (units + row["n"], gpus + share * row["n"])
+        return totals
 
     def cluster_id_of(self, allocation_id: int) -> int:
         """The cluster of one allocation's unit: the one to reconcile for it (a pool may span clusters)."""
@@ -552,6 +600,16 @@ class Allocation(models.Model):
     def __str__(self) -> str:
         unit = self.profile_name or (f"replica {self.replica}" if self.kind == SpecKind.TIMESLICE else "full GPU")
         return f"{self.pool}: {self.product} {unit} on {self.gpu.uuid}"
+
+    def share(self) -> Fraction:
+        """The unit's share of a GPU (capacity.mig.share.held_share). Reads gpu.node: select_related it in loops."""
+        return held_share(
+            self.kind, self.product, self.profile_name, self.compute_slices, self.gpu.node.timeslice_replicas
+        )
+
+
+# What an allocation's share of a GPU is computed from (held_share's arguments, in order).
+SHARE_FIELDS = ("kind", "product", "profile_name", "compute_slices", "gpu__node__timeslice_replicas")
 
 
 # The queue's tables (policies, entries, audit, weights) live in their own module; Django finds them here.

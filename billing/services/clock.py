@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
 
-from capacity.choices import SpecKind
-from capacity.mig.share import unit_share
-from capacity.vgpu import VGPU_TYPES
+from capacity.mig.share import shares_per_gpu, unit_share
 from pools.choices import PoolState, RequestState
 from pools.models import PoolRequestTransition
 
@@ -110,10 +108,7 @@ class Unit:
 
 def _replicas(row: dict) -> int:
     """Shares per GPU: a vGPU type's vGPUs per GPU, else the node's time-slice replicas."""
-    if row["kind"] == SpecKind.VGPU:
-        vgpu = VGPU_TYPES.get(row["profile_name"])
-        return vgpu.max_per_gpu if vgpu else 1
-    return row["gpu__node__timeslice_replicas"] or 1
+    return shares_per_gpu(row["kind"], row["profile_name"], row["gpu__node__timeslice_replicas"])
 
 
 def units_of(queryset) -> list[Unit]:

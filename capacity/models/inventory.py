@@ -126,6 +126,17 @@ class GpuCapacityQuerySet(models.QuerySet):
     def for_cluster(self, cluster):
         return self.filter(node__cluster=cluster)
 
+    def most_common_product(self) -> str | None:
+        """The catalog product most of these GPUs are (a tie goes to the first name); None when none is known."""
+        row = (
+            self.exclude(catalog_product="")
+            .values("catalog_product")
+            .annotate(n=Count("pk"))
+            .order_by("-n", "catalog_product")
+            .first()
+        )
+        return row["catalog_product"] if row else None
+
     def usable(self):
         """Present GPUs that could host units now: healthy, on a ready, uncordoned node not mid MIG change."""
         return self.present().filter(*host_conditions().values())

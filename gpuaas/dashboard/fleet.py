@@ -15,10 +15,10 @@ from django.db.models import Count, Q
 from django.urls import reverse
 from django.utils import timezone
 
-from capacity.mig.share import mig_share
+from capacity.mig.share import held_share, mig_share
 from capacity.models import USABLE_HEALTH, Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from pools.choices import RequestState
-from pools.models import PoolRequest
+from pools.models import Allocation, PoolRequest, gpu_count
 
 from . import sources
 from .status import FULL, SHAPE_LABELS, SHAPES, STATUSES, UnitStatus, shape_of, status_of
@@ -98,12 +98,21 @@ def unit_groups(cluster_ids: list[int] | None = None, busy_devices: frozenset[st
 
 
 def profile_distribution(groups: list[UnitGroup]) -> list[dict]:
-    """Rows 1g, 2g, 3g, 4g, 7g, Full with the number of units in each status and the total."""
+    """Rows 1g, 2g, 3g, 4g, 7g, Full with the number of units in each status and the total, and the GPUs
+    they make (each unit its share of a GPU)."""
     counts: dict[str, dict[str, int]] = {shape: dict.fromkeys(STATUSES, 0) for shape in SHAPES}
+    gpus = dict.fromkeys(SHAPES, Fraction(0))
     for group in groups:
         counts[group.shape][group.status] += group.count
+        gpus[group.shape] += group.gpus
     return [
-        {"shape": shape, "label": SHAPE_LABELS[shape], **counts[shape], "total": sum(counts[shape].values())}
+        {
+            "shape": shape,
+            "label": SHAPE_LABELS[shape],
+            **counts[shape],
+            "total": sum(counts[shape].values()),
+            "gpus": gpu_count(gpus[shape]),
+        }
         for shape in SHAPES
     ]
 
@@ -119,10 +128,12 @@ def _percent(part: Fraction | int, whole: Fraction | int) -> float | None:
 def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict]:
     """One card per cluster: nodes, GPUs, MIG instances, units by status, GPUs allocated and free.
 
-    Allocated and free are measured in GPUs so clusters carved differently compare at a glance: a
-    unit weighs its share of the GPU (capacity.mig.share: a 3g.40gb of an H100 is 1/2, the larger of
-    3/7 compute and 4/8 memory, as billing charges it), a whole GPU weighs 1. Free = present GPUs -
-    allocated, so uncarved MIG slices count as free. Two queries besides `groups`.
+    Allocated and free are measured in GPUs so clusters carved differently compare at a glance: each
+    held unit (an active pools.Allocation on a present GPU) weighs its share of the GPU
+    (capacity.mig.share.held_share: a 3g.40gb of an H100 is 1/2, the larger of 3/7 compute and 4/8
+    memory; a time-slice replica 1 / its node's replicas; as billing charges it), a whole GPU 1: the
+    figure the pool cards and the API give. Free = present GPUs - allocated, so uncarved MIG slices and
+    unheld replicas count as free. Three queries besides `groups`.
     """
     ids = [c.pk for c in clusters]
     nodes = {
@@ -145,6 +156,12 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
         )
         .order_by()
     }
+    held = (
+        Allocation.objects.active()
+        .filter(gpu__in=GpuCapacity.objects.present(), gpu__node__cluster_id__in=ids)
+        .filter(Q(mig_instance__isnull=True) | Q(mig_instance__in=MigInstance.objects.present()))
+        .counted("gpu__node__cluster_id")
+    )
     by_cluster: dict[int, list[UnitGroup]] = defaultdict(list)
     for group in groups:
         by_cluster[group.cluster_id].append(group)
@@ -152,7 +169,7 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
     for cluster in clusters:
         mine = by_cluster[cluster.pk]
         units = {status: sum(g.count for g in mine if g.status == status) for status in STATUSES}
-        allocated = sum((g.gpus for g in mine if g.allocated), Fraction(0))
+        allocated = held.get((cluster.pk,), (0, Fraction(0)))[1]
         in_use = sum((g.gpus for g in mine if g.status == UnitStatus.IN_USE), Fraction(0))
         gpu_row = gpus.get(cluster.pk, {})
         present = gpu_row.get("total", 0)
@@ -173,9 +190,9 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
                 "units": {**units, "total": sum(units.values())},
                 "gpu_equivalents": {
                     "total": present,
-                    "allocated": _round(allocated),
-                    "free": _round(present - allocated),
-                    "in_use": _round(in_use),
+                    "allocated": gpu_count(allocated),
+                    "free": gpu_count(present - allocated),
+                    "in_use": gpu_count(in_use),
                 },
                 "allocated_pct": _percent(allocated, present),
                 "in_use_pct": _percent(in_use, present),
@@ -185,6 +202,12 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
 
 
 PENDING_SHOWN = 20
+# The subtitle under the cluster cards, its example worked out by the rule the numbers use.
+GPUS_NOTE = (
+    "Allocated and free are counted in GPUs, each held unit as its share of a GPU, as billing charges it: "
+    f"a 3g.40gb of an H100 is {held_share('mig', 'H100-80GB', '3g.40gb', 3, None)} of a GPU, a 1g.10gb "
+    f"{held_share('mig', 'H100-80GB', '1g.10gb', 1, None)}, a time-slice replica 1 / its node's replicas."
+)
 
 
 def pending_approvals() -> dict:
@@ -243,6 +266,7 @@ def overview() -> dict:
     return {
         "generated_at": timezone.now().isoformat(),
         "totals": totals,
+        "gpus_note": GPUS_NOTE,
         "clusters": cards,
         "profiles": profile_distribution(groups),
         "pending": pending_approvals(),

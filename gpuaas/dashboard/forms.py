@@ -9,7 +9,7 @@ from django import forms
 from django.conf import settings
 from rest_framework import serializers as drf
 
-from pools.api.serializers import ApiTokenSerializer, PoolRequestSerializer
+from pools.api.serializers import TOO_MANY_UNITS, ApiTokenSerializer, PoolRequestSerializer
 from pools.choices import Isolation, WorkloadType
 from pools.models import PoolRequest
 from tenancy.models import ApiToken, Project
@@ -57,16 +57,19 @@ class PoolRequestForm(_SerializerForm):
     memory_gib = forms.IntegerField(
         min_value=1, required=False, label="Memory (GiB)", help_text="Instead of a profile: the smallest that fits."
     )
-    count = forms.IntegerField(min_value=1, max_value=1000, initial=1)
+    count = forms.IntegerField(min_value=1, initial=1)  # its maximum is set per form: _count_field()
     end_at = forms.DateTimeField(
-        required=False, label="Until", help_text="Optional end (YYYY-MM-DD HH:MM, UTC).",
-        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        required=False, label="Until",
+        help_text="Optional end, a date and time in UTC; empty: until the pool is released.",
+        # The value a datetime-local input sends and accepts back (2026-12-06T18:30), so it survives a re-display.
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
     )  # fmt: skip
     justification = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False, max_length=2000)
 
     def __init__(self, *args, project: Project, **kwargs):
         super().__init__(*args, **kwargs)
         self.project = project
+        self.fields["count"] = _count_field()
 
     def serializer_data(self) -> dict:
         return super().serializer_data() | {"project": self.project.pk, "submit": True}
@@ -79,6 +82,18 @@ class PoolRequestForm(_SerializerForm):
 
     def save(self) -> PoolRequest:
         return self.serializer.save()
+
+
+def _count_field() -> forms.IntegerField:
+    """Count, capped where the API caps it (POOL_REQUEST_MAX_UNITS, read now, with the API's message)."""
+    cap = settings.POOL_REQUEST_MAX_UNITS
+    return forms.IntegerField(
+        min_value=1,
+        max_value=cap,
+        initial=1,
+        help_text=f"Units, 1 to {cap}.",
+        error_messages={"max_value": TOO_MANY_UNITS.format(max_value=cap)},
+    )
 
 
 class ApiTokenForm(_SerializerForm):

@@ -12,6 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse, reverse_lazy
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -61,12 +62,22 @@ def _scoped_project(user, slug: str):
 
 
 def table_rows(panel: dict) -> dict:
-    """A server panel with its items laid out as rows of cells, for a template to print."""
+    """A server panel with its items laid out as rows of cells, for a template to print.
+
+    A "datetime" column's ISO text becomes a datetime, so the template prints it as the rest of the page does.
+    """
     if not panel.get("available"):
         return panel
     columns = panel["columns"]
-    rows = [[{"value": item.get(c["key"]), "num": c.get("num", False)} for c in columns] for item in panel["items"]]
+    rows = [[_cell(item.get(c["key"]), c) for c in columns] for item in panel["items"]]
     return panel | {"rows": rows}
+
+
+def _cell(value, column: dict) -> dict:
+    when = column.get("type") == "datetime"
+    if when and isinstance(value, str):
+        value = parse_datetime(value)
+    return {"value": value, "num": column.get("num", False), "datetime": when}
 
 
 def _overview(request, scope, project=None):

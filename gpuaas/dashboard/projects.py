@@ -7,15 +7,16 @@ of another project. Pool cards come from GpuPool.objects.with_card(), the same f
 from __future__ import annotations
 
 from collections import defaultdict
+from fractions import Fraction
 
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Q
 
 from capacity.choices import SpecKind
-from pools.models import Allocation, BestEffortRequest, GpuPool, PoolRequest
+from pools.models import Allocation, BestEffortRequest, GpuPool, PoolRequest, gpu_count
 from tenancy.models import Project
 from tenancy.roles import projects_for
 
-from .status import FULL, SHAPE_LABELS, SHAPES, UnitStatus, shape_of
+from .status import HELD_SHAPE_LABELS, HELD_SHAPES, SHAPES, UnitStatus, gpus_text, held_shape
 
 REQUESTS_SHOWN = 50
 
@@ -36,12 +37,14 @@ def held_pools(projects):
 def pool_cards(pools) -> list[dict]:
     """The seed's pool cards for a queryset of pools. Two queries (the pools, then their clusters).
 
+    GPUs are counted as shares of a GPU (GpuPool.card()); `gpus_touched` is labelled as such wherever it shows.
     A pool across clusters is one card: its units per cluster (`c1 4, c2 1`) and each cluster's
     provisioning (PoolCluster.state); `cluster` stays the home cluster (GpuPool.cluster), as in the API.
     """
     pools = (
         pools.with_card()
         .with_clusters()
+        .with_shares()
         .select_related("project", "cluster", "request")
         .order_by("project__slug", "-created_at", "-id")
     )
@@ -71,6 +74,8 @@ def pool_cards(pools) -> list[dict]:
                 "state_label": pool.get_state_display(),
                 "workload_type": pool.get_workload_type_display(),
                 "utilisation_pct": None if utilisation is None else round(100 * float(utilisation), 1),
+                "total_gpus_text": gpus_text(card["total_gpus"]),
+                "in_use_gpus_text": gpus_text(card["in_use_gpus"]),
             }
         )
     return cards
@@ -95,26 +100,31 @@ def best_effort_requests(projects) -> list[BestEffortRequest]:
 
 
 def _annotated_allocations(queryset):
-    """Active allocations with `busy` (a workload runs on the unit) and the MIG profile's compute slices."""
-    busy = Allocation.objects.in_use().filter(pk=OuterRef("pk"))
-    return queryset.active().annotate(busy=Exists(busy))
+    """Active allocations with `busy` (a workload runs on the unit)."""
+    return queryset.active().annotate_busy()
 
 
 def profile_distribution(allocations) -> list[dict]:
-    """Rows 1g..7g, Full: the held units in use and ready (held but idle). One query."""
-    counts = {shape: {UnitStatus.IN_USE.value: 0, UnitStatus.READY.value: 0} for shape in SHAPES}
-    rows = (
-        _annotated_allocations(allocations)
-        .values("kind", "mig_instance__profile__compute_slices", "busy")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    for row in rows:
-        shape = shape_of(row["mig_instance__profile__compute_slices"]) if row["kind"] == SpecKind.MIG else FULL
-        counts[shape][UnitStatus.IN_USE if row["busy"] else UnitStatus.READY] += row["n"]
+    """Rows 1g..7g, Full, then Time-slice and vGPU when held: the held units in use and ready (held but
+    idle), and the GPUs they make, each unit counted as its share of a GPU (GpuPool.card()'s rule). One query."""
+    counts = {shape: {UnitStatus.IN_USE.value: 0, UnitStatus.READY.value: 0} for shape in HELD_SHAPES}
+    gpus = dict.fromkeys(HELD_SHAPES, Fraction(0))
+    held = _annotated_allocations(allocations).counted("kind", "mig_instance__profile__compute_slices", "busy")
+    for (kind, slices, busy), (units, share) in held.items():
+        shape = held_shape(kind, slices)
+        counts[shape][UnitStatus.IN_USE if busy else UnitStatus.READY] += units
+        gpus[shape] += share
     return [
-        {"shape": shape, "label": SHAPE_LABELS[shape], **counts[shape], "total": sum(counts[shape].values())}
-        for shape in SHAPES
+        {
+            "shape": shape,
+            "label": HELD_SHAPE_LABELS[shape],
+            **counts[shape],
+            "total": sum(counts[shape].values()),
+            "gpus": gpu_count(gpus[shape]),
+            "gpus_text": gpus_text(gpu_count(gpus[shape])),
+        }
+        for shape in HELD_SHAPES
+        if shape in SHAPES or sum(counts[shape].values())
     ]
 
 
@@ -127,11 +137,11 @@ def pool_allocations(pool: GpuPool) -> dict:
     )
     units = []
     by_node: dict[str, dict[str, dict[str, int]]] = defaultdict(
-        lambda: {shape: {UnitStatus.IN_USE.value: 0, UnitStatus.READY.value: 0} for shape in SHAPES}
+        lambda: {shape: {UnitStatus.IN_USE.value: 0, UnitStatus.READY.value: 0} for shape in HELD_SHAPES}
     )
     for allocation in rows:
         instance = allocation.mig_instance
-        shape = shape_of(instance.profile.compute_slices) if instance else FULL
+        shape = held_shape(allocation.kind, instance.profile.compute_slices if instance else None)
         status = UnitStatus.IN_USE if allocation.busy else UnitStatus.READY
         node = allocation.gpu.node
         by_node[f"{node.cluster.name}/{node.name}"][shape][status] += 1
@@ -148,7 +158,7 @@ def pool_allocations(pool: GpuPool) -> dict:
                 "replica": allocation.replica if allocation.kind == SpecKind.TIMESLICE else None,
                 "placement": f"{instance.placement_start}:{instance.placement_size}" if instance else "",
                 "shape": shape,
-                "shape_label": SHAPE_LABELS[shape],
+                "shape_label": HELD_SHAPE_LABELS[shape],
                 "status": status.value,
                 "status_label": status.label,
                 "allocated_at": allocation.allocated_at,
@@ -158,7 +168,7 @@ def pool_allocations(pool: GpuPool) -> dict:
         {
             "node": name,
             "shapes": [
-                {"shape": shape, "label": SHAPE_LABELS[shape], **counts}
+                {"shape": shape, "label": HELD_SHAPE_LABELS[shape], **counts}
                 for shape, counts in shapes.items()
                 if sum(counts.values())
             ],

@@ -17,7 +17,7 @@ cannot be read, {"available": False, "reason": "..."}; the pages print the reaso
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
 
@@ -304,10 +304,39 @@ def _since():
 
 
 def _panel(per: str, metrics: list[dict], series: list[dict], note: str = "") -> dict:
+    """A chart panel over the window: every chart's time axis spans `from`..`to`, so a metric whose
+    readings begin later is drawn where they begin, and the summary says when that is."""
     if not any(line["points"] for line in series):
         return unavailable("No metrics recorded in the last 3 hours yet.")
+    now = timezone.now()
     summary = "5-minute averages over the last 3 hours (UTC)." + (f" {note}" if note else "")
-    return {"available": True, "per": per, "metrics": metrics, "series": series, "summary": summary}
+    late = _late_metrics(metrics, series)
+    if late:
+        summary += " " + " ".join(f"{label} readings begin at {at:%H:%M}." for label, at in late)
+    return {
+        "available": True,
+        "per": per,
+        "metrics": metrics,
+        "series": series,
+        "summary": summary,
+        "from": (now - SERIES_WINDOW).isoformat(),
+        "to": now.isoformat(),
+    }
+
+
+def _late_metrics(metrics: list[dict], series: list[dict]) -> list[tuple[str, datetime]]:
+    """(label, first reading) of each metric whose first reading comes after the panel's first bucket."""
+    first: dict[str, datetime] = {}
+    for line in series:
+        for point in line["points"]:
+            for metric in metrics:
+                if point.get(metric["key"]) is not None:
+                    at = datetime.fromisoformat(point["t"])
+                    first[metric["key"]] = min(first.get(metric["key"], at), at)
+    if not first:
+        return []
+    start = min(first.values())
+    return [(m["label"], first[m["key"]]) for m in metrics if m["key"] in first and first[m["key"]] > start]
 
 
 def cluster_series(clusters: list[Cluster]) -> dict:

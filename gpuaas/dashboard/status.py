@@ -48,6 +48,24 @@ def shape_of(compute_slices: int | None) -> str:
     return f"{compute_slices}g" if compute_slices else FULL
 
 
+# What a project holds (pools.Allocation) is also a time-slice replica or a vGPU: a share of a GPU, never "Full".
+TIMESLICE, VGPU = "timeslice", "vgpu"  # capacity.choices.SpecKind values
+HELD_SHAPES = [*SHAPES, TIMESLICE, VGPU]
+HELD_SHAPE_LABELS = SHAPE_LABELS | {TIMESLICE: "Time-slice", VGPU: "vGPU"}
+
+
+def held_shape(kind: str, compute_slices: int | None) -> str:
+    """The shape of a held unit: a MIG instance's 1g..7g, "timeslice" or "vgpu" for a share, "full" for a GPU."""
+    if kind in (TIMESLICE, VGPU):
+        return kind
+    return shape_of(compute_slices) if kind == "mig" else FULL
+
+
+def gpus_text(gpus: float) -> str:
+    """A number of GPUs as a page prints it: 0.5, 1.5, 0.43, 8 (two decimal places at most)."""
+    return f"{round(gpus, 2):g}"
+
+
 def memory_slices_of(catalog_product: str) -> int:
     """Memory slices of the GPU's product: 8, or 4 on an A30 (8 when the catalog does not know it)."""
     product = find_product(catalog_product) if catalog_product else None

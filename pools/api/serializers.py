@@ -31,6 +31,7 @@ from ..models import (
     PoolCluster,
     PoolRequest,
     PoolRequestTransition,
+    gpu_count,
 )
 from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
 
@@ -554,8 +555,8 @@ class PoolClusterSerializer(serializers.ModelSerializer):
 
 
 class GpuPoolSerializer(serializers.ModelSerializer):
-    """A pool and its card: units total and in use, GPUs total and in use, utilisation (null until
-    monitoring provides it), allocation = profiles in use / profiles in the pool."""
+    """A pool and its card: units total and in use, GPUs total and in use (shares of a GPU), GPUs touched,
+    utilisation (null until monitoring provides it), allocation = profiles in use / profiles in the pool."""
 
     project_slug = serializers.CharField(source="project.slug", read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
@@ -566,8 +567,19 @@ class GpuPoolSerializer(serializers.ModelSerializer):
         help_text="Every cluster the pool holds units on (cluster is the home one), with its units and provisioning.",
     )
     spec = serializers.CharField(source="request.spec_label", read_only=True)
-    total_gpus = serializers.IntegerField(source="gpus_total", read_only=True)
-    in_use_gpus = serializers.IntegerField(source="gpus_in_use", read_only=True)
+    total_gpus = serializers.SerializerMethodField(
+        help_text="GPUs the pool holds, each unit counted as its share of a GPU (capacity.mig.share: a 3g.40gb of "
+        "an H100 is 0.5, a time-slice replica 1 / the node's replicas), as billing charges it."
+    )
+    in_use_gpus = serializers.SerializerMethodField(
+        help_text="The share of total_gpus whose units have a workload running on them."
+    )
+    gpus_touched = serializers.IntegerField(
+        source="gpus_total", read_only=True, help_text="Physical GPUs the pool's units sit on, whatever their share."
+    )
+    gpus_touched_in_use = serializers.IntegerField(
+        source="gpus_in_use", read_only=True, help_text="Physical GPUs with a unit of the pool in use."
+    )
     profiles_total = serializers.IntegerField(source="units_total", read_only=True)
     profiles_in_use = serializers.IntegerField(source="units_in_use", read_only=True)
     utilisation = serializers.FloatField(read_only=True, allow_null=True, help_text="Average SM activity 0..1.")
@@ -615,6 +627,8 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "state_reason",
             "total_gpus",
             "in_use_gpus",
+            "gpus_touched",
+            "gpus_touched_in_use",
             "utilisation",
             "profiles_total",
             "profiles_in_use",
@@ -633,6 +647,14 @@ class GpuPoolSerializer(serializers.ModelSerializer):
 
     def get_allocation(self, pool: GpuPool) -> str:
         return f"{pool.units_in_use}/{pool.units_total}"
+
+    @extend_schema_field(serializers.FloatField())
+    def get_total_gpus(self, pool: GpuPool) -> float:
+        return gpu_count(pool.gpu_shares()[0])
+
+    @extend_schema_field(serializers.FloatField())
+    def get_in_use_gpus(self, pool: GpuPool) -> float:
+        return gpu_count(pool.gpu_shares()[1])
 
     def get_binding_note(self, pool: GpuPool) -> str:
         return SHARED_NODE_NOTE if getattr(pool, "shared_node", False) else ""

@@ -422,7 +422,7 @@ class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.Rea
     operator_perms = {"retry": ("pools.change_gpupool",)}
 
     def get_queryset(self):
-        return super().get_queryset().with_card().with_clusters()
+        return super().get_queryset().with_card().with_clusters().with_shares()
 
     @extend_schema(
         summary="Retry provisioning of a failed pool (operators)",

@@ -163,7 +163,7 @@ def test_a_workload_found_before_its_project_existed_is_attributed_on_the_next_d
     assert tracker.project == vision
     assert outcome.sync.workloads.updated == WorkloadProfile.objects.running().filter(namespace="team-vision").count()
     pool = type(pool).objects.get(pk=pool.pk)
-    assert (pool.card()["profiles_in_use"], pool.card()["in_use_gpus"]) == (1, 1)
+    assert (pool.card()["profiles_in_use"], pool.card()["gpus_touched_in_use"]) == (1, 1)
     assert pool.card()["profiles_in_use"] == _dashboard_in_use(pool)
 
 

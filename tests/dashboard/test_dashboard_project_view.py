@@ -11,9 +11,21 @@ def test_pool_cards_show_the_seed_fields(client, world, bob):
     client.force_login(bob)
     cards = {c["name"]: c for c in client.get("/projects/").context["pools"]}
     inference = cards["inference"]
-    assert {k: inference[k] for k in ("total_gpus", "in_use_gpus", "profiles_in_use", "profiles_total", "tags")} == {
-        "total_gpus": 1,
-        "in_use_gpus": 1,
+    keys = (
+        "total_gpus",
+        "in_use_gpus",
+        "gpus_touched",
+        "gpus_touched_in_use",
+        "profiles_in_use",
+        "profiles_total",
+        "tags",
+    )
+    # Two 3g.40gb of one H100, one of them in use: each is half the GPU (4 of 8 memory slices).
+    assert {k: inference[k] for k in keys} == {
+        "total_gpus": 1.0,
+        "in_use_gpus": 0.5,
+        "gpus_touched": 1,
+        "gpus_touched_in_use": 1,
         "profiles_in_use": 1,
         "profiles_total": 2,
         "tags": ["3g.40gb", "sla"],
@@ -67,7 +79,7 @@ def test_costs_show_only_the_members_projects(client, world, bob):
     client.force_login(bob)
     costs = client.get("/projects/").context["costs"]
     assert [(i["project"], i["total"], i["used"]) for i in costs["items"]] == [("team-a", "3.12", "1.25")]
-    assert costs["rows"][0][0] == {"value": "team-a", "num": False}
+    assert costs["rows"][0][0] == {"value": "team-a", "num": False, "datetime": False}
     assert "0.36" not in client.get("/projects/").content.decode()
 
 

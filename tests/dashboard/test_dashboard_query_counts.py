@@ -12,14 +12,14 @@ pytestmark = pytest.mark.django_db
 
 # Measured on this world; the point is they do not move when the fleet grows (checked below).
 # 2 of them read the session and the user; a multi-device pod adds up to 2 (resolving its device UUIDs).
-OVERVIEW_MAX = 20
+OVERVIEW_MAX = 21  # 1 of them sums the held units' shares of a GPU (Allocation.objects.counted)
 CLUSTER_MAX = 20
-PROJECT_LIST_MAX = (
-    13  # 2 of them read the trespass panel, 1 the pools' clusters (units per cluster), 1 best-effort requests
-)
+# 2 of them read the trespass panel, 1 the pools' clusters (units per cluster), 1 best-effort requests, 1 the
+# pools' held units (their shares of a GPU).
+PROJECT_LIST_MAX = 14
 # 10 of them read the monitoring tab's series (monitoring.readers), 4 of those the raw samples after the last
-# finished rollup; 1 reads the pool's clusters.
-POOL_PAGE_MAX = 19
+# finished rollup; 1 reads the pool's clusters, 1 its held units (their shares of a GPU).
+POOL_PAGE_MAX = 20
 # The readers add queries for the raw samples after the last finished 5-minute rollup, when there are any:
 # the world is built with its fresh sample a bucket back, so that tail is there on every run (the worst case),
 # and a slow run cannot cross a bucket boundary half-way through.

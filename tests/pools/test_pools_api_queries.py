@@ -82,8 +82,9 @@ def token_client(bob):
 
 
 # token lookup, COUNT(*), the page (joins and annotations inside); projects: the same three;
-# pools: one more, the page's clusters (PoolCluster with units held, prefetched).
-EXPECTED = {"/api/v1/pool-requests/": 3, "/api/v1/allocations/": 3, "/api/v1/pools/": 4, "/api/v1/projects/": 3}
+# pools: two more, the page's clusters (PoolCluster with units held, prefetched) and its held units (their shares
+# of a GPU, prefetched).
+EXPECTED = {"/api/v1/pool-requests/": 3, "/api/v1/allocations/": 3, "/api/v1/pools/": 5, "/api/v1/projects/": 3}
 
 
 @pytest.mark.parametrize("url", list(EXPECTED))

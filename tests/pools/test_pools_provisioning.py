@@ -170,7 +170,7 @@ def test_the_projects_pods_land_on_its_nodes_within_its_quota_and_show_on_the_ca
     assert placed in pool_nodes(pool)
     card = api(bob).get(f"/api/v1/pools/{pool.pk}/").data
     assert (card["profiles_in_use"], card["profiles_total"], card["allocation"]) == (1, 2, "1/2")
-    assert (card["in_use_gpus"], card["total_gpus"], card["utilisation"]) == (1, 2, None)
+    assert (card["gpus_touched_in_use"], card["gpus_touched"], card["utilisation"]) == (1, 2, None)
     assert GpuPool.objects.get(pk=pool.pk).card()["allocation"] == "1/2"
 
 

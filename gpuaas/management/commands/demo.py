@@ -1,10 +1,10 @@
 """`python manage.py demo` (what `make demo` runs): the whole platform on the embedded default.
 
 Starts the simulated cluster, migrates, creates the demo logins, discovers the clusters, seeds a world
-with something to see in every screen, then runs the web server, a Celery worker and beat. Every
-process is supervised (gpuaas.supervise): one that exits is logged and restarted with backoff while
-the others keep running. Ctrl-C stops every process it started. Running it again reuses var/ and
-changes nothing that exists.
+with something to see in every screen, then runs a Celery worker, beat, the ingest worker and the web
+server (PROCESSES). Every process is supervised (gpuaas.supervise): one that exits is logged and
+restarted with backoff while the others keep running. Ctrl-C stops every process it started.
+Running it again reuses var/ and changes nothing that exists.
 """
 
 from __future__ import annotations
@@ -41,6 +41,16 @@ UNKIND_SIM_ARGS = (
     "--device-plugin-restart",
     "--mig-mode-reboot",
 )
+
+
+# Every process the demo supervises, as its start-up output names them (the key is the supervisor's name).
+PROCESSES = {
+    "simcluster": "the simulated cluster (Kubernetes API, GPU Operator, NVML)",
+    "worker": "Celery worker: default, discovery, metrics, billing and every node's queue",
+    "beat": "Celery beat: the periodic schedule",
+    "ingest": "ingest worker (manage.py ingest-worker): writes the node agents' metric and inventory reports",
+    "web": "web server",
+}
 
 
 def purge_delivered_messages(broker_url: str) -> int:
@@ -191,10 +201,10 @@ class Command(BaseCommand):
         out.write(f"  Project view:       {base}/projects/         login {logins['member']}")
         out.write(f"  API docs:           {base}/api/docs/")
         out.write(f"  Kubeconfigs:        {kube_dir}/")
-        out.write(
-            "\nA process that stops is restarted (see var/logs/). Ctrl-C stops the web server, the worker, "
-            "beat and the simulator."
-        )
+        out.write("\nProcesses (logs in var/logs/):")
+        for name in self.supervisor.programs:
+            out.write(f"  {name + ':':<12} {PROCESSES[name]}")
+        out.write("\nA process that stops is restarted. Ctrl-C stops them all.")
         next_cleanup = time.monotonic() + BROKER_CLEANUP_S
 
         def housekeeping() -> None:

@@ -241,6 +241,7 @@
       return { key: s, label: statusLabel(s), num: true, format: function (v) { return num(v, 0); } };
     })).concat([
       { key: "total", label: "Total", num: true, format: function (v) { return num(v, 0); } },
+      { key: "gpus", label: "GPUs", num: true, format: function (v) { return num(v, 2); } },
       {
         key: "bar", label: "Share", render: function (row) {
           return bar(statuses.map(function (s) { return { status: s, value: row[s] }; }), row.total,
@@ -256,11 +257,16 @@
   var charts = {};
   var MINUTE = 60 * 1000;
 
-  /* A round tick step (5 min .. 6 h) giving at most ~6 ticks over the series' time range. */
+  /* A round tick step (5 min .. 6 h) giving at most ~6 ticks over the panel's window (else the points' range). */
   function timeStep(series) {
-    var times = [];
-    series.series.forEach(function (line) { line.points.forEach(function (p) { times.push(Date.parse(p.t)); }); });
-    var span = times.length ? Math.max.apply(null, times) - Math.min.apply(null, times) : 0;
+    var span;
+    if (series.from && series.to) {
+      span = Date.parse(series.to) - Date.parse(series.from);
+    } else {
+      var times = [];
+      series.series.forEach(function (line) { line.points.forEach(function (p) { times.push(Date.parse(p.t)); }); });
+      span = times.length ? Math.max.apply(null, times) - Math.min.apply(null, times) : 0;
+    }
     var steps = [5, 10, 15, 30, 60, 120, 180, 360];
     for (var i = 0; i < steps.length; i++) {
       if (span / (steps[i] * MINUTE) <= 6) {
@@ -268,6 +274,10 @@
       }
     }
     return 720 * MINUTE;
+  }
+
+  function windowEdge(iso) {
+    return iso ? Date.parse(iso) : undefined;
   }
 
   function hasData(series, key) {
@@ -326,6 +336,8 @@
       var chart = charts[key];
       if (chart) {
         chart.data.datasets = datasets;
+        chart.options.scales.x.min = windowEdge(series.from);
+        chart.options.scales.x.max = windowEdge(series.to);
         chart.update("none");
         return;
       }
@@ -346,6 +358,9 @@
           scales: {
             x: {
               type: "linear",
+              // Every chart spans the panel's window, so a series that begins later is drawn where it begins.
+              min: windowEdge(series.from),
+              max: windowEdge(series.to),
               ticks: {
                 stepSize: timeStep(series),
                 maxTicksLimit: 8,
@@ -415,7 +430,7 @@
   function renderOverview(data) {
     var t = data.totals;
     fill("totals", t.clusters + " clusters, " + t.nodes + " nodes, " + t.gpus + " GPUs, " + t.mig_instances +
-      " MIG instances. Allocated and free are counted in GPUs (a 3g instance of an H100 is 3/7 of a GPU).");
+      " MIG instances. " + (data.gpus_note || ""));
     fill("legend", statusLegend());
     fill("clusters", data.clusters.length ? data.clusters.map(clusterCard) :
       h("p", { className: "gd-empty", text: "No clusters registered yet." }));
