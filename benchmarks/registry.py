@@ -49,6 +49,7 @@ MODULES = (
     "queueing",
     "dedication",
     "poll_cycle",
+    "api_schema",
 )
 
 
