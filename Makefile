@@ -45,6 +45,12 @@ test: $(STAMP) lint
 test-slow: $(STAMP)
 	$(call pytest_timed,slow)
 
+# Every benchmark at a small size, checked on its correctness targets only (benchmarks/smoke.py, docs/benchmarks.md).
+# Runs on the configured DATABASE_URL/CELERY_BROKER_URL; benchmarks needing PostgreSQL or Redis are skipped without.
+.PHONY: bench-smoke
+bench-smoke: $(STAMP)
+	$(PY) manage.py bench smoke
+
 schema: $(STAMP)
 	DEBUG=1 $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
 

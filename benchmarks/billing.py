@@ -35,7 +35,8 @@ from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeC
 from pools.models import Allocation, GpuPool, PoolRequest
 from tenancy.models import Project
 
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import Expr, correctness, performance
 
 PERIOD = date(2001, 1, 1)
 START = datetime(2001, 1, 1, tzinfo=UTC)
@@ -65,6 +66,23 @@ GROUP BY project_id, pool_id, kind, product, profile_name, replicas, hourly_rate
         arg("--days", type=int, default=30, help="Days of usage to backfill (at most 30: all in one month)."),
         arg("--projects", type=int, default=200),
     ],
+    targets=[
+        correctness("meter_hour_records", "==", "allocations"),
+        correctness("statements", "==", "projects"),
+        correctness("statement_lines", "==", "sql_floor_groups"),
+        # Statement lines are rounded to the cent, the floor's sum once: at most a cent apart per line.
+        correctness(
+            Expr(
+                "|reserved_total - floor_total|",
+                lambda r: abs(Decimal(r["reserved_total"]) - Decimal(r["floor_total"])),
+            ),
+            "<=",
+            Expr("0.01 x statement_lines", lambda r: Decimal("0.01") * r["statement_lines"]),
+        ),
+        performance("meter_hour_s", "<=", 2),
+        performance("ratio", "<=", 3),
+    ],
+    smoke=Smoke(("--allocations", "50", "--days", "1", "--projects", "5"), needs=("postgresql",)),
 )
 def run_billing_bench(*, stdout, allocations: int = 5000, days: int = 30, projects: int = 200) -> dict:
     if connection.vendor != "postgresql":

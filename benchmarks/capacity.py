@@ -24,6 +24,7 @@ import os
 import statistics
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from django.db import connection
@@ -44,8 +45,10 @@ from capacity.models import (
 from capacity.services.discovery import INVENTORY_NONE, discover_cluster, is_gpu_node
 from capacity.services.inventory import reconcile_inventory
 from simcluster import SimServer, library_for_node, load_scenario
+from simcluster.state import SimState
 
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import Expr, correctness, performance
 
 BENCH_PREFIX = "bench-discovery-"
 
@@ -62,6 +65,11 @@ def delete_cluster_rows(clusters) -> None:
     DiscoveryRun.objects.filter(cluster__in=clusters).delete()
 
 
+def unique_name(prefix: str, *parts: object) -> str:
+    """A cluster name no other run takes, even one started in the same second or one sized alike."""
+    return "-".join([f"{prefix}{uuid.uuid4().hex[:12]}", *map(str, parts)])
+
+
 def _delete_bench_clusters() -> int:
     """Remove every earlier benchmark cluster with its rows."""
 
@@ -76,8 +84,10 @@ def snapshot_nvml(api_url: str, node_name: str):
     return library_for_node(api_url, node_name, max_age=3600.0)
 
 
-def _serve(nodes: int, gpus_per_node: int, kube_dir: Path):
-    state = load_scenario("scale", nodes=nodes, gpus_per_node=gpus_per_node).build(mig_manager_delay=3600)
+def _serve(nodes: int, gpus_per_node: int, kube_dir: Path, seed: int | None = None):
+    """The scale scenario served over HTTP; another `seed` gives other GPU UUIDs (they hash the node name)."""
+    scenario = load_scenario("scale", nodes=nodes, gpus_per_node=gpus_per_node)
+    state = scenario.build(SimState(seed=scenario.seed if seed is None else seed, mig_manager_delay=3600))
     server = SimServer(state).start()
     return server, server.write_kubeconfigs(kube_dir / str(nodes))["scale"]
 
@@ -140,26 +150,36 @@ def _resync(cluster_id: int) -> tuple[float, int]:
         arg("--repeat", type=int, default=3, help="runs of list+parse and of the resync; medians are reported"),
         arg("--first-repeat", type=int, default=3, help="first syncs from an empty mirror; the median is reported"),
     ],
+    targets=[
+        correctness("gpus", "==", Expr("nodes x gpus_per_node", lambda r: r["nodes"] * r["gpus_per_node"])),
+        correctness("gpus_written", "==", "gpus"),
+        correctness("mig_written", "==", "mig_instances"),
+        performance("first_sync_s", "<=", 5),
+        performance("ratio_resync", "<=", 2),
+        # A cost that must not grow with the fleet; one run differed by a query between two equal clusters.
+        performance("resync_queries", "==", "resync_queries_200"),
+    ],
+    smoke=Smoke(("--nodes", "20", "--small-nodes", "10", "--repeat", "1", "--first-repeat", "1")),
 )
 def run_discovery_bench(
     *, stdout, nodes: int, gpus_per_node: int, small_nodes: int, repeat: int, first_repeat: int
 ) -> dict:
     removed = _delete_bench_clusters()
-    stamp = time.strftime("%Y%m%d%H%M%S")
     with tempfile.TemporaryDirectory() as tmp:
         stdout.write(
             f"building the scale scenario: {nodes} + {small_nodes} nodes ({removed} old bench clusters removed)"
         )
         big_server, big_config = _serve(nodes, gpus_per_node, Path(tmp))
-        small_server, small_config = _serve(small_nodes, gpus_per_node, Path(tmp))
+        # Its own seed: at sizes whose node names coincide, the two clusters would share GPU UUIDs.
+        small_server, small_config = _serve(small_nodes, gpus_per_node, Path(tmp), seed=8)
         # The simulated clusters live in this process (millions of objects): keep the cyclic garbage
         # collector from rescanning them on every collection, which would bill their cost to discovery.
         gc.collect()
         gc.freeze()
         try:
-            big = Cluster.objects.create(name=f"{BENCH_PREFIX}{stamp}-{nodes}", kubeconfig_path=str(big_config))
+            big = Cluster.objects.create(name=unique_name(BENCH_PREFIX, "big", nodes), kubeconfig_path=str(big_config))
             small = Cluster.objects.create(
-                name=f"{BENCH_PREFIX}{stamp}-{small_nodes}", kubeconfig_path=str(small_config)
+                name=unique_name(BENCH_PREFIX, "small", small_nodes), kubeconfig_path=str(small_config)
             )
             list_parse = statistics.median(_list_parse_s(big) for _ in range(max(1, repeat)))
             inventories, nvml_read = _read_inventories(big, big_server)
@@ -173,6 +193,7 @@ def run_discovery_bench(
             load = os.getloadavg()[0]
             result = {
                 "nodes": NodeCapacity.objects.filter(cluster=big).count(),
+                "gpus_per_node": gpus_per_node,
                 "gpus": GpuCapacity.objects.filter(node__cluster=big).count(),
                 "mig_instances": MigInstance.objects.filter(gpu__node__cluster=big).count(),
                 "database": connection.vendor,

@@ -20,7 +20,8 @@ from gpuaas.dashboard.nodes import node_view
 from pools.models import Allocation, GpuPool, PoolRequest
 from tenancy.models import Project
 
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import Expr, correctness, performance
 
 CLUSTER = "bench-dashboard"
 LAYOUT = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))
@@ -113,6 +114,14 @@ def _timed(fn, repeat: int) -> tuple[float, int]:
     "dashboard",
     "Dashboard JSON and node view over a synthetic fleet of N nodes x 8 H100s",
     arguments=[arg("--nodes", type=int, default=500), arg("--repeat", type=int, default=5)],
+    targets=[
+        correctness("gpus", "==", Expr("8 x nodes", lambda r: 8 * r["nodes"])),
+        correctness("overview_queries", "<=", 18),
+        correctness("node_view_page_queries", "<=", 18),
+        performance("overview_ms_median", "<=", 1000),
+        performance("node_view_page_ms_median", "<=", 100),
+    ],
+    smoke=Smoke(("--nodes", "2", "--repeat", "1")),
 )
 def run_dashboard_bench(*, stdout=None, nodes: int = 500, repeat: int = 5, **_) -> dict:
     cluster = Cluster.objects.filter(name=CLUSTER).first()

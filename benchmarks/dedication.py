@@ -44,7 +44,8 @@ from tenancy.models import Project
 
 from .dra_check import measure_dra_wrong_device
 from .pools import bench_database
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import correctness, performance
 
 CLUSTER = "dedication"
 DEVICE_IDS = "gpuaas.io/device-ids"
@@ -232,6 +233,15 @@ def _attribution_errors(cluster: Cluster, expected: dict) -> int:
         arg("--projects", type=int, default=50),
         arg("--keep-db", action="store_true", help="Keep the throwaway database"),
     ],
+    targets=[
+        correctness("trespass_detected", "==", "trespass_injected"),
+        correctness("false_trespass", "==", 0),
+        correctness("attribution_errors", "==", 0),
+        correctness("dra_wrong_device", "==", 0),
+        correctness("dra_forged_obtained_foreign", "==", 0),
+        performance("detect_s", "<=", 2),
+    ],
+    smoke=Smoke(("--nodes", "6", "--projects", "4")),
 )
 def dedication(*, stdout=None, nodes: int, projects: int, keep_db: bool = False, **_) -> dict:
     rng = random.Random(15)

@@ -27,7 +27,8 @@ from pathlib import Path
 import requests
 from django.conf import settings
 
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import correctness
 
 # (name, who, path): who is "anon", "operator" (admin session), "member" (project session),
 # "token" (API bearer token of the operator) or "metrics" (MONITORING_METRICS_TOKEN).
@@ -156,6 +157,12 @@ def _discovery_runs(var_dir: Path) -> int | None:
         arg("--var-dir", default="", help="GPUAAS_VAR_DIR for the demo (default: a new temporary folder)"),
         arg("--unkind", action="store_true", help="run the demo with `--unkind` (the simulator's real timings)"),
     ],
+    targets=[
+        correctness("rounds", ">=", 1),
+        correctness("crashes", "==", 0),
+        correctness("failed_requests", "==", 0),
+    ],
+    smoke=Smoke(skip="starts the whole demo (web, workers, beat, simulator) and soaks it for minutes"),
 )
 def demo_soak(*, minutes: float, interval: float, var_dir: str, unkind: bool = False, stdout) -> dict:
     out = stdout.write

@@ -52,7 +52,8 @@ from simcluster.state import SimState
 from tenancy.models import Project
 
 from .pools import bench_database
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import correctness
 
 UUID = 'device.attributes["gpu.nvidia.com"].uuid'
 MEMBER = "alice"  # a project member: may create pods, claims and templates in the project's namespace (RBAC)
@@ -343,6 +344,17 @@ def _attribution(sim, cluster_row: Cluster, admitted, owned) -> int:
             help="a cluster without deploy/admission-policy.yaml: forged claims are admitted",
         ),
     ],
+    targets=[
+        correctness("dra_wrong_device", "==", 0),
+        correctness("cross_project_via_template", "==", 0),
+        correctness("double_allocated", "==", 0),
+        correctness("foreign_template_scheduled", "==", 0),
+        correctness("attribution_errors", "==", 0),
+        # Without the admission policy forged claims are admitted on purpose: these hold only with it.
+        correctness("forged_obtained_foreign", "==", 0, when=lambda r: r.get("admission_policy")),
+        correctness("forged_refused", "==", "forged", when=lambda r: r.get("admission_policy")),
+    ],
+    smoke=Smoke(("--nodes", "4", "--projects", "2", "--rounds", "2")),
 )
 def run_dra_bench(
     *, nodes: int, projects: int, seed: int, rounds: int, without_admission_policy: bool = False, **_options

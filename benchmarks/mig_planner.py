@@ -15,7 +15,8 @@ from itertools import product as cartesian
 from capacity.mig.catalog import PRODUCTS, Product, get_product
 from capacity.mig.planner import clear_caches, first_fit, plan_fewest_gpus
 
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import correctness, performance
 
 # A mix where first-fit visibly wastes GPUs: it pairs the 3g instances (6 of 7 compute slices) and
 # strands slice 7 on the 2g/1g GPUs, while the best plan puts a 3g at slice 4 beside 2g/1g instances.
@@ -118,6 +119,13 @@ def _fits(product_key: str, names: tuple[str, ...]) -> bool:
     "mig-planner",
     help="Planner vs exhaustive search on random small cases, and a ~1,000-GPU mixed demand vs first-fit.",
     arguments=[arg("--cases", type=int, default=500), arg("--seed", type=int, default=20240607)],
+    targets=[
+        correctness("optimal_fraction", "==", 1.0),
+        correctness("planner_gpus", "==", "planner_lower_bound"),
+        correctness("planner_gpus", "<", "first_fit_gpus"),
+        performance("gpus_1000_plan_s", "<=", 1),
+    ],
+    smoke=Smoke(("--cases", "40")),
 )
 def bench_mig_planner(*, cases: int, seed: int, stdout=None, **_) -> dict:
     return run_mig_planner_bench(cases=cases, seed=seed)

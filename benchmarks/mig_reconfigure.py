@@ -36,7 +36,8 @@ from operations.reconfiguration.commands import record_result
 from simcluster import SimServer, SimState, gpuoperator
 
 from .capacity import delete_cluster_rows
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import correctness
 
 BENCH_PREFIX = "bench-reconfig-"
 
@@ -152,6 +153,8 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
         arg("--gpus-per-node", type=int, default=8),
         arg("--backend", choices=["operator", "agent"], default="operator"),
     ],
+    targets=[correctness("succeeded", "==", "nodes")],
+    smoke=Smoke(("--nodes", "2", "--gpus-per-node", "2", "--backend", "agent")),
 )
 def bench_mig_reconfigure(*, nodes: int, gpus_per_node: int, backend: str, stdout=None, **_) -> dict:
     return run_mig_reconfigure_bench(nodes=nodes, gpus_per_node=gpus_per_node, backend=backend)

@@ -36,7 +36,8 @@ from monitoring.services.rollups import rollup_1h, rollup_5m
 from pools.models import Allocation, GpuPool, PoolRequest
 from tenancy.models import Project
 
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import correctness, performance
 
 PER_NODE = 8
 INTERVAL_S = 30
@@ -56,6 +57,16 @@ def _say(stdout, text: str) -> None:
         arg("--minutes", type=int, default=10, help="Minutes of 30 s polls to ingest"),
         arg("--query-series", type=int, default=2000, help="Series with 24 h of raw samples for the query"),
     ],
+    targets=[
+        correctness("stored", "==", "samples"),
+        correctness("pool_24h_points", "==", 288),
+        performance("ingest_samples_per_s", ">=", 100_000),
+        performance("ratio", ">=", 0.4),
+        performance("bytes_per_sample", "<=", 120),
+        performance("rollup_hour_s", "<=", 10),
+        performance("pool_24h_query_ms", "<=", 200),
+    ],
+    smoke=Smoke(("--gpus", "16", "--mig", "56", "--minutes", "1", "--query-series", "8"), needs=("postgresql",)),
 )
 def ingest(*, stdout=None, gpus: int, mig: int, minutes: int, query_series: int) -> dict:
     if connection.vendor != "postgresql":
@@ -204,6 +215,8 @@ class Bench:
                         floor_s += time.perf_counter() - t0
                 samples += len(rows)
         _say(self.stdout, f"ingested {samples} samples in {ingest_s:.2f} s; raw COPY floor {floor_s:.2f} s")
+        low, high = self.series_range
+        stored = Sample.objects.filter(series__gte=low, series__lte=high).count()
         size = self.sizes()
 
         # The prescribed conflict-tolerant path on its own (two poll cycles), for comparison.
@@ -239,6 +252,7 @@ class Bench:
         query = self.pool_query(query_series, hour - timedelta(days=2))
         return {
             "samples": samples,
+            "stored": stored,
             "series": series,
             "ingest_samples_per_s": round(samples / ingest_s),
             "copy_floor_samples_per_s": round(samples / floor_s),

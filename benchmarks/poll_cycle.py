@@ -55,8 +55,9 @@ from monitoring.services.collect import poll_slot
 from monitoring.services.ingest import ingest_samples
 from monitoring.tasks import poll_metrics_task, repoll_missing_task
 
-from .capacity import _read_inventories, _serve, delete_cluster_rows
-from .registry import arg, benchmark
+from .capacity import _read_inventories, _serve, delete_cluster_rows, unique_name
+from .registry import Smoke, arg, benchmark
+from .targets import correctness, performance
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_PREFIX = "bench-poll-"
@@ -391,6 +392,18 @@ def wait_ready(fleet: PollFleet, *, timeout_s: float) -> None:
             " simulated agents of many nodes cannot finish within 30 s on this machine, so the cycle is measured whole",
         ),
     ],
+    targets=[
+        correctness("lost", "==", 0),
+        correctness("phased_lost", "==", 0),
+        correctness("duplicated", "==", 0),
+        correctness("db_connections_max", "<=", 20),
+        correctness("next_cycle_lost", "==", 0, when=lambda r: "next_cycle_lost" in r),
+        performance("cycle_s", "<=", "period_s"),
+    ],
+    smoke=Smoke(
+        ("--nodes", "4", "--gpus-per-node", "2", "--agents", "1", "--workers", "1", "--threads", "2"),
+        needs=("postgresql", "redis"),
+    ),
 )
 def run_poll_cycle(
     *,
@@ -424,9 +437,7 @@ def run_poll_cycle(
         gc.freeze()
         fleet = None
         try:
-            cluster = Cluster.objects.create(
-                name=f"{BENCH_PREFIX}{time.strftime('%H%M%S')}-{nodes}", kubeconfig_path=str(kubeconfig)
-            )
+            cluster = Cluster.objects.create(name=unique_name(BENCH_PREFIX, nodes), kubeconfig_path=str(kubeconfig))
             _discover(cluster, server)
             others = NodeCapacity.objects.present().filter(gpu_count__gt=0).exclude(cluster=cluster).count()
             if others:

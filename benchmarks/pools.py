@@ -8,7 +8,9 @@ configured database is never touched.
   worker processes of keep-alive http.client GETs with token auth, for the pool-request and
   allocation lists as a member of USER_PROJECTS of PROJECTS projects, then as a superuser (no
   permission filtering). Query counts are measured in-process at page sizes 10 and 100.
-- approvals: WORKERS threads approve REQUESTS single-unit MIG requests competing for UNITS units.
+- approvals: WORKERS threads approve REQUESTS single-unit MIG requests competing for UNITS units, of a
+  tier and profile the tier profile policy admits as it stands (approval_spec), so a policy change
+  cannot leave it approving nothing.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import queue
 import statistics
 import threading
 import time
+from pathlib import Path
 from unittest import mock
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
+from django.core.management.base import CommandError
 from django.core.wsgi import get_wsgi_application
 from django.db import connection, connections
 from django.db.models import Count
@@ -33,7 +38,9 @@ from rest_framework.test import APIClient
 from rest_framework.throttling import SimpleRateThrottle
 from waitress import create_server
 
-from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
+from capacity import tiers
+from capacity.choices import Tier
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigPlacement, MigProfile, NodeCapacity
 from pools import services
 from pools.exceptions import DomainError, InsufficientCapacity
 from pools.models import Allocation, GpuPool, PoolRequest
@@ -42,22 +49,36 @@ from tenancy.models import ApiToken, Project, ProjectGroupObjectPermission
 from tenancy.roles import ROLE_PERMISSIONS, group_name
 
 from .loadgen import hammer
-from .registry import arg, benchmark
+from .registry import Smoke, arg, benchmark
+from .targets import Expr, correctness, performance
 
 BENCH_PAGE_SIZE = 50
 LIST_PATHS = ("/api/v1/pool-requests/", "/api/v1/allocations/")
 
 
+CLONE_ENV = "BENCH_CLONE_DATABASE"
+
+
 @contextlib.contextmanager
-def bench_database(keep: bool = False):
-    """Create a fresh migrated database for the benchmark, and drop it afterwards (unless `keep`)."""
+def bench_database(keep: bool = False, suffix: str = "bench", clone: bool | None = None):
+    """Create a fresh migrated database for the benchmark, and drop it afterwards (unless `keep`).
+
+    Named after the configured one with `suffix` (`<name>_bench`). With `clone` (by default: when
+    BENCH_CLONE_DATABASE=1 is in the environment, which `bench smoke` sets because the configured database
+    is then a fresh migrated one made for the run) the configured database is copied instead (CREATE
+    DATABASE ... TEMPLATE, a file copy on SQLite): a second instead of half a minute of migrations."""
     db = settings.DATABASES["default"]
     old_name = db["NAME"]
-    if connection.vendor == "sqlite":
-        db.setdefault("TEST", {})["NAME"] = str(settings.VAR_DIR / "bench-pools.sqlite3")
+    if os.environ.get(CLONE_ENV) == "1" if clone is None else clone:
+        clone_name = connection.creation.get_test_db_clone_settings(suffix)["NAME"]
+        connection.creation.clone_test_db(suffix, verbosity=0, autoclobber=True)
+        db["NAME"] = connection.settings_dict["NAME"] = clone_name
     else:
-        db.setdefault("TEST", {})["NAME"] = f"{old_name}_bench"
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+        if connection.vendor == "sqlite":
+            db.setdefault("TEST", {})["NAME"] = str(settings.VAR_DIR / f"{Path(old_name).stem}-{suffix}.sqlite3")
+        else:
+            db.setdefault("TEST", {})["NAME"] = f"{old_name}_{suffix}"
+        connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
     try:
         yield db["NAME"]
     finally:
@@ -237,6 +258,14 @@ def _load(port: int, key: str, clients: int, seconds: float) -> tuple[list[float
         arg("--threads", type=int, default=4, help="waitress worker threads"),
         arg("--keep-db", action="store_true"),
     ],
+    targets=[
+        correctness("errors", "==", 0),
+        correctness("queries_per_request", "<=", 8),
+        correctness("queries_page_size_10", "==", "queries_page_size_100"),
+        correctness("queries_superuser_page_size_10", "==", "queries_superuser_page_size_100"),
+        performance("ratio", ">=", 0.8),
+    ],
+    smoke=Smoke(("--projects", "20", "--user-projects", "5", "--seconds", "1", "--rounds", "1", "--clients", "1")),
 )
 def api_benchmark(*, stdout, projects, user_projects, seconds, rounds, clients, threads, keep_db, **_):
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "queue depth" is the point of a load test
@@ -293,23 +322,50 @@ def api_benchmark(*, stdout, projects, user_projects, seconds, rounds, clients, 
 # --- bench approvals -----------------------------------------------------------------------------
 
 
-def build_approval_world(requests: int, units: int) -> list[int]:
-    """UNITS free 1g.10gb MIG instances (seven per H100, eight GPUs per node) and REQUESTS submitted
-    single-unit requests over 20 projects; returns the request ids in creation order."""
+def units_per_gpu(profile: MigProfile) -> list[MigPlacement]:
+    """The most instances of `profile` one empty GPU holds: non-overlapping placements, first start first."""
+    taken: list[MigPlacement] = []
+    for placement in sorted(profile.valid_placements.all(), key=lambda p: p.start):
+        if len(taken) < profile.max_instances and all(p.start + p.size <= placement.start for p in taken):
+            taken.append(placement)
+    return taken
 
+
+def approval_spec(product: str = "H100-80GB") -> tuple[str, MigProfile]:
+    """The tier and MIG profile the approvals world is built of, read from the tier profile policy as it
+    stands (capacity.tiers): of the profiles some tier admits, the one with the most units per GPU (the
+    most approvals competing for each GPU's rows), on the first tier that admits it."""
+    table = tiers.policies()
+    admitted = [
+        (tier, profile)
+        for profile in MigProfile.objects.filter(product=product).prefetch_related("valid_placements")
+        for tier in tiers.tiers_allowing(product, profile.name, table)
+    ]
+    if not admitted:
+        raise RuntimeError(f"the tier profile policy admits no {product} MIG profile on any tier")
+    order = {tier: i for i, tier in enumerate(Tier.values)}
+    return min(admitted, key=lambda tp: (-len(units_per_gpu(tp[1])), order[tp[0]], tp[1].compute_slices))
+
+
+def build_approval_world(requests: int, units: int) -> tuple[list[int], str, MigProfile]:
+    """UNITS free MIG instances of the profile approval_spec() picks (as many per H100 as fit, eight GPUs
+    per node, on nodes of its tier) and REQUESTS submitted single-unit requests for it over 20 projects;
+    returns the request ids in creation order, the tier and the profile."""
+
+    tier, profile = approval_spec()
     user = get_user_model().objects.create_user("bench-requester")
     cluster = Cluster.objects.create(name="bench", kubeconfig_path="/dev/null")
-    profile = MigProfile.objects.get(product="H100-80GB", name="1g.10gb")
-    placements = {p.start: p for p in profile.valid_placements.all()}
-    gpu_count = (units + 6) // 7
-    gpus = h100_fleet(cluster, gpu_count, node={"tier": "1", "mig_strategy": "mixed"}, gpu={"mig_mode_current": True})
+    placements = units_per_gpu(profile)
+    per_gpu = len(placements)
+    gpu_count = (units + per_gpu - 1) // per_gpu
+    gpus = h100_fleet(cluster, gpu_count, node={"tier": tier, "mig_strategy": "mixed"}, gpu={"mig_mode_current": True})
     MigInstance.objects.bulk_create(
         MigInstance(
-            gpu=gpus[u // 7],
+            gpu=gpus[u // per_gpu],
             profile=profile,
-            placement=placements[u % 7],
-            placement_start=u % 7,
-            placement_size=1,
+            placement=placements[u % per_gpu],
+            placement_start=placements[u % per_gpu].start,
+            placement_size=placements[u % per_gpu].size,
             uuid=f"MIG-{u:05d}",
         )
         for u in range(units)
@@ -320,16 +376,16 @@ def build_approval_world(requests: int, units: int) -> list[int]:
             project=projects[i % 20],
             requested_by=user,
             isolation="mig",
-            tier="1",
+            tier=tier,
             spec_kind="mig",
-            product="H100-80GB",
-            profile_name="1g.10gb",
+            product=profile.product,
+            profile_name=profile.name,
             count=1,
             state="submitted",
         )
         for i in range(requests)
     )
-    return [r.pk for r in rows]
+    return [r.pk for r in rows], tier, profile
 
 
 def double_allocated() -> int:
@@ -350,10 +406,19 @@ def double_allocated() -> int:
         arg("--workers", type=int, default=8),
         arg("--keep-db", action="store_true"),
     ],
+    targets=[
+        correctness("approved", "==", "units"),
+        correctness("short_of_capacity", "==", Expr("requests - units", lambda r: r["requests"] - r["units"])),
+        correctness("collisions", "==", 0),
+        correctness("double_allocated", "==", 0),
+    ],
+    smoke=Smoke(("--requests", "8", "--units", "4", "--workers", "2")),
 )
 def approvals_benchmark(*, stdout, requests, units, workers, keep_db, **_):
+    if requests < units:
+        raise CommandError("--requests must be at least --units: the benchmark is requests competing for units")
     with bench_database(keep_db):
-        ids = build_approval_world(requests, units)
+        ids, tier, profile = build_approval_world(requests, units)
         operator = get_user_model().objects.create_superuser("bench-operator", "", "x")
         work: queue.Queue[int] = queue.Queue()
         for pk in ids:
@@ -401,6 +466,8 @@ def approvals_benchmark(*, stdout, requests, units, workers, keep_db, **_):
             "requests": requests,
             "units": units,
             "workers": workers,
+            "tier": tier,
+            "profile": profile.name,
             "approved": approved,
             "short_of_capacity": outcomes.count("short"),
             "collisions": outcomes.count("collision"),

@@ -74,8 +74,9 @@ from pools.exceptions import InsufficientCapacity
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, Loan, PoolRequest, QueueEntry
 from tenancy.models import Project
 
-from .pools import _percentile, bench_database, h100_fleet
-from .registry import arg, benchmark
+from .pools import _percentile, bench_database, double_allocated, h100_fleet
+from .registry import Smoke, arg, benchmark
+from .targets import correctness, performance
 
 # workload type: (share of arrivals, sizes (GPUs), median hold h, sigma of log hold, share with an end date,
 #                 SM activity range)
@@ -522,6 +523,7 @@ class Replay:
             "reserved_utilisation": round(active / reserved, 3) if reserved else None,
             "refused": self.refused,
             "ended_waiting": ended_waiting.count(),
+            "double_allocated": double_allocated(),
             "lender_reclaim_p99_s": None,
         }
         if self.borrowing:
@@ -637,6 +639,17 @@ def replay(arrivals: list[Arrival], *, gpus: int, days: int, policy: str, bounds
     return Replay(arrivals, gpus=gpus, days=days, policy=policy, bounds=bounds).run()
 
 
+def _ran(*policies: str):
+    return lambda result: all(p in result.get("policies", {}) for p in policies)
+
+
+def _reclaimed(result: dict) -> bool:
+    return bool(result.get("policies", {}).get("queue+borrowing", {}).get("loans_reclaimed"))
+
+
+B, Q, R = "policies.queue+borrowing", "policies.queue", "policies.refuse"
+
+
 @benchmark(
     "queue",
     help="A synthetic month of requests under refuse-when-full, queue, queue+borrowing; waits, use, forecast error.",
@@ -652,6 +665,24 @@ def replay(arrivals: list[Arrival], *, gpus: int, days: int, policy: str, bounds
             help="Also score each first forecast with part of the future known (Replay.forecast_bounds).",
         ),
     ],
+    targets=[
+        *(correctness(f"policies.{p}.double_allocated", "==", 0, when=_ran(p)) for p in POLICIES),
+        correctness(f"{R}.still_waiting", "==", 0, when=_ran("refuse")),
+        correctness(f"{Q}.refused", "==", 0, when=_ran("queue")),
+        correctness(f"{B}.refused", "==", 0, when=_ran("queue+borrowing")),
+        # Simulated time: the reclaim bound is the lending contract, not the machine's speed.
+        correctness(f"{B}.lender_reclaim_p99_s", "<=", f"{B}.reclaim_bound_s", when=_reclaimed),
+        performance(f"{B}.mean_wait_h", "<", f"{Q}.mean_wait_h", when=_ran("queue", "queue+borrowing")),
+        performance(
+            f"{B}.reserved_utilisation", ">", f"{Q}.reserved_utilisation", when=_ran("queue", "queue+borrowing")
+        ),
+        performance(
+            f"{B}.reserved_utilisation", ">", f"{R}.reserved_utilisation", when=_ran("refuse", "queue+borrowing")
+        ),
+        performance(f"{Q}.forecast_mae_ratio", "<=", 0.35, when=_ran("queue")),
+        performance(f"{B}.forecast_mae_ratio", "<=", 0.35, when=_ran("queue+borrowing")),
+    ],
+    smoke=Smoke(("--gpus", "16", "--days", "2")),
 )
 def queue_benchmark(*, stdout, gpus, days, seed, policies, keep_db, forecast_bounds=False, **_):
     chosen = [p.strip() for p in policies.split(",") if p.strip()]

@@ -1,7 +1,8 @@
 """Registry behind `python manage.py bench NAME`: each module of this package registers its benchmarks.
 
 A benchmark is a function taking the parsed options and returning a dict; the command prints it
-as one JSON object on the last line.
+as one JSON object on the last line, with the block of the targets it declares (benchmarks.targets).
+`smoke` gives the small arguments `bench smoke` runs it with in CI, or why it is left out there.
 """
 
 from __future__ import annotations
@@ -10,6 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module
 
+from .targets import Target
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """How `bench smoke` runs a benchmark: small arguments, the services it needs, or why it is skipped."""
+
+    args: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # "postgresql", "redis": skipped, with the reason printed, without them
+    skip: str = ""  # never run in the smoke, for this reason
+
 
 @dataclass
 class Benchmark:
@@ -17,16 +29,27 @@ class Benchmark:
     run: Callable[..., dict]
     help: str
     arguments: list[tuple[tuple, dict]] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    smoke: Smoke = field(default_factory=Smoke)
 
 
 REGISTRY: dict[str, Benchmark] = {}
 
 
-def benchmark(name: str, help: str, arguments: list[tuple[tuple, dict]] | None = None):
-    """Register `fn(**options) -> dict` as benchmark NAME; arguments are argparse (args, kwargs) pairs."""
+def benchmark(
+    name: str,
+    help: str,
+    arguments: list[tuple[tuple, dict]] | None = None,
+    *,
+    targets: list[Target],
+    smoke: Smoke,
+):
+    """Register `fn(**options) -> dict` as benchmark NAME; arguments are argparse (args, kwargs) pairs.
+
+    Every benchmark states its targets (at least one correctness target) and how the smoke runs it."""
 
     def wrap(fn):
-        REGISTRY[name] = Benchmark(name, fn, help, arguments or [])
+        REGISTRY[name] = Benchmark(name, fn, help, arguments or [], targets, smoke)
         return fn
 
     return wrap
@@ -50,6 +73,7 @@ MODULES = (
     "dedication",
     "poll_cycle",
     "api_schema",
+    "smoke",
 )
 
 

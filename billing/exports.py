@@ -96,7 +96,7 @@ def to_csv(statements) -> str:
     are prefixed with a single quote (billing.csvsafe); numeric columns stay numbers.
     """
     out = io.StringIO()
-    writer = SafeDictWriter(out, fieldnames=CSV_COLUMNS, numeric=NUMERIC_COLUMNS, lineterminator="\n")
+    writer = SafeDictWriter(out, fieldnames=CSV_COLUMNS, numeric=NUMERIC_COLUMNS)
     writer.writeheader()
     for statement in statements:
         for line in statement.lines.all():

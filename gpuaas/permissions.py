@@ -9,6 +9,7 @@ Imported by DRF's settings, so this module must not import rest_framework.views 
 """
 
 from django.core.exceptions import ImproperlyConfigured
+from rest_framework.exceptions import MethodNotAllowed
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from tenancy.roles import operator_can, project_ids_for
@@ -77,9 +78,11 @@ class OperatorPermissions(BasePermission):
         for key in (action, request.method.lower(), "*"):
             if key in overrides:
                 return tuple(overrides[key])
-        model = view.get_queryset().model
         verb = self.METHOD_ACTIONS.get(request.method)
-        if verb is None or (
+        if verb is None:  # a method no view serves (UnsupportedMethodMiddleware answers most first)
+            raise MethodNotAllowed(request.method)
+        model = view.get_queryset().model
+        if (
             action not in (None, "list", "retrieve", "create", "update", "partial_update", "destroy")
             and request.method not in SAFE_METHODS
         ):

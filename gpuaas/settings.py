@@ -81,6 +81,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "gpuaas.middleware.UnsupportedMethodMiddleware",  # TRACE and unknown methods: 405 before any view
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -153,22 +154,23 @@ LOGIN_URL = "/accounts/login/"  # members sign in here; the admin keeps its own 
 # axes; the anon API throttle bounds guessing instead.
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
-# One user's failures from one address: an attacker cannot lock a user out from elsewhere.
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
-AXES_RESET_ON_SUCCESS = True
+# Two counts, either locks (docs/security.md "Login lockout"): one username's failures from any
+# address (a distributed guess at one account) and one address's failures on any username (spraying).
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# A cool-off, never a permanent lock: attempts during a lockout are refused but not counted, so the
+# lock ends AXES_COOLOFF_MINUTES after the failure that set it, whatever an attacker keeps sending.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = True  # forgives the signed-in username's failures only (gpuaas.access.LockoutHandler)
 # Failures live in the database: shared by every web process and host, listed in the admin
-# (Axes > Access attempts; delete one to unlock), and `manage.py axes_reset` clears them all.
-AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+# (Axes > Access attempts, with an "Unlock" action), and `manage.py axes_reset` clears them all.
+AXES_HANDLER = "gpuaas.access.LockoutHandler"
 AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
 AXES_VERBOSE = False  # no banner at every start; lockouts are still logged as warnings
-# The client address is REMOTE_ADDR unless TRUSTED_PROXY_COUNT proxies (the ingress) add
-# X-Forwarded-For: a forged header must not give an attacker a fresh address per attempt.
+# The client address is REMOTE_ADDR unless TRUSTED_PROXY_COUNT proxies (the ingress) append to
+# X-Forwarded-For; django-ipware reads it (gpuaas.access.client_address), for axes and the API
+# throttles alike: a forged header must not give an attacker a fresh address per attempt.
 TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
-if TRUSTED_PROXY_COUNT:
-    AXES_IPWARE_PROXY_COUNT = TRUSTED_PROXY_COUNT
-    AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR")
-else:
-    AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
+AXES_CLIENT_IP_CALLABLE = "gpuaas.access.client_address"
 
 # --- I18N / time ----------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -209,8 +211,8 @@ REST_FRAMEWORK = {
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
+        "gpuaas.access.AnonThrottle",  # per client address behind the ingress (TRUSTED_PROXY_COUNT)
+        "gpuaas.access.UserThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "anon": env_str("API_THROTTLE_ANON", "60/minute"),

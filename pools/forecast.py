@@ -29,7 +29,7 @@ import bisect
 import datetime as dt
 import heapq
 import random
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -445,8 +445,11 @@ class Timeline:
         queue ahead when it is aged, a younger one ahead by fair share leaves it when this one is. The
         start is the first pass that reaches this request with its units free; None past the horizon."""
         units, hour = self.units.copy(), dt.timedelta(hours=1)
-        queue = [w for w in self.ahead if w.joins_at is None]
-        joining = sorted((w for w in self.ahead if w.joins_at is not None), key=lambda w: w.joins_at)
+        queue = deque(w for w in self.ahead if w.joins_at is None)
+        joining = deque(sorted((w for w in self.ahead if w.joins_at is not None), key=lambda w: w.joins_at))
+        # How many in the queue fall behind when this request is aged: counted, not re-read at every step, as a
+        # draw runs thousands of steps over a queue that grows with arrivals (O(n) a step made draws quadratic).
+        leaving = sum(w.leaves_at is not None for w in queue)
         releases = [
             (h.end_at if h.end_at is not None else self.now + _remaining_h(h, rng) * hour, i, h.nodes)
             for i, h in enumerate(self.holders)
@@ -457,25 +460,26 @@ class Timeline:
         t = self.now
         while True:
             while joining and joining[0].joins_at <= t:
-                queue.append(joining.pop(0))
-            if self.aged_at is not None and t >= self.aged_at:
-                queue = [w for w in queue if w.leaves_at is None or w.leaves_at > t]
+                queue.append(joining.popleft())
+            if leaving and self.aged_at is not None and t >= self.aged_at:
+                queue = deque(w for w in queue if w.leaves_at is None or w.leaves_at > t)
+                leaving = sum(w.leaves_at is not None for w in queue)
             while queue:  # the pass
                 head = queue[0]
                 if head.end_at is not None and head.end_at <= t:  # its end came while it waited
-                    queue.pop(0)
+                    leaving -= queue.popleft().leaves_at is not None
                     continue
                 taken = units.take(head.count)
                 if taken is None:
                     break
-                queue.pop(0)
+                leaving -= queue.popleft().leaves_at is not None
                 seq += 1
                 release = head.end_at or t + self.hold_h(head.project_id, head.workload, rng, head.hold_h) * hour
                 heapq.heappush(releases, (release, seq, taken))
             if not queue and units.fits(self.count):
                 return t
-            reorder = [w.joins_at for w in joining[:1]]
-            if any(w.leaves_at is not None for w in queue):
+            reorder = [joining[0].joins_at] if joining else []
+            if leaving:
                 reorder.append(self.aged_at)
             reorder_at = min(reorder, default=None)
             released_at = releases[0][0] if releases else None

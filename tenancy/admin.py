@@ -1,7 +1,10 @@
-"""Operator console for tenancy: projects and their members (one role each), personal API tokens."""
+"""Operator console for tenancy: projects and their members (one role each), personal API tokens, and
+failed sign-ins (django-axes' Access attempts, with an Unlock action)."""
 
 from __future__ import annotations
 
+from axes.admin import AccessAttemptAdmin
+from axes.models import AccessAttempt
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
@@ -99,13 +102,41 @@ class ApiTokenAdmin(admin.ModelAdmin):
     search_fields = ["name", "user__username", "key_prefix"]
     # The owner and the expiry are read-only (a token moved to another user, or given a longer life,
     # would grant what nobody asked for); only the name can be edited, and tokens can be revoked.
-    readonly_fields = ["user", "key_prefix", "key_digest", "created_at", "expires_at", "last_used_at", "revoked_at"]
+    readonly_fields = [
+        "user",
+        "key_prefix",
+        "key_digest",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+        "parent",
+    ]
     actions = ["revoke_selected"]
 
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    @admin.action(description="Revoke selected tokens (and the tokens created with them)", permissions=["change"])
     def revoke_selected(self, request, queryset):
         done = sum(services.revoke_token(token) for token in queryset.filter(revoked_at__isnull=True))
         self.message_user(request, f"{done} tokens revoked.", messages.SUCCESS)
+
+
+admin.site.unregister(AccessAttempt)
+
+
+@admin.register(AccessAttempt)
+class LockoutAdmin(AccessAttemptAdmin):
+    """Axes' Access attempts, plus the operator's unlock: a username is locked across addresses, so
+    deleting one row rarely frees it; the action clears every row of the selected usernames."""
+
+    actions = ["unlock_sign_in"]
+
+    @admin.action(description="Unlock sign-in for the selected usernames (from every address)", permissions=["delete"])
+    def unlock_sign_in(self, request, queryset):
+        usernames = sorted({name for name in queryset.values_list("username", flat=True) if name})
+        cleared = services.unlock_sign_in(usernames)
+        self.message_user(
+            request, f"Unlocked sign-in for {', '.join(usernames)} ({cleared} attempts cleared).", messages.SUCCESS
+        )

@@ -14,7 +14,7 @@ import secrets
 
 from django.conf import settings
 from django.core.validators import RegexValidator
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
@@ -77,6 +77,14 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+        help_text="The token the creating request authenticated with; revoking it revokes this one.",
+    )
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -115,10 +123,36 @@ class ApiToken(models.Model):
         elif limit is not None and expires_at > limit:
             raise ValueError(f"a token may not expire after {limit.isoformat()}")
         key = cls.PREFIX + secrets.token_urlsafe(32)
-        token = cls.objects.create(
-            user=user, name=name, key_prefix=key[:10], key_digest=cls.digest(key), expires_at=expires_at
-        )
+        with transaction.atomic():
+            # The parent's row lock orders this against revoke_token(), which locks every row it
+            # revokes: a child is either seen and revoked with its parent, or refused here.
+            if (
+                parent is not None
+                and not cls.objects.select_for_update().filter(pk=parent.pk, revoked_at=None).exists()
+            ):
+                raise ValueError("the token making this request was revoked")
+            token = cls.objects.create(
+                user=user,
+                name=name,
+                key_prefix=key[:10],
+                key_digest=cls.digest(key),
+                expires_at=expires_at,
+                parent=parent,
+            )
         return token, key
+
+    def descendant_ids(self, *, lock: bool = False) -> list[int]:
+        """Every token minted with this one, with a token minted with one of those, and so on.
+
+        `lock` (inside a transaction): each level's rows are locked as they are read, so a token
+        being minted with one of them concurrently is either found by the next level or waits.
+        """
+        found, frontier = [], [self.pk]
+        while frontier:
+            level = ApiToken.objects.filter(parent_id__in=frontier).order_by("pk")
+            frontier = list((level.select_for_update() if lock else level).values_list("pk", flat=True))
+            found += frontier
+        return found
 
     @property
     def is_usable(self) -> bool:

@@ -6,6 +6,7 @@ request made on the page and one made over the API pass the same checks; nothing
 from __future__ import annotations
 
 from django import forms
+from django.conf import settings
 from rest_framework import serializers as drf
 
 from pools.api.serializers import ApiTokenSerializer, PoolRequestSerializer
@@ -86,8 +87,20 @@ class ApiTokenForm(_SerializerForm):
     name = forms.CharField(max_length=100, help_text="What the token is for, e.g. ci-pipeline.")
     expires_in_days = forms.IntegerField(
         min_value=1, max_value=3650, required=False, initial=90, label="Expires in (days)",
-        help_text="Empty: never expires.",
     )  # fmt: skip
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Say what an empty field gives: the longest life allowed (ApiToken.latest_expiry), which is
+        # "never" only where API_TOKEN_MAX_LIFETIME_DAYS is 0 (docs/security.md "API tokens").
+        days = settings.API_TOKEN_MAX_LIFETIME_DAYS
+        field = self.fields["expires_in_days"]
+        if days:
+            field.widget.attrs["max"] = days
+            field.initial = min(field.initial, days)
+            field.help_text = f"Every token expires, at most {days} days from now. Empty: {days} days."
+        else:
+            field.help_text = "Empty: never expires (no maximum lifetime is set)."
 
     def save(self) -> ApiToken:
         """The new token; its `plain_key` is the raw key, shown once and never stored."""

@@ -192,8 +192,13 @@ def token_revoke(request, pk: int):
     """GET asks for confirmation; POST revokes (idempotent). Another user's token is a 404."""
     token = get_object_or_404(ApiToken, pk=pk, user=request.user)
     if request.method == "POST":
-        if revoke_token(token):
+        revoked = revoke_token(token)
+        if revoked == 1:
             messages.success(request, f"Token {token.name} ({token.key_prefix}…) revoked.")
+        elif revoked:
+            messages.success(
+                request, f"Token {token.name} ({token.key_prefix}…) and the tokens created with it revoked: {revoked}."
+            )
         return redirect(reverse("tokens"))
     return render(request, "projects/token_revoke.html", {"token": token})
 

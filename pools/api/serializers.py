@@ -73,7 +73,12 @@ TOO_MANY_UNITS = "At most {max_value} units per request (POOL_REQUEST_MAX_UNITS)
 
 
 class TransitionSerializer(serializers.ModelSerializer):
-    actor = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    actor = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who moved the request; null for a move gpuaas made itself (the queue, expiry, a policy).",
+    )
 
     class Meta:
         model = PoolRequestTransition
@@ -674,7 +679,12 @@ class AllocationSerializer(serializers.ModelSerializer):
 
 class ApiTokenSerializer(StrictModelSerializer):
     expires_in_days = serializers.IntegerField(
-        write_only=True, required=False, min_value=1, max_value=3650, help_text="Alternative to expires_at."
+        write_only=True,
+        required=False,
+        min_value=1,
+        max_value=3650,
+        help_text="Alternative to expires_at. Neither: the longest life allowed, API_TOKEN_MAX_LIFETIME_DAYS "
+        "(365 by default; never expires only where that is 0), and never after the token making the request.",
     )
     usable = serializers.BooleanField(source="is_usable", read_only=True)
 
@@ -722,12 +732,15 @@ class ApiTokenSerializer(StrictModelSerializer):
         return auth if isinstance(auth, ApiToken) else None
 
     def create(self, validated_data: dict) -> ApiToken:
-        token, key = ApiToken.issue(
-            self.context["request"].user,
-            validated_data["name"],
-            validated_data.get("expires_at"),
-            parent=self._parent_token(),
-        )
+        try:
+            token, key = ApiToken.issue(
+                self.context["request"].user,
+                validated_data["name"],
+                validated_data.get("expires_at"),
+                parent=self._parent_token(),
+            )
+        except ValueError as refused:  # the parent was revoked (or its expiry moved) since validate()
+            raise serializers.ValidationError({"non_field_errors": [str(refused)]}) from refused
         token.plain_key = key
         return token
 

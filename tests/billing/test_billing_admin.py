@@ -37,7 +37,11 @@ def test_finalise_action_and_csv_export(client, operator, statement):
 
     exported = client.post(url, {"action": "export_csv", "_selected_action": [statement.pk]})
     assert exported["Content-Type"] == "text/csv; charset=utf-8"
-    assert exported.content.decode().splitlines()[1].startswith(f"team-a,2026-03,{statement.pk},finalised,EUR,usage,")
+    assert (
+        exported.content.decode()
+        .splitlines()[1]
+        .startswith(f'"team-a","2026-03",{statement.pk},"finalised","EUR","usage",')
+    )
 
 
 def test_adjustment_through_the_admin_goes_through_the_service(client, operator, statement):

@@ -12,9 +12,12 @@ from billing.models import Statement
 pytestmark = pytest.mark.django_db
 
 HEADER = (
-    "project,period,statement,state,currency,line_type,pool,kind,product,profile_name,replicas,description,"
-    "hourly_rate,hours,amount,used_amount,idle_amount,unmeasured_amount,sm_activity,energy_kwh,reason,usage_period"
+    '"project","period","statement","state","currency","line_type","pool","kind","product","profile_name",'
+    '"replicas","description","hourly_rate","hours","amount","used_amount","idle_amount","unmeasured_amount",'
+    '"sm_activity","energy_kwh","reason","usage_period"'
 )
+# Every text cell quoted, numbers bare, empty cells as "" (billing.csvsafe).
+STATEMENT = '"team-a","2026-03",{s},"draft","EUR"'
 
 
 def test_statement_csv_line_by_line(project, allocate, bob, operator):
@@ -36,18 +39,21 @@ def test_statement_csv_line_by_line(project, allocate, bob, operator):
     assert response["Content-Type"] == "text/csv; charset=utf-8"
     assert response["Content-Disposition"] == 'attachment; filename="statement-team-a-2026-03.csv"'
     s = Statement.objects.get().pk
-    rows = response.content.decode().splitlines()
+    content = response.content.decode()
+    assert content.endswith("\r\n") and "\n" not in content.replace("\r\n", "")  # RFC 4180 line endings
+    rows = content.split("\r\n")[:-1]
+    head = STATEMENT.format(s=s)
     assert rows == [
         HEADER,
-        f"team-a,2026-03,{s},draft,EUR,usage,{full.pool.name},full,H100-80GB,,,"
-        f"{full.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.7500,4.38,,,4.38,,,,",
-        f"team-a,2026-03,{s},draft,EUR,usage,{mig.pool.name},mig,H100-80GB,3g.40gb,,"
-        f"{mig.pool.name}: H100-80GB 3g.40gb @ 1.25/h,1.250000,1.0000,1.25,,,1.25,,,,",
-        f"team-a,2026-03,{s},draft,EUR,usage,{failed.pool.name},full,H100-80GB,,,"
-        f"{failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,1.0000,2.50,,,2.50,,,,",
-        f"team-a,2026-03,{s},draft,EUR,failed_credit,{failed.pool.name},full,H100-80GB,,,"
-        f"Credit (provisioning failed) {failed.pool.name}: H100-80GB full GPU @ 2.5/h,2.500000,0.5000,-1.25,,,,,,"
-        "provisioning failed,",
-        f'team-a,2026-03,{s},draft,EUR,adjustment,,,,,,"Adjustment: Goodwill, ticket 42",,0.0000,-0.50,,,,,,'
-        '"Goodwill, ticket 42",',
+        f'{head},"usage","{full.pool.name}","full","H100-80GB","","",'
+        f'"{full.pool.name}: H100-80GB full GPU @ 2.5/h",2.500000,1.7500,4.38,"","",4.38,"","","",""',
+        f'{head},"usage","{mig.pool.name}","mig","H100-80GB","3g.40gb","",'
+        f'"{mig.pool.name}: H100-80GB 3g.40gb @ 1.25/h",1.250000,1.0000,1.25,"","",1.25,"","","",""',
+        f'{head},"usage","{failed.pool.name}","full","H100-80GB","","",'
+        f'"{failed.pool.name}: H100-80GB full GPU @ 2.5/h",2.500000,1.0000,2.50,"","",2.50,"","","",""',
+        f'{head},"failed_credit","{failed.pool.name}","full","H100-80GB","","",'
+        f'"Credit (provisioning failed) {failed.pool.name}: H100-80GB full GPU @ 2.5/h",2.500000,0.5000,-1.25,'
+        '"","","","","","provisioning failed",""',
+        f'{head},"adjustment","","","","","","Adjustment: Goodwill, ticket 42","",0.0000,-0.50,"","","","","",'
+        '"Goodwill, ticket 42",""',
     ]

@@ -42,9 +42,10 @@ def test_member_of_a_gets_404_for_b(statements, bob, other_project):
     assert client.get(f"/api/v1/billing/statements/{theirs.pk}/").status_code == 404
     assert client.get(f"/api/v1/billing/statements/{theirs.pk}/download/?fmt=csv").status_code == 404
     assert client.get(f"/api/v1/billing/statements/export/?project={other_project.pk}").content.decode() == (
-        "project,period,statement,state,currency,line_type,pool,kind,product,profile_name,replicas,description,"
-        "hourly_rate,hours,amount,used_amount,idle_amount,unmeasured_amount,sm_activity,energy_kwh,reason,usage_period\n"
-    )
+        '"project","period","statement","state","currency","line_type","pool","kind","product","profile_name",'
+        '"replicas","description","hourly_rate","hours","amount","used_amount","idle_amount","unmeasured_amount",'
+        '"sm_activity","energy_kwh","reason","usage_period"\r\n'
+    )  # the header alone: no row of the other project
 
 
 def test_usage_records_are_scoped_too(statements, charlie, other_project):

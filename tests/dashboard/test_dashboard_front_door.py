@@ -1,6 +1,9 @@
 """The members' front door: `/` per persona, the login page, the pool request form and the API token page."""
 
+import datetime as dt
+
 import pytest
+from django.utils import timezone
 
 from pools.models import PoolRequest
 from tenancy.models import ApiToken
@@ -166,6 +169,36 @@ def test_a_created_token_is_shown_once_and_works(client, bob):
     client.logout()
     api = client.get("/api/v1/tokens/", HTTP_AUTHORIZATION=f"Bearer {key}")
     assert api.status_code == 200
+
+
+def test_the_token_page_says_what_an_empty_expiry_gives_and_does_it(client, bob, settings):
+    """The page said "Empty: never expires" while the token got 365 days: text and behaviour agree now."""
+    settings.API_TOKEN_MAX_LIFETIME_DAYS = 365
+    client.force_login(bob)
+    page = client.get("/accounts/tokens/").content.decode()
+    assert "never expires" not in page
+    assert "Every token expires, at most 365 days from now. Empty: 365 days." in page
+    client.post("/accounts/tokens/", {"name": "ci", "expires_in_days": ""})
+    left = ApiToken.objects.get().expires_at - timezone.now()
+    assert dt.timedelta(days=364) < left <= dt.timedelta(days=365)
+
+
+def test_with_no_maximum_lifetime_the_token_page_says_never(client, bob, settings):
+    settings.API_TOKEN_MAX_LIFETIME_DAYS = 0
+    client.force_login(bob)
+    assert "Empty: never expires (no maximum lifetime is set)." in client.get("/accounts/tokens/").content.decode()
+    client.post("/accounts/tokens/", {"name": "ci", "expires_in_days": ""})
+    assert ApiToken.objects.get().expires_at is None
+
+
+def test_revoking_on_the_page_revokes_the_tokens_created_with_it(client, bob):
+    root, _ = ApiToken.issue(bob, "root")
+    child, _ = ApiToken.issue(bob, "child", parent=root)
+    client.force_login(bob)
+    response = client.post(f"/accounts/tokens/{root.pk}/revoke/", follow=True)
+    assert "and the tokens created with it revoked: 2." in response.content.decode()
+    child.refresh_from_db()
+    assert child.revoked_at is not None
 
 
 def test_a_bad_token_form_creates_nothing(client, bob):

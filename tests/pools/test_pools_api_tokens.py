@@ -146,3 +146,64 @@ def test_the_admin_cannot_change_a_tokens_owner_or_expiry(client, operator, bob,
     expires_at = token.expires_at
     token.refresh_from_db()
     assert (token.name, token.user, token.expires_at) == ("renamed", bob, expires_at)
+
+
+# --- Descendants: a token minted with a token goes when it goes ----------------------------------
+
+
+def test_revoking_a_token_revokes_the_tokens_it_minted_and_theirs(api, bob):
+    root = api(bob).post(URL, {"name": "root"}).data
+    child = bearer(root["key"]).post(URL, {"name": "child"}).data
+    grandchild = bearer(child["key"]).post(URL, {"name": "grandchild"}).data
+    sibling = api(bob).post(URL, {"name": "made-in-a-session"}).data  # not minted with a token: no parent
+    assert ApiToken.objects.get(pk=grandchild["id"]).parent_id == child["id"]
+    assert ApiToken.objects.get(pk=child["id"]).parent_id == root["id"]
+
+    assert api(bob).delete(f"{URL}{root['id']}/").status_code == 204
+
+    for minted in (root, child, grandchild):
+        assert bearer(minted["key"]).get("/api/v1/projects/").status_code == 401
+    assert bearer(sibling["key"]).get("/api/v1/projects/").status_code == 200
+    assert set(ApiToken.objects.filter(revoked_at__isnull=False).values_list("name", flat=True)) == {
+        "root",
+        "child",
+        "grandchild",
+    }
+
+
+def test_revoking_a_child_leaves_its_parent(api, bob):
+    root = api(bob).post(URL, {"name": "root"}).data
+    child = bearer(root["key"]).post(URL, {"name": "child"}).data
+    assert bearer(root["key"]).delete(f"{URL}{child['id']}/").status_code == 204
+    assert bearer(child["key"]).get("/api/v1/projects/").status_code == 401
+    assert bearer(root["key"]).get("/api/v1/projects/").status_code == 200
+
+
+def test_revoke_token_counts_and_is_idempotent(bob):
+    from tenancy.services import revoke_token
+
+    root, _ = ApiToken.issue(bob, "root")
+    child, _ = ApiToken.issue(bob, "child", parent=root)
+    ApiToken.issue(bob, "grandchild", parent=child)
+    assert revoke_token(root) == 3
+    assert revoke_token(root) == 0
+    assert ApiToken.objects.usable().count() == 0
+
+
+def test_without_an_expiry_a_token_gets_the_maximum_lifetime(api, bob, settings):
+    """docs/security.md: every token expires; neither expires_at nor expires_in_days gives the maximum."""
+    settings.API_TOKEN_MAX_LIFETIME_DAYS = 365
+    created = api(bob).post(URL, {"name": "default"}).data
+    left = ApiToken.objects.get(pk=created["id"]).expires_at - timezone.now()
+    assert dt.timedelta(days=364) < left <= dt.timedelta(days=365)
+
+
+def test_a_revoked_token_mints_nothing_even_past_authentication(bob):
+    """issue() re-reads the parent under its row lock: a revocation that won the race refuses the child."""
+    from tenancy.services import revoke_token
+
+    parent, _ = ApiToken.issue(bob, "parent")
+    revoke_token(parent)
+    with pytest.raises(ValueError, match="was revoked"):
+        ApiToken.issue(bob, "child", parent=parent)
+    assert not ApiToken.objects.filter(parent=parent).exists()
