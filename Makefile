@@ -3,8 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+START := $(shell date +%s)
 
-.PHONY: demo test lint venv schema clean
+.PHONY: demo test test-slow lint venv schema clean
 
 $(STAMP): requirements.txt
 	@$(PYTHON) -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version" 2>/dev/null || { echo "gpuaas needs Python 3.11: run make PYTHON=/path/to/python3.11"; exit 1; }
@@ -23,12 +24,26 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile
 
+# pytest on a marker selection; prints how long the make command took, and says so when the selection
+# collected no test (pytest's exit 5: a marker that selects nothing is a failure, never a pass).
+define pytest_timed
+	@rc=0; $(PY) -m pytest -m "$(1)" || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make $@: pytest -m '$(1)' collected no tests (exit 5)" >&2; fi; \
+	echo "make $@: $$(( $$(date +%s) - $(START) )) s"; \
+	exit $$rc
+endef
+
 # Development targets run with DEBUG=1 (production defaults are safe: DEBUG off needs SECRET_KEY etc.).
 # `manage.py demo` sets DEBUG=1 and per-install keys itself (gpuaas/demo_env.py); pytest uses gpuaas.settings_test.
+# `make test` leaves out the slow fault and soak suites (marker `slow`): `make test-slow` runs them, and
+# .ci/run runs both (README "Tests").
 test: $(STAMP) lint
 	$(VENV)/bin/lint-imports
 	DEBUG=1 $(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest
+	$(call pytest_timed,not slow)
+
+test-slow: $(STAMP)
+	$(call pytest_timed,slow)
 
 # Every benchmark at a small size, checked on its correctness targets only (benchmarks/smoke.py, docs/benchmarks.md).
 # Runs on the configured DATABASE_URL/CELERY_BROKER_URL; benchmarks needing PostgreSQL or Redis are skipped without.

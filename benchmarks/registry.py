@@ -72,6 +72,7 @@ MODULES = (
     "queueing",
     "dedication",
     "poll_cycle",
+    "api_schema",
     "smoke",
 )
 

@@ -1,18 +1,112 @@
-"""Shared REST API pieces: pagination and the router every app registers on.
+"""Shared REST API pieces: pagination, the filter backend and the router every app registers on.
 
 Who may call what is decided in one place, gpuaas/permissions.py (DeclaredScope, the default
 permission class, and the queryset mixins every scoped view uses).
+
+Numbers in a query string are checked here, once for every list endpoint: a page number or an
+integer filter that no database column could hold is a 400 naming the parameter, never a query that
+the database driver refuses with an OverflowError (a 500).
 """
 
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import connections
+from django_filters import filters
+from django_filters.rest_framework import DjangoFilterBackend
+from django_filters.utils import get_model_field
+from rest_framework import serializers
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.routers import APIRootView, DefaultRouter
 
 from .scopes import Scope
 
+# The widest integer column of any supported database (SQLite's INTEGER, PostgreSQL's bigint).
+BIGINT_RANGE = (-(2**63), 2**63 - 1)
+
 
 class Pagination(PageNumberPagination):
+    """`?page=N&page_size=M`: N a whole number from 1 (or `last`), M from 1 to max_page_size; anything
+    else is a 400 naming the parameter. A page past the end stays a 404, as DRF answers."""
+
     page_size_query_param = "page_size"
     max_page_size = 1000
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self._validate(request)
+        return super().paginate_queryset(queryset, request, view)
+
+    def _validate(self, request) -> None:
+        page = serializers.IntegerField(min_value=1, max_value=BIGINT_RANGE[1])
+        page_size = serializers.IntegerField(min_value=1, max_value=self.max_page_size)
+        params = request.query_params
+        errors = {}
+        for name, field in ((self.page_query_param, page), (self.page_size_query_param, page_size)):
+            value = params.get(name)
+            if value is None or (name == self.page_query_param and value in self.last_page_strings):
+                continue
+            try:
+                field.run_validation(value)
+            except serializers.ValidationError as exc:
+                errors[name] = exc.detail
+        if errors:
+            raise serializers.ValidationError(errors)
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        bounds = {self.page_query_param: {"minimum": 1}, self.page_size_query_param: {"minimum": 1}}
+        bounds[self.page_size_query_param]["maximum"] = self.max_page_size
+        for parameter in parameters:
+            parameter["schema"].update(bounds.get(parameter["name"], {}))
+        return parameters
+
+
+def column_range(model, field_name: str, connection) -> tuple[int, int] | None:
+    """The (min, max) an integer column reached by `field_name` (a django-filter path such as
+    `project_id` or `allocation__pool_id`) holds on `connection`; None for a column that is not an
+    integer; the widest integer range when the path names no column (a filter with a method)."""
+    field = get_model_field(model, field_name)
+    if field is None:
+        return BIGINT_RANGE
+    while field.is_relation:  # a foreign key compares the column of the key it points at
+        target = getattr(field, "target_field", None)
+        if target is None or target is field:
+            return None
+        field = target
+    try:
+        return connection.ops.integer_field_range(field.get_internal_type())
+    except KeyError:
+        return None
+
+
+class FilterBackend(DjangoFilterBackend):
+    """django-filter's backend (settings: DEFAULT_FILTER_BACKENDS), with every number filter bounded
+    to the range of the integer column it compares with on the queryset's database. Out of range is a
+    400 naming the filter, on every FilterSet, declared or generated from `filterset_fields`.
+    Model-choice filters need no bound: their primary-key lookup answers "not a valid choice"."""
+
+    def get_filterset(self, request, queryset, view):
+        filterset = super().get_filterset(request, queryset, view)
+        if filterset is not None:
+            connection = connections[queryset.db]
+            for filter_ in filterset.filters.values():
+                if isinstance(filter_, filters.NumberFilter):
+                    bounds = column_range(filterset._meta.model or queryset.model, filter_.field_name, connection)
+                    if bounds is not None:
+                        _bound(filter_.field, *bounds)
+        return filterset
+
+
+def _bound(field, low: int, high: int) -> None:
+    """Validate `field` against [low, high], in place of any looser bound (django-filter's 1e50)."""
+    looser = [
+        v
+        for v in field.validators
+        if (isinstance(v, MaxValueValidator) and v.limit_value >= high)
+        or (isinstance(v, MinValueValidator) and v.limit_value <= low)
+    ]
+    field.validators = [v for v in field.validators if v not in looser]
+    field.validators += [MinValueValidator(low), MaxValueValidator(high)]
 
 
 class ApiRootView(APIRootView):

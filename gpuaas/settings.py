@@ -207,7 +207,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "gpuaas.api.Pagination",
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "gpuaas.api.FilterBackend",  # integer filters bounded to their column's range
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_THROTTLE_CLASSES": [

@@ -31,7 +31,7 @@ from capacity.agent.transport import INGEST_QUEUE
 from capacity.models import Cluster, NodeCapacity
 from monitoring.models import Collector, Sample
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 PERIOD_S = 10
 

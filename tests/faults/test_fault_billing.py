@@ -14,7 +14,7 @@ from billing.tasks import meter_usage_task
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
 from pools.models import Allocation, GpuPool, PoolRequest
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def held_gpus(project, start, end=None, *, count=2) -> GpuPool:

@@ -7,7 +7,7 @@ from capacity.adapters.kubernetes import KubernetesClient
 from pools import services
 from pools.models import Allocation, PoolRequestTransition
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 STEPS = ["provisioning.claimed", "provisioning.quotas", "provisioning.reconciled"]
 

@@ -7,7 +7,7 @@ from reconfig_sim import node_row, start_sim
 from gpuaas.celery import node_queue
 from operations import reconfiguration as rc
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 STEPS = [f"reconfiguration.{step}" for step in ("plan", "check", "cordon", "drain", "apply", "verify", "uncordon")]
 

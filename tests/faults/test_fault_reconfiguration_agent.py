@@ -20,7 +20,7 @@ from reconfig_sim import node_row, start_sim
 
 from operations import reconfiguration as rc
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def _run(tmp_path, workers, ingest, *, backend: str = "agent", crash_at: str = "", resend_s: int = 120):

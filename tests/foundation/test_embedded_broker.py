@@ -45,6 +45,7 @@ def _consume(url, out):
     Path(out).write_text(json.dumps({"got": got, "errors": errors}))
 
 
+@pytest.mark.slow  # a soak: 5 processes, 900 messages through one SQLite file (34 s of a loaded 2-core run)
 def test_every_message_is_delivered_exactly_once_to_concurrent_consumers(tmp_path):
     url = f"sqla+sqlite:///{tmp_path}/broker.sqlite3"
     with Connection(url, transport_options=OPTIONS) as conn:

@@ -1,0 +1,106 @@
+"""`python manage.py bench schemathesis [--examples N] [--seed S]`: the schema test, longer and randomised.
+
+`make test` runs tests/api/test_api_schemathesis.py derandomised (a fixed seed, 10 examples per
+operation, plus the examples recorded in tests/api/schemathesis-examples/), so the same code always
+gives the same result. This runs the same test with more examples and a seed of its own (random
+unless given; printed, so a failure can be replayed with --seed), on the configured kind of database
+(DATABASE_URL: CI runs it on PostgreSQL), and counts the failing operations by kind (schemathesis'
+check that failed: ServerError, JsonSchemaError, UndefinedStatusCode...) and by persona.
+
+The test runs in a pytest subprocess, in pytest's own throwaway database; it reads the committed
+example database but never writes to it (recording is GPUAAS_SCHEMATHESIS_RECORD=1, which this never
+sets). Needs the source checkout: the test lives in tests/, which the image does not ship.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from django.conf import settings
+
+from .registry import Smoke, arg, benchmark
+from .targets import correctness
+
+TEST = Path("tests") / "api" / "test_api_schemathesis.py"
+
+
+def summarise(lines: list[dict]) -> dict:
+    """The report lines the test writes (one per persona) as counts: failing operations by kind and persona."""
+    by_kind: Counter[str] = Counter()
+    by_persona: dict[str, dict[str, int]] = {}
+    operations: dict[str, list[str]] = {}
+    for line in lines:
+        kinds = Counter(kind for found in line["failures"].values() for kind in found)
+        by_kind.update(kinds)
+        by_persona[line["persona"]] = dict(sorted(kinds.items()))
+        for label in line["failures"]:
+            operations.setdefault(label, []).append(line["persona"])
+    return {
+        "failures": sum(len(line["failures"]) for line in lines),
+        "failures_by_kind": dict(sorted(by_kind.items())),
+        "failures_by_persona": by_persona,
+        "failing_operations": dict(sorted(operations.items())),
+    }
+
+
+@benchmark(
+    "schemathesis",
+    "Schemathesis over every API operation with more examples and a random (or given) seed",
+    [
+        arg("--examples", type=int, default=100, help="examples per operation and persona (make test: 10)"),
+        arg("--seed", type=int, default=None, help="Hypothesis seed (default: random, printed)"),
+    ],
+    targets=[correctness("failures", "==", 0)],
+    smoke=Smoke(skip="make test runs the same test derandomised (tests/api/test_api_schemathesis.py)"),
+)
+def run(*, examples: int, seed: int | None, stdout=None, **_) -> dict:
+    if examples < 1:
+        raise SystemExit("--examples must be at least 1")
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32)
+    base = Path(settings.BASE_DIR)
+    if not (base / TEST).exists():
+        raise SystemExit(f"bench schemathesis needs {TEST}: run it from a source checkout")
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.jsonl"
+        env = {
+            **os.environ,
+            "GPUAAS_SCHEMATHESIS_EXAMPLES": str(examples),
+            "GPUAAS_SCHEMATHESIS_SEED": str(seed),
+            "GPUAAS_SCHEMATHESIS_REPORT": str(report),
+        }
+        env.pop("GPUAAS_SCHEMATHESIS_RECORD", None)  # the committed example database stays as committed
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", str(TEST)],
+            cwd=base,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        seconds = round(time.monotonic() - started, 1)
+        lines = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+    if len(lines) < 2:  # one line per persona: the run broke before checking (a collection or fixture error)
+        exit_code = done.returncode
+        raise RuntimeError(f"the schemathesis test did not report (pytest exit {exit_code}):\n{done.stdout[-4000:]}")
+    summary = summarise(lines)
+    if stdout is not None and summary["failures"]:
+        stdout.write(done.stdout[-8000:])
+    return {
+        "benchmark": "schemathesis",
+        "database": lines[0]["database"],
+        "examples": examples,
+        "seed": seed,
+        "operations": lines[0]["operations"],
+        "cases": {line["persona"]: line["cases"] for line in lines},
+        **summary,
+        "seconds": seconds,
+    }
