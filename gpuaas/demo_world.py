@@ -33,6 +33,7 @@ from gpuaas.celery import node_queue
 from monitoring.models import HealthEvent, Sample
 from monitoring.services.collect import UnitSample, poll_slot, write_samples
 from monitoring.services.idle import detect_idle
+from monitoring.services.ingest import ingest_samples, sample_row, series_ids
 from monitoring.services.reports import poll_node
 from monitoring.services.rollups import run_rollups
 from pools import services as pool_services
@@ -324,6 +325,7 @@ def _sim_history(cluster: Cluster, node: str, seconds: int, step: int) -> dict:
 
 RECENT_S = 2 * 3600  # every unit at the poll interval over the last two hours (raw charts); older: one per 5 minutes
 THIN_S = 300
+HISTORY_BATCH = 20_000
 HISTORY_COLUMNS = ("sm_active", "mem_used_mib", "power_w", "temp_c", "gpu_util")
 
 
@@ -363,8 +365,20 @@ def _history(clusters: dict[str, Cluster]) -> None:
                         continue
                     values = {c: unit[c][k] for c in HISTORY_COLUMNS if c in unit and unit[c][k] is not None}
                     by_ts.setdefault(ts_epoch, []).append(UnitSample(gpu_id, mig_id, values))
-        for ts_epoch in sorted(by_ts):
-            write_samples(by_ts[ts_epoch], ts=datetime.fromtimestamp(ts_epoch, tz=UTC), source="nvml")
+        if not by_ts:
+            continue
+        # The newest slot through the poll's own path (series, their source); the rest as rows in large batches:
+        # a day of every unit is some 10^5 rows, one write per slot took minutes.
+        newest = max(by_ts)
+        write_samples(by_ts.pop(newest), ts=datetime.fromtimestamp(newest, tz=UTC), source="nvml")
+        series = series_ids({(u.gpu_id, u.mig_instance_id) for samples in by_ts.values() for u in samples})
+        rows = [
+            sample_row(series[(u.gpu_id, u.mig_instance_id)], datetime.fromtimestamp(ts_epoch, tz=UTC), u.values)
+            for ts_epoch in sorted(by_ts)
+            for u in by_ts[ts_epoch]
+        ]
+        for i in range(0, len(rows), HISTORY_BATCH):
+            ingest_samples(rows[i : i + HISTORY_BATCH])
     run_rollups()
     detect_idle()
 
