@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.parse
 import urllib.request
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -24,13 +25,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.services import close_month, meter_usage, previous_period, seed_default_card
-from capacity.models import Cluster, GpuCapacity, MigLayout, NodeCapacity
+from capacity.adapters.kubernetes import KubernetesClient
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigLayout, NodeCapacity
 from capacity.services.clusters import register_cluster
 from capacity.services.discovery import INVENTORY_INLINE, discover_cluster
 from gpuaas.celery import node_queue
-from monitoring.models import HealthEvent, IdleReservation
+from monitoring.models import HealthEvent, Sample
 from monitoring.services.collect import UnitSample, poll_slot, write_samples
 from monitoring.services.idle import detect_idle
+from monitoring.services.ingest import ingest_samples, sample_row, series_ids
 from monitoring.services.reports import poll_node
 from monitoring.services.rollups import run_rollups
 from pools import services as pool_services
@@ -68,7 +71,11 @@ REQUESTS = [
         "vision",
         "prod",
         dict(
-            isolation=Isolation.MIG, workload_type=WorkloadType.INFERENCE, product="H100-80GB", profile_name="1g.10gb"
+            isolation=Isolation.MIG,
+            workload_type=WorkloadType.INFERENCE,
+            product="H100-80GB",
+            profile_name="1g.10gb",
+            tier="2",
         ),
         4,
         True,
@@ -113,6 +120,26 @@ REQUESTS = [
 ]
 
 
+# The teams' workloads, started by seeding once their pools are provisioned: pool name -> (pod name, resource,
+# count, workload type). The scenario's own pods (simcluster/scenarios/demo.yaml) ran before gpuaas knew the
+# teams; seeding stops them and starts these with their pool's scheduling (GpuPool.scheduling()), so every pod
+# runs on its own pool's units. vision-batch keeps 3 of its 4 units and vision-inference 1 of its 2 without a
+# pod: those are the idle reservations docs/demo.md announces.
+POOL_PODS = {
+    "vision-inference": [("tracker", "nvidia.com/mig-3g.40gb", 1, WorkloadType.INFERENCE)],
+    "vision-batch": [("detector", "nvidia.com/mig-1g.10gb", 1, WorkloadType.INFERENCE)],
+    "nlp-training": [
+        ("llm-train-0", "nvidia.com/gpu", 2, WorkloadType.TRAINING),
+        ("llm-train-1", "nvidia.com/gpu", 2, WorkloadType.TRAINING),
+    ],
+    "research-notebooks": [
+        ("notebook-0", "nvidia.com/gpu", 1, WorkloadType.DEVELOPMENT),
+        ("notebook-1", "nvidia.com/gpu", 1, WorkloadType.DEVELOPMENT),
+    ],
+}
+POD_WAIT_S = 60
+
+
 def _users():
     User = get_user_model()
     operator = User.objects.filter(username=OPERATOR[0]).first()
@@ -144,6 +171,68 @@ def _projects(member) -> dict[str, Project]:
         projects[slug] = project
     set_role(projects["vision"], member, "member")
     return projects
+
+
+def _rediscover(clusters: dict[str, Cluster]) -> None:
+    for cluster in clusters.values():
+        discover_cluster(cluster.pk, inventory=INVENTORY_INLINE)
+
+
+def _wait_for_pods(client: KubernetesClient, namespace: str, *, gone: set[str] = frozenset(), running=()) -> None:
+    """Wait until the pods in `gone` have left and those in `running` run (the simulator's --unkind timings)."""
+    deadline = time.monotonic() + POD_WAIT_S
+    while True:
+        pods = {pod.name: pod for pod in client.list_pods(namespace)}
+        if not gone & pods.keys() and all(name in pods and pods[name].phase == "Running" for name in running):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pods in {namespace} did not settle in {POD_WAIT_S} s")
+        time.sleep(0.5)
+
+
+def _stop_scenario_pods(projects, clusters) -> None:
+    """Stop the teams' pods that ran before gpuaas knew them (once: before the first request is seeded)."""
+    if PoolRequest.objects.filter(project__in=projects.values()).exists():
+        return
+    namespaces = [project.namespace for project in projects.values()]
+    for cluster in clusters.values():
+        with KubernetesClient.for_cluster(cluster) as client:
+            for namespace in namespaces:
+                names = {pod.name for pod in client.list_pods(namespace)}
+                for name in sorted(names):
+                    client.delete_pod(namespace, name)
+                _wait_for_pods(client, namespace, gone=names)
+    _rediscover(clusters)
+
+
+def _start_pool_pods(projects, clusters) -> None:
+    """Start each seeded pool's pods with the pool's scheduling, so the device plugin gives them the pool's units."""
+    started = False
+    for pool in GpuPool.objects.filter(project__in=projects.values(), name__in=POOL_PODS).select_related(
+        "project", "cluster"
+    ):
+        with KubernetesClient.for_cluster(pool.cluster) as client:
+            existing = {pod.name for pod in client.list_pods(pool.project.namespace)}
+            wanted = [spec for spec in POOL_PODS[pool.name] if spec[0] not in existing]
+            for name, resource, count, workload_type in wanted:
+                body = {
+                    "metadata": {
+                        "name": name,
+                        "namespace": pool.project.namespace,
+                        "labels": {"app": name.rsplit("-", 1)[0], "gpuaas.io/workload-type": workload_type},
+                    },
+                    "spec": {
+                        "containers": [
+                            {"name": "main", "image": "demo/worker:1", "resources": {"limits": {resource: str(count)}}}
+                        ],
+                        **pool.scheduling(),
+                    },
+                }
+                client.create_pod(pool.project.namespace, body)
+            _wait_for_pods(client, pool.project.namespace, running=[spec[0] for spec in wanted])
+            started = started or bool(wanted)
+    if started:
+        _rediscover(clusters)
 
 
 def _requests(operator, projects, clusters, stdout) -> None:
@@ -234,41 +323,62 @@ def _sim_history(cluster: Cluster, node: str, seconds: int, step: int) -> dict:
         return json.loads(response.read())
 
 
-def _history(projects) -> None:
-    """Backdated samples for the allocated units, from the simulator's own activity model.
+RECENT_S = 2 * 3600  # every unit at the poll interval over the last two hours (raw charts); older: one per 5 minutes
+THIN_S = 300
+HISTORY_BATCH = 20_000
+HISTORY_COLUMNS = ("sm_active", "mem_used_mib", "power_w", "temp_c", "gpu_util")
+
+
+def _history(clusters: dict[str, Cluster]) -> None:
+    """Backdated samples for every unit of every node, from the simulator's own activity model.
 
     The simulator computes each unit's past readings with the model that ticks (the same per-unit
-    levels, in the same units: SM percent and watts), given the work placed on it now, so a chart
-    over the last day runs into the first live poll without a step. Units held with nothing running
-    on them read near idle, so the idle report has cases.
+    levels, in the same units: SM percent, MiB, watts, degrees), given the work placed on it now, so
+    a chart over the last day (a GPU's, a pool's, a cluster's total) runs into the first live poll
+    without a step. Held units get every poll of the day (idle detection reads them); the others
+    every poll of the last two hours and one sample per 5-minute bucket before that. Units held with
+    nothing running on them read idle, so the idle report has cases.
     """
-    if IdleReservation.objects.exists():
-        return
-    allocations = Allocation.objects.active().filter(project__in=projects.values())
-    gpus = {
-        gpu.uuid: gpu
-        for gpu in GpuCapacity.objects.filter(pk__in=allocations.values("gpu")).select_related("node__cluster")
-    }
-    mig_ids = dict(allocations.filter(mig_instance__isnull=False).values_list("mig_instance__uuid", "mig_instance_id"))
     step = settings.METRICS_INTERVAL_S
     last = poll_slot()
-    columns: list[tuple[UnitSample, list[float], list[float] | None]] = []
-    nodes = {(gpu.node.cluster, gpu.node.name) for gpu in gpus.values()}
-    for cluster, node in sorted(nodes, key=lambda n: (n[0].name, n[1])):
-        for unit in _sim_history(cluster, node, HISTORY_S, step)["units"]:
-            gpu = gpus.get(unit["gpu"])
-            if gpu is None or (unit["mig"] and unit["uuid"] not in mig_ids):
-                continue
-            mig_id = mig_ids.get(unit["uuid"]) if unit["mig"] else None
-            columns.append((UnitSample(gpu.pk, mig_id, {}), unit["sm_active"], unit.get("power_w")))
+    if Sample.objects.filter(ts__lt=last - timedelta(seconds=RECENT_S)).exists():
+        return
+    held = Allocation.objects.active()
+    held_units = set(held.values_list("gpu__uuid", "mig_instance__uuid"))
     points = HISTORY_S // step
-    for k in range(points):
-        ts = last - timedelta(seconds=(points - k) * step)
-        samples = []
-        for base, sm, power in columns:
-            values = {"sm_active": sm[k]} | ({"power_w": power[k]} if power else {})
-            samples.append(UnitSample(base.gpu_id, base.mig_instance_id, values))
-        write_samples(samples, ts=ts, source="nvml")
+    recent = RECENT_S // step
+    for cluster in clusters.values():
+        gpus = {gpu.uuid: gpu.pk for gpu in GpuCapacity.objects.present().filter(node__cluster=cluster)}
+        migs = dict(MigInstance.objects.active().filter(gpu__node__cluster=cluster).values_list("uuid", "pk"))
+        by_ts: dict[int, list[UnitSample]] = {}
+        for node in NodeCapacity.objects.for_cluster(cluster).present().order_by("name"):
+            for unit in _sim_history(cluster, node.name, HISTORY_S, step)["units"]:
+                gpu_id = gpus.get(unit["gpu"])
+                mig_id = migs.get(unit["uuid"]) if unit["mig"] else None
+                if gpu_id is None or (unit["mig"] and mig_id is None):
+                    continue
+                key = (unit["gpu"], unit["uuid"]) if unit["mig"] else (unit["gpu"], None)
+                every = key in held_units
+                for k in range(points):
+                    ts_epoch = int((last - timedelta(seconds=(points - k) * step)).timestamp())
+                    if not (every or k >= points - recent or ts_epoch % THIN_S == 0):
+                        continue
+                    values = {c: unit[c][k] for c in HISTORY_COLUMNS if c in unit and unit[c][k] is not None}
+                    by_ts.setdefault(ts_epoch, []).append(UnitSample(gpu_id, mig_id, values))
+        if not by_ts:
+            continue
+        # The newest slot through the poll's own path (series, their source); the rest as rows in large batches:
+        # a day of every unit is some 10^5 rows, one write per slot took minutes.
+        newest = max(by_ts)
+        write_samples(by_ts.pop(newest), ts=datetime.fromtimestamp(newest, tz=UTC), source="nvml")
+        series = series_ids({(u.gpu_id, u.mig_instance_id) for samples in by_ts.values() for u in samples})
+        rows = [
+            sample_row(series[(u.gpu_id, u.mig_instance_id)], datetime.fromtimestamp(ts_epoch, tz=UTC), u.values)
+            for ts_epoch in sorted(by_ts)
+            for u in by_ts[ts_epoch]
+        ]
+        for i in range(0, len(rows), HISTORY_BATCH):
+            ingest_samples(rows[i : i + HISTORY_BATCH])
     run_rollups()
     detect_idle()
 
@@ -290,11 +400,13 @@ def seed(*, kube_dir: Path, stdout) -> dict[str, str]:
     operator, member = _users()
     clusters = _clusters(kube_dir, stdout)
     projects = _projects(member)
+    _stop_scenario_pods(projects, clusters)
     _requests(operator, projects, clusters, stdout)
+    _start_pool_pods(projects, clusters)
     _layout()
     stdout.write("    monitoring: health faults injected, a day of history from the simulator's model, rollups")
     _health(clusters)
-    _history(projects)
+    _history(clusters)
     stdout.write("    billing: metering from approval, last month's statements")
     _billing()
     unhealthy = GpuCapacity.objects.filter(health="unhealthy").count()

@@ -407,9 +407,11 @@ MONITORING_IDLE_INTERVAL_S = env_int("MONITORING_IDLE_INTERVAL_S", 3600, minimum
 MONITORING_SHARE_FACTOR_PCT = env_int("MONITORING_SHARE_FACTOR_PCT", 150, minimum=100)
 MONITORING_EVICT_OVER_SHARE = env_bool("MONITORING_EVICT_OVER_SHARE", False)
 # Trespass (docs/monitoring.md#trespass): activity on an unallocated unit above this SM percent (the seed
-# calls >20% abnormal) or memory in use above this many MiB; evict trespassing pods through the Eviction API.
+# calls >20% abnormal) or memory in use above this many MiB beyond the driver's own (learned per product and
+# profile), sustained over this many consecutive polls; evict trespassing pods through the Eviction API.
 MONITORING_TRESPASS_SM_PCT = env_int("MONITORING_TRESPASS_SM_PCT", 20, minimum=0)
 MONITORING_TRESPASS_MEM_MIB = env_int("MONITORING_TRESPASS_MEM_MIB", 256, minimum=0)
+MONITORING_TRESPASS_POLLS = env_int("MONITORING_TRESPASS_POLLS", 3, minimum=1)
 MONITORING_EVICT_TRESPASS = env_bool("MONITORING_EVICT_TRESPASS", False)
 # Bearer token Prometheus must send to /metrics; empty: operators' sessions only (DEBUG opens nothing).
 MONITORING_METRICS_TOKEN = env_str("MONITORING_METRICS_TOKEN", "")

@@ -575,3 +575,26 @@ class TrespassEvent(models.Model):
     @property
     def state(self) -> str:
         return "open" if self.ended_at is None else "closed"
+
+
+class IdleMemory(models.Model):
+    """The memory an idle unit of one product and MIG profile reads in use: the driver's own reservation.
+
+    Learned from NVML polls (services/idle_memory.py): a unit whose process list is empty holds only what
+    the driver reserves, so its reading is recorded per (product, profile; "" for a whole GPU). Trespass
+    detection discounts it before calling memory "in use" on an unallocated unit.
+    """
+
+    product = models.CharField(max_length=64)
+    profile_name = models.CharField(max_length=32, blank=True)
+    mem_used_mib = models.IntegerField()
+    learned_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["product", "profile_name"]
+        constraints = [
+            models.UniqueConstraint(fields=["product", "profile_name"], name="monitoring_idlememory_unique_unit_kind"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.product} {self.profile_name or 'whole GPU'}: {self.mem_used_mib} MiB idle"

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import scheduler
-from .driver import RESERVED_MIB, NodeGone
-from .hardware import Gpu, GpuInstance
+from .driver import NodeGone, gpu_reserved_mib
+from .hardware import Gpu, GpuInstance, reserved_mib
 from .state import Cluster, Node
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -189,13 +189,13 @@ def _entities(cluster: Cluster, node: Node) -> list[_Line]:
         device = _device_values(node, gpu)
         if not gpu.mig_enabled:
             used_gpu = sum(b for (g, _), b in used_by_unit.items() if g == gpu.index) // 2**20
-            values = {**device, **_unit_values(gpu.product.memory_mib, used_gpu + RESERVED_MIB, gpu.activity)}
+            values = {**device, **_unit_values(gpu.product.memory_mib, used_gpu + gpu_reserved_mib(gpu), gpu.activity)}
             lines.append(_Line(head + tail, values, pods.get((gpu.index, None), [])))
             continue
         shared = {name: value for name, value in device.items() if _scope(name) == DEVICE}
         for gi_id in sorted(gpu.instances):
             gi: GpuInstance = gpu.instances[gi_id]
-            used = used_by_unit.get((gpu.index, gi.id), 0) // 2**20
+            used = used_by_unit.get((gpu.index, gi.id), 0) // 2**20 + reserved_mib(gpu.product, gi.profile)
             values = {**shared, **_unit_values(gi.profile.memory_mib, used, gi.activity)}
             mig = [("GPU_I_PROFILE", gi.profile.name), ("GPU_I_ID", gi.id)]
             lines.append(_Line(head + mig + tail, values, pods.get((gpu.index, gi.id), [])))

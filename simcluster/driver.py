@@ -23,15 +23,37 @@ from .hardware import (
     Gpu,
     GpuInstance,
     HardwareError,
+    reserved_mib,
 )
 from .state import Cluster, Node, SimState
 
-# Bytes the driver keeps on a full GPU (shows as used/reserved memory with no processes).
-RESERVED_MIB = 512
+MIB = 1024 * 1024
 
 
 class NodeGone(LookupError):
     """The node is not (or no longer) in the cluster."""
+
+
+def gpu_reserved_mib(gpu: Gpu) -> int:
+    """The driver's memory on a GPU with nothing running: its own reservation, or with MIG on its instances'."""
+    if gpu.mig_enabled:
+        return sum(reserved_mib(gpu.product, gi.profile) for gi in gpu.instances.values())
+    return reserved_mib(gpu.product)
+
+
+def unit_memory_mib(cluster: Cluster, node: Node) -> dict[tuple[int, int | None], int]:
+    """(GPU index, GI id or None) -> memory in use as NVML's nvmlDeviceGetMemoryInfo reports it (processes plus
+    the driver's reservation), for every GPU and GPU instance of the node."""
+    used: dict[tuple[int, int | None], int] = {}
+    for proc in scheduler.processes(cluster, node):
+        used[(proc["gpu"], proc["gi"])] = used.get((proc["gpu"], proc["gi"]), 0) + proc["used_bytes"]
+    found = {}
+    for gpu in node.gpus:
+        on_gpu = sum(b for (g, _), b in used.items() if g == gpu.index)
+        found[(gpu.index, None)] = (on_gpu // MIB) + gpu_reserved_mib(gpu)
+        for gi in gpu.instances.values():
+            found[(gpu.index, gi.id)] = used.get((gpu.index, gi.id), 0) // MIB + reserved_mib(gpu.product, gi.profile)
+    return found
 
 
 def _cuda_int(version: str) -> int:
@@ -55,6 +77,7 @@ def node_snapshot(cluster: Cluster, node: Node) -> dict:
                     "serial": gi.serial,
                     "activity": gi.activity,
                     "used_bytes": sum(p["used_bytes"] for p in procs if p["gi"] == gi.id),
+                    "reserved_bytes": reserved_mib(gpu.product, gi.profile) * MIB,
                     "cis": [
                         {"id": ci.id, "slices": ci.slices, "start": ci.start, "uuid": ci.uuid}
                         for _, ci in sorted(gi.compute_instances.items())
@@ -76,6 +99,7 @@ def node_snapshot(cluster: Cluster, node: Node) -> dict:
                 "energy_mj": int(gpu.energy_mj),
                 "temperature": gpu.temperature_c,
                 "used_bytes": sum(p["used_bytes"] for p in procs),
+                "reserved_bytes": gpu_reserved_mib(gpu) * MIB,
                 "ecc": [
                     gpu.ecc_corrected_volatile,
                     gpu.ecc_uncorrected_volatile,
@@ -137,7 +161,10 @@ def history(state: SimState, cluster_name: str | None, node_name: str, seconds: 
     before now, from the same model that ticks (work placed as it is now). Changes nothing.
 
     {"time": sim time now, "step": step, "units": [{"gpu": GPU uuid, "uuid": GPU or MIG device uuid,
-    "mig": bool, "sm_active": [percent, oldest first], "power_w": [W] (whole GPUs only)}]}
+    "mig": bool, "sm_active": [percent, oldest first], "mem_used_mib": [MiB], and for whole GPUs "power_w": [W],
+    "temp_c": [C], "gpu_util": [percent] (None on a MIG-enabled GPU, as NVML answers NotSupported)}]}: each
+    the value a live poll reads through the fake NVML at that time (memory as placed now, processes plus
+    the driver's reservation).
     """
     if step <= 0 or seconds < step:
         raise ValueError("need 0 < step <= seconds")
@@ -147,24 +174,41 @@ def history(state: SimState, cluster_name: str | None, node_name: str, seconds: 
     with state.lock:
         cluster, node = _node(state, cluster_name, node_name)
         work = scheduler.unit_work(cluster, node)
+        memory = unit_memory_mib(cluster, node)
         now = state.sim_time
         units = []
         for gpu in node.gpus:
             if gpu.lost:
                 continue
             on_gpu = work.get(gpu.index, {})
-            sm, power, by_gi = [], [], {gi_id: [] for gi_id in gpu.instances}
+            sm, power, temp, util, by_gi = [], [], [], [], {gi_id: [] for gi_id in gpu.instances}
             for k in range(points, 0, -1):
                 activity, instances, watts = gpu.levels(now - k * step, on_gpu)
                 sm.append(round(100.0 * activity, 3))
                 power.append(round(watts, 3))
+                temp.append(gpu.temperature_at(activity))
+                util.append(None if gpu.mig_enabled else int(round(activity * 100)))
                 for gi_id, value in instances.items():
                     by_gi[gi_id].append(round(100.0 * value, 3))
-            units.append({"gpu": gpu.uuid, "uuid": gpu.uuid, "mig": False, "sm_active": sm, "power_w": power})
+            units.append(
+                {
+                    "gpu": gpu.uuid,
+                    "uuid": gpu.uuid,
+                    "mig": False,
+                    "sm_active": sm,
+                    "mem_used_mib": [memory[(gpu.index, None)]] * points,
+                    "power_w": power,
+                    "temp_c": temp,
+                    "gpu_util": util,
+                }
+            )
             for gi_id, values in by_gi.items():
                 ci = gpu.instances[gi_id].full_ci()
                 if ci is not None:
-                    units.append({"gpu": gpu.uuid, "uuid": ci.uuid, "mig": True, "sm_active": values})
+                    mem = [memory[(gpu.index, gi_id)]] * points
+                    units.append(
+                        {"gpu": gpu.uuid, "uuid": ci.uuid, "mig": True, "sm_active": values, "mem_used_mib": mem}
+                    )
         return {"time": now, "step": step, "units": units}
 
 

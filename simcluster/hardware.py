@@ -64,6 +64,38 @@ def uuid_from(*parts: object, version: int = 4) -> str:
     return f"{h[:8]}-{h[8:12]}-{version}{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"
 
 
+# What an idle unit reads from NVML (no process on it), per product: tests/fixtures/nvml/ and docs/simcluster.md
+# ("Idle readings") give the sources. Whole GPUs: the driver's reservation (`nvidia-smi -q` "FB Memory Usage /
+# Reserved", NVML's nvmlMemory_v2 `.reserved`) and the power draw of a recorded idle board (P0, 345 MHz SM clock).
+# MIG devices: the memory a MIG device reports in use with no process on it (a recorded `nvidia-smi` MIG table of
+# an H100 80GB HBM3, driver 535.104.12); 4g.40gb is an inference (the 3g.40gb figure: same memory slices).
+IDLE_RESERVED_MIB = {"H100-80GB": 454, "H100-94GB-NVL": 594, "H200-141GB": 700}
+IDLE_MIG_USED_MIB = {
+    ("H100-80GB", "1g.10gb"): 12,
+    ("H100-80GB", "2g.20gb"): 25,
+    ("H100-80GB", "3g.40gb"): 37,
+    ("H100-80GB", "4g.40gb"): 37,
+}
+IDLE_POWER_W = {"H100-80GB": 100.89, "H100-94GB-NVL": 61.62, "H200-141GB": 74.58}
+# Products without a recorded idle board (inferences, not sourced): the H100/H200 reservation is 0.5-0.6 % of the
+# board's memory and an idle MIG device holds about 1 MiB per 830 MiB of its memory; idle power 10 % of the limit.
+_RESERVED_SHARE = 0.0055
+_MIG_MIB_PER_RESERVED_MIB = 830
+
+
+def reserved_mib(product: Product, profile: Profile | None = None) -> int:
+    """Memory the driver itself holds on an idle unit (a whole GPU, or a MIG device of `profile`), MiB."""
+    if profile is not None:
+        known = IDLE_MIG_USED_MIB.get((product.key, profile.name))
+        return known if known is not None else max(1, round(profile.memory_mib / _MIG_MIB_PER_RESERVED_MIB))
+    known = IDLE_RESERVED_MIB.get(product.key)
+    return known if known is not None else round(product.memory_mib * _RESERVED_SHARE)
+
+
+def idle_power_w(product: Product) -> float:
+    return IDLE_POWER_W.get(product.key, 0.1 * product.power_limit_w)
+
+
 # The character of a workload, from its pod's `gpuaas.io/workload-type` label (gpuaas's WorkloadType
 # values); a pod without one runs as "batch".
 WORKLOAD_TYPE_LABEL = "gpuaas.io/workload-type"
@@ -74,7 +106,7 @@ CHARACTERS = ("training", "inference", "development", "staging", "batch")
 class LoadModel:
     """How busy one compute unit (a full GPU or a GPU instance) is over simulated time.
 
-    Activity follows the work placed on the unit: a unit with no pod reads about 0-2 %; a unit
+    Activity follows the work placed on the unit: a unit with no pod reads 0 (nothing runs); a unit
     with a pod reads by the workload's character (training 75-97 %, inference moderate and
     bursty 15-70 %, development/notebooks 8-30 %, batch and staging busy 55-95 %). `level`,
     `period` and `phase` are seeded per unit, so two units with the same work differ, and the
@@ -103,8 +135,8 @@ class LoadModel:
         wave = math.sin(2 * math.pi * t / self.period + self.phase)
         fast = math.sin(2 * math.pi * t / (self.period / 5) + 2 * self.phase)
         if work is None:
-            value = 0.006 + 0.01 * self.level + 0.004 * wave
-        elif work == "training":
+            return 0.0
+        if work == "training":
             value = 0.82 + 0.1 * self.level + 0.05 * wave
         elif work == "inference" or (work == "batch" and self.kind == "bursty"):
             value = 0.38 + 0.1 * self.level + 0.15 * wave + 0.06 * fast
@@ -410,7 +442,7 @@ class Gpu:
         else:
             activity = self.load.activity(t, work.get(None))
         limit = self.product.power_limit_w
-        idle = 0.1 * limit
+        idle = idle_power_w(self.product)
         power = idle + (0.93 * limit - idle) * activity
         if self.thermal_throttle:
             power *= 0.7
@@ -424,7 +456,10 @@ class Gpu:
         for gi_id, value in instances.items():
             self.instances[gi_id].activity = value
         self.energy_mj += self.power_w * dt * 1000.0
-        self.temperature_c = int(round(29 + 46 * self.activity + (22 if self.thermal_throttle else 0)))
+        self.temperature_c = self.temperature_at(self.activity)
+
+    def temperature_at(self, activity: float) -> int:
+        return int(round(29 + 46 * activity + (22 if self.thermal_throttle else 0)))
 
     @property
     def clocks_event_reasons(self) -> int:

@@ -637,8 +637,8 @@ class SimulatedLibrary:
         gpu, gi, _ = self._device(handle)
         mib = 1024 * 1024
         if gi is not None:
-            return self._profile(gpu, gi).memory_mib * mib, 0, gi["used_bytes"]
-        return gpu["product_obj"].memory_mib * mib, driver.RESERVED_MIB * mib, gpu["used_bytes"]
+            return self._profile(gpu, gi).memory_mib * mib, gi["reserved_bytes"], gi["used_bytes"]
+        return gpu["product_obj"].memory_mib * mib, gpu["reserved_bytes"], gpu["used_bytes"]
 
     @_c_call
     def nvmlDeviceGetMemoryInfo(self, handle, ref):

@@ -38,6 +38,7 @@ from monitoring.choices import MetricSource
 from monitoring.models import Collector, Series
 
 from .health import HealthOutcome, UnitHealth, apply_health
+from .idle_memory import learn_idle_memory
 from .ingest import ingest_samples, sample_row, series_rows, slot
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,9 @@ class UnitSample:
     mig_instance_id: int | None
     values: dict
     mem_total_mib: int | None = None
+    # (product, MIG profile or "" for a whole GPU) when NVML listed no process on the unit this poll: its memory
+    # in use is then the driver's own reservation (services/idle_memory.py learns it).
+    idle_kind: tuple[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -128,6 +132,7 @@ class MigRow:
     gi_id: int | None
     uuid: str
     compute_slices: int
+    profile_name: str = ""
 
 
 @dataclass(slots=True)
@@ -180,13 +185,16 @@ def map_nvml(
                     instance.pk,
                     {"sm_active": m.sm_active, "mem_used_mib": m.memory_used_mib, "xid": _xid_column(mig_xids) or None},
                     m.memory_total_mib,
+                    None if m.processes else (gpu.catalog_product or gpu.product, instance.profile_name),
                 )
             )
             out.health.append(UnitHealth(gpu.pk, instance.pk, rules.Reading(xids=mig_xids)))
             unit_slices.append((m.sm_active, instance.compute_slices))
         if values["sm_active"] is None and r.mig_enabled:
             values["sm_active"] = _derived_sm_active(gpu, unit_slices, expected=len(r.mig))
-        out.samples.append(UnitSample(gpu.pk, None, values, r.memory_total_mib))
+        idle = not r.mig_enabled and not r.processes
+        kind = (gpu.catalog_product or gpu.product, "") if idle else None
+        out.samples.append(UnitSample(gpu.pk, None, values, r.memory_total_mib, kind))
         out.health.append(
             UnitHealth(
                 gpu.pk,
@@ -262,6 +270,7 @@ def write_samples(samples: list[UnitSample], *, ts: datetime, source: str) -> in
     rows.sort(key=lambda row: row[2])  # series_id order: index inserts walk the btree once
     ingest_samples(rows)
     _update_series(series, samples, source)
+    learn_idle_memory(samples, at=ts)
     return len(rows)
 
 

@@ -149,7 +149,7 @@ def _units(nodes) -> tuple[dict[int, list[GpuRow]], dict[int, list[MigRow]]]:
 
 
 _GPU_COLUMNS = ("id", "node_id", "index", "uuid", "product", "catalog_product", "memory_mib")
-_MIG_COLUMNS = ("id", "gpu_id", "gi_id", "uuid", "profile__compute_slices")
+_MIG_COLUMNS = ("id", "gpu_id", "gi_id", "uuid", "profile__compute_slices", "profile__name")
 
 
 def _write(ts: datetime, readings: list[NodeReading]) -> int:

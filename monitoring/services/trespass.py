@@ -8,9 +8,11 @@ active Allocation; the pod's project comes from its namespace, as provisioning m
 
 - a pod on a unit another project holds: foreign_pod (offending project: the pod's);
 - a pod on a unit nobody holds: unallocated_pod;
-- no pod, but the unit's newest sample shows real activity (SM over MONITORING_TRESPASS_SM_PCT, the
-  seed's "over 20% on an unallocated GPU is abnormal", or memory in use over MONITORING_TRESPASS_MEM_MIB):
-  unallocated_activity (offender unknown).
+- no pod, but the unit's samples show real activity over the last MONITORING_TRESPASS_POLLS polls, each of
+  them (SM over MONITORING_TRESPASS_SM_PCT, the seed's "over 20% on an unallocated GPU is abnormal", or
+  memory in use beyond the driver's own reservation, learned per product and MIG profile from idle units
+  (services/idle_memory.py), by more than MONITORING_TRESPASS_MEM_MIB): unallocated_activity (offender
+  unknown). One busy sample is no trespass: a poll can catch a driver or health probe.
 
 Each finding opens a TrespassEvent the first poll it is seen, keeps it open while it lasts and ends it
 the first poll it is not (one transaction per cluster). With MONITORING_EVICT_TRESPASS the offending pod
@@ -36,7 +38,8 @@ from pools.models import Allocation
 
 from ..choices import TrespassKind
 from ..models import Series, TrespassEvent
-from ..readers import latest_samples
+from ..sample_reads import sample_rows
+from .idle_memory import baseline_mib
 
 logger = logging.getLogger(__name__)
 
@@ -151,33 +154,59 @@ def find(cluster: Cluster, *, at: datetime) -> list[Finding]:
 
 
 def _activity(units: list[Unit], *, at: datetime) -> list[Finding]:
-    """Unallocated units without a known pod whose newest sample (this poll or the last) shows real activity."""
+    """Unallocated units without a known pod whose last MONITORING_TRESPASS_POLLS samples all show real activity.
+
+    Memory counts beyond the driver's own reservation for the unit's product and profile (learned from idle
+    units; 0 where none was learned yet). The newest sample must be of this poll or the last.
+    """
     if not units:
         return []
     mig_ids = [m for _, m in units if m]
     gpu_ids = [g for g, m in units if not m]
-    series: dict[int, Unit] = {}
+    series: dict[int, tuple[Unit, tuple[str, str]]] = {}
     wanted = Q(mig_instance_id__in=mig_ids) | Q(gpu_id__in=gpu_ids, mig_instance__isnull=True)
-    for sid, gpu_id, mig_id in Series.objects.filter(wanted).values_list("id", "gpu_id", "mig_instance_id"):
-        series[sid] = (gpu_id, mig_id)
-    since = at - timedelta(seconds=2 * settings.METRICS_INTERVAL_S)
+    rows = Series.objects.filter(wanted).values_list(
+        "id", "gpu_id", "mig_instance_id", "gpu__catalog_product", "gpu__product", "mig_instance__profile__name"
+    )
+    for sid, gpu_id, mig_id, catalog_product, product, profile in rows:
+        series[sid] = ((gpu_id, mig_id), (catalog_product or product, profile or ""))
+    polls = settings.MONITORING_TRESPASS_POLLS
+    interval = settings.METRICS_INTERVAL_S
+    start = at - timedelta(seconds=(polls + 1) * interval)
+    recent: dict[int, list[tuple[datetime, float | None, float | None]]] = {}
+    for sid, ts, sm, mem in sample_rows(
+        sorted(series), start, at + timedelta(seconds=interval), ("sm_active", "mem_used_mib")
+    ):
+        recent.setdefault(sid, []).append((ts, sm, mem))
+    baseline = baseline_mib()
+    fresh_after = at - timedelta(seconds=2 * interval)
     found = []
-    for sid, sample in sorted(latest_samples(sorted(series), since=since).items()):
-        sm, mem = sample.sm_active, sample.mem_used_mib
-        busy = (sm is not None and sm > settings.MONITORING_TRESPASS_SM_PCT) or (
-            mem is not None and mem > settings.MONITORING_TRESPASS_MEM_MIB
-        )
-        if busy:
+    for sid, samples in sorted(recent.items()):
+        last = samples[-polls:]
+        if len(last) < polls or last[-1][0] < fresh_after:
+            continue
+        unit, kind = series[sid]
+        reserved = baseline.get(kind, 0)
+
+        if all(_busy(sm, mem, reserved) for _, sm, mem in last):
+            _, sm, mem = last[-1]
             found.append(
                 Finding(
                     TrespassKind.UNALLOCATED_ACTIVITY,
-                    series[sid],
+                    unit,
                     None,
                     sm_active=sm,
                     mem_used_mib=None if mem is None else int(mem),
                 )
             )
     return found
+
+
+def _busy(sm: float | None, mem: float | None, reserved_mib: int) -> bool:
+    """Real activity in one sample: SM over the threshold, or memory beyond the driver's own by more than it."""
+    if sm is not None and sm > settings.MONITORING_TRESPASS_SM_PCT:
+        return True
+    return mem is not None and mem - reserved_mib > settings.MONITORING_TRESPASS_MEM_MIB
 
 
 def detect_trespass(cluster_id: int, *, at: datetime | None = None) -> TrespassResult | None:

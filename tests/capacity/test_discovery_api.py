@@ -59,10 +59,10 @@ def test_spec_totals_read_like_the_seed(demo, operator):
     totals = api(operator).get("/api/v1/capacity/specs/totals/", {"cluster": "prod"}).json()
     assert [t["label"] for t in totals] == [
         "H100-80GB full GPU x 16",
-        "H100-80GB 1g.10gb x 32",
-        "H100-80GB 2g.20gb x 16",
+        "H100-80GB 1g.10gb x 40",
+        "H100-80GB 2g.20gb x 20",
         "H100-80GB 3g.40gb x 32",
-        "H100-80GB 4g.40gb x 16",
+        "H100-80GB 4g.40gb x 12",
     ]
     assert totals[0]["allocatable"] == 15  # the lost GPU dropped out of allocatable
     dev = api(operator).get("/api/v1/capacity/specs/totals/", {"cluster": "dev"}).json()

@@ -81,7 +81,7 @@ def test_a_vanished_node_comes_back_when_listed_again(sim):
     assert NodeCapacity.objects.get(name=NODE).is_gone
     assert NodeCapacity.objects.for_cluster(sim.clusters["prod"]).present().count() == 5
     specs_of_prod = SpecAndCount.objects.filter(node__cluster=sim.clusters["prod"])
-    assert (specs_of_prod.count(), specs_of_prod.present().count()) == (12, 9)  # kept, but not offered
+    assert (specs_of_prod.count(), specs_of_prod.present().count()) == (16, 13)  # kept, but not offered
     sim.faults.reset()
     back = discover(sim, inventory="none")
     node = NodeCapacity.objects.get(name=NODE)

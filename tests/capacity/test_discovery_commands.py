@@ -42,7 +42,7 @@ def test_discover_runs_synchronously_and_prints_a_summary(simcluster):
     sim.register()
     out = run("discover", "--cluster", "prod")
     assert "prod: 6 GPU nodes (6 new, 0 changed, 0 gone, 0 not ready), 48 GPUs" in out
-    assert "inventory: 6 nodes, 48 GPUs (0 lost), 96 MIG instances (0 gone)" in out
+    assert "inventory: 6 nodes, 48 GPUs (0 lost), 104 MIG instances (0 gone)" in out
     assert "H100-80GB 3g.40gb x 32 (32 allocatable, nvidia.com/mig-3g.40gb)" in out
     assert GpuCapacity.objects.filter(node__cluster__name="prod").count() == 48
     assert not NodeCapacity.objects.filter(cluster__name="dev").exists()

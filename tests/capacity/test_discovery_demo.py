@@ -62,10 +62,10 @@ def test_prod_totals_read_like_the_seed(demo):
     }
     assert totals == {
         ("H100-80GB", "full", ""): 16,
-        ("H100-80GB", "mig", "1g.10gb"): 32,
-        ("H100-80GB", "mig", "2g.20gb"): 16,
+        ("H100-80GB", "mig", "1g.10gb"): 40,  # 32 on tier 1, 8 on tier 2's GPUs 6-7
+        ("H100-80GB", "mig", "2g.20gb"): 20,
         ("H100-80GB", "mig", "3g.40gb"): 32,
-        ("H100-80GB", "mig", "4g.40gb"): 16,
+        ("H100-80GB", "mig", "4g.40gb"): 12,
     }
     dev = list(SpecAndCount.objects.filter(node__cluster=demo.clusters["dev"]))
     assert {(s.label, s.count, s.replicas) for s in dev} == {("H200-141GB 1/4 time-slice", 32, 4)}

@@ -92,7 +92,9 @@ def test_the_dashboard_and_metrics_are_for_operators(client, events, bob, staff_
 
 
 def test_real_activity_on_an_unallocated_unit_is_trespass(fleet, project):
-    """Over 20 % SM (the seed's "abnormal") or memory in use on a unit nobody holds opens an event."""
+    """Over 20 % SM (the seed's "abnormal") or memory in use, sustained over the window, on a unit nobody holds."""
+    from datetime import timedelta
+
     from django.utils import timezone
     from monitoring_helpers import series_of, write
 
@@ -100,10 +102,12 @@ def test_real_activity_on_an_unallocated_unit_is_trespass(fleet, project):
 
     allocate(project, fleet.mig_3g)
     now = timezone.now()
-    write(series_of(fleet.full_gpu), now, sm_active=45.0, mem_used_mib=0)  # unallocated, busy
-    write(series_of(fleet.mig_gpu, fleet.mig_2g), now, sm_active=10.0, mem_used_mib=0)  # unallocated, quiet
-    write(series_of(fleet.mig_gpu, fleet.mig_1g), now, sm_active=0.0, mem_used_mib=4096)  # memory in use
-    write(series_of(fleet.mig_gpu, fleet.mig_3g), now, sm_active=90.0)  # held: its owner's business
+    for k in range(3):  # MONITORING_TRESPASS_POLLS
+        ts = now - timedelta(seconds=30 * (2 - k))
+        write(series_of(fleet.full_gpu), ts, sm_active=45.0, mem_used_mib=0)  # unallocated, busy
+        write(series_of(fleet.mig_gpu, fleet.mig_2g), ts, sm_active=10.0, mem_used_mib=0)  # unallocated, quiet
+        write(series_of(fleet.mig_gpu, fleet.mig_1g), ts, sm_active=0.0, mem_used_mib=4096)  # memory in use
+        write(series_of(fleet.mig_gpu, fleet.mig_3g), ts, sm_active=90.0)  # held: its owner's business
 
     detect_trespass(fleet.cluster.pk, at=now)
 

@@ -134,7 +134,8 @@ def test_default_mig_parted_config_follows_the_operator(prod):
     assert h100["mig-devices"] == {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
     assert {"0x233010DE", "0x20B210DE"} <= set(h100["device-filter"])  # H100-80GB and A100-80GB share it
     assert configs["prod-4g-3g"] == [
-        {"devices": list(range(8)), "mig-enabled": True, "mig-devices": {"3g.40gb": 1, "4g.40gb": 1}}
+        {"devices": list(range(6)), "mig-enabled": True, "mig-devices": {"3g.40gb": 1, "4g.40gb": 1}},
+        {"devices": [6, 7], "mig-enabled": True, "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}},
     ]
 
 

@@ -103,10 +103,10 @@ def test_field_selectors_on_pods(prod):
 
 def test_pod_scheduled_pending_and_retried_when_devices_free_up(prod):
     prod.create_namespace({"metadata": {"name": "batch"}})
-    # 16 x 4g.40gb in the cluster, one taken by team-vision/segmenter on prod-h100-4g3g-01.
-    fits = prod.create_namespaced_pod("batch", gpu_pod("big", "nvidia.com/mig-4g.40gb", 8))
+    # 12 x 4g.40gb in the cluster (GPUs 0-5 of the tier-2 nodes), one taken by team-vision/segmenter on -01.
+    fits = prod.create_namespaced_pod("batch", gpu_pod("big", "nvidia.com/mig-4g.40gb", 6))
     assert (fits.status.phase, fits.spec.node_name) == ("Running", "prod-h100-4g3g-02")
-    pending = prod.create_namespaced_pod("batch", gpu_pod("wait", "nvidia.com/mig-4g.40gb", 8))
+    pending = prod.create_namespaced_pod("batch", gpu_pod("wait", "nvidia.com/mig-4g.40gb", 6))
     assert pending.status.phase == "Pending"
     assert pending.spec.node_name is None
     condition = pending.status.conditions[0]

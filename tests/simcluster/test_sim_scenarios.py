@@ -41,7 +41,7 @@ def test_demo_expected_counts_match_the_api(demo, prod, dev):
     expected = demo.expected_counts()
     prod_expected = expected["clusters"]["prod"]
     assert prod_expected["gpus"] == {"H100-80GB": 48}
-    assert prod_expected["mig_instances"] == {"H100-80GB": {"1g.10gb": 32, "2g.20gb": 16, "3g.40gb": 32, "4g.40gb": 16}}
+    assert prod_expected["mig_instances"] == {"H100-80GB": {"1g.10gb": 40, "2g.20gb": 20, "3g.40gb": 32, "4g.40gb": 12}}
     assert expected["totals"]["nodes"] == 8
     assert expected["totals"]["gpus"] == {"H100-80GB": 48, "H200-141GB": 16}
     for api, name, product in ((prod, "prod", "NVIDIA-H100-80GB-HBM3"), (dev, "dev", "NVIDIA-H200")):

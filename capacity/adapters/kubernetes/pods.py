@@ -1,4 +1,5 @@
-"""Pods: the workloads on the GPUs (listing, eviction through the Eviction API, deletion)."""
+"""Pods: the workloads on the GPUs (listing, eviction through the Eviction API, deletion; creation for the demo's
+teams, gpuaas itself never starts a workload)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,7 @@ class PodCalls(Transport):
     def delete_pod(self, namespace: str, name: str, *, grace_period_s: int | None = None) -> None:
         kwargs = {} if grace_period_s is None else {"grace_period_seconds": grace_period_s}
         self._call(self.core.delete_namespaced_pod, name, namespace, **kwargs)
+
+    def create_pod(self, namespace: str, body: dict) -> Pod:
+        """Create a pod from a manifest (what a team's `kubectl apply` does; the demo seeds its teams' pods so)."""
+        return parse_pod(self._call(self.core.create_namespaced_pod, namespace, body))
