@@ -17,6 +17,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
+from . import tiers
 from .adapters import kubernetes as kube
 from .choices import MigInstanceState
 from .mig.catalog import PRODUCTS
@@ -557,6 +558,24 @@ class TierAssignmentAdmin(admin.ModelAdmin):
 
 @admin.register(TierProfilePolicy)
 class TierProfilePolicyAdmin(admin.ModelAdmin):
-    """Which MIG profiles each tier carries; a tier without a row follows the seed (capacity/tiers.py)."""
+    """Which MIG profiles each tier carries. Every tier has a row (the built-in defaults were written as rows,
+    saying so in their notes); approval and every availability screen obey them (capacity/tiers.py)."""
 
-    list_display = ["tier", "min_compute_slices", "max_compute_slices", "updated_at"]
+    list_display = ["tier_label", "admits", "min_compute_slices", "max_compute_slices", "notes", "updated_at"]
+    list_editable = ["min_compute_slices", "max_compute_slices"]
+    list_display_links = ["tier_label"]
+    fields = ["tier", "min_compute_slices", "max_compute_slices", "notes", "default", "updated_at"]
+    readonly_fields = ["default", "updated_at"]
+
+    @admin.display(description="Tier", ordering="tier")
+    def tier_label(self, obj: TierProfilePolicy) -> str:
+        return obj.get_tier_display()
+
+    @admin.display(description="Admits")
+    def admits(self, obj: TierProfilePolicy) -> str:
+        """The rule as every screen says it: "tier 1 takes 3g and larger"."""
+        return tiers.rule(obj.tier, {obj.tier: obj.policy})
+
+    @admin.display(description="Built-in default")
+    def default(self, obj: TierProfilePolicy) -> str:
+        return tiers.rule(obj.tier, tiers.DEFAULT_POLICIES)

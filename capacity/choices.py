@@ -72,6 +72,9 @@ class Availability(models.TextChoices):
     RECONFIGURING = "reconfiguring", "Mid-reconfiguration"
     CORDONED = "cordoned", "Cordoned or not ready"
     WITHHELD = "withheld", "Withheld (health)"
+    # A MIG instance whose profile its node's tier does not admit (TierProfilePolicy): approval never
+    # gives it out while the policy stands. Shown with the tier's rule, capacity.tiers.withheld_label().
+    TIER_POLICY = "tier_policy", "Withheld by tier policy"
     FREE = "free", "Free"
 
 

@@ -1,55 +1,43 @@
-"""Tier profile policy: which MIG profiles each tier carries, with the seed's recommendation as default.
+"""Tier profile policy: which MIG profiles each tier carries, and the words every screen says it in.
 
 The seed puts production inference with latency SLAs on MIG (tier 1) in large slices (its arithmetic:
 8 x H100 at 4g/3g give 16 inference slots), staging on MIG or vGPU (tier 2) in any size, and
 development on shared GPUs (tier 3): where a development node is MIG-partitioned, only the small
-1g/2g slices belong there. Operators change this per tier (TierProfilePolicy, admin and API);
-approval, matching and the MIG planner read it here.
+1g/2g slices belong there. Each tier's rule is a TierProfilePolicy row (the admin's "Tier profile
+policies", the API's /capacity/tier-policies/); migration 0020 wrote the seed's recommendation
+(DEFAULT_POLICIES) as those rows. A MIG instance its node's tier does not admit has availability
+Availability.TIER_POLICY, shown everywhere as withheld_label() says; the planners read policies().
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from django.db.models import Q
-
-from .choices import Tier
+from .choices import Availability, Tier
 from .mig.catalog import find_product
 from .models import TierProfilePolicy
+from .models.tiers import DEFAULT_POLICIES, Policy
 
-
-@dataclass(frozen=True)
-class Policy:
-    min_compute_slices: int = 1
-    max_compute_slices: int = 8
-
-    def allows(self, compute_slices: int) -> bool:
-        return self.min_compute_slices <= compute_slices <= self.max_compute_slices
-
-    def label(self) -> str:
-        if self.min_compute_slices <= 1 and self.max_compute_slices >= 8:
-            return "every MIG profile"
-        if self.max_compute_slices >= 8:
-            return f"MIG profiles of {self.min_compute_slices}g and larger"
-        sizes = "/".join(f"{n}g" for n in range(self.min_compute_slices, self.max_compute_slices + 1))
-        return f"only {sizes} MIG profiles"
-
-
-DEFAULT_POLICIES: dict[str, Policy] = {
-    Tier.SLA_INFERENCE: Policy(min_compute_slices=3),
-    Tier.STAGING: Policy(),
-    Tier.DEVELOPMENT: Policy(max_compute_slices=2),
-    Tier.TRAINING: Policy(),
-    Tier.NONE: Policy(),
-}
+__all__ = [
+    "DEFAULT_POLICIES",
+    "Policy",
+    "allowed_profiles",
+    "availability_label",
+    "compute_slices",
+    "policies",
+    "policy_label",
+    "profile_allowed",
+    "rule",
+    "tiers_allowing",
+    "withheld_label",
+]
 
 
 def policies() -> dict[str, Policy]:
-    """Every tier's policy: the stored rows over the defaults (one query)."""
-    found = dict(DEFAULT_POLICIES)
-    for row in TierProfilePolicy.objects.all():
-        found[row.tier] = Policy(row.min_compute_slices, row.max_compute_slices)
-    return found
+    """Every tier's policy: its row, or the built-in default where the row is missing (one query)."""
+    return TierProfilePolicy.objects.table()
+
+
+def _policy(tier: str, table: dict[str, Policy] | None) -> Policy:
+    return (table if table is not None else policies()).get(tier, Policy())
 
 
 def compute_slices(product: str, profile_name: str) -> int | None:
@@ -67,11 +55,30 @@ def profile_allowed(tier: str, product: str, profile_name: str, table: dict[str,
     slices = compute_slices(product, profile_name)
     if slices is None:
         return True
-    return (table or DEFAULT_POLICIES).get(tier, Policy()).allows(slices)
+    return _policy(tier, table).allows(slices)
 
 
 def policy_label(tier: str, table: dict[str, Policy] | None = None) -> str:
-    return (table or DEFAULT_POLICIES).get(tier, Policy()).label()
+    """What the tier admits: "3g and larger"."""
+    return _policy(tier, table).label()
+
+
+def rule(tier: str, table: dict[str, Policy] | None = None) -> str:
+    """The tier's rule in a sentence: "tier 1 takes 3g and larger"."""
+    who = f"tier {tier} takes" if tier else "untiered nodes take"
+    return f"{who} {policy_label(tier, table)}"
+
+
+def withheld_label(tier: str, table: dict[str, Policy] | None = None) -> str:
+    """A withheld unit, as every screen names it: "Withheld by tier policy (tier 1 takes 3g and larger)"."""
+    return f"{Availability.TIER_POLICY.label} ({rule(tier, table)})"
+
+
+def availability_label(availability: str, tier: str, table: dict[str, Policy] | None = None) -> str:
+    """A unit's availability in words; withheld by the policy, with its node's tier's rule."""
+    if availability == Availability.TIER_POLICY:
+        return withheld_label(tier, table)
+    return Availability(availability).label
 
 
 def allowed_profiles(tier: str, product: str, table: dict[str, Policy] | None = None) -> list[str]:
@@ -79,20 +86,8 @@ def allowed_profiles(tier: str, product: str, table: dict[str, Policy] | None = 
     catalog_product = find_product(product)
     if catalog_product is None:
         return []
-    policy = (table or DEFAULT_POLICIES).get(tier, Policy())
+    policy = _policy(tier, table)
     return [p.name for p in catalog_product.profiles if policy.allows(p.compute_slices)]
-
-
-def allowed_instances_q(table: dict[str, Policy] | None = None, prefix: str = "") -> Q:
-    """MIG instances whose profile their node's tier allows, as one filter on MigInstance (`prefix` for joins)."""
-    condition = Q()
-    for tier, policy in (table if table is not None else policies()).items():
-        if policy.min_compute_slices <= 1 and policy.max_compute_slices >= 8:
-            continue
-        condition &= ~Q(**{f"{prefix}gpu__node__tier": tier}) | Q(
-            **{f"{prefix}profile__compute_slices__range": (policy.min_compute_slices, policy.max_compute_slices)}
-        )
-    return condition
 
 
 def tiers_allowing(product: str, profile_name: str, table: dict[str, Policy] | None = None) -> list[str]:

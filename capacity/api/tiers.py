@@ -10,7 +10,7 @@ from capacity.api.strict import StrictModelSerializer
 from capacity.choices import Tier
 from capacity.models import NodeCapacity, TierAssignment, TierProfilePolicy
 from capacity.services import tiers as tier_services
-from capacity.tiers import DEFAULT_POLICIES
+from capacity.tiers import DEFAULT_POLICIES, policy_label
 from gpuaas.scopes import Scope
 
 
@@ -79,7 +79,7 @@ class TierProfilePolicySerializer(StrictModelSerializer):
         read_only_fields = ["updated_at"]
 
     def get_default(self, obj: TierProfilePolicy) -> str:
-        return DEFAULT_POLICIES.get(obj.tier, DEFAULT_POLICIES[Tier.NONE]).label()
+        return policy_label(obj.tier, DEFAULT_POLICIES)
 
     def validate(self, attrs: dict) -> dict:
         low = attrs.get("min_compute_slices", getattr(self.instance, "min_compute_slices", 1))
@@ -90,7 +90,9 @@ class TierProfilePolicySerializer(StrictModelSerializer):
         return attrs
 
 
-@extend_schema_view(list=extend_schema(summary="MIG profiles per tier (a tier without a row follows the seed)"))
+@extend_schema_view(
+    list=extend_schema(summary="MIG profiles per tier (one row per tier; the built-in defaults were written as rows)")
+)
 class TierProfilePolicyViewSet(viewsets.ModelViewSet):
     """Which MIG profiles each tier carries; approval, matching and the planners read it (capacity.tiers)."""
 

@@ -38,5 +38,5 @@ def active_allocations(model):
 
 def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q) -> Case:
     whens = [When(in_use, then=Value(Availability.IN_USE)), When(reserved, then=Value(Availability.RESERVED))]
-    whens += [When(~ok, then=Value(state)) for state, ok in conditions.items()]
+    whens += [When(~ok, then=Value(state)) for state, ok in conditions.items() if ok]
     return Case(*whens, default=Value(Availability.FREE), output_field=CharField())

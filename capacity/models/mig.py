@@ -10,6 +10,7 @@ from django.utils import timezone
 from ..choices import Availability, MigInstanceState
 from .availability import active_allocations, availability_case, host_conditions
 from .inventory import GpuCapacity
+from .tiers import admitted_q
 from .workloads import WorkloadProfile
 
 
@@ -71,6 +72,7 @@ class MigInstanceQuerySet(models.QuerySet):
     def _unit_conditions(self) -> dict[str, Q]:
         conditions = host_conditions("gpu__")
         conditions[Availability.RECONFIGURING] &= Q(gpu__mig_mode_current=True)  # MIG being switched off
+        conditions[Availability.TIER_POLICY] = admitted_q("gpu__")  # TierProfilePolicy rows, in SQL
         return conditions
 
     def _reserved(self) -> Exists:
