@@ -19,7 +19,9 @@ one), and combines:
   (pools/topology.py), so units are followed per node.
 
 QUEUE_FORECAST_DRAWS draws of that timeline (seeded, so one state gives one answer) give the start's
-distribution; P50 and P90 are its quantiles. A start no draw reaches (more than the fleet holds)
+distribution; P50 and P90 are its quantiles. A request no unit would ever serve under the tier profile policy
+(units.verdict) has no start ("never: tier 1 takes 3g and larger: ..."); units the policy withholds are
+never counted as free, and are named in the basis ("withheld"). A start no draw reaches (more than the fleet holds)
 is None. Accuracy is scored against actual starts by accuracy().
 """
 
@@ -561,6 +563,10 @@ def plan(request: PoolRequest, *, now: dt.datetime, history=None) -> Plan:
     if free >= request.count and not ahead:
         start = max(now, request.start_at) if request.start_at else now
         return Plan(basis, forecast=Forecast(start, start, {**basis, "why": "fits now"}))
+    answer = units.verdict(request, units.FreeUnits(free_by_cluster))  # the units the tier policy withholds
+    basis["withheld"] = {"units": answer.withheld, "reason": answer.reason}
+    if not answer.servable:
+        return Plan(basis, forecast=Forecast(None, None, {**basis, "why": f"never: {answer.refusal}"}))
     reconfigured = None
     if request.spec_kind == SpecKind.MIG and not ahead:
         hint = units.reconfiguration_hint(request, free_by_cluster)
@@ -579,7 +585,8 @@ def plan(request: PoolRequest, *, now: dt.datetime, history=None) -> Plan:
     free_units, capacity = _units_now(request, free, found)
     largest = max(capacity.values(), default=0) if free_units.per_node and request.count > 1 else sum(capacity.values())
     if largest < request.count:  # more than the fleet (or any one node) holds: never
-        return Plan(basis, forecast=Forecast(None, None, {**basis, "why": "more than the fleet holds"}))
+        why = "more than the fleet holds" + (f"; {answer.withheld_sentence()}" if answer.withheld else "")
+        return Plan(basis, forecast=Forecast(None, None, {**basis, "why": why}))
     if not free_units.per_node:
         found = [Holder(h.units, h.end_at, h.held_h, h.history, ((0, h.units),), h.pool_id) for h in found]
     timeline = Timeline(

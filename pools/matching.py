@@ -33,7 +33,7 @@ from capacity.choices import SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, Product, find_product
 from capacity.mig.share import unit_share
 from capacity.models import GpuCapacity, SpecAndCount
-from capacity.tiers import Policy, policy_label, profile_allowed
+from capacity.tiers import DEFAULT_POLICIES, Policy, profile_allowed, withheld_label
 from capacity.vgpu import OVERHEAD_RANGE_PCT, VGPU_TYPES, VgpuType
 
 from . import prices
@@ -378,8 +378,9 @@ def _measure(need: Need, c: Candidate, price, policy_table) -> Offer:
     if c.kind == MPS:
         offer.note = f"capped at {_gib(c.memory_gib)} GiB and {100 // c.replicas}% of the SMs; faults are shared"
     if c.kind == SpecKind.MIG:
-        if not profile_allowed(tier, c.product, c.profile_name, policy_table):
-            reject(("tier", f"tier {tier} takes {policy_label(tier, policy_table)} (tier profile policy)"))
+        table = DEFAULT_POLICIES if policy_table is None else policy_table  # match() stays pure
+        if not profile_allowed(tier, c.product, c.profile_name, table):
+            reject(("tier", withheld_label(tier, table)))
         if need.workload_type == WorkloadType.TRAINING and need.count > 1:
             reject(
                 ("count", "MIG instances cannot talk to each other over NVLink; multi-unit training needs whole GPUs")

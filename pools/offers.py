@@ -64,7 +64,8 @@ def match_declared(
 def forecast_start(
     offer: matching.Offer, *, cluster_id: int | None, start_at: dt.datetime | None, workload_type: str = ""
 ) -> None:
-    """When the offer could start: now (or the requested start) when its units are free on one cluster today;
+    """When the offer could start: now (or the requested start) when its units are free on one cluster today
+    (units.verdict, with the units the tier policy withholds named); never, when no unit would ever serve it;
     otherwise the queue's wait-time forecast (pools.forecast.estimate_start: P50 as the start, P50 and P90 in
     the note). vGPU offers say only whether their vGPUs are free (the forecast has no vGPU hold history)."""
     spec = offer.spec()
@@ -85,14 +86,17 @@ def forecast_start(
         workload_type=workload_type or WorkloadType.INFERENCE,
         start_at=start_at or timezone.now(),
     )
-    free = units.free_by_cluster(probe)
-    most = max(free.values(), default=0)
-    if most >= probe.count:
+    found = units.verdict(probe)  # the same answer as the form's check and approval
+    if found.fits:
         offer.forecast_start = max(start_at or timezone.now(), timezone.now())
         offer.forecast = "free now"
+    elif not found.servable:
+        offer.forecast = f"never: {found.refusal}"
     else:
         where = "on one node" if probe.spec_kind == SpecKind.FULL and probe.count > 1 else "on one cluster"
-        offer.forecast = f"waits: {most} of {probe.count} units free {where}"
+        offer.forecast = f"waits: {found.free} of {probe.count} units free {where}"
+        if found.withheld:
+            offer.forecast += f"; {found.withheld_sentence()}"
         estimate = estimate_start(probe)
         if estimate.p50 is not None:
             offer.forecast_start = estimate.p50

@@ -96,7 +96,9 @@ def approve_or_queue(request: PoolRequest, *, actor, reason: str = "", cluster=N
     try:
         return services.approve(request, actor=actor, reason=reason, cluster=cluster)
     except InsufficientCapacity as exc:
-        if request.wait_if_full and request.state == RequestState.SUBMITTED:
+        # A request no unit would ever serve (the tier policy changed since it was submitted) is not queued.
+        servable = exc.detail.get("servable", True)
+        if request.wait_if_full and request.state == RequestState.SUBMITTED and servable:
             with transaction.atomic():
                 entry = enqueue(request, actor=actor, reason=f"queued: {exc.message}")
                 entry.operator_approved_at, entry.operator_approved_by = timezone.now(), services._user(actor)

@@ -136,6 +136,11 @@ def create_request(project: Project, *, actor, submit: bool = False, **values) -
 
 
 def submit(request: PoolRequest, *, actor, reason: str = "") -> PoolRequest:
+    """draft -> submitted; refused (DomainError, nothing changed) when no unit of the fleet would ever serve
+    the request under the tier profile policy (units.refusal: the rule and the nearest offer that would)."""
+    never = units.refusal(request)
+    if never:
+        raise DomainError(f"It can never be served: {never}.", detail={"profile_name": never})
     return transition(request, S.SUBMITTED, actor, reason or "submitted")
 
 

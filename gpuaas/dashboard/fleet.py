@@ -15,6 +15,8 @@ from django.db.models import Count, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from capacity import tiers
+from capacity.choices import Tier
 from capacity.mig.share import held_share, mig_share
 from capacity.models import USABLE_HEALTH, Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from pools.choices import RequestState
@@ -201,6 +203,15 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
     return cards
 
 
+def tier_policies() -> dict:
+    """The tier rules that withhold units ("tier 1 takes 3g and larger") and where to edit them. One query."""
+    table = tiers.policies()
+    return {
+        "rules": [tiers.rule(tier, table) for tier in Tier.values if not table.get(tier, tiers.Policy()).admits_all],
+        "admin_url": reverse("admin:capacity_tierprofilepolicy_changelist"),
+    }
+
+
 PENDING_SHOWN = 20
 # The subtitle under the cluster cards, its example worked out by the rule the numbers use.
 GPUS_NOTE = (
@@ -269,6 +280,7 @@ def overview() -> dict:
         "gpus_note": GPUS_NOTE,
         "clusters": cards,
         "profiles": profile_distribution(groups),
+        "tier_policies": tier_policies(),
         "pending": pending_approvals(),
         "health_events": sources.recent_health_events(),
         "idle_reservations": sources.idle_reservations(),

@@ -72,10 +72,11 @@ class PoolRequestForm(_SerializerForm):
         self.fields["count"] = _count_field()
 
     def serializer_data(self) -> dict:
-        return super().serializer_data() | {"project": self.project.pk, "submit": True}
+        # The page promises "it waits for capacity": a request made here waits in the queue when short.
+        return super().serializer_data() | {"project": self.project.pk, "submit": True, "wait_if_full": True}
 
     def draft(self) -> PoolRequest:
-        """The validated request, unsaved: what the availability check (units.free_by_cluster) reads."""
+        """The validated request, unsaved: what the availability check (units.verdict) reads."""
         values = dict(self.serializer.validated_data)
         values.pop("submit", None)
         return PoolRequest(**values)

@@ -9,14 +9,16 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.core.paginator import Paginator
+from django.db.models import F
 from django.urls import reverse
 
+from capacity import tiers
 from capacity.choices import Availability
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from pools.models import Allocation
 
 from . import sources
-from .fleet import profile_distribution, unit_groups
+from .fleet import profile_distribution, tier_policies, unit_groups
 from .status import FULL, SHAPE_LABELS, memory_slices_of, shape_of, status_of
 
 NODES_PER_PAGE = 50
@@ -54,13 +56,15 @@ def _holders(gpus: list[GpuCapacity], instances: list[MigInstance], gpu_ids) -> 
     return allocations, workloads
 
 
-def _unit(key: tuple[int, int | None], availability: str, allocations: dict, workloads: dict, metrics: dict) -> dict:
+def _unit(
+    key: tuple[int, int | None], availability: str, label: str, allocations: dict, workloads: dict, metrics: dict
+) -> dict:
     allocation = allocations.get(key)
     workload = workloads.get(key)
     return {
         "status": status_of(availability),
         "availability": availability,
-        "availability_label": Availability(availability).label,
+        "availability_label": label,
         "project": allocation["project__slug"] if allocation else None,
         "pool": allocation["pool__name"] if allocation else None,
         "pool_id": allocation["pool_id"] if allocation else None,
@@ -72,10 +76,11 @@ def _unit(key: tuple[int, int | None], availability: str, allocations: dict, wor
 def describe_gpus(gpus: list[GpuCapacity], scope=None, busy_devices: frozenset[str] | None = None) -> list[dict]:
     """GPU tiles with their units (the whole GPU, or each active MIG instance at its placement).
 
-    `gpus` come from GpuCapacity.objects.annotate_availability(). Six queries for any number of GPUs
-    (instances, allocations, workloads, metrics, health events, and multi-device pods unless
-    `busy_devices` is given, as in annotate_availability()). A unit's status is its availability,
-    the approval's definition.
+    `gpus` come from GpuCapacity.objects.annotate_availability(). Seven queries for any number of GPUs
+    (instances, allocations, workloads, metrics, health events, the tier profile policies, and
+    multi-device pods unless `busy_devices` is given, as in annotate_availability()). A unit's status
+    is its availability, the approval's definition; one withheld by the tier policy is labelled with its
+    node's tier's rule (capacity.tiers.availability_label).
     """
     # `scope`: the same GPUs as a subquery, cheaper to send than hundreds of ids in every query.
     gpu_ids = [g.pk for g in gpus] if scope is None else scope
@@ -83,8 +88,12 @@ def describe_gpus(gpus: list[GpuCapacity], scope=None, busy_devices: frozenset[s
         busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
     instances: dict[int, list[MigInstance]] = defaultdict(list)
     active = list(
-        MigInstance.objects.annotate_availability(busy_devices).filter(gpu_id__in=gpu_ids).select_related("profile")
+        MigInstance.objects.annotate_availability(busy_devices)
+        .filter(gpu_id__in=gpu_ids)
+        .annotate(node_tier=F("gpu__node__tier"))
+        .select_related("profile")
     )
+    table = tiers.policies()
     for instance in active:
         instances[instance.gpu_id].append(instance)
     allocations, workloads = _holders(gpus, active, gpu_ids)
@@ -125,12 +134,19 @@ def describe_gpus(gpus: list[GpuCapacity], scope=None, busy_devices: frozenset[s
                         "multiprocessors": profile.multiprocessors,
                         "gi_id": instance.gi_id,
                         "ci_id": instance.ci_id,
-                        **_unit((gpu.pk, instance.pk), instance.availability, allocations, workloads, metrics),
+                        **_unit(
+                            (gpu.pk, instance.pk),
+                            instance.availability,
+                            tiers.availability_label(instance.availability, instance.node_tier, table),
+                            allocations,
+                            workloads,
+                            metrics,
+                        ),
                     }
                 )
         else:
             tile["unit"] = {"shape": FULL, "shape_label": SHAPE_LABELS[FULL]} | _unit(
-                (gpu.pk, None), gpu.availability, allocations, workloads, metrics
+                (gpu.pk, None), gpu.availability, Availability(gpu.availability).label, allocations, workloads, metrics
             )
         tiles.append(tile)
     return tiles
@@ -159,6 +175,7 @@ def node_view(cluster: Cluster, page_number: int | str = 1) -> dict:
             "health": health[cluster.pk],
         },
         "profiles": profile_distribution(groups),
+        "tier_policies": tier_policies(),
         "metrics_available": sources.metrics_available(),
         "gpu_url": reverse("admin:gpuaas_dashboard_gpu", args=[0]).replace("/0/", "/{id}/"),
         "page": {"number": page.number, "pages": page.paginator.num_pages, "per_page": NODES_PER_PAGE},

@@ -167,18 +167,20 @@ def request_new(request, slug: str):
 
 
 def _offers(draft) -> dict:
-    """Free units per cluster for an unsaved request; the shortage sentence when no cluster has enough."""
-    free = units.free_by_cluster(draft)
+    """What approval would do with an unsaved request (units.verdict, the answer approval, the dry run and the
+    forecast give): free units per cluster, those the tier policy withholds, and the shortage sentence when no
+    cluster has enough. A spec no unit would ever serve never gets here: the form refuses it."""
+    found = units.verdict(draft)
+    free = found.free_by_cluster
     names = dict(Cluster.objects.filter(pk__in=free).values_list("pk", "name"))
     clusters = [{"name": names[pk], "free": n} for pk, n in sorted(free.items(), key=lambda kv: names[kv[0]])]
-    enough = any(n >= draft.count for n in free.values())
-    message = "" if enough else units.shortage(draft, free)[0]
     return {
-        "spec": units.unit_label(draft),
-        "need": draft.count,
+        "spec": found.spec,
+        "need": found.need,
         "clusters": clusters,
-        "enough": enough,
-        "message": message,
+        "enough": found.fits,
+        "withheld": found.withheld_sentence(),
+        "message": "" if found.fits else units.shortage(draft, free)[0],
     }
 
 

@@ -8,6 +8,10 @@ approval uses), named as the seed product names it:
 - In Use: a running workload is bound to the unit (a workload on a unit no pool holds counts too).
 - Ready: an active pools.Allocation holds the unit but nothing runs on it.
 - Available: approval could give it out now (Availability.FREE).
+- Withheld by tier policy: free otherwise, but its node's tier does not admit its MIG profile
+  (Availability.TIER_POLICY, TierProfilePolicy: "tier 1 takes 3g and larger"), so approval never gives
+  it out while the policy stands. Counted apart from Available, named with the tier's rule
+  (capacity.tiers.withheld_label) on the node view, the form's check, the dry run, the forecast and approval.
 - Unavailable: neither held nor busy, but approval would not give it out: its GPU is unhealthy,
   its node cordoned or not ready, or its node or GPU is in the middle of a MIG change.
 """
@@ -24,6 +28,7 @@ class UnitStatus(models.TextChoices):
     IN_USE = "in_use", "In Use"
     READY = "ready", "Ready"
     AVAILABLE = "available", "Available"
+    TIER_POLICY = "tier_policy", "Withheld by tier policy"
     UNAVAILABLE = "unavailable", "Unavailable"
 
 
@@ -35,11 +40,12 @@ _STATUS_OF = {
     Availability.IN_USE: UnitStatus.IN_USE,
     Availability.RESERVED: UnitStatus.READY,
     Availability.FREE: UnitStatus.AVAILABLE,
+    Availability.TIER_POLICY: UnitStatus.TIER_POLICY,
 }
 
 
 def status_of(availability: str) -> str:
-    """The dashboard status of a unit of `availability` (withheld, cordoned, reconfiguring: Unavailable)."""
+    """The dashboard status of a unit of `availability` (unhealthy, cordoned, reconfiguring: Unavailable)."""
     return _STATUS_OF.get(availability, UnitStatus.UNAVAILABLE)
 
 

@@ -20,7 +20,7 @@ from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
-from .. import matching, offers, queue, queue_order, services
+from .. import matching, offers, queue, queue_order, services, units
 from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, PoolClusterState, WorkloadType
 from ..exceptions import SpecError
 from ..models import (
@@ -302,6 +302,7 @@ class PoolRequestSerializer(StrictModelSerializer):
             )
         _check_vgpu_type(attrs)
         attrs = self._pinned(attrs) if _pinned(attrs) else self._matched(attrs)
+        _refuse_never_served(attrs)
         attrs.pop("vm", None)  # declarations only: the chosen spec (spec_kind vgpu, its type) is what is stored
         attrs.pop("vgpu_type", None)
         return attrs
@@ -365,6 +366,23 @@ class PoolRequestSerializer(StrictModelSerializer):
         if submit:
             queue.after_submit(created)  # approved by a policy, queued, or left for an operator
         return created
+
+
+def _refuse_never_served(attrs: dict) -> None:
+    """400 on the profile when no unit of the fleet would ever serve the spec under the tier profile policy,
+    naming the rule and the nearest offer that would be served (pools.units.refusal)."""
+    draft = PoolRequest(
+        spec_kind=attrs.get("spec_kind", ""),
+        isolation=attrs.get("isolation", ""),
+        tier=attrs.get("tier", ""),
+        product=attrs.get("product", ""),
+        profile_name=attrs.get("profile_name", ""),
+        count=attrs.get("count", 1),
+        cluster=attrs.get("cluster"),
+    )
+    never = units.refusal(draft)
+    if never:
+        raise serializers.ValidationError({"profile_name": f"It can never be served: {never}."})
 
 
 def _pinned(attrs: dict) -> bool:

@@ -57,7 +57,7 @@ def test_large_slices_never_land_on_the_development_node(sim):
 
 
 def test_an_operators_policy_row_is_what_the_plan_follows(sim):
-    TierProfilePolicy.objects.create(tier="1", min_compute_slices=1, max_compute_slices=8)  # tier 1: any size
+    TierProfilePolicy.objects.filter(tier="1").update(min_compute_slices=1, max_compute_slices=8)  # tier 1: any size
     _demand(sim, **{"1g_10gb": 14})
     proposal = rebalancing.propose_rebalance(sim.cluster, "H100-80GB", days=30)
     assert _profiles(proposal) == {"dev-3": Counter({"1g.10gb": 7}), "sla-1": Counter({"1g.10gb": 7})}

@@ -217,7 +217,7 @@ def _world_objects():
             TimeSlicingPolicy.objects.create(cluster=world.beta, node_group="shared", replicas=4)
         ),
         "tier-assignment": fleet(TierAssignment.objects.create(node=node, tier="full")),
-        "tier-policy": fleet(TierProfilePolicy.objects.create(tier="1", min_compute_slices=3)),
+        "tier-policy": fleet(TierProfilePolicy.objects.get(tier="1")),
         # plain views and the admin's own views, by URL name
         "projects:project": {"own": {"slug": team_a.slug}, "other": {"slug": team_b.slug}},
         "projects:request_new": {"own": {"slug": team_a.slug}, "other": {"slug": team_b.slug}},

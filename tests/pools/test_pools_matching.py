@@ -50,7 +50,7 @@ CASES = [
         Need("inference", memory_gib=8),
         "MIG 3g.40gb (H100-80GB)",
         {
-            "MIG 1g.10gb (H100-80GB)": "tier 1 takes MIG profiles of 3g and larger",
+            "MIG 1g.10gb (H100-80GB)": "Withheld by tier policy (tier 1 takes 3g and larger)",
             TS_H100: "no memory isolation, you asked for isolation=hardware",
         },
     ),
@@ -150,7 +150,7 @@ CASES = [
         "inference-hbm-compute-0.3-tier1",
         Need("inference", memory_gib=20, compute_fraction=Decimal("0.3")),
         "MIG 3g.40gb (H100-80GB)",
-        {"MIG 2g.20gb (H100-80GB)": "tier 1 takes MIG profiles of 3g and larger"},
+        {"MIG 2g.20gb (H100-80GB)": "Withheld by tier policy (tier 1 takes 3g and larger)"},
     ),
 ]
 

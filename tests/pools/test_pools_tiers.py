@@ -82,7 +82,7 @@ def test_policy_api_refuses_an_upside_down_range(api, operator):
     body = {"tier": "1", "min_compute_slices": 4, "max_compute_slices": 2}
     response = api(operator).post("/api/v1/capacity/tier-policies/", body, format="json")
     assert response.status_code == 400 and set(response.data) == {"max_compute_slices"}
-    assert not TierProfilePolicy.objects.exists()
+    assert TierProfilePolicy.objects.get(tier="1").policy.label() == "3g and larger"  # unchanged
 
 
 def test_tier_1_policy_keeps_small_profiles_off_tier_1_nodes(fleet, make_request, operator):
@@ -90,14 +90,14 @@ def test_tier_1_policy_keeps_small_profiles_off_tier_1_nodes(fleet, make_request
     request = make_request(profile_name="1g.10gb", count=1, tier="1")
     with pytest.raises(InsufficientCapacity):
         services.approve(request, actor=operator)
-    TierProfilePolicy.objects.create(tier="1", min_compute_slices=1, max_compute_slices=8)
+    TierProfilePolicy.objects.filter(tier="1").update(min_compute_slices=1, max_compute_slices=8)
     pool = services.approve(make_request(profile_name="1g.10gb", count=1, tier="1"), actor=operator)
     assert pool.allocations.count() == 1
 
 
 def test_operator_policy_limits_a_tier_to_small_slices(fleet, make_request, operator):
     fleet.mig_node("staging", [["3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb"]], tier="2")
-    TierProfilePolicy.objects.create(tier="2", min_compute_slices=1, max_compute_slices=2)
+    TierProfilePolicy.objects.filter(tier="2").update(min_compute_slices=1, max_compute_slices=2)
     assert services.approve(make_request(profile_name="1g.10gb", count=3, tier="2"), actor=operator)
     with pytest.raises(InsufficientCapacity):
         services.approve(make_request(profile_name="3g.40gb", count=1, tier="2"), actor=operator)

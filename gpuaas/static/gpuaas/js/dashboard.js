@@ -21,9 +21,11 @@
     in_use: { label: "In Use", icon: "\u25CF" },
     ready: { label: "Ready", icon: "\u25D0" },
     available: { label: "Available", icon: "\u25CB" },
+    // Free but not admitted by its node's tier (TierProfilePolicy): approval never gives it out.
+    tier_policy: { label: "Withheld by tier policy", icon: "\u229D" },
     unavailable: { label: "Unavailable", icon: "\u2298" }
   };
-  var STATUS_ORDER = ["in_use", "ready", "available", "unavailable"];
+  var STATUS_ORDER = ["in_use", "ready", "available", "tier_policy", "unavailable"];
   var SHAPE_LABEL = { "1g": "1g", "2g": "2g", "3g": "3g", "4g": "4g", "7g": "7g", full: "Full" };
   var LINE_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"];
   var LINE_DASHES = [[], [6, 3], [2, 2], [8, 3, 2, 3], [12, 4], [3, 6]];
@@ -252,6 +254,15 @@
     return table(columns, rows, "Profile distribution");
   }
 
+  /* Why units are withheld by tier policy, and where an operator changes it. */
+  function tierPolicyNote(policies) {
+    if (!policies || !policies.rules.length) {
+      return null;
+    }
+    return h("p", { className: "gd-quiet" }, STATUS.tier_policy.label + ": " + policies.rules.join("; ") + ". ",
+      h("a", { href: policies.admin_url, "data-key": "tier-policies", text: "Edit the tier profile policies" }));
+  }
+
   // ------------------------------------------------------------------ charts
 
   var charts = {};
@@ -434,7 +445,7 @@
     fill("legend", statusLegend());
     fill("clusters", data.clusters.length ? data.clusters.map(clusterCard) :
       h("p", { className: "gd-empty", text: "No clusters registered yet." }));
-    fill("profiles", profileTable(data.profiles));
+    fill("profiles", profileTable(data.profiles), tierPolicyNote(data.tier_policies));
     var pending = data.pending;
     fill("pending",
       h("p", null, pending.count + " request" + (pending.count === 1 ? "" : "s") + " waiting. ",
@@ -487,7 +498,8 @@
   function unitText(unit) {
     var st = STATUS[unit.status];
     return (unit.profile || "Full GPU") + (unit.start !== undefined ? " at slice " + unit.start + ", size " + unit.size : "") +
-      ": " + st.label + (unit.status === "unavailable" ? " (" + unit.availability_label + ")" : "") +
+      ": " + (unit.status === "tier_policy" ? unit.availability_label :
+        st.label + (unit.status === "unavailable" ? " (" + unit.availability_label + ")" : "")) +
       (unit.project ? ", held by " + unit.project + " / " + unit.pool : "") +
       (unit.workload ? ", running " + unit.workload : "");
   }
@@ -718,7 +730,7 @@
       h("dl", { className: "gd-stats" },
         stat("Nodes", num(s.nodes, 0)), stat("GPUs", num(s.gpus, 0)), stat("MIG instances", num(s.mig_instances, 0))),
       counters(s.health));
-    fill("profiles", profileTable(data.profiles));
+    fill("profiles", profileTable(data.profiles), tierPolicyNote(data.tier_policies));
     colourOptions(data);
     fill("legend", colourLegend());
     fill("grid", data.nodes.length ? data.nodes.map(function (node) {
