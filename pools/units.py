@@ -552,9 +552,10 @@ def _withheld_tiers(request: PoolRequest, busy_devices: frozenset[str] | None) -
     return sorted(((r["gpu__node__tier"], r["n"]) for r in rows), key=lambda tn: (-tn[1], tn[0]))
 
 
-def _mig_hosts(request: PoolRequest):
-    """Present MIG GPUs of the request's product, tiers and cluster: where its profile could ever live."""
-    gpus = GpuCapacity.objects.present().filter(_tier_q(request, ()), mig_mode_current=True)
+def _mig_hosts(request: PoolRequest, gpus=None):
+    """MIG GPUs (of `gpus`, default present ones) of the request's product, tiers and cluster: where its
+    profile could live, whatever the tier policy says."""
+    gpus = (GpuCapacity.objects.present() if gpus is None else gpus).filter(_tier_q(request, ()), mig_mode_current=True)
     if request.product:
         gpus = gpus.filter(catalog_product=request.product)
     else:
@@ -665,14 +666,8 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
     Allocated instances and instances with running workloads stay where they are; only the layout
     of the remaining slices may change. Returns None when no reconfiguration adds a unit.
     """
-    gpus = GpuCapacity.objects.usable().filter(_tier_q(request, ()), mig_mode_current=True)
+    gpus = _mig_hosts(request, GpuCapacity.objects.usable())
     gpus = gpus.filter(node__tier__in=tiers.tiers_allowing(request.product, request.profile_name))
-    if request.product:
-        gpus = gpus.filter(catalog_product=request.product)
-    else:
-        gpus = gpus.filter(catalog_product__in=_products_with_profile(request.profile_name))
-    if request.cluster_id:
-        gpus = gpus.filter(node__cluster_id=request.cluster_id)
     rows = list(gpus.select_related("node__cluster").order_by("node__cluster_id", "node_id", "index"))
     if not rows:
         return None

@@ -42,7 +42,6 @@ class Shown:
     """What the node view shows for one kind of unit on one cluster and tier."""
 
     nodes: set[str] = field(default_factory=set)
-    statuses: Counter = field(default_factory=Counter)
     withheld_labels: set[str] = field(default_factory=set)
     uuids: dict[str, str] = field(default_factory=dict)  # unit uuid -> status
 
@@ -77,13 +76,13 @@ def _node_view(cluster: Cluster) -> tuple[dict[tuple, Shown], Counter, list[dict
     shown: dict[tuple, Shown] = defaultdict(Shown)
     statuses: Counter = Counter()
     pages = []
+    tiers_ = dict(cluster.nodes.values_list("name", "tier"))  # the node view shows the tier's label
     number, last = 1, 1
     while number <= last:
         page = nodes.node_view(cluster, number)
         pages.append(page)
         last = page["page"]["pages"]
         number += 1
-        tiers_ = dict(cluster.nodes.values_list("name", "tier"))
         for node in page["nodes"]:
             tier = tiers_.get(node["name"], "")
             for gpu in node["gpus"]:
@@ -94,7 +93,6 @@ def _node_view(cluster: Cluster) -> tuple[dict[tuple, Shown], Counter, list[dict
                 for profile, unit in units_:
                     entry = shown[(tier, product, profile)]
                     entry.nodes.add(node["name"])
-                    entry.statuses[unit["status"]] += 1
                     entry.uuids[unit["uuid"]] = unit["status"]
                     statuses[unit["status"]] += 1
                     if unit["status"] == UnitStatus.TIER_POLICY:

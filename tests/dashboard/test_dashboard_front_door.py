@@ -84,13 +84,14 @@ def test_a_member_submits_a_request_through_the_form(client, bob, project):
     response = client.post("/projects/team-a/requests/new/", FORM | {"create": "1"})
     assert (response.status_code, response["Location"]) == (302, "/projects/team-a/")
     request = PoolRequest.objects.get()
-    assert (request.project, request.requested_by, request.name, request.state) == (
-        project, bob, "vision-inference", "submitted"
+    # The fleet is empty: as the form's check says, the request waits in the queue for capacity.
+    assert (request.project, request.requested_by, request.name, request.state, request.wait_if_full) == (
+        project, bob, "vision-inference", "queued", True
     )  # fmt: skip
     assert (request.spec_kind, request.product, request.count, request.workload_type) == (
         "full", "H100-80GB", 2, "inference"
     )  # fmt: skip
-    assert request.transitions.count() == 1
+    assert list(request.transitions.order_by("pk").values_list("to_state", flat=True)) == ["submitted", "queued"]
 
 
 def test_a_project_admin_may_submit_too(client, alice):
