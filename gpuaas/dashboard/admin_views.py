@@ -15,7 +15,7 @@ from django.urls import path, reverse
 from capacity.models import Cluster, GpuCapacity
 
 from ..scopes import Scope, scoped
-from . import fleet, nodes, sources
+from . import crosscheck, fleet, nodes, sources
 
 REFRESH_S = 15
 # The dashboard shows the fleet and every project's pools: staff without these get the admin's 403.
@@ -95,6 +95,11 @@ def urlpatterns(admin_site) -> list:
         gpu = get_object_or_404(GpuCapacity.objects.annotate_availability().select_related("node__cluster"), pk=pk)
         return _json(gpu_view_data(gpu))
 
+    def crosscheck_data(request):
+        """Do the screens agree on availability? `bench demo-soak` and the browser test read this."""
+        found = crosscheck.contradictions()
+        return _json({"contradictions": len(found), "items": found})
+
     def wrap(view):
         return admin_site.admin_view(scoped(Scope.OPERATOR, *DASHBOARD_PERMISSIONS)(view))
 
@@ -105,4 +110,5 @@ def urlpatterns(admin_site) -> list:
         path("dashboard/clusters/<int:pk>/data.json", wrap(cluster_data), name="gpuaas_dashboard_cluster_data"),
         path("dashboard/gpus/<int:pk>/", wrap(gpu_page), name="gpuaas_dashboard_gpu"),
         path("dashboard/gpus/<int:pk>/data.json", wrap(gpu_data), name="gpuaas_dashboard_gpu_data"),
+        path("dashboard/crosscheck.json", wrap(crosscheck_data), name="gpuaas_dashboard_crosscheck"),
     ]

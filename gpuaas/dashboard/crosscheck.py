@@ -12,7 +12,12 @@ request of one unit pinned to that cluster, product, profile and tier, what
 say, and compares it with what the node view shows for the same units: the number Available (approval
 could give them out now) and, when units are "Withheld by tier policy", the same words. contradictions()
 returns one entry per disagreement, [] when every screen agrees. The browser test walks the same
-screens; `bench demo-soak` samples this each round (its `contradictions` field).
+screens; `bench demo-soak` samples it each round (its `contradictions` field) from the operator's
+`/admin/dashboard/crosscheck.json` (`{"contradictions": <count>, "items": [...]}`).
+
+Approval's answer is its own locking read (units.take_units): on PostgreSQL the probe's units are
+row-locked (SKIP LOCKED) for the length of that read and then released by the rollback, so an approval
+running at that instant steps around them as it would around another approval's.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pools import forecast, offers, units
 from pools.choices import Isolation, IsolationNeed, WorkloadType
 from pools.models import PoolRequest
 
-from . import fleet, nodes, project_views
+from . import fleet, nodes, projects
 from .status import UnitStatus
 
 # The workload whose dry run lands MIG offers on each tier (pools.matching.Candidate.tier).
@@ -192,8 +197,8 @@ def _probe_contradictions(cluster: Cluster, shown, tier: str, product: str, prof
         if says != expected:
             found.append(_entry(cluster, key, source, says, expected, nodes_))
 
-    # The form's check (the page's own helper, as "Check availability" calls it).
-    checked = project_views._offers(probe)
+    # The form's check (what "Check availability" shows).
+    checked = projects.availability_check(probe)
     form_free = next((c["free"] for c in checked["clusters"] if c["name"] == cluster.name), 0)
     differs("form check (free)", form_free, available)
     form_words = checked["message"] if not checked["enough"] else checked["withheld"]

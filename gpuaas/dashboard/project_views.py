@@ -16,8 +16,6 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
-from capacity.models import Cluster
-from pools import units
 from pools.models import Allocation, GpuPool
 from tenancy import roles
 from tenancy.models import ApiToken
@@ -158,30 +156,12 @@ def request_new(request, slug: str):
     offers = None
     if request.method == "POST" and form.is_valid():
         if "check" in request.POST:
-            offers = _offers(form.draft())
+            offers = projects.availability_check(form.draft())
         else:
             created = form.save()
             messages.success(request, f"Request #{created.pk} ({created.spec_label} x {created.count}) submitted.")
             return redirect("projects:project", project.slug)
     return render(request, "projects/request_form.html", {"project": project, "form": form, "offers": offers})
-
-
-def _offers(draft) -> dict:
-    """What approval would do with an unsaved request (units.verdict, the answer approval, the dry run and the
-    forecast give): free units per cluster, those the tier policy withholds, and the shortage sentence when no
-    cluster has enough. A spec no unit would ever serve never gets here: the form refuses it."""
-    found = units.verdict(draft)
-    free = found.free_by_cluster
-    names = dict(Cluster.objects.filter(pk__in=free).values_list("pk", "name"))
-    clusters = [{"name": names[pk], "free": n} for pk, n in sorted(free.items(), key=lambda kv: names[kv[0]])]
-    return {
-        "spec": found.spec,
-        "need": found.need,
-        "clusters": clusters,
-        "enough": found.fits,
-        "withheld": found.withheld_sentence(),
-        "message": "" if found.fits else units.shortage(draft, free)[0],
-    }
 
 
 @never_cache

@@ -1,7 +1,8 @@
 """The project view's reads: a member's projects, their pools as cards, requests, allocations and costs.
 
 Everything is scoped with tenancy.roles.projects_for(user) (one subquery): a member never sees a row
-of another project. Pool cards come from GpuPool.objects.with_card(), the same figures as the API.
+of another project. Pool cards come from GpuPool.objects.with_card(), the same figures as the API. The
+request form's "Check availability" is availability_check(), approval's own answer (units.verdict).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from fractions import Fraction
 from django.db.models import Count, Q
 
 from capacity.choices import SpecKind
+from capacity.models import Cluster
 from pools.models import Allocation, BestEffortRequest, GpuPool, PoolRequest, gpu_count
+from pools.units import shortage, verdict
 from tenancy.models import Project
 from tenancy.roles import projects_for
 
@@ -181,3 +184,21 @@ def pool_allocations(pool: GpuPool) -> dict:
 
 def project_of_user(user, slug: str) -> Project | None:
     return projects_for(user).filter(slug=slug).first()
+
+
+def availability_check(draft: PoolRequest) -> dict:
+    """What approval would do with an unsaved request (units.verdict, the answer approval, the dry run and the
+    forecast give): free units per cluster, those the tier policy withholds, and the shortage sentence when no
+    cluster has enough. A spec no unit would ever serve never gets here: the form refuses it."""
+    found = verdict(draft)
+    free = found.free_by_cluster
+    names = dict(Cluster.objects.filter(pk__in=free).values_list("pk", "name"))
+    clusters = [{"name": names[pk], "free": n} for pk, n in sorted(free.items(), key=lambda kv: names[kv[0]])]
+    return {
+        "spec": found.spec,
+        "need": found.need,
+        "clusters": clusters,
+        "enough": found.fits,
+        "withheld": found.withheld_sentence(),
+        "message": "" if found.fits else shortage(draft, free)[0],
+    }

@@ -32,13 +32,17 @@ def test_dashboard_cluster_cards_compare_clusters(data, world):
         "gpus_mig_enabled": 2,
         "mig_instances": 4,
     }
-    assert alpha["units"] == {"in_use": 2, "ready": 2, "available": 1, "unavailable": 0, "total": 5}
+    assert alpha["units"] == {
+        "in_use": 2, "ready": 2, "available": 1, "tier_policy": 0, "unavailable": 0, "total": 5
+    }  # fmt: skip
     # Allocated, by each unit's share of its GPU (capacity.mig.share, as billing charges it): two
     # 3g.40gb (4 of 8 memory slices: 1/2 each), a 1g.10gb (1/7 compute) and one whole GPU = 15/7 of 3.
     # In use: a 3g.40gb and the 1g.10gb = 9/14.
     assert alpha["gpu_equivalents"] == {"total": 3, "allocated": 2.1429, "free": 0.8571, "in_use": 0.6429}
     assert (alpha["allocated_pct"], alpha["in_use_pct"]) == (71.4, 21.4)
-    assert beta["units"] == {"in_use": 0, "ready": 0, "available": 3, "unavailable": 0, "total": 3}
+    assert beta["units"] == {
+        "in_use": 0, "ready": 0, "available": 3, "tier_policy": 0, "unavailable": 0, "total": 3
+    }  # fmt: skip
     assert beta["gpu_equivalents"] == {"total": 2, "allocated": 0.0, "free": 2.0, "in_use": 0.0}
     assert alpha["url"] == reverse("admin:gpuaas_dashboard_cluster", args=[world.alpha.pk])
 

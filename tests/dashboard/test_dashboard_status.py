@@ -17,6 +17,7 @@ def test_status_and_shape_rules():
         "unavailable",
         "unavailable",
         "unavailable",
+        "tier_policy",  # withheld by the tier profile policy: its own state, not Unavailable
         "available",
     ]
     assert [shape_of(1), shape_of(7), shape_of(None)] == ["1g", "7g", "full"]
@@ -39,7 +40,7 @@ def test_a_two_gpu_pod_puts_both_gpus_in_use(client, operator, world, project):
     )
     client.force_login(operator)
     beta = client.get("/admin/dashboard/data.json").json()["clusters"][1]
-    assert beta["units"] == {"in_use": 2, "ready": 0, "available": 3, "unavailable": 0, "total": 5}
+    assert beta["units"] == {"in_use": 2, "ready": 0, "available": 3, "tier_policy": 0, "unavailable": 0, "total": 5}
     nodes = client.get(f"/admin/dashboard/clusters/{world.beta.pk}/data.json").json()["nodes"]
     b3 = next(n for n in nodes if n["name"] == "b3")
     assert [(g["unit"]["status"], g["unit"]["workload"]) for g in b3["gpus"]] == [

@@ -251,3 +251,10 @@ def test_the_cross_check_reports_approval_disagreeing(world, tier1, monkeypatch)
     )  # fmt: skip
     found = crosscheck.contradictions()
     assert {f["profile"] for f in found if f["source"] == "approval (units it would take)"} >= {"1g.10gb", "2g.20gb"}
+
+
+def test_the_operator_reads_the_cross_check_as_json_and_a_member_does_not(client, operator, bob, world, tier1):
+    client.force_login(operator)
+    assert client.get("/admin/dashboard/crosscheck.json").json() == {"contradictions": 0, "items": []}
+    client.force_login(bob)
+    assert client.get("/admin/dashboard/crosscheck.json").status_code == 302  # to the admin's login
