@@ -203,9 +203,10 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
     return cards
 
 
-def tier_policies() -> dict:
-    """The tier rules that withhold units ("tier 1 takes 3g and larger") and where to edit them. One query."""
-    table = tiers.policies()
+def tier_policies(table: dict | None = None) -> dict:
+    """The tier rules that withhold units ("tier 1 takes 3g and larger") and where to edit them. One query,
+    unless the caller read the policies (`table`, capacity.tiers.policies())."""
+    table = tiers.policies() if table is None else table
     return {
         "rules": [tiers.rule(tier, table) for tier in Tier.values if not table.get(tier, tiers.Policy()).admits_all],
         "admin_url": reverse("admin:capacity_tierprofilepolicy_changelist"),

@@ -73,12 +73,14 @@ def _unit(
     }
 
 
-def describe_gpus(gpus: list[GpuCapacity], scope=None, busy_devices: frozenset[str] | None = None) -> list[dict]:
+def describe_gpus(
+    gpus: list[GpuCapacity], scope=None, busy_devices: frozenset[str] | None = None, table: dict | None = None
+) -> list[dict]:
     """GPU tiles with their units (the whole GPU, or each active MIG instance at its placement).
 
     `gpus` come from GpuCapacity.objects.annotate_availability(). Seven queries for any number of GPUs
-    (instances, allocations, workloads, metrics, health events, the tier profile policies, and
-    multi-device pods unless `busy_devices` is given, as in annotate_availability()). A unit's status
+    (instances, allocations, workloads, metrics, health events, the tier profile policies unless `table`
+    is given, and multi-device pods unless `busy_devices` is given, as in annotate_availability()). A unit's status
     is its availability, the approval's definition; one withheld by the tier policy is labelled with its
     node's tier's rule (capacity.tiers.availability_label).
     """
@@ -93,7 +95,7 @@ def describe_gpus(gpus: list[GpuCapacity], scope=None, busy_devices: frozenset[s
         .annotate(node_tier=F("gpu__node__tier"))
         .select_related("profile")
     )
-    table = tiers.policies()
+    table = tiers.policies() if table is None else table
     for instance in active:
         instances[instance.gpu_id].append(instance)
     allocations, workloads = _holders(gpus, active, gpu_ids)
@@ -162,7 +164,8 @@ def node_view(cluster: Cluster, page_number: int | str = 1) -> dict:
     gpus = list(on_page.annotate_availability(busy_devices).order_by("node_id", "index"))
     tiles_by_node: dict[int, list[dict]] = defaultdict(list)
     gpu_node = {gpu.pk: gpu.node_id for gpu in gpus}
-    for tile in describe_gpus(gpus, on_page.values("pk"), busy_devices):
+    table = tiers.policies()
+    for tile in describe_gpus(gpus, on_page.values("pk"), busy_devices, table):
         tiles_by_node[gpu_node[tile["id"]]].append(tile)
     groups = unit_groups([cluster.pk], busy_devices)
     health = sources.health_counters([cluster.pk])
@@ -175,7 +178,7 @@ def node_view(cluster: Cluster, page_number: int | str = 1) -> dict:
             "health": health[cluster.pk],
         },
         "profiles": profile_distribution(groups),
-        "tier_policies": tier_policies(),
+        "tier_policies": tier_policies(table),
         "metrics_available": sources.metrics_available(),
         "gpu_url": reverse("admin:gpuaas_dashboard_gpu", args=[0]).replace("/0/", "/{id}/"),
         "page": {"number": page.number, "pages": page.paginator.num_pages, "per_page": NODES_PER_PAGE},
