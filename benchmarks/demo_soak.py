@@ -3,7 +3,8 @@
 It starts `manage.py demo` in a fresh (or the given) GPUAAS_VAR_DIR on free ports with the embedded
 default (DATABASE_URL and CELERY_BROKER_URL are removed from its environment), logs in as the demo
 operator and member, makes an API token, then every `--interval` seconds fetches every page of
-`SOAK_PAGES` and reads the demo's supervisor status (var/demo-status.json). At the end it stops the
+`SOAK_PAGES`, reads the screens' cross-check (CROSSCHECK_PATH: its disagreements are `contradictions`)
+and the demo's supervisor status (var/demo-status.json). At the end it stops the
 demo with SIGINT (what Ctrl-C sends) and reports crashes (unexpected process exits, the demo's own
 included), restarts, requests and failures. Every answer other than 200 is a failure.
 """
@@ -57,6 +58,10 @@ SOAK_PAGES: list[tuple[str, str, str]] = [
     ("metrics", "metrics", "/metrics"),
 ]
 
+# The screens' cross-check (gpuaas.dashboard.crosscheck, operator JSON): every profile on every node, as the
+# dashboard, node view, form check, dry run, forecast and approval say it. Read as the operator each round.
+CROSSCHECK_PATH = "/admin/dashboard/crosscheck.json"
+
 TASK_DONE = re.compile(rb"celery\.app\.trace: Task \S+ succeeded in ")
 
 
@@ -74,6 +79,9 @@ class SoakTally:
     demo_exit: int | None = None
     tasks_processed: int | None = None
     discovery_runs: int | None = None
+    contradictions: int = 0
+    crosschecks: int = 0
+    first_contradictions: list[str] = field(default_factory=list)
 
     def record(self, name: str, ok: bool, detail: str = "") -> None:
         self.requests += 1
@@ -102,7 +110,16 @@ class SoakTally:
             "tasks_processed": self.tasks_processed,
             "discovery_runs": self.discovery_runs,
             "demo_exit": self.demo_exit,
+            "crosschecks": self.crosschecks,
+            "contradictions": self.contradictions,
         }
+
+    def crosschecked(self, answer: dict) -> None:
+        """One round's cross-check: its disagreements add to `contradictions` (the first few are kept to print)."""
+        self.crosschecks += 1
+        self.contradictions += answer["contradictions"]
+        for item in answer["items"][: max(0, 20 - len(self.first_contradictions))]:
+            self.first_contradictions.append(f"{time.strftime('%H:%M:%S')} {item['message']}")
 
 
 def _free_port() -> int:
@@ -161,6 +178,8 @@ def _discovery_runs(var_dir: Path) -> int | None:
         correctness("rounds", ">=", 1),
         correctness("crashes", "==", 0),
         correctness("failed_requests", "==", 0),
+        correctness("crosschecks", ">=", 1),
+        correctness("contradictions", "==", 0),
     ],
     smoke=Smoke(skip="starts the whole demo (web, workers, beat, simulator) and soaks it for minutes"),
 )
@@ -236,6 +255,13 @@ def demo_soak(*, minutes: float, interval: float, var_dir: str, unkind: bool = F
                     tally.record(name, answer.status_code == 200, f"HTTP {answer.status_code}")
                 except requests.RequestException as exc:
                     tally.record(name, False, type(exc).__name__)
+            try:
+                answer = sessions["operator"].get(base + CROSSCHECK_PATH, timeout=120, allow_redirects=False)
+                tally.record("crosscheck", answer.status_code == 200, f"HTTP {answer.status_code}")
+                if answer.status_code == 200:
+                    tally.crosschecked(answer.json())
+            except requests.RequestException as exc:
+                tally.record("crosscheck", False, type(exc).__name__)
             status = json.loads((var / "demo-status.json").read_text())
             if status.get("crashes", 0) != tally.supervisor.get("crashes", 0):
                 out(
@@ -268,9 +294,12 @@ def demo_soak(*, minutes: float, interval: float, var_dir: str, unkind: bool = F
     result = tally.result() | {"unkind": unkind}
     for line in tally.first_failures:
         out(f"soak: failed {line}")
+    for line in tally.first_contradictions:
+        out(f"soak: contradiction {line}")
     out(
         f"soak: {result['rounds']} rounds, {result['requests']} requests, {result['failed_requests']} failed, "
-        f"{result['crashes']} crash(es), {result['restarts']} restart(s), {result['tasks_processed']} tasks done; "
+        f"{result['crashes']} crash(es), {result['restarts']} restart(s), {result['tasks_processed']} tasks done, "
+        f"{result['contradictions']} contradiction(s) in {result['crosschecks']} cross-checks; "
         f"demo stopped with status {tally.demo_exit}"
     )
     return result

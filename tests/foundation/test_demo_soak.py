@@ -50,3 +50,29 @@ def test_all_pages_answered_throughout_needs_no_failure_and_a_living_demo(died, 
     assert result["all_pages_answered_throughout"] is expected
     assert result["crashes"] == (1 if died else 0)
     assert result["crashes_by_process"] == ({"demo": 1} if died else {})
+
+
+def test_contradictions_add_up_over_rounds_and_the_cross_check_is_an_operator_page():
+    from django.urls import reverse
+
+    from benchmarks.demo_soak import CROSSCHECK_PATH
+
+    assert CROSSCHECK_PATH == reverse("admin:gpuaas_dashboard_crosscheck")
+    tally = SoakTally(minutes=1, rounds=2)
+    tally.crosschecked({"contradictions": 0, "items": []})
+    tally.crosschecked(
+        {"contradictions": 2, "items": [{"message": "prod 1g.10gb: form says 3"}, {"message": "prod 2g: 1"}]}
+    )
+    result = tally.result()
+    assert (result["crosschecks"], result["contradictions"]) == (2, 2)
+    assert [line.split(" ", 1)[1] for line in tally.first_contradictions] == ["prod 1g.10gb: form says 3", "prod 2g: 1"]
+
+
+def test_a_soak_with_a_contradiction_misses_its_correctness_target():
+    from benchmarks import registry, targets
+
+    tally = SoakTally(minutes=1, rounds=1)
+    tally.crosschecked({"contradictions": 1, "items": [{"message": "x"}]})
+    block = targets.block(tally.result(), registry.load()["demo-soak"].targets)
+    assert block["correctness_met"] is False
+    assert block["targets"]["contradictions == 0"]["met"] is False
