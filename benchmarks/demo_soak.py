@@ -79,6 +79,7 @@ class SoakTally:
     demo_exit: int | None = None
     tasks_processed: int | None = None
     discovery_runs: int | None = None
+    trespass_events: int | None = None
     contradictions: int = 0
     crosschecks: int = 0
     first_contradictions: list[str] = field(default_factory=list)
@@ -110,6 +111,7 @@ class SoakTally:
             "tasks_processed": self.tasks_processed,
             "discovery_runs": self.discovery_runs,
             "demo_exit": self.demo_exit,
+            "trespass_events": self.trespass_events,
             "crosschecks": self.crosschecks,
             "contradictions": self.contradictions,
         }
@@ -157,12 +159,22 @@ def _count_tasks(log: Path, offset: int) -> int:
         return len(TASK_DONE.findall(handle.read()))
 
 
-def _discovery_runs(var_dir: Path) -> int | None:
+def _count(var_dir: Path, sql: str) -> int | None:
+    """One count from the demo's SQLite database, read-only; None when it cannot be read."""
     try:
         with sqlite3.connect(f"file:{var_dir / 'gpuaas.sqlite3'}?mode=ro", uri=True, timeout=30) as db:
-            return db.execute("SELECT count(*) FROM capacity_discoveryrun WHERE status = 'succeeded'").fetchone()[0]
+            return db.execute(sql).fetchone()[0]
     except sqlite3.Error:
         return None
+
+
+def _discovery_runs(var_dir: Path) -> int | None:
+    return _count(var_dir, "SELECT count(*) FROM capacity_discoveryrun WHERE status = 'succeeded'")
+
+
+def _trespass_events(var_dir: Path) -> int | None:
+    """Trespass events ever recorded: the demo world has none (docs/demo.md), so each one is a false alarm."""
+    return _count(var_dir, "SELECT count(*) FROM monitoring_trespassevent")
 
 
 @benchmark(
@@ -180,6 +192,7 @@ def _discovery_runs(var_dir: Path) -> int | None:
         correctness("failed_requests", "==", 0),
         correctness("crosschecks", ">=", 1),
         correctness("contradictions", "==", 0),
+        correctness("trespass_events", "==", 0),
     ],
     smoke=Smoke(skip="starts the whole demo (web, workers, beat, simulator) and soaks it for minutes"),
 )
@@ -291,6 +304,7 @@ def demo_soak(*, minutes: float, interval: float, var_dir: str, unkind: bool = F
             out(f"soak: still running after the demo stopped: {left}")
     tally.tasks_processed = _count_tasks(celery_log, log_offset)
     tally.discovery_runs = _discovery_runs(var)
+    tally.trespass_events = _trespass_events(var)
     result = tally.result() | {"unkind": unkind}
     for line in tally.first_failures:
         out(f"soak: failed {line}")

@@ -76,3 +76,15 @@ def test_a_soak_with_a_contradiction_misses_its_correctness_target():
     block = targets.block(tally.result(), registry.load()["demo-soak"].targets)
     assert block["correctness_met"] is False
     assert block["targets"]["contradictions == 0"]["met"] is False
+
+
+def test_trespass_events_are_read_from_the_demos_database_and_missing_means_unknown(tmp_path):
+    import sqlite3
+
+    from benchmarks.demo_soak import _trespass_events
+
+    assert _trespass_events(tmp_path) is None
+    with sqlite3.connect(tmp_path / "gpuaas.sqlite3") as db:
+        db.execute("CREATE TABLE monitoring_trespassevent (id integer primary key)")
+        db.executemany("INSERT INTO monitoring_trespassevent VALUES (?)", [(1,), (2,)])
+    assert _trespass_events(tmp_path) == 2
