@@ -5,6 +5,7 @@ from __future__ import annotations
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
+from rest_framework.validators import UniqueValidator
 
 from capacity.api.strict import StrictModelSerializer
 from capacity.choices import Tier
@@ -70,7 +71,17 @@ class TierAssignmentViewSet(
 
 
 class TierProfilePolicySerializer(StrictModelSerializer):
-    tier = serializers.ChoiceField(choices=Tier.choices, allow_blank=True)
+    # Every tier has its row from the start (migration 0020): a second one is a 400 that says to edit it.
+    tier = serializers.ChoiceField(
+        choices=Tier.choices,
+        allow_blank=True,
+        validators=[
+            UniqueValidator(
+                queryset=TierProfilePolicy.objects.all(),
+                message="This tier already has its policy: change that row (PATCH tier-policies/<id>/).",
+            )
+        ],
+    )
     default = serializers.SerializerMethodField(help_text="The seed's recommendation for this tier.")
 
     class Meta:

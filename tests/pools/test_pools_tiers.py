@@ -79,10 +79,20 @@ def test_assignment_api_is_for_operators(api, operator, bob, fleet, django_captu
 
 
 def test_policy_api_refuses_an_upside_down_range(api, operator):
-    body = {"tier": "1", "min_compute_slices": 4, "max_compute_slices": 2}
-    response = api(operator).post("/api/v1/capacity/tier-policies/", body, format="json")
+    row = TierProfilePolicy.objects.get(tier="1")
+    body = {"min_compute_slices": 4, "max_compute_slices": 2}
+    response = api(operator).patch(f"/api/v1/capacity/tier-policies/{row.pk}/", body, format="json")
     assert response.status_code == 400 and set(response.data) == {"max_compute_slices"}
     assert TierProfilePolicy.objects.get(tier="1").policy.label() == "3g and larger"  # unchanged
+
+
+@pytest.mark.parametrize("tier", ["1", ""])
+def test_a_second_policy_for_a_tier_is_a_400_that_says_to_edit_the_row(api, operator, tier):
+    body = {"tier": tier, "min_compute_slices": 1, "max_compute_slices": 8}
+    response = api(operator).post("/api/v1/capacity/tier-policies/", body, format="json")
+    assert response.status_code == 400 and set(response.data) == {"tier"}
+    assert "PATCH" in str(response.data["tier"][0])
+    assert TierProfilePolicy.objects.filter(tier=tier).count() == 1
 
 
 def test_tier_1_policy_keeps_small_profiles_off_tier_1_nodes(fleet, make_request, operator):
