@@ -62,9 +62,10 @@ def test_node_changelist_filters_by_state_and_counts_gpus_and_mig_instances(clie
     gone = client.get(url, {"state": "gone"})
     assert [n.name for n in gone.context["cl"].result_list] == ["prod-h100-full-02"]
     rows = {n.name: (n._gpus, n._migs) for n in client.get(url, {"state": "present"}).context["cl"].result_list}
+    # tier 2: GPUs 0-5 carry 4g.40gb + 3g.40gb, GPUs 6-7 3g.40gb + 2g.20gb + 2 x 1g.10gb (demo.yaml)
     assert rows == {
-        "prod-h100-4g3g-01": (8, 16),
-        "prod-h100-4g3g-02": (8, 16),
+        "prod-h100-4g3g-01": (8, 20),
+        "prod-h100-4g3g-02": (8, 20),
         "prod-h100-bal-01": (8, 32),
         "prod-h100-bal-02": (8, 32),
         "prod-h100-full-01": (8, 0),
