@@ -65,7 +65,8 @@ def client_for(api, request, persona):
     return api(None if persona == "anonymous" else request.getfixturevalue(persona))
 
 
-NEW_REQUEST = {"product": "H100-80GB", "profile_name": "1g.10gb", "count": 1, "justification": "tests"}
+# A spec the world can serve: one that no unit could ever serve is refused at submit (a 400), whoever asks.
+NEW_REQUEST = {"product": "H100-80GB", "profile_name": "3g.40gb", "count": 1, "justification": "tests"}
 
 # (method, url, body, {persona: status}); "{x}" placeholders come from the world fixture.
 CASES = [
