@@ -122,6 +122,18 @@ def _probe(cluster: Cluster, tier: str, product: str, profile: str) -> PoolReque
     )
 
 
+def node_view_figure(cluster: Cluster, shown: dict[tuple, Shown], tier: str, product: str, profile: str):
+    """(units approval could take, units withheld, their labels, the nodes) for one unit of `profile` on the
+    nodes of `tier`, by the node view reading `shown`; None for whole GPUs approval never hands out as such
+    (time-sliced, vGPU or MIG-tier nodes)."""
+    hosts = None
+    if profile == FULL_PROFILE:
+        hosts = set(units.full_hosts(_probe(cluster, tier, product, profile)).values_list("uuid", flat=True))
+        if not hosts:
+            return None
+    return _expected(shown, tier, product, profile, hosts)
+
+
 def _expected(shown: dict[tuple, Shown], tier: str, product: str, profile: str, hosts: set[str] | None):
     """(units approval could take, units withheld, their labels) by the node view: units on nodes of the
     probe's tier and untiered nodes (where approval draws from), whole GPUs only on approval's hosts."""
@@ -165,6 +177,13 @@ def _cluster_contradictions(cluster: Cluster) -> list[dict]:
                     {"(all)"},
                 )
             )
+    return found + probe_contradictions(cluster, shown)
+
+
+def probe_contradictions(cluster: Cluster, shown: dict[tuple, Shown]) -> list[dict]:
+    """Where the form's check, the dry run, the forecast and approval disagree with `shown`, a reading of the
+    cluster's node view: the server's own (_node_view) or what a browser rendered (tests/browser)."""
+    found: list[dict] = []
     for tier, product, profile in sorted(_probes(shown)):
         found += _probe_contradictions(cluster, shown, tier, product, profile)
     return found
@@ -186,12 +205,10 @@ def _probe_contradictions(cluster: Cluster, shown, tier: str, product: str, prof
     found = []
     key = (tier, product, profile)
     probe = _probe(cluster, tier, product, profile)
-    hosts = None
-    if probe.spec_kind == SpecKind.FULL:
-        hosts = set(units.full_hosts(probe).values_list("uuid", flat=True))
-        if not hosts:
-            return []  # time-sliced, vGPU or MIG-tier nodes: whole GPUs approval never hands out as such
-    available, withheld, labels, nodes_ = _expected(shown, tier, product, profile, hosts)
+    figure = node_view_figure(cluster, shown, tier, product, profile)
+    if figure is None:
+        return []
+    available, withheld, labels, nodes_ = figure
 
     def differs(source: str, says, expected) -> None:
         if says != expected:

@@ -6,36 +6,30 @@ trespass shows exactly one event within one poll window.
 """
 
 import io
-import re
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
+from demo_claims import (
+    detect_all_trespass,
+    doc_claims,
+    doc_idle_pools,
+    pods_off_their_pools,
+    poll_all,
+    world_claims,
+)
 from django.conf import settings as django_settings
 from django.db.models import Count
 from django.utils import timezone
 
 from capacity.adapters.kubernetes import KubernetesClient
-from capacity.models import Cluster, NodeCapacity, WorkloadProfile
+from capacity.models import Cluster
 from gpuaas import demo_world
-from monitoring.models import HealthEvent, IdleReservation, Sample, Series, TrespassEvent
+from monitoring.models import IdleReservation, Sample, Series, TrespassEvent
 from monitoring.services.collect import poll_slot
-from monitoring.services.reports import poll_node
-from monitoring.services.trespass import detect_trespass, owners
 from pools.choices import RequestState
-from pools.models import GpuPool, PoolRequest
+from pools.models import PoolRequest
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
-
-DOC = Path(django_settings.BASE_DIR) / "docs" / "demo.md"
-
-
-def doc_claims() -> dict[str, int]:
-    """The table under "What appears" in docs/demo.md: claim -> number."""
-    text = DOC.read_text()
-    section = text.split("<!-- demo-claims -->", 1)[1].split("<!-- /demo-claims -->", 1)[0]
-    rows = re.findall(r"^\| ([^|]+?) \| (\d+) \|", section, flags=re.M)
-    return {claim: int(value) for claim, value in rows}
 
 
 @pytest.fixture
@@ -46,19 +40,6 @@ def world(simcluster, settings, monkeypatch):
     kube_dir = next(iter(sim.kubeconfigs.values())).parent
     demo_world.seed(kube_dir=kube_dir, stdout=io.StringIO())
     return sim
-
-
-def _poll_all(at, sim=None) -> None:
-    """One live poll of every node; with `sim`, the simulator's clock moves one poll interval first (its
-    ticker does that in `make demo`; in tests time moves only when told)."""
-    if sim is not None:
-        sim.state.tick(django_settings.METRICS_INTERVAL_S)
-    for node in NodeCapacity.objects.present():
-        assert poll_node(node.pk, at=at).error == ""
-
-
-def _trespass(at) -> int:
-    return sum(len(detect_trespass(c.pk, at=at).findings) for c in Cluster.objects.all())
 
 
 def test_a_fresh_demo_world(world, settings):
@@ -74,33 +55,20 @@ def check_the_claims_of_docs_demo_md(world, settings):
     now = timezone.now() + timedelta(seconds=2 * settings.METRICS_INTERVAL_S)  # after the seam's poll
     for k in range(settings.MONITORING_TRESPASS_POLLS):  # live polls over a whole trespass window
         at = now + timedelta(seconds=settings.METRICS_INTERVAL_S * k)
-        _poll_all(at, world)
-        _trespass(at)
+        poll_all(at, world)
+        detect_all_trespass(at)
 
-    pods_off_their_pools = []
-    for cluster in Cluster.objects.all():
-        held = owners(cluster)
-        for w in WorkloadProfile.objects.running().filter(cluster=cluster):
-            if w.project_id is None or w.project_id not in held.get((w.gpu_id, w.mig_instance_id), set()):
-                pods_off_their_pools.append(f"{w.namespace}/{w.pod_name}")
-    found = {
-        "requests waiting for approval": PoolRequest.objects.filter(state=RequestState.SUBMITTED).count(),
-        "active pools": GpuPool.objects.filter(state="active").count(),
-        "team pods running": WorkloadProfile.objects.running().exclude(project=None).count(),
-        "pods outside their pool's units": len(pods_off_their_pools),
-        "idle reservations": IdleReservation.objects.open().count(),
-        "open health events": HealthEvent.objects.filter(resolved_at__isnull=True).count(),
-        "open trespass events": TrespassEvent.objects.open().count(),
-    }
+    off_pools = pods_off_their_pools()
+    found = world_claims()
     events = [
         (str(e), e.gpu.node.name, e.gpu.index, e.mig_instance and e.mig_instance.profile.name)
         for e in TrespassEvent.objects.open()
     ]
-    assert found == claims, (pods_off_their_pools, events)
+    assert found == claims, (off_pools, events)
     waiting = set(PoolRequest.objects.filter(state=RequestState.SUBMITTED).values_list("name", flat=True))
     assert waiting == {"vision-staging", "research-finetune"}
     idle_pools = set(IdleReservation.objects.open().values_list("allocation__pool__name", flat=True))
-    assert idle_pools == {"vision-batch", "vision-inference"}
+    assert idle_pools == doc_idle_pools() == {"vision-batch", "vision-inference"}
 
 
 def check_the_seam(world):
@@ -111,7 +79,7 @@ def check_the_seam(world):
     last_seeded = next(row["ts"] for row in slots if row["n"] == units)
     seeded = {s.series_id: s for s in Sample.objects.filter(ts=last_seeded)}
     live_at = timezone.now() + timedelta(seconds=django_settings.METRICS_INTERVAL_S)  # a slot of its own
-    _poll_all(live_at, world)
+    poll_all(live_at, world)
     live = {s.series_id: s for s in Sample.objects.filter(ts=poll_slot(live_at))}
     assert len(seeded) == units and live.keys() == seeded.keys()  # every unit on both sides
 
@@ -153,8 +121,8 @@ def check_one_injected_trespass(world, settings):
     """A pod no pool holds shows exactly one event, from the first poll of the window on."""
     prod = Cluster.objects.get(name="prod")
     now = timezone.now() + timedelta(minutes=10)
-    _poll_all(now, world)
-    assert _trespass(now) == 0
+    poll_all(now, world)
+    assert detect_all_trespass(now) == 0
     with KubernetesClient.for_cluster(prod) as client:
         client.create_namespace("intruder")
         body = {
@@ -168,7 +136,7 @@ def check_one_injected_trespass(world, settings):
     demo_world._rediscover({"prod": prod})
     for k in range(1, settings.MONITORING_TRESPASS_POLLS + 1):
         at = now + timedelta(seconds=settings.METRICS_INTERVAL_S * k)
-        _poll_all(at, world)
-        _trespass(at)
+        poll_all(at, world)
+        detect_all_trespass(at)
         (event,) = TrespassEvent.objects.open()
         assert (event.kind, event.pod_name, event.gpu.node.name) == ("unallocated_pod", "miner", "prod-h100-full-02")
