@@ -512,7 +512,8 @@ def verdict(request: PoolRequest, free: FreeUnits | None = None) -> Verdict:
 
 def refusal(request: PoolRequest) -> str:
     """Why no unit would ever serve `request` under the tier policy, with the nearest offer that would:
-    "tier 1 takes 3g and larger: 4 x 3g.40gb would be served"; "" when a unit could (never_served())."""
+    "Withheld by tier policy (tier 1 takes 3g and larger); 4 x 3g.40gb would be served" (the words every screen
+    uses for a withheld unit); "" when a unit could (never_served())."""
     table = tiers.policies()
     return _refusal(never_served(request, table), table)
 
@@ -521,7 +522,7 @@ def _refusal(refused: tuple[str, str] | None, table: dict) -> str:
     if refused is None:
         return ""
     tier, nearest = refused
-    return tiers.rule(tier, table) + (f": {nearest}" if nearest else "")
+    return tiers.withheld_label(tier, table) + (f"; {nearest}" if nearest else "")
 
 
 def never_served(request: PoolRequest, table: dict | None = None) -> tuple[str, str] | None:

@@ -158,12 +158,16 @@ def test_a_request_no_unit_would_ever_serve_is_refused_at_submit_with_the_neares
     response = api.post("/api/v1/pool-requests/", body, format="json")
     assert response.status_code == 400
     assert response.data == {
-        "profile_name": ["It can never be served: tier 1 takes 3g and larger: 4 x 3g.40gb would be served."]
+        "profile_name": [
+            "It can never be served: Withheld by tier policy (tier 1 takes 3g and larger); 4 x 3g.40gb would be served."
+        ]
     }
     client.force_login(bob)
     form = client.post(FORM_URL, FORM | {"profile_name": "1g.10gb", "count": "4", "create": "1"})
     assert form.context["form"].errors == {
-        "profile_name": ["It can never be served: tier 1 takes 3g and larger: 4 x 3g.40gb would be served."]
+        "profile_name": [
+            "It can never be served: Withheld by tier policy (tier 1 takes 3g and larger); 4 x 3g.40gb would be served."
+        ]
     }
     assert not PoolRequest.objects.filter(name__in=["tiny", "small-inference"]).exists()
 
@@ -173,7 +177,9 @@ def test_submitting_a_draft_no_unit_would_serve_is_refused(project, bob, world, 
     draft = services.create_request(
         project, actor=bob, spec_kind="mig", isolation="mig", tier="1", product="H100-80GB", profile_name="2g.20gb"
     )
-    with pytest.raises(DomainError, match="tier 1 takes 3g and larger: 1 x 3g.40gb would be served"):
+    with pytest.raises(
+        DomainError, match="Withheld by tier policy \\(tier 1 takes 3g and larger\\); 1 x 3g.40gb would be served"
+    ):
         services.submit(draft, actor=bob)
     draft.refresh_from_db()
     assert draft.state == "draft"
@@ -217,7 +223,9 @@ def test_the_forecast_names_the_withheld_units_and_never_starts_what_no_unit_wou
     _only_tier_1_carries_h100_mig()
     never = forecast.estimate_start(_draft(project, "1g.10gb", 4))
     assert (never.p50, never.p90) == (None, None)
-    assert never.basis["why"] == "never: tier 1 takes 3g and larger: 4 x 3g.40gb would be served"
+    assert (
+        never.basis["why"] == "never: Withheld by tier policy (tier 1 takes 3g and larger); 4 x 3g.40gb would be served"
+    )
 
 
 # --- The cross-check -------------------------------------------------------------------------------------
