@@ -55,11 +55,11 @@ def test_two_discoveries_of_one_cluster_at_once_write_each_row_once(simcluster):
     prod = sim.register("prod")["prod"]
     outcomes = together(*[lambda: discover_cluster(prod.pk, inventory="inline")] * 2)
     assert [o.run.status for o in outcomes] == ["succeeded", "succeeded"]
-    assert counts(prod) == (6, 12, 48, 104, 5)
+    assert counts(prod) == (6, 16, 48, 104, 5)
     assert DiscoveryRun.objects.filter(cluster=prod).count() == 2
     again = together(*[lambda: discover_cluster(prod.pk, inventory="inline")] * 3)
     assert [o.run.status for o in again] == ["succeeded"] * 3
-    assert counts(prod) == (6, 12, 48, 104, 5)
+    assert counts(prod) == (6, 16, 48, 104, 5)
 
 
 def test_duplicated_inventory_tasks_of_one_node_at_once(simcluster):
