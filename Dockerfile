@@ -1,7 +1,7 @@
 # gpuaas: one image for every process; the Deployment chooses the command (deploy/*.yaml):
 #   web        gunicorn gpuaas.wsgi:application (the default CMD)
 #   workers    celery -A gpuaas worker -Q default|discovery|metrics|billing
-#   beat       celery -A gpuaas beat (exactly one)
+#   beat       celery -A gpuaas beat --scheduler redbeat.RedBeatScheduler (an active one and a standby)
 #   agent      celery -A gpuaas worker -Q node.<cluster>.<node> with GPUAAS_ROLE=node-agent
 #   migrate    python manage.py migrate --noinput (the Job run before each upgrade)
 # No secret is baked in: settings come from the environment at run time (docs/deploying.md).

@@ -504,6 +504,37 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+
+# --- Beat: an active one and a standby (docs/reliability.md "Beat") ---------------------------
+# With Redis (REDBEAT_REDIS_URL, else a Redis CELERY_BROKER_URL), celery-redbeat keeps each entry's last
+# run in Redis and only the beat holding its lock sends; a second beat blocks on the lock, trying every
+# loop interval, and takes over once the active one stops renewing it (SIGKILL, a lost node). Without
+# Redis (the embedded default, `manage.py demo`): Celery's file scheduler and exactly one beat.
+def beat_takeover(schedule: dict) -> tuple[int, int]:
+    """(loop interval, lock timeout) in seconds, so that a standby sends within one shortest period.
+
+    The active beat renews the lock to `lock` at every loop, at most `loop` apart; when it dies the lock
+    has at most `lock` seconds left, and the standby tries every `loop`: it holds the lock within
+    lock + loop = 5 * (shortest // 6) <= 5/6 of the shortest period (at least 5 s: loop is 1 s or more).
+    The active one keeps 3 loops of margin before its lock would lapse under it.
+    """
+    periods = [int(e["schedule"].total_seconds()) for e in schedule.values() if isinstance(e["schedule"], timedelta)]
+    loop = max(1, min(periods, default=60) // 6)
+    return loop, 4 * loop
+
+
+REDBEAT_REDIS_URL = env_str(
+    "REDBEAT_REDIS_URL", _broker_url if _broker_url.startswith(("redis://", "rediss://")) else ""
+)
+if REDBEAT_REDIS_URL:
+    if not REDBEAT_REDIS_URL.startswith(("redis://", "rediss://")):
+        raise ConfigurationError(f"REDBEAT_REDIS_URL must be a redis:// or rediss:// URL, got {REDBEAT_REDIS_URL!r}")
+    CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+    CELERY_BEAT_MAX_LOOP_INTERVAL, REDBEAT_LOCK_TIMEOUT = beat_takeover(CELERY_BEAT_SCHEDULE)
+    # redbeat reads its REDBEAT_* names without the CELERY_ namespace (it checks the raw key names).
+    # Options explicit, or redbeat falls back to the broker's transport options (deprecated in 2.4.2).
+    REDBEAT_REDIS_OPTIONS: dict = {}
+
 # --- Outside systems ------------------------------------------------------------------------
 # Factory returning a pynvml-compatible library for (api_url, node_name). Production (DEBUG off):
 # pynvml itself. With DEBUG=1 (demo, tests): the simulator's fake NVML (see simcluster/README.md).

@@ -19,9 +19,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from celery.utils.imports import symbol_by_name
 from cryptography.fernet import Fernet
 from django.conf import settings
 from django.urls import resolve
+from redbeat import RedBeatScheduler
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBERNETES_VERSION = "1.34.0"
@@ -129,12 +131,36 @@ def test_every_container_is_pinned_limited_and_read_only():
     assert re.match(r"^\d", str(kustomization()["images"][0]["newTag"])), "kustomization: pin a release tag"
 
 
-def test_exactly_one_beat():
+def test_beat_is_an_active_and_a_standby_on_two_nodes():
+    """Two beats are safe only with redbeat's lock: named on the command line, not left to the environment."""
     beats = [w for w in of_kind(*WORKLOADS) for c in containers(w) if "beat" in c.get("command", [])]
     assert [ident(w) for w in beats] == ["Deployment/gpuaas/gpuaas-beat"]
     (beat,) = beats
-    assert beat["spec"]["replicas"] == 1
-    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+    assert beat["spec"]["replicas"] == 2
+    assert beat["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    (container,) = pod_spec(beat)["containers"]
+    command = container["command"]
+    assert command[command.index("--scheduler") + 1] == "redbeat.RedBeatScheduler"
+    assert symbol_by_name("redbeat.RedBeatScheduler") is RedBeatScheduler
+    labels = beat["spec"]["template"]["metadata"]["labels"]
+    (term,) = pod_spec(beat)["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == beat["spec"]["selector"]["matchLabels"]
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+    budget = named("PodDisruptionBudget", "gpuaas-beat")
+    assert budget["spec"]["maxUnavailable"] == 1
+
+
+def test_the_beat_pods_environment_selects_redbeat(tmp_path):
+    """With the deployment's Redis broker, settings pick redbeat and a lock that a standby outlasts."""
+    (container,) = pod_spec(named("Deployment", "gpuaas-beat"))["containers"]
+    script = (
+        "import django; django.setup(); from django.conf import settings as s; print(s.CELERY_BEAT_SCHEDULER, "
+        "s.REDBEAT_REDIS_URL, s.CELERY_BEAT_MAX_LOOP_INTERVAL, s.REDBEAT_LOCK_TIMEOUT)"
+    )
+    result = run_python(deploy_env(container), tmp_path, "-c", script)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["redbeat.RedBeatScheduler", "redis://redis.invalid:6379/0", "5", "20"]
 
 
 def test_a_worker_deployment_for_every_queue():
@@ -267,9 +293,8 @@ def _expand(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), value)
 
 
-def test_the_web_pods_environment_passes_manage_py_check(tmp_path):
-    """The ConfigMap and the container's env, with stand-in secrets, are accepted by settings (DEBUG off)."""
-    (web,) = named("Deployment", "gpuaas-web")["spec"]["template"]["spec"]["containers"]
+def deploy_env(container: dict | None = None) -> dict[str, str]:
+    """The ConfigMap and `container`'s env, with stand-in secrets (DEBUG off)."""
     env = dict(named("ConfigMap", "gpuaas-config")["data"])
     env.update(
         SECRET_KEY="s" * 60,
@@ -279,17 +304,28 @@ def test_the_web_pods_environment_passes_manage_py_check(tmp_path):
         MONITORING_METRICS_TOKEN="t" * 40,
         POD_IP="10.1.2.3",
     )
-    for item in web["env"]:
+    for item in (container or {}).get("env", []):
         if "value" in item:
             env[item["name"]] = _expand(item["value"], env)
-    assert env["ALLOWED_HOSTS"] == "gpuaas.example.com,10.1.2.3"
+    return env
+
+
+def run_python(env: dict[str, str], tmp_path, *args: str) -> subprocess.CompletedProcess:
     keep = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check", "--fail-level", "ERROR"],
+    return subprocess.run(
+        [sys.executable, *args],
         cwd=DEPLOY.parent,
         env={**keep, **env, "GPUAAS_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "gpuaas.settings"},
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_the_web_pods_environment_passes_manage_py_check(tmp_path):
+    """The ConfigMap and the container's env, with stand-in secrets, are accepted by settings (DEBUG off)."""
+    (web,) = named("Deployment", "gpuaas-web")["spec"]["template"]["spec"]["containers"]
+    env = deploy_env(web)
+    assert env["ALLOWED_HOSTS"] == "gpuaas.example.com,10.1.2.3"
+    result = run_python(env, tmp_path, "manage.py", "check", "--fail-level", "ERROR")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -1,5 +1,6 @@
-"""Settings errors stop start-up with one readable line naming the variable."""
+"""Settings errors stop start-up with one readable line naming the variable; the beat scheduler each setup gets."""
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ def run_check(**env):
         ({"DATABASE_URL": "mysql://u@h/db"}, "DATABASE_URL must be a sqlite:// or postgres:// URL"),
         ({"CONN_MAX_AGE": "soon", "DATABASE_URL": "postgres://postgres@127.0.0.1/x"}, "CONN_MAX_AGE='soon'"),
         ({"CELERY_BROKER_URL": "amqp://guest@localhost//"}, "CELERY_BROKER_URL must be"),
+        ({"REDBEAT_REDIS_URL": "sqla+sqlite:///beat.sqlite3"}, "REDBEAT_REDIS_URL must be a redis://"),
     ],
 )
 def test_bad_settings_stop_with_one_line(env, needle):
@@ -61,3 +63,53 @@ def test_production_settings_pass_deploy_check_except_documented():
     ids = {word.rstrip(":") for word in (result.stderr + result.stdout).split() if word.startswith("(security.")}
     # TLS is terminated at the ingress: README "Deploying" explains these two.
     assert ids <= {"(security.W004)", "(security.W008)"}, ids
+
+
+def beat_settings(**env) -> dict:
+    """The beat settings Celery sees in a fresh process with `env` (DeprecationWarnings are errors)."""
+    full = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "gpuaas.settings", "DEBUG": "1", **env}
+    script = (
+        "import django, json; django.setup(); from gpuaas.celery import app; c = app.conf; print(json.dumps({"
+        "'scheduler': c.beat_scheduler, 'loop': c.beat_max_loop_interval, 'url': c.get('REDBEAT_REDIS_URL'), "
+        "'lock': c.get('REDBEAT_LOCK_TIMEOUT'), 'options': c.get('REDBEAT_REDIS_OPTIONS')}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", script],
+        cwd=ROOT,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_embedded_default_keeps_celerys_file_scheduler():
+    assert beat_settings() == {
+        "scheduler": "celery.beat:PersistentScheduler",
+        "loop": 0,
+        "url": "",
+        "lock": None,
+        "options": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"CELERY_BROKER_URL": "redis://127.0.0.1:6379/6"},
+        {"REDBEAT_REDIS_URL": "redis://127.0.0.1:6379/6"},  # the embedded broker, beat's schedule in Redis
+    ],
+)
+def test_redis_selects_redbeat_with_a_lock_derived_from_the_shortest_period(env):
+    # The shortest period is 30 s (WORKFLOW_SWEEP_S and others): loop 30 // 6, lock 4 loops.
+    assert beat_settings(**env) == {
+        "scheduler": "redbeat.RedBeatScheduler",
+        "loop": 5,
+        "url": "redis://127.0.0.1:6379/6",
+        "lock": 20,
+        "options": {},
+    }
+    shorter = beat_settings(**env, WORKFLOW_SWEEP_S="12")
+    assert (shorter["loop"], shorter["lock"]) == (2, 8)
