@@ -269,7 +269,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(data).encode(), "application/json", headers)
 
     def _html(self, status: int, text: str, headers: dict | None = None) -> None:
-        page = f"<!doctype html><html><head><title>Simulated sign-in</title><link rel='icon' href='data:,'></head><body>{text}</body></html>"
+        head = "<title>Simulated sign-in</title><link rel='icon' href='data:,'>"
+        page = f"<!doctype html><html><head>{head}</head><body>{text}</body></html>"
         self._send(status, page.encode(), "text/html; charset=utf-8", headers)
 
     def _redirect(self, location: str, headers: dict | None = None) -> None:
