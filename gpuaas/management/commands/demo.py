@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from gpuaas.demo_env import SIM_OIDC_ISSUER, SIM_OIDC_PORT
 from gpuaas.supervise import Program, Supervisor
 
 WEB_ADDR = ("127.0.0.1", 8000)
@@ -97,6 +98,11 @@ class Command(BaseCommand):
             raise CommandError(f"port {web_port} is in use: stop the other server (an earlier `make demo`?) first")
         if _port_busy("127.0.0.1", sim_port):
             raise CommandError(f"port {sim_port} is in use: stop the other simulator first, or pass --sim-port")
+        if settings.OIDC_ISSUER == SIM_OIDC_ISSUER and _port_busy("127.0.0.1", SIM_OIDC_PORT):
+            raise CommandError(
+                f"port {SIM_OIDC_PORT} (the simulated identity provider) is in use: stop the other demo first,"
+                " or run with OIDC_ISSUER= (local passwords only)"
+            )
         self.supervisor = Supervisor(log=self._log, status_path=settings.VAR_DIR / "demo-status.json")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         # A shell without job control starts `cmd &` with SIGINT ignored; the soak bench stops us with it.
@@ -150,6 +156,7 @@ class Command(BaseCommand):
             "--kubeconfig-dir",
             str(kube_dir),
             *sim_args,
+            *(("--oidc-port", str(SIM_OIDC_PORT)) if settings.OIDC_ISSUER == SIM_OIDC_ISSUER else ()),
             log="simcluster.log",
         )
         self._wait_for_port(sim_port, "simulator (see var/logs/simcluster.log)")
@@ -199,6 +206,11 @@ class Command(BaseCommand):
         out.write(f"  Sign in:            {base}/accounts/login/   (operators land on the dashboard)")
         out.write(f"  Operator console:   {base}/admin/            login {logins['operator']}")
         out.write(f"  Project view:       {base}/projects/         login {logins['member']}")
+        if settings.OIDC_ISSUER == SIM_OIDC_ISSUER:
+            out.write(
+                f'  Company sign-in:    {base}/accounts/login/   "Sign in with the simulated identity provider":'
+                " ada (operator), grace (vision member), linus (no group)"
+            )
         out.write(f"  API docs:           {base}/api/docs/")
         out.write(f"  Kubeconfigs:        {kube_dir}/")
         out.write("\nProcesses (logs in var/logs/):")
