@@ -135,8 +135,9 @@ class OidcBackend(OIDCAuthenticationBackend):
     def get_or_create_user(self, access_token, id_token, payload):
         """Claims = the token's (ID token at sign-in, access token for the API) overlaid with userinfo's.
 
-        Userinfo is asked every time: it is the provider's word on the person's groups now (Entra ID
-        sends groups only in tokens, hence the token's claims underneath).
+        Userinfo is asked every time: it is the provider's word on the person's groups now. Where
+        userinfo has no groups claim, the token's is used (Entra ID emits groups as an optional claim
+        of its ID and access tokens, configured per app registration).
         """
         userinfo = self.get_userinfo(access_token, id_token, payload)
         claims = {**(payload or {}), **userinfo}
