@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from guardian.shortcuts import assign_perm
 
 from .choices import Role
-from .models import Project, ProjectGroupObjectPermission, ProjectUserObjectPermission
+from .models import IdentityGroupRole, Project, ProjectGroupObjectPermission, ProjectUserObjectPermission
 
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     Role.ADMIN: ("view_project", "change_project", "manage_members", "request_capacity"),
@@ -222,8 +222,6 @@ def apply_identity_groups(user, groups) -> bool:
     never given or taken here: it stays a local, break-glass account's flag. Idempotent, and writes
     nothing when nothing changed (it runs at every sign-in and bearer-token check).
     """
-    from .models import IdentityGroupRole
-
     mappings = list(IdentityGroupRole.objects.for_groups(groups).select_related("project"))
     operator = any(m.operator for m in mappings)
     wanted: dict[str, tuple[Project, str]] = {}
@@ -255,6 +253,4 @@ def apply_identity_groups(user, groups) -> bool:
 
 def mapped_groups_exist(groups) -> bool:
     """Whether any of `groups` is mapped to something (a newcomer with none gets no account)."""
-    from .models import IdentityGroupRole
-
     return IdentityGroupRole.objects.for_groups(groups).exists()

@@ -24,6 +24,7 @@ from django.utils.functional import cached_property
 from mozilla_django_oidc.middleware import SessionRefresh as MozillaSessionRefresh
 
 from . import enabled, provider
+from .views import unavailable
 
 OIDC_BACKEND = "tenancy.oidc.backend.OidcBackend"
 
@@ -75,8 +76,6 @@ class SessionRefresh(MozillaSessionRefresh):
         try:
             response = super().process_request(request)
         except provider.ProviderUnavailable as exc:
-            from .views import unavailable
-
             return unavailable(request, exc)
         if isinstance(response, HttpResponseRedirect) and _wants_json(request):
             url = response["Location"]

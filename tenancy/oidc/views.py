@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.views.generic import View
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
-from . import enabled, provider
+from . import enabled, local_passwords, provider
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +77,6 @@ class CallbackView(OIDCAuthenticationCallbackView):
 
 def password_sign_in_refused(request):
     """The answer to a password posted to a sign-in page while LOCAL_PASSWORDS=0, or None to go on."""
-    from . import local_passwords
-
     if request.method != "POST" or local_passwords():
         return None
     context = {"provider_name": settings.OIDC_PROVIDER_NAME, "oidc": enabled()}
