@@ -5,9 +5,18 @@ from django.conf import settings
 from django.db import migrations, models
 
 
+def forget_content_types(apps, schema_editor):
+    """Unapplying: the two models' content types (and their permissions) go with their tables, as if
+    they had never been (post_migrate made them; migrating back never removes content types itself)."""
+    apps.get_model("contenttypes", "ContentType").objects.filter(
+        app_label="tenancy", model__in=["identitygrouprole", "externalidentity"]
+    ).delete()
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
+        ('contenttypes', '0002_remove_content_type_name'),
         ('tenancy', '0002_apitoken_parent'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
@@ -44,4 +53,5 @@ class Migration(migrations.Migration):
                 'constraints': [models.CheckConstraint(condition=models.Q(models.Q(('operator', True), ('project__isnull', True), ('role', '')), models.Q(('operator', False), ('project__isnull', False), models.Q(('role', ''), _negated=True)), _connector='OR'), name='tenancy_identitygrouprole_operator_or_project_role', violation_error_message='Either operator, or a project with a role.'), models.UniqueConstraint(condition=models.Q(('operator', True)), fields=('group',), name='tenancy_identitygrouprole_unique_operator_group'), models.UniqueConstraint(fields=('group', 'project'), name='tenancy_identitygrouprole_unique_group_project')],
             },
         ),
+        migrations.RunPython(migrations.RunPython.noop, reverse_code=forget_content_types),
     ]
