@@ -133,3 +133,14 @@ def test_with_oidc_off_the_routes_send_back_to_the_sign_in_page(db):
     response = Client().get("/oidc/authenticate/")
     assert (response.status_code, response["Location"]) == (302, "/accounts/login/")
     assert "Sign in with" not in Client().get("/accounts/login/").content.decode()
+
+
+def test_a_background_fetch_after_the_renewal_time_gets_a_403_with_the_refresh_url(idp, project):
+    client = Client()
+    sign_in(client, "olivia")
+    session = client.session
+    session["oidc_id_token_expiration"] = 0
+    session.save()
+    response = client.get("/admin/dashboard/data.json", headers={"Sec-Fetch-Mode": "cors"})
+    assert response.status_code == 403
+    assert response.json()["refresh_url"].startswith(f"{idp.issuer}/authorize?")
