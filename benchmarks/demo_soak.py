@@ -224,6 +224,8 @@ def demo_soak(*, minutes: float, interval: float, var_dir: str, unkind: bool = F
                 str(web_port),
                 "--sim-port",
                 str(sim_port),
+                "--oidc-port",
+                str(_free_port()),
                 *(["--unkind"] if unkind else []),
             ],
             cwd=settings.BASE_DIR,

@@ -2,7 +2,8 @@
 
 manage.py calls demo_environment() before Django reads its settings, so the demo, and every process
 it starts (web server, worker, simulator), runs with DEBUG=1 (simulated NVML), a SECRET_KEY and a
-CREDENTIALS_KEYS generated once for this install (var/secret_key, var/credentials_key, mode 0600).
+CREDENTIALS_KEYS generated once for this install (var/secret_key, var/credentials_key, mode 0600), and
+company sign-in through the simulator's identity provider (SIM_OIDC_ISSUER).
 Variables already set in the environment win.
 """
 
@@ -25,6 +26,12 @@ def _kept(path: Path, make) -> str:
     return path.read_text().strip()
 
 
+# The simulator's identity provider (simcluster/oidc.py), which `manage.py demo` starts next to the
+# simulated cluster when OIDC_ISSUER is this URL: company sign-in beside the demo's local passwords.
+SIM_OIDC_PORT = 6480
+SIM_OIDC_ISSUER = f"http://127.0.0.1:{SIM_OIDC_PORT}"
+
+
 def demo_environment() -> None:
     from cryptography.fernet import Fernet
 
@@ -35,3 +42,10 @@ def demo_environment() -> None:
         os.environ["SECRET_KEY"] = _kept(var / "secret_key", lambda: secrets.token_urlsafe(50))
     if not (os.environ.get("CREDENTIALS_KEYS") or os.environ.get("CREDENTIALS_KEY")):
         os.environ["CREDENTIALS_KEYS"] = _kept(var / "credentials_key", lambda: Fernet.generate_key().decode())
+    if "OIDC_ISSUER" not in os.environ:  # OIDC_ISSUER= (empty) keeps the demo on local passwords only
+        from simcluster.oidc import DEMO_CLIENT
+
+        os.environ["OIDC_ISSUER"] = SIM_OIDC_ISSUER
+        os.environ.setdefault("OIDC_CLIENT_ID", DEMO_CLIENT.client_id)
+        os.environ.setdefault("OIDC_CLIENT_SECRET", DEMO_CLIENT.secret)
+        os.environ.setdefault("OIDC_PROVIDER_NAME", "the simulated identity provider")

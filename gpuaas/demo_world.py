@@ -40,7 +40,7 @@ from pools import services as pool_services
 from pools.choices import Isolation, RequestState, WorkloadType
 from pools.models import Allocation, GpuPool, PoolRequest
 from pools.provisioning import provision_pool
-from tenancy.models import Project
+from tenancy.models import IdentityGroupRole, Project
 from tenancy.roles import operators_group, set_role
 
 OPERATOR = ("operator", os.environ.get("GPUAAS_DEMO_OPERATOR_PASSWORD", "operator-demo-pw"))
@@ -170,6 +170,11 @@ def _projects(member) -> dict[str, Project]:
         )
         projects[slug] = project
     set_role(projects["vision"], member, "member")
+    # Company sign-in (simcluster/oidc.py's people): its operators' group, and the vision team's.
+    IdentityGroupRole.objects.get_or_create(group="gpuaas-operators", operator=True)
+    IdentityGroupRole.objects.get_or_create(
+        group="team-vision", project=projects["vision"], defaults={"role": "member"}
+    )
     return projects
 
 

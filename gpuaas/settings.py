@@ -88,6 +88,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "tenancy.oidc.middleware.SessionRefresh",  # renews OIDC sessions; inert while OIDC_ISSUER is empty
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes requires: turns a locked-out login into its lockout response.
     "axes.middleware.AxesMiddleware",
@@ -107,6 +108,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "tenancy.oidc.context.sign_in",
             ],
         },
     },
@@ -136,7 +138,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out username+IP before the password is even checked (docs/security.md).
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Django's ModelBackend, whose password sign-in LOCAL_PASSWORDS=0 switches off (permissions stay).
+    "tenancy.oidc.backend.LocalPasswordBackend",
+    "tenancy.oidc.backend.OidcBackend",  # company sign-in; inert while OIDC_ISSUER is empty
     "guardian.backends.ObjectPermissionBackend",
 ]
 ANONYMOUS_USER_NAME = "AnonymousUser"
@@ -148,6 +152,46 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/accounts/login/"  # members sign in here; the admin keeps its own /admin/login/
+
+# Company sign-in (OpenID Connect, mozilla-django-oidc; docs/security.md "Company sign-in"). Deployment
+# facts only: which group gives which role is data (tenancy.IdentityGroupRole, in the admin).
+OIDC_ISSUER = env_str("OIDC_ISSUER", "").rstrip("/")
+OIDC_RP_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "")
+OIDC_RP_SCOPES = env_str("OIDC_SCOPES", "openid email profile")
+OIDC_RP_SIGN_ALGO = env_str("OIDC_SIGN_ALGO", "RS256")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "your company account")
+# A browser session signed in through the provider is renewed (prompt=none) this long after sign-in.
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int("OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS", 300, minimum=10)
+# The provider's answer on a bearer token (valid, and the person's groups) is kept this long (0: never).
+OIDC_BEARER_CACHE_SECONDS = env_int("OIDC_BEARER_CACHE_SECONDS", 30, minimum=0)
+OIDC_API_AUDIENCE = env_str("OIDC_API_AUDIENCE", "") or OIDC_RP_CLIENT_ID
+# gpa_ tokens of a person who signs in through the provider work only while their last check by the
+# provider (sign-in, renewal or bearer request) is at most this many hours old (0: no limit).
+OIDC_PERSONAL_TOKEN_RECHECK_H = env_int("OIDC_PERSONAL_TOKEN_RECHECK_H", 24, minimum=0)
+OIDC_TIMEOUT = env_int("OIDC_TIMEOUT_S", 5, minimum=1)
+OIDC_DISCOVERY_CACHE_S = env_int("OIDC_DISCOVERY_CACHE_S", 300, minimum=0)
+OIDC_CLOCK_SKEW_S = 30
+OIDC_USE_NONCE = True
+OIDC_USE_PKCE = True
+OIDC_EXEMPT_URLS = ["/accounts/logout/", "/healthz", "/readyz", "/metrics"]
+OIDC_CREATE_USER = True
+LOGIN_REDIRECT_URL = "/"
+LOGIN_REDIRECT_URL_FAILURE = LOGIN_URL
+LOCAL_PASSWORDS = env_bool("LOCAL_PASSWORDS", True)
+if OIDC_ISSUER:
+    for _name, _value in (("OIDC_CLIENT_ID", OIDC_RP_CLIENT_ID), ("OIDC_CLIENT_SECRET", OIDC_RP_CLIENT_SECRET)):
+        if not _value:
+            raise ConfigurationError(
+                f"{_name} is required when OIDC_ISSUER is set (the client registered at the provider)"
+            )
+    if not (OIDC_ISSUER.startswith("https://") or (DEBUG and OIDC_ISSUER.startswith("http://"))):
+        raise ConfigurationError(
+            f"OIDC_ISSUER must be an https:// URL (http:// only with DEBUG=1), got {OIDC_ISSUER!r}"
+        )
+elif not LOCAL_PASSWORDS and GPUAAS_ROLE == "control-plane":
+    raise ConfigurationError("LOCAL_PASSWORDS=0 needs OIDC_ISSUER: with neither, nobody could sign in")
 
 # Login brute force (django-axes): both login pages (/admin/login/, /accounts/login/) go through
 # authenticate(request=...), so both count failures. API tokens are not passwords: they never reach
@@ -201,6 +245,7 @@ X_FRAME_OPTIONS = "DENY"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tenancy.authentication.ApiTokenAuthentication",
+        "tenancy.oidc.authentication.OidcBearerAuthentication",  # the provider's access tokens (OIDC_ISSUER)
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gpuaas.permissions.DeclaredScope"],  # refuses a view that declares no scope

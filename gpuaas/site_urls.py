@@ -4,6 +4,8 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from tenancy.oidc.views import CallbackView, SignInView
+
 from .dashboard.project_views import account_urlpatterns, home, project_urlpatterns
 from .health import healthz, readyz
 from .scopes import Scope, scoped
@@ -14,6 +16,9 @@ urlpatterns = [
     path("favicon.ico", scoped(Scope.PUBLIC)(RedirectView.as_view(url=static("gpuaas/favicon.svg"), permanent=True))),
     path("projects/", include((project_urlpatterns, "projects"))),
     *account_urlpatterns,
+    # Company sign-in (tenancy/oidc/): to the identity provider and back.
+    path("oidc/authenticate/", scoped(Scope.PUBLIC)(SignInView.as_view()), name="oidc_authentication_init"),
+    path("oidc/callback/", scoped(Scope.PUBLIC)(CallbackView.as_view()), name="oidc_authentication_callback"),
     path("metrics", include("monitoring.urls")),
     # Kubernetes probes of the web Deployment (deploy/web.yaml).
     path("healthz", healthz, name="healthz"),

@@ -15,6 +15,7 @@ import threading
 import time
 
 from .apiserver import SimServer
+from .oidc import DEMO_CLIENT, OidcProvider
 from .scenarios import ScenarioError, available_scenarios, load_scenario
 from .state import SimState
 
@@ -81,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the MIG manager passes through `rebooting` to change a GPU's MIG mode",
     )
+    parser.add_argument(
+        "--oidc-port",
+        type=int,
+        help="also serve the simulated OpenID Connect provider (simcluster/oidc.py) on this port (0: any free one)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -115,6 +121,14 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
     except OSError as exc:
         print(f"simcluster: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
+    provider = None
+    if args.oidc_port is not None:
+        try:
+            provider = OidcProvider(host=args.host, port=args.oidc_port).start()
+        except OSError as exc:
+            server.stop()
+            print(f"simcluster: cannot listen on {args.host}:{args.oidc_port} (OIDC provider): {exc}", file=sys.stderr)
+            return 1
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -132,8 +146,13 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
             f"{server.cluster_url(name)}  kubeconfig {path}",
             flush=True,
         )
+    if provider is not None:
+        people = ", ".join(sorted(provider.people))
+        print(f"  OIDC provider {provider.issuer} (client {DEMO_CLIENT.client_id}; people: {people})", flush=True)
     try:
         stop.wait()
     finally:
         server.stop()
+        if provider is not None:
+            provider.stop()
     return 0

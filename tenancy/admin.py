@@ -19,7 +19,7 @@ from guardian.admin import GuardedModelAdmin
 
 from . import roles, services
 from .choices import Role
-from .models import ApiToken, Project
+from .models import ApiToken, ExternalIdentity, IdentityGroupRole, Project
 
 
 class MemberForm(forms.Form):
@@ -140,3 +140,27 @@ class LockoutAdmin(AccessAttemptAdmin):
         self.message_user(
             request, f"Unlocked sign-in for {', '.join(usernames)} ({cleared} attempts cleared).", messages.SUCCESS
         )
+
+
+@admin.register(IdentityGroupRole)
+class IdentityGroupRoleAdmin(admin.ModelAdmin):
+    """Which identity-provider group gives what: applied at each sign-in (docs/security.md "Company sign-in")."""
+
+    list_display = ["group", "operator", "project", "role", "created_at"]
+    list_filter = ["operator", "role"]
+    list_select_related = ["project"]
+    search_fields = ["group", "project__slug", "project__name"]
+    autocomplete_fields = ["project"]
+
+
+@admin.register(ExternalIdentity)
+class ExternalIdentityAdmin(admin.ModelAdmin):
+    """Who signed in through the provider, with the groups it last gave; read-only (the provider decides)."""
+
+    list_display = ["user", "subject", "issuer", "groups", "last_seen_at"]
+    list_select_related = ["user"]
+    search_fields = ["user__username", "subject"]
+    readonly_fields = ["user", "issuer", "subject", "groups", "last_seen_at"]
+
+    def has_add_permission(self, request):
+        return False

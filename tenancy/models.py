@@ -19,6 +19,8 @@ from django.db.models import Q
 from django.utils import timezone
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
+from .choices import Role
+
 dns_label = RegexValidator(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "Lower-case letters, digits and '-' (a DNS label).")
 
 
@@ -157,3 +159,83 @@ class ApiToken(models.Model):
     @property
     def is_usable(self) -> bool:
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+
+class IdentityGroupRoleQuerySet(models.QuerySet):
+    def for_groups(self, groups) -> IdentityGroupRoleQuerySet:
+        return self.filter(group__in=list(groups))
+
+
+class IdentityGroupRole(models.Model):
+    """What one identity-provider group gives in gpuaas: operator, or a role on one project.
+
+    Read at every OIDC sign-in and bearer-token check (tenancy.roles.apply_identity_groups); editable
+    by operators in the admin, so mapping a new team needs no deployment. A group may have several
+    rows (operator and a project role, or roles on several projects).
+    """
+
+    group = models.CharField(max_length=255, help_text="The group's name as the provider sends it in the groups claim.")
+    operator = models.BooleanField(default=False, help_text="Members of the group are operators (staff, Operators).")
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.CASCADE, related_name="group_roles")
+    role = models.CharField(max_length=16, blank=True, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = IdentityGroupRoleQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["group", "pk"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(operator=True, project__isnull=True, role="")
+                    | Q(operator=False, project__isnull=False) & ~Q(role="")
+                ),
+                name="%(app_label)s_%(class)s_operator_or_project_role",
+                violation_error_message="Either operator, or a project with a role.",
+            ),
+            models.UniqueConstraint(
+                fields=["group"], condition=Q(operator=True), name="%(app_label)s_%(class)s_unique_operator_group"
+            ),
+            models.UniqueConstraint(fields=["group", "project"], name="%(app_label)s_%(class)s_unique_group_project"),
+        ]
+        indexes = [models.Index(fields=["group"], name="tenancy_identitygroup_group")]
+
+    def __str__(self) -> str:
+        return f"{self.group} → operator" if self.operator else f"{self.group} → {self.role} on {self.project}"
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        if self.operator and (self.project_id or self.role):
+            raise ValidationError({"project": "An operator mapping names no project or role: make two rows."})
+        if not self.operator:
+            errors = {}
+            if not self.project_id:
+                errors["project"] = "Choose the project this group gives a role on (or tick operator)."
+            if not self.role:
+                errors["role"] = "Choose the role this group gives on the project."
+            if errors:
+                raise ValidationError(errors)
+
+
+class ExternalIdentity(models.Model):
+    """The link between a gpuaas user and the identity provider's subject (`iss` + `sub`).
+
+    Users are found by this link at sign-in, never by username or e-mail, so a provider account can
+    never take over a local one that happens to share its name.
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="external_identity")
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    groups = models.JSONField(default=list, blank=True, help_text="The groups claim at the last check.")
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["issuer", "subject"]
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="%(app_label)s_%(class)s_unique_subject")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.subject} at {self.issuer})"

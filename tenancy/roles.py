@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from guardian.shortcuts import assign_perm
 
 from .choices import Role
-from .models import Project, ProjectGroupObjectPermission, ProjectUserObjectPermission
+from .models import IdentityGroupRole, Project, ProjectGroupObjectPermission, ProjectUserObjectPermission
 
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     Role.ADMIN: ("view_project", "change_project", "manage_members", "request_capacity"),
@@ -204,3 +204,53 @@ def project_ids_for(user, perm: str = "view_project") -> QuerySet:
     by_group = ProjectGroupObjectPermission.objects.filter(group_id__in=groups, permission__codename=perm)
     by_user = ProjectUserObjectPermission.objects.filter(user=user, permission__codename=perm)
     return by_group.values("content_object_id").union(by_user.values("content_object_id"))
+
+
+# --- Company sign-in: the identity provider's groups decide (docs/security.md "Company sign-in") ----
+
+ROLE_RANK = {Role.VIEWER: 1, Role.MEMBER: 2, Role.ADMIN: 3}
+
+
+@transaction.atomic
+def apply_identity_groups(user, groups) -> bool:
+    """Make `user`'s operator status and project roles exactly what `groups` map to; True if any remain.
+
+    The mapping is tenancy.IdentityGroupRole (operators edit it in the admin). A user signed in
+    through the identity provider holds nothing the provider does not give: a role on a project
+    whose group they left is removed, and so is operator (is_staff and the Operators group) when no
+    operator group is left. On a project given by several groups the highest role wins. Superuser is
+    never given or taken here: it stays a local, break-glass account's flag. Idempotent, and writes
+    nothing when nothing changed (it runs at every sign-in and bearer-token check).
+    """
+    mappings = list(IdentityGroupRole.objects.for_groups(groups).select_related("project"))
+    operator = any(m.operator for m in mappings)
+    wanted: dict[str, tuple[Project, str]] = {}
+    for m in mappings:
+        if m.project_id and ROLE_RANK[m.role] > ROLE_RANK.get(wanted.get(m.project.slug, (None, ""))[1], 0):
+            wanted[m.project.slug] = (m.project, m.role)
+    held: dict[str, str] = {}
+    for name in user.groups.filter(name__startswith="project:").values_list("name", flat=True):
+        _, slug, role = name.split(":", 2)
+        if ROLE_RANK.get(role, 0) > ROLE_RANK.get(held.get(slug, ""), 0):
+            held[slug] = role
+    for slug in sorted(set(held) - set(wanted)):
+        project = Project.objects.filter(slug=slug).first()
+        if project is not None:
+            set_role(project, user, None)
+    for slug, (project, role) in sorted(wanted.items()):
+        if held.get(slug) != role:
+            set_role(project, user, role)
+    in_operators = user.groups.filter(name=OPERATORS_GROUP).exists()
+    if operator and not in_operators:
+        operators_group().user_set.add(user)
+    elif not operator and in_operators:
+        user.groups.remove(Group.objects.get(name=OPERATORS_GROUP))
+    if user.is_staff != operator:
+        user.is_staff = operator
+        user.save(update_fields=["is_staff"])
+    return operator or bool(wanted)
+
+
+def mapped_groups_exist(groups) -> bool:
+    """Whether any of `groups` is mapped to something (a newcomer with none gets no account)."""
+    return IdentityGroupRole.objects.for_groups(groups).exists()

@@ -6,6 +6,8 @@ read through tenancy.roles.projects_for(user): another project's page or pool is
 
 from __future__ import annotations
 
+from functools import wraps
+
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.core.exceptions import PermissionDenied
@@ -19,6 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from pools.models import Allocation, GpuPool
 from tenancy import roles
 from tenancy.models import ApiToken
+from tenancy.oidc.views import password_sign_in_refused
 from tenancy.roles import projects_for
 from tenancy.services import revoke_token
 
@@ -204,12 +207,27 @@ project_urlpatterns = [
     path("<slug:slug>/pools/<int:pk>/series.json", pool_series, name="pool_series"),
 ]
 
+
+def refusing_passwords(view):
+    """A sign-in view that answers a posted password with "passwords are switched off" (LOCAL_PASSWORDS=0)."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        return password_sign_in_refused(request) or view(request, *args, **kwargs)
+
+    return wrapped
+
+
 account_urlpatterns = [
     path(
         "accounts/login/",
         scoped(Scope.PUBLIC)(
-            auth_views.LoginView.as_view(
-                template_name="projects/login.html", next_page=reverse_lazy("home"), redirect_authenticated_user=True
+            refusing_passwords(
+                auth_views.LoginView.as_view(
+                    template_name="projects/login.html",
+                    next_page=reverse_lazy("home"),
+                    redirect_authenticated_user=True,
+                )
             )
         ),
         name="login",

@@ -7,7 +7,16 @@ from cryptography.fernet import Fernet
 
 from gpuaas.demo_env import demo_environment
 
-NAMES = ("DEBUG", "SECRET_KEY", "CREDENTIALS_KEYS", "CREDENTIALS_KEY")
+NAMES = (
+    "DEBUG",
+    "SECRET_KEY",
+    "CREDENTIALS_KEYS",
+    "CREDENTIALS_KEY",
+    "OIDC_ISSUER",
+    "OIDC_CLIENT_ID",
+    "OIDC_CLIENT_SECRET",
+    "OIDC_PROVIDER_NAME",
+)
 
 
 def clean_env(monkeypatch, tmp_path):
@@ -40,3 +49,16 @@ def test_demo_keeps_what_the_environment_sets(monkeypatch, tmp_path):
     assert os.environ["SECRET_KEY"] == "s" * 60
     assert "CREDENTIALS_KEYS" not in os.environ
     assert not (tmp_path / "secret_key").exists() and not (tmp_path / "credentials_key").exists()
+
+
+def test_demo_signs_in_through_the_simulators_provider_unless_told_otherwise(monkeypatch, tmp_path):
+    from gpuaas.demo_env import SIM_OIDC_ISSUER
+
+    clean_env(monkeypatch, tmp_path)
+    demo_environment()
+    assert (os.environ["OIDC_ISSUER"], os.environ["OIDC_CLIENT_ID"]) == (SIM_OIDC_ISSUER, "gpuaas-demo")
+
+    clean_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("OIDC_ISSUER", "")  # `OIDC_ISSUER= make demo`: local passwords only
+    demo_environment()
+    assert os.environ["OIDC_ISSUER"] == "" and "OIDC_CLIENT_ID" not in os.environ

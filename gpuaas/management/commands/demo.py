@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from gpuaas.demo_env import SIM_OIDC_ISSUER, SIM_OIDC_PORT
 from gpuaas.supervise import Program, Supervisor
 
 WEB_ADDR = ("127.0.0.1", 8000)
@@ -86,17 +87,44 @@ class Command(BaseCommand):
         parser.add_argument("--sim-port", type=int, default=SIM_PORT)
         parser.add_argument("--web-port", type=int, default=WEB_ADDR[1])
         parser.add_argument(
+            "--oidc-port",
+            type=int,
+            default=SIM_OIDC_PORT,
+            help="port of the simulator's identity provider (company sign-in), while OIDC_ISSUER is the demo's own",
+        )
+        parser.add_argument(
             "--unkind",
             action="store_true",
             help="Run the simulator with its real-cluster timings (pod start/termination, ConfigMap sync, device "
             "plugin restart, MIG-mode reboot); see docs/demo.md.",
         )
 
-    def handle(self, *args, no_serve=False, sim_port=SIM_PORT, web_port=WEB_ADDR[1], unkind=False, **options):
+    oidc_port: int | None = None  # the simulator's identity provider, when the demo serves one (handle)
+
+    def handle(
+        self,
+        *args,
+        no_serve=False,
+        sim_port=SIM_PORT,
+        web_port=WEB_ADDR[1],
+        unkind=False,
+        oidc_port=SIM_OIDC_PORT,
+        **options,
+    ):
         if _port_busy("127.0.0.1", web_port) and not no_serve:
             raise CommandError(f"port {web_port} is in use: stop the other server (an earlier `make demo`?) first")
         if _port_busy("127.0.0.1", sim_port):
             raise CommandError(f"port {sim_port} is in use: stop the other simulator first, or pass --sim-port")
+        # The simulator's identity provider serves company sign-in while OIDC_ISSUER is the demo's default
+        # (demo_environment); the processes started below inherit its URL on the chosen port.
+        self.oidc_port = oidc_port if settings.OIDC_ISSUER == SIM_OIDC_ISSUER else None
+        if self.oidc_port is not None:
+            if _port_busy("127.0.0.1", oidc_port):
+                raise CommandError(
+                    f"port {oidc_port} (the simulated identity provider) is in use: stop the other demo first,"
+                    " pass --oidc-port, or run with OIDC_ISSUER= (local passwords only)"
+                )
+            os.environ["OIDC_ISSUER"] = f"http://127.0.0.1:{oidc_port}"
         self.supervisor = Supervisor(log=self._log, status_path=settings.VAR_DIR / "demo-status.json")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         # A shell without job control starts `cmd &` with SIGINT ignored; the soak bench stops us with it.
@@ -150,6 +178,7 @@ class Command(BaseCommand):
             "--kubeconfig-dir",
             str(kube_dir),
             *sim_args,
+            *(("--oidc-port", str(self.oidc_port)) if self.oidc_port is not None else ()),
             log="simcluster.log",
         )
         self._wait_for_port(sim_port, "simulator (see var/logs/simcluster.log)")
@@ -199,6 +228,11 @@ class Command(BaseCommand):
         out.write(f"  Sign in:            {base}/accounts/login/   (operators land on the dashboard)")
         out.write(f"  Operator console:   {base}/admin/            login {logins['operator']}")
         out.write(f"  Project view:       {base}/projects/         login {logins['member']}")
+        if self.oidc_port is not None:
+            out.write(
+                f'  Company sign-in:    {base}/accounts/login/   "Sign in with the simulated identity provider":'
+                " ada (operator), grace (vision member), linus (no group)"
+            )
         out.write(f"  API docs:           {base}/api/docs/")
         out.write(f"  Kubeconfigs:        {kube_dir}/")
         out.write("\nProcesses (logs in var/logs/):")
