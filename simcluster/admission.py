@@ -131,7 +131,10 @@ def parse(documents: list[dict]) -> Policy:
 
 @functools.cache
 def shipped() -> Policy:
-    """deploy/admission-policy.yaml, read once per process."""
+    """deploy/admission-policy.yaml, read once per process from the source tree (the image leaves deploy/ out:
+    a simulated cluster with the policy on runs from a checkout, as `make demo` and the tests do)."""
+    if not MANIFEST.exists():
+        raise RuntimeError(f"admission_policy needs {MANIFEST} (a source checkout): it is not there")
     return parse(list(yaml.safe_load_all(MANIFEST.read_text())))
 
 
