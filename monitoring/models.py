@@ -10,6 +10,7 @@ See docs/monitoring.md for the byte budget and retention.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
@@ -489,6 +490,20 @@ class ShareViolation(models.Model):
         return f"{self.namespace}/{self.pod_name}: {self.used_mib} MiB > share {self.share_mib} MiB"
 
 
+# What a project member reads for any project but its own: never its slug, namespace, pod or user.
+ANOTHER_PROJECT = "another project"
+
+
+@dataclass(frozen=True, slots=True)
+class TrespassSides:
+    """Who a trespass event names, as one viewer may read it (TrespassEvent.as_seen_by)."""
+
+    owner: str | None  # the holder's slug, ANOTHER_PROJECT, or None: unallocated
+    project: str | None  # the offender's slug, ANOTHER_PROJECT, or None: no pod known (activity only)
+    namespace: str | None  # None: no pod, or not the viewer's to know
+    pod_name: str | None
+
+
 class TrespassEventQuerySet(models.QuerySet):
     def open(self):
         return self.filter(ended_at__isnull=True)
@@ -571,6 +586,25 @@ class TrespassEvent(models.Model):
     @property
     def is_open(self) -> bool:
         return self.ended_at is None
+
+    def as_seen_by(self, visible_project_ids: set[int] | frozenset[int] | None) -> TrespassSides:
+        """The two sides of the event as a viewer who sees `visible_project_ids` reads them (None: an operator,
+        who sees everything). A member reads "another project" for any other side and nothing that names it:
+        the pod's namespace and name only when the pod is one of its own projects'."""
+        if visible_project_ids is None:
+            return TrespassSides(
+                owner=self.owner_project.slug if self.owner_project_id else None,
+                project=self.project.slug if self.project_id else None,
+                namespace=self.namespace,
+                pod_name=self.pod_name,
+            )
+        owner = None
+        if self.owner_project_id:
+            owner = self.owner_project.slug if self.owner_project_id in visible_project_ids else ANOTHER_PROJECT
+        if self.project_id is not None and self.project_id in visible_project_ids:
+            return TrespassSides(owner, self.project.slug, self.namespace, self.pod_name)
+        someone = self.project_id is not None or bool(self.pod_name or self.namespace)
+        return TrespassSides(owner, ANOTHER_PROJECT if someone else None, None, None)
 
     @property
     def state(self) -> str:

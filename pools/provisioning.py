@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from capacity.adapters.cel import checked_device_selector
 from capacity.adapters.kubernetes import NODE_SELECTOR_ANNOTATION, KubernetesClient, KubernetesError, Node, NotFound
 from capacity.choices import Binding, SpecKind
 from capacity.models import Cluster, SpecAndCount
@@ -159,9 +160,14 @@ class ClaimTemplate:
 
 
 def uuid_selector(uuids: list[str]) -> str:
-    """The CEL expression admitting exactly these devices of the NVIDIA driver."""
-    listed = ", ".join(f'"{u}"' for u in sorted(uuids))
-    return f'device.attributes["{DRA_DRIVER}"].uuid in [{listed}]'
+    """The CEL expression admitting exactly these devices of the NVIDIA driver, checked with the CEL library
+    before it is written: it compiles, admits each UUID, and refuses near misses (each UUID with a character
+    more or less, another device's UUID). SelectorError if not (capacity/adapters/cel.py)."""
+    ordered = sorted(uuids)
+    listed = ", ".join(json.dumps(u) for u in ordered)
+    expression = f'device.attributes["{DRA_DRIVER}"].uuid in [{listed}]'
+    near = {f"{u}0" for u in ordered} | {u[:-1] for u in ordered} | {"GPU-00000000-0000-0000-0000-000000000000", ""}
+    return checked_device_selector(expression, driver=DRA_DRIVER, admitted=ordered, refused=sorted(near - set(ordered)))
 
 
 def claim_template_spec(kind: str, uuids: list[str]) -> dict:

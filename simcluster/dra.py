@@ -21,11 +21,11 @@ Knob: `ClusterSettings.dra = True`. Then, as on a cluster that runs the NVIDIA D
   any node stays Pending: PodScheduled=False, Unschedulable, "0/N nodes are available: N cannot
   allocate all claims." (kube-scheduler's dynamicresources plugin wording).
 
-CEL: a subset evaluator, enough for the driver's DeviceClasses and what gpuaas generates:
-`device.driver`, `device.attributes["<domain>"].<name>`, string/int/bool literals, lists, `==`, `!=`,
-`in`, `&&`, `||`, `!` and parentheses. Anything else is refused when the object is written (422 with
-the expression and why), never admitted silently. A selector naming an attribute the device lacks does
-not match (the real evaluator fails the allocation with an error: either way no device is given).
+CEL: through a maintained CEL implementation (simcluster/cel.py: common-expression-language). A selector
+is compiled when its object is written; one that does not compile, references anything but `device` and
+its declared fields, or calls a Kubernetes CEL library function the library lacks, is refused then (422
+with the expression and why), never admitted silently. A selector naming an attribute the device lacks
+does not match (the real evaluator fails the allocation with an error: either way no device is given).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import functools
 import re
 from dataclasses import dataclass
 
-from . import admission
+from . import admission, cel
+from .cel import CelError
 from .state import Cluster, Node, Record
 
 DRIVER = "gpu.nvidia.com"
@@ -53,188 +54,23 @@ _ARCHITECTURES = {5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada Lovelace", 9: "H
 
 
 # ----------------------------------------------------------------------------------------
-# CEL subset
-
-
-class CelError(ValueError):
-    """An expression outside the subset, or malformed: the object that carries it is refused."""
-
-
-_TOKEN = re.compile(
-    r"""\s*(?:(?P<str>'[^'\\]*'|"[^"\\]*")|(?P<num>-?\d+)|(?P<op>==|!=|&&|\|\||[!\[\]().,])"""
-    r"""|(?P<name>[A-Za-z_][A-Za-z0-9_]*))"""
-)
-
-
-def _tokens(text: str) -> list[tuple[str, str]]:
-    out, pos = [], 0
-    text = text.strip()
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m or m.end() == pos:
-            raise CelError(f"unsupported syntax at {text[pos : pos + 20]!r}")
-        kind = m.lastgroup
-        out.append((kind, m.group(kind)))
-        pos = m.end()
-    return out
-
-
-class _Parser:
-    """Recursive descent: or := and ('||' and)*; and := unary ('&&' unary)*; unary := '!' unary | cmp;
-    cmp := operand (('=='|'!='|'in') operand)?; operand := literal | list | path | '(' or ')'."""
-
-    def __init__(self, text: str):
-        self.text = text
-        self.toks = _tokens(text)
-        self.i = 0
-
-    def peek(self) -> tuple[str, str] | None:
-        return self.toks[self.i] if self.i < len(self.toks) else None
-
-    def take(self, value: str | None = None) -> tuple[str, str]:
-        tok = self.peek()
-        if tok is None or (value is not None and tok[1] != value):
-            raise CelError(f"expected {value or 'more'} in {self.text!r}")
-        self.i += 1
-        return tok
-
-    def parse(self):
-        node = self.or_()
-        if self.peek() is not None:
-            raise CelError(f"unexpected {self.peek()[1]!r} in {self.text!r}")
-        return node
-
-    def or_(self):
-        node = self.and_()
-        while self.peek() == ("op", "||"):
-            self.take()
-            node = ("or", node, self.and_())
-        return node
-
-    def and_(self):
-        node = self.unary()
-        while self.peek() == ("op", "&&"):
-            self.take()
-            node = ("and", node, self.unary())
-        return node
-
-    def unary(self):
-        if self.peek() == ("op", "!"):
-            self.take()
-            return ("not", self.unary())
-        return self.cmp()
-
-    def cmp(self):
-        left = self.operand()
-        tok = self.peek()
-        if tok in (("op", "=="), ("op", "!=")):
-            self.take()
-            return ("eq" if tok[1] == "==" else "ne", left, self.operand())
-        if tok == ("name", "in"):
-            self.take()
-            right = self.operand()
-            if right[0] != "list":
-                raise CelError(f"'in' takes a list literal here, in {self.text!r}")
-            return ("in", left, right)
-        return left
-
-    def operand(self):
-        tok = self.take()
-        kind, value = tok
-        if kind == "str":
-            return ("lit", value[1:-1])
-        if kind == "num":
-            return ("lit", int(value))
-        if value in ("true", "false"):
-            return ("lit", value == "true")
-        if value == "(":
-            node = self.or_()
-            self.take(")")
-            return node
-        if value == "[":
-            items = []
-            while self.peek() != ("op", "]"):
-                items.append(self.operand())
-                if items[-1][0] != "lit":
-                    raise CelError(f"list items must be literals in {self.text!r}")
-                if self.peek() == ("op", ","):
-                    self.take()
-            self.take("]")
-            return ("list", tuple(item[1] for item in items))
-        if value == "device":
-            return self.path()
-        raise CelError(
-            f"unsupported identifier {value!r} in {self.text!r} (simcluster evaluates only device.driver "
-            'and device.attributes["<domain>"].<name>)'
-        )
-
-    def path(self):
-        self.take(".")
-        field = self.take()[1]
-        if field == "driver":
-            return ("driver",)
-        if field != "attributes":
-            raise CelError(f"unsupported field device.{field} in {self.text!r}")
-        self.take("[")
-        kind, domain = self.take()
-        if kind != "str":
-            raise CelError(f"device.attributes takes a quoted domain, in {self.text!r}")
-        self.take("]")
-        self.take(".")
-        kind, name = self.take()
-        if kind != "name":
-            raise CelError(f"expected an attribute name in {self.text!r}")
-        if self.peek() == ("op", "("):
-            raise CelError(f"method calls are not supported (device.attributes[...].{name}(...)) in {self.text!r}")
-        return ("attr", domain[1:-1], name)
-
-
-_MISSING = object()
+# CEL: through the maintained library behind simcluster/cel.py
 
 
 class Selector:
-    """A compiled CEL device selector."""
+    """A compiled CEL device selector (refused with CelError where kube-apiserver's compile would refuse it)."""
 
     def __init__(self, expression: str):
-        if not isinstance(expression, str) or not expression.strip():
-            raise CelError("expression is required")
         self.expression = expression
-        self.tree = _Parser(expression).parse()
+        self.program = cel.device_selector(expression)
 
     def admits(self, driver: str, device: dict) -> bool:
-        return self._eval(self.tree, driver, device) is True
-
-    def _eval(self, node, driver: str, device: dict):
-        op = node[0]
-        if op == "lit" or op == "list":
-            return node[1]
-        if op == "driver":
-            return driver
-        if op == "attr":
-            if node[1] != driver:
-                return _MISSING
-            value = (device.get("attributes") or {}).get(node[2])
-            if not isinstance(value, dict) or not value:
-                return _MISSING
-            return next(iter(value.values()))
-        if op == "not":
-            inner = self._eval(node[1], driver, device)
-            return _MISSING if inner is _MISSING else not inner
-        if op in ("and", "or"):
-            left = self._eval(node[1], driver, device)
-            if left is _MISSING:
-                return _MISSING
-            if (op == "and" and not left) or (op == "or" and left):
-                return left
-            return self._eval(node[2], driver, device)
-        left, right = self._eval(node[1], driver, device), self._eval(node[2], driver, device)
-        if left is _MISSING or right is _MISSING:
-            return _MISSING
-        if op == "eq":
-            return left == right
-        if op == "ne":
-            return left != right
-        return left in right
+        """True only when the expression evaluates to true; an evaluation error (an attribute the device lacks)
+        admits nothing, as the real allocator fails the allocation with that error."""
+        try:
+            return self.program.execute({"device": cel.device_activation(driver, device)}) is True
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            return False
 
 
 @functools.lru_cache(maxsize=4096)
@@ -249,7 +85,7 @@ def selector_problems(requests_or_class: list[dict], field: str) -> list[tuple[s
     for i, item in enumerate(requests_or_class):
         expression = ((item or {}).get("cel") or {}).get("expression")
         try:
-            Selector(expression)
+            compiled(expression)
         except CelError as exc:
             problems.append(
                 (f"{field}[{i}].cel.expression", f"Invalid value: {expression!r}: compilation failed: {exc}")

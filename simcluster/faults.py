@@ -211,6 +211,49 @@ class Faults:
             _, _, g = self._gpu(cluster, node, gpu)
             g.thermal_throttle = on
 
+    # --- trespass ----------------------------------------------------------------------
+
+    def trespass(
+        self,
+        cluster: str | None,
+        node: str,
+        resource: str = "nvidia.com/gpu",
+        namespace: str = "intruder",
+        pod: str = "",
+    ) -> dict:
+        """A real trespass: a pod that no pool reserved for it takes a GPU unit. The namespace is created if
+        missing (by default one that is no gpuaas project's; name a project's namespace for a pod of a project
+        on a unit it holds no allocation for), and the pod asks for one `resource` on `node`, past gpuaas's
+        quota and node selector as a cluster administrator would. The device plugin hands it a free device of
+        that resource on the node, exactly as it would any pod, and NVML shows its process there.
+        Returns {"pod": "<namespace>/<name>", "node": ..., "devices": [uuid, ...]}; ValueError when the node
+        has no free device of that resource (the pod would only wait, Pending)."""
+        from . import scheduler
+        from .kube import ClusterApi
+
+        with self.state.lock:
+            c = self.state.cluster(cluster)
+            if node not in c.nodes:
+                raise ValueError(f"no node {node!r} in cluster {c.name!r}")
+            name = pod or f"trespass-{len([k for k in c.pods if k[0] == namespace]) + 1}"
+            api = ClusterApi(c)
+            if namespace not in c.namespaces:
+                api.create("namespaces", None, {"metadata": {"name": namespace}})
+            body = {
+                "metadata": {"name": name, "namespace": namespace, "labels": {"gpuaas.io/sim-fault": "trespass"}},
+                "spec": {
+                    "containers": [{"name": "main", "image": "cuda", "resources": {"limits": {resource: "1"}}}],
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                },
+            }
+            api.create("pods", namespace, body)
+            devices = sorted(d.split("::")[0] for d, key in c.nodes[node].assigned.items() if key == (namespace, name))
+            if not devices:
+                scheduler.remove_pod(c, (namespace, name))
+                raise ValueError(f"node {node!r} has no free {resource} device: the pod would wait, Pending")
+            return {"pod": f"{namespace}/{name}", "node": node, "devices": devices}
+
     # --- reset and HTTP ---------------------------------------------------------------
 
     def reset(self) -> None:
@@ -247,6 +290,7 @@ class Faults:
         "ecc_single_bit",
         "row_remap_pending",
         "thermal_throttle",
+        "trespass",
         "reset",
     )
     _CLUSTER_SCOPED = (
@@ -258,6 +302,7 @@ class Faults:
         "ecc_single_bit",
         "row_remap_pending",
         "thermal_throttle",
+        "trespass",
     )
 
     def apply(self, spec: dict, *, default_cluster: Cluster | None = None) -> dict:
@@ -269,4 +314,6 @@ class Faults:
         if name in self._CLUSTER_SCOPED:
             spec.setdefault("cluster", default_cluster.name if default_cluster else None)
         result = getattr(self, name)(**spec)
-        return asdict(result) if isinstance(result, ApiFault) else {"ok": True}
+        if isinstance(result, ApiFault):
+            return asdict(result)
+        return result if isinstance(result, dict) else {"ok": True}

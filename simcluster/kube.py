@@ -1148,7 +1148,7 @@ class ClusterApi:
             problems.append(("spec", "Invalid value: field is immutable"))
         if problems:
             raise invalid(kind.kind, name, problems)
-        admission.admit(self.cluster, self.user, "UPDATE", plural, namespace, new)
+        admission.admit(self.cluster, self.user, "UPDATE", plural, namespace, new, old)
         # System-owned metadata and the status of namespaces/pods are kept from the stored object.
         for keep in ("uid", "creationTimestamp", "namespace", "name", "generateName"):
             if keep in old["metadata"]:
@@ -1222,6 +1222,7 @@ class ClusterApi:
         kind = KINDS[plural]
         key = self._key(kind, namespace, name)
         record = self._record(plural, namespace, name)
+        admission.admit(self.cluster, self.user, "DELETE", plural, namespace, None, record.obj)
         if plural == "pods":
             if scheduler.terminate(self.cluster, record, grace_s):
                 return self.render(plural, record)
@@ -1254,6 +1255,13 @@ class ClusterApi:
         self.cluster.record_event("DELETED", plural, key, self.render(plural, record))
 
     def _delete_namespace_contents(self, namespace: str) -> None:
+        # kube-controller-manager's namespace controller empties it, through admission like any client.
+        for key, record in list(self.cluster.resourceclaimtemplates.items()):
+            if key[0] == namespace:
+                admission.admit(
+                    self.cluster, admission.NAMESPACE_CONTROLLER, "DELETE", "resourceclaimtemplates", namespace, None,
+                    record.obj,
+                )  # fmt: skip
         for plural in ("pods", "configmaps", "resourcequotas", "resourceclaims", "resourceclaimtemplates"):
             for key in [k for k in self._store(plural) if k[0] == namespace]:
                 if plural == "pods":

@@ -34,7 +34,7 @@ from capacity.mig.share import unit_share
 from capacity.models import Cluster
 from monitoring import readers
 from monitoring.choices import HealthLevel, HealthRule, IdleState
-from monitoring.models import HealthEvent, IdleReservation, Rollup5m, Sample, Series, TrespassEvent
+from monitoring.models import ANOTHER_PROJECT, HealthEvent, IdleReservation, Rollup5m, Sample, Series, TrespassEvent
 from monitoring.sample_reads import sample_rows
 from pools.models import Allocation
 from tenancy.models import Project
@@ -194,7 +194,8 @@ def trespass_events(project_ids: list[int] | None = None) -> dict:
     """Trespass events open now or ended in the last day, newest first. Two queries.
 
     `project_ids` None: the operator's fleet-wide view. Otherwise only events on those projects' units or
-    by their pods, and any other project is named "another project" (it is not theirs to know).
+    by their pods, and any other side is "another project" with nothing that names it: no slug, namespace
+    or pod (TrespassEvent.as_seen_by).
     """
     events = TrespassEvent.objects.filter(
         Q(ended_at__isnull=True) | Q(ended_at__gte=timezone.now() - timedelta(days=1))
@@ -206,23 +207,24 @@ def trespass_events(project_ids: list[int] | None = None) -> dict:
     )[:EVENTS_SHOWN]
     total = events.filter(ended_at__isnull=True).count()
 
-    def name(project) -> str:
-        if project is None:
-            return "–"
-        return project.slug if project_ids is None or project.pk in project_ids else "another project"
-
+    visible = None if project_ids is None else set(project_ids)
     items = []
     for event in rows:
         node = event.gpu.node
         unit = f" {event.mig_instance.profile.name}@{event.mig_instance.placement_start}" if event.mig_instance else ""
+        sides = event.as_seen_by(visible)
+        if sides.pod_name:
+            by = f"{sides.namespace}/{sides.pod_name}"
+        else:
+            by = sides.project if sides.project == ANOTHER_PROJECT else "unknown process"
         items.append(
             {
                 "id": event.pk,
                 "kind": event.get_kind_display(),
                 "where": f"{node.cluster.name}/{node.name} GPU {event.gpu.index}{unit}",
-                "owner": name(event.owner_project) if event.owner_project else "unallocated",
-                "by": f"{event.namespace}/{event.pod_name}" if event.pod_name else "unknown process",
-                "project": name(event.project),
+                "owner": sides.owner or "unallocated",
+                "by": by,
+                "project": sides.project or "–",
                 "state": "open" if event.ended_at is None else "closed",
                 "started_at": event.started_at.isoformat(),
                 "url": reverse("admin:gpuaas_dashboard_gpu", args=[event.gpu_id]) if project_ids is None else "",

@@ -11,7 +11,7 @@ from rest_framework import serializers
 from pools.api.serializers import PoolClusterSerializer
 
 from ..choices import RollupLevel
-from ..models import HealthEvent, IdleReservation, Series, TrespassEvent
+from ..models import HealthEvent, IdleReservation, Series, TrespassEvent, TrespassSides
 from ..readers import AGGREGATES, METRICS
 
 MAX_RANGE = timedelta(days=400)
@@ -181,7 +181,8 @@ class IdleReservationSerializer(serializers.ModelSerializer):
 
 
 class TrespassEventSerializer(serializers.ModelSerializer):
-    """A trespass event; the other side's project is named only to those who may see that project."""
+    """A trespass event. To a project member, the other side is "another project" and nothing names it: the
+    namespace and pod are shown only when the pod is one of the member's own projects' (docs/monitoring.md)."""
 
     cluster = serializers.CharField(source="gpu.node.cluster.name", read_only=True)
     node = serializers.CharField(source="gpu.node.name", read_only=True)
@@ -189,7 +190,12 @@ class TrespassEventSerializer(serializers.ModelSerializer):
     mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None, allow_null=True)
     profile = serializers.CharField(source="mig_instance.profile.name", read_only=True, default=None, allow_null=True)
     owner_project = serializers.SerializerMethodField(help_text="Slug of the unit's holder; null when unallocated.")
-    project = serializers.SerializerMethodField(help_text="Slug of the offending project; null when unknown.")
+    project = serializers.SerializerMethodField(
+        help_text='Slug of the offending project; "another project" to a member when the pod is not one of theirs; '
+        "null when no pod is known."
+    )
+    namespace = serializers.SerializerMethodField(help_text="The pod's namespace; null to a member unless it is theirs")
+    pod_name = serializers.SerializerMethodField(help_text="The pod; null to a member unless it is theirs")
     state = serializers.CharField(read_only=True)
 
     class Meta:
@@ -215,16 +221,21 @@ class TrespassEventSerializer(serializers.ModelSerializer):
             "evicted_at",
         ]
 
-    def _slug(self, project) -> str | None:
-        if project is None:
-            return None
-        visible = self.context.get("visible_project_ids")
-        return project.slug if visible is None or project.pk in visible else "another project"
+    def _sides(self, event) -> TrespassSides:
+        return event.as_seen_by(self.context.get("visible_project_ids"))
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_owner_project(self, event) -> str | None:
-        return self._slug(event.owner_project)
+        return self._sides(event).owner
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_project(self, event) -> str | None:
-        return self._slug(event.project)
+        return self._sides(event).project
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_namespace(self, event) -> str | None:
+        return self._sides(event).namespace
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_pod_name(self, event) -> str | None:
+        return self._sides(event).pod_name

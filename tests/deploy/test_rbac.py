@@ -149,8 +149,10 @@ def run_dra_flow(tmp_path, role: Role, requests: list[Access], project, operator
         name = GpuPool.objects.get(pk=pool.pk).claim_template
         sim = state.cluster("dra")
         assert (project.namespace, name) in sim.resourceclaimtemplates
-        with state.lock:  # drift: the template deleted behind gpuaas's back
+        with state.lock:  # drift: the template deleted behind gpuaas's back (the admission policy refuses that,
+            sim.settings.admission_policy = False  # so it is taken off for the deletion, as on a cluster without it)
             ClusterApi(sim).delete("resourceclaimtemplates", project.namespace, name)
+            sim.settings.admission_policy = True
         assert reconcile_provisioned()["errors"] == 0
         assert (project.namespace, name) in sim.resourceclaimtemplates
         services.release(pool.request, actor=operator)

@@ -1,5 +1,6 @@
 """Who sees trespass events: operators everywhere (dashboard, admin, API, /metrics); a project member only the
-events on its own units or by its own pods (project view, API), the other side named "another project"."""
+events on its own units or by its own pods (project view, API), the other side named "another project" and
+nothing that names it (no slug, namespace or pod)."""
 
 import pytest
 from django.urls import reverse
@@ -58,14 +59,92 @@ def test_the_api_shows_a_member_only_events_on_or_by_its_projects(client, events
     client.force_login(bob)
     assert client.get(f"/api/v1/monitoring/trespass-events/{elsewhere.pk}/").status_code == 404
     row = client.get(f"/api/v1/monitoring/trespass-events/{on_a.pk}/").json()
-    assert (row["owner_project"], row["project"], row["pod_name"]) == ("team-a", "another project", "sneaky")
+    assert (row["owner_project"], row["project"], row["namespace"], row["pod_name"]) == (
+        "team-a",
+        "another project",
+        None,
+        None,
+    )
+
+
+def test_a_member_reads_nothing_that_names_the_other_project_in_the_api(client, events, bob, charlie, fleet, project):
+    """The trespassed-on owner never reads the trespasser's namespace or pod, nor the trespasser the owner's slug;
+    a trespasser reads its own pod. The whole JSON is searched, list and detail alike."""
+    on_a, elsewhere = events
+    outsider = TrespassEvent.objects.create(  # a pod of a namespace that is no gpuaas project
+        kind="foreign_pod",
+        gpu=fleet.mig_gpu,
+        mig_instance=fleet.mig_3g,
+        unit_key=f"mig:{fleet.mig_3g.pk}",
+        owner_project=project,
+        namespace="kube-ops",
+        pod_name="miner",
+        pod_uid="u3",
+    )
+    client.force_login(bob)
+    listed = client.get("/api/v1/monitoring/trespass-events/")
+    detail = client.get(f"/api/v1/monitoring/trespass-events/{outsider.pk}/")
+    for body in (listed.content.decode(), detail.content.decode()):
+        for name in ("team-b", "sneaky", "kube-ops", "miner", "third", "u1", "u3"):
+            assert name not in body, name
+    rows = {row["id"]: row for row in listed.json()["results"]}
+    assert {k: rows[outsider.pk][k] for k in ("owner_project", "project", "namespace", "pod_name")} == {
+        "owner_project": "team-a",
+        "project": "another project",
+        "namespace": None,
+        "pod_name": None,
+    }
+
+    client.force_login(charlie)  # team-b: the trespasser on team-a's unit, trespassed on by "third"
+    body = client.get("/api/v1/monitoring/trespass-events/").content.decode()
+    rows = {row["id"]: row for row in client.get("/api/v1/monitoring/trespass-events/").json()["results"]}
+    assert (rows[on_a.pk]["owner_project"], rows[on_a.pk]["namespace"], rows[on_a.pk]["pod_name"]) == (
+        "another project",
+        "team-b",
+        "sneaky",
+    )
+    assert (rows[elsewhere.pk]["project"], rows[elsewhere.pk]["namespace"], rows[elsewhere.pk]["pod_name"]) == (
+        "another project",
+        None,
+        None,
+    )
+    assert "team-a" not in body and "third" not in body and '"other"' not in body
+
+
+def test_operators_still_read_both_sides_in_the_api(client, events, operator):
+    on_a, _ = events
+    client.force_login(operator)
+    row = client.get(f"/api/v1/monitoring/trespass-events/{on_a.pk}/").json()
+    assert (row["owner_project"], row["project"], row["namespace"], row["pod_name"]) == (
+        "team-a",
+        "team-b",
+        "team-b",
+        "sneaky",
+    )
+
+
+def _trespass_panel(page: str) -> str:
+    panel = page[page.index('data-region="trespass"') :]
+    return panel[: panel.index("</section>")]
 
 
 def test_the_project_view_lists_only_its_own_events(client, events, bob):
     client.force_login(bob)
     page = client.get(reverse("projects:list")).content.decode()
-    assert "team-b/sneaky" in page and "another project" in page
-    assert "third/other" not in page
+    trespass = _trespass_panel(page)
+    assert "another project" in trespass
+    for name in ("team-b", "sneaky", "third", "/other"):
+        assert name not in trespass, name
+    detail = client.get("/projects/team-a/").content.decode()
+    assert "sneaky" not in detail and "team-b" not in _trespass_panel(detail)
+
+
+def test_the_trespasser_reads_its_own_pod_on_its_project_view(client, events, charlie):
+    client.force_login(charlie)
+    page = client.get(reverse("projects:list")).content.decode()
+    trespass = _trespass_panel(page)
+    assert "team-b/sneaky" in trespass  # its own pod
+    assert "team-a" not in trespass and "third/other" not in trespass and "third" not in trespass
 
 
 def test_the_dashboard_and_metrics_are_for_operators(client, events, bob, staff_operator):

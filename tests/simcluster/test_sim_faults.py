@@ -133,3 +133,25 @@ def test_a_failed_write_leaves_the_keep_alive_connection_usable(prod, state):
         prod.create_namespaced_config_map("team-nlp", body)
     assert prod.create_namespaced_config_map("team-nlp", body).metadata.name == "cfg"
     assert prod.list_node().items
+
+
+def test_a_trespass_pod_takes_a_free_unit_and_nvml_shows_its_process(server, prod, state):
+    """`trespass`: a pod no pool reserved takes one free device of the node, seen by the official client
+    and by NVML; a node with nothing free of that resource refuses the fault (400) rather than leave it Pending."""
+    from simcluster import scheduler
+
+    base = server.cluster_url("prod")
+    made = post(f"{base}/sim/v1/faults", {"fault": "trespass", "node": "prod-h100-full-02", "pod": "miner"})
+    assert made["pod"] == "intruder/miner" and made["node"] == "prod-h100-full-02" and len(made["devices"]) == 1
+    pod = prod.read_namespaced_pod("miner", "intruder")
+    assert (pod.spec.node_name, pod.status.phase) == ("prod-h100-full-02", "Running")
+    cluster = state.cluster("prod")
+    node = cluster.nodes["prod-h100-full-02"]
+    uuids = {g.uuid: g.index for g in node.gpus}
+    (process,) = [p for p in scheduler.processes(cluster, node) if p["pod"] == "intruder/miner"]
+    assert process["gpu"] == uuids[made["devices"][0]] and process["used_bytes"] > 0
+    for _ in range(7):  # the node's 8 GPUs, one already taken
+        state.faults.trespass("prod", "prod-h100-full-02")
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        post(f"{base}/sim/v1/faults", {"fault": "trespass", "node": "prod-h100-full-02"})
+    assert exc.value.code == 400 and "no free nvidia.com/gpu device" in json.loads(exc.value.read())["message"]
