@@ -162,12 +162,13 @@ class EndingResult:
     evicted: int = 0
     blocked: int = 0
     forced: int = 0
+    gone: int = 0
     waiting: int = 0
     failed: int = 0
     outcomes: list[tuple[str, str, str]] = field(default_factory=list)  # (namespace, pod, outcome)
 
     def summary(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in ("vacated", "evicted", "blocked", "forced", "waiting", "failed")}
+        return {k: getattr(self, k) for k in ("vacated", "evicted", "blocked", "forced", "gone", "waiting", "failed")}
 
 
 def evict(
@@ -271,6 +272,8 @@ def sweep_ending(
                         result.blocked += 1
                     elif outcome == EvictionOutcome.FORCED:
                         result.forced += 1
+                    elif outcome == EvictionOutcome.GONE:
+                        result.gone += 1
                     else:
                         result.evicted += 1
     except KubernetesError:

@@ -182,8 +182,9 @@ def _pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> list[tuple[
       the device-ids annotation);
     - per (borrower namespace, node, resource), from a live list: the borrower's pods there beyond what its other
       open loans and its own units on that node cover, less those already chosen (a pod the device plugin placed
-      by count, whose device the mirror does not know yet). Pods of the borrowed PriorityClass go first, and a
-      pod the mirror places on another device is left alone: the borrower's own units are not touched.
+      by count: under the device plugin a borrowed pod gets whichever device of the node is free). Pods of the
+      borrowed PriorityClass go first, and a pod the mirror places on one of the borrower's own units is left
+      alone: the borrower's own units are not touched.
     """
     if not returning:
         return []
@@ -220,11 +221,12 @@ def _pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> list[tuple[
             gpu__node__cluster_id=cluster_id,
             gpu__node__name__in={k[1] for k in keys},
         )
-        .values_list("project__namespace", "gpu__node__name", "resource_name")
+        .values_list("project__namespace", "gpu__node__name", "resource_name", "mig_instance_id", "gpu_id")
     )
-    for key in own:
-        kept[key] += 1
-    lent_units = {loan.allocation.mig_instance_id or -loan.allocation.gpu_id for loan in returning}
+    own_units: set[tuple[str, int]] = set()
+    for namespace, node, resource, mig_id, gpu_id in own:
+        kept[(namespace, node, resource)] += 1
+        own_units.add((namespace, mig_id or -gpu_id))
     for key in sorted(keys):
         namespace, node, resource = key
         try:
@@ -241,8 +243,7 @@ def _pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> list[tuple[
         for name, uses in running:
             if excess <= 0:
                 break
-            unit = placed.get((namespace, name))
-            if (namespace, name) in seen or (unit is not None and unit not in lent_units):
+            if (namespace, name) in seen or (namespace, placed.get((namespace, name))) in own_units:
                 continue
             seen.add((namespace, name))
             chosen.append((keys[key], namespace, name))
