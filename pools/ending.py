@@ -2,11 +2,12 @@
 
 Whatever ends an allocation (release, expiry, a MIG reconfiguration that destroys its instance, an idle
 release) sets `released_at`: billing stops there and the allocation is *ending* until no pod of its
-project uses the unit any more (`vacated_at`). While ending, the unit is in capacity's availability as
+project uses the unit any more (`vacated_at`; set at once when the mirror shows none, announce_ending).
+While ending, the unit is in capacity's availability as
 `Availability.ENDING`: approval, the queue and every screen see it taken, so it is handed to no other
 project before it is empty.
 
-The project is told at once (`signals.allocation_ending`, after commit, with the time its pods will be
+The project is told at once (`signals.allocation_ending`, with the time its pods will be
 evicted). `sweep_ending()` runs every ALLOCATION_ENDING_SWEEP_S (beat, `sweep_ending_task`) per cluster:
 
 - the pods on each ending unit are read from the workload mirror (capacity's WorkloadProfile: which pod
@@ -30,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -58,28 +58,32 @@ def hard_deadline() -> timedelta:
 
 
 def announce_ending(allocation_ids, *, reason: str, at: datetime) -> None:
-    """Tell each project whose allocations ended (signals.allocation_ending), after the caller's commit.
-    Call inside the transaction that set released_at; one signal per project."""
+    """Start the ending of these just-ended allocations: a unit no pod of its project uses (by the workload
+    mirror) is vacated at once, the others stay ending for the sweep; and tell each project
+    (signals.allocation_ending, one signal per project). Call inside the transaction that set released_at:
+    receivers enqueue their work on commit (pools.signals)."""
     ids = sorted(set(allocation_ids))
     if not ids:
         return
+    ended = list(Allocation.objects.ending().filter(pk__in=ids).select_related("gpu__node").order_by("pk"))
+    pods = pods_on_ending_units(ended)
+    empty = [a.pk for a in ended if not pods[a.pk]]
+    if empty:
+        Allocation.objects.ending().filter(pk__in=empty).update(vacated_at=at)
     by_project: dict[int, list[int]] = defaultdict(list)
     for pk, project_id in Allocation.objects.filter(pk__in=ids).values_list("pk", "project_id").order_by("pk"):
         by_project[project_id].append(pk)
 
-    def send() -> None:
-        for project_id, allocations in sorted(by_project.items()):
-            allocation_ending.send(
-                sender=Allocation,
-                project_id=project_id,
-                allocation_ids=allocations,
-                reason=reason,
-                at=at,
-                evict_after=at + grace(),
-                force_after=at + hard_deadline(),
-            )
-
-    transaction.on_commit(send)
+    for project_id, allocations in sorted(by_project.items()):
+        allocation_ending.send(
+            sender=Allocation,
+            project_id=project_id,
+            allocation_ids=allocations,
+            reason=reason,
+            at=at,
+            evict_after=at + grace(),
+            force_after=at + hard_deadline(),
+        )
 
 
 def pods_on_ending_units(allocations: list[Allocation]) -> dict[int, list[Pod]]:

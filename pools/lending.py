@@ -112,17 +112,15 @@ def request_reclaim(loan: Loan, *, reason: str, at: datetime | None = None) -> b
             return False
         reconcile_project_task.delay_on_commit(loan.borrower_id, Allocation.objects.cluster_id_of(loan.allocation_id))
         evict_after = at + timedelta(seconds=settings.LENDING_RECLAIM_GRACE_S)
-        transaction.on_commit(
-            lambda: loan_reclaimed.send(
-                sender=Loan,
-                loan_id=loan.pk,
-                borrower_id=loan.borrower_id,
-                lender_pool_id=loan.lender_pool_id,
-                allocation_id=loan.allocation_id,
-                reason=reason[:200],
-                at=at,
-                evict_after=evict_after,
-            )
+        loan_reclaimed.send(
+            sender=Loan,
+            loan_id=loan.pk,
+            borrower_id=loan.borrower_id,
+            lender_pool_id=loan.lender_pool_id,
+            allocation_id=loan.allocation_id,
+            reason=reason[:200],
+            at=at,
+            evict_after=evict_after,
         )
     return True
 

@@ -77,16 +77,17 @@ def busy_units(pool) -> set[int]:
 
 
 @pytest.mark.postgres
-def test_a_released_unit_ends_for_real(sim, running, operator, settings, received, django_capture_on_commit_callbacks):
+def test_a_released_unit_ends_for_real(sim, running, operator, settings, received):
     settings.ALLOCATION_ENDING_GRACE_S = 300
     pool, cluster = running, sim.clusters["prod"]
     busy = busy_units(pool)
     assert len(busy) == 2
-    with django_capture_on_commit_callbacks(execute=True):
-        services.release(pool.request, actor=operator, reason="done with it")
+    services.release(pool.request, actor=operator, reason="done with it")
     units = list(Allocation.objects.filter(pool=pool).order_by("pk"))
     t0 = units[0].released_at
-    assert {u.state for u in units} == {AllocationState.ENDING}
+    # The busy units are ending; the idle ones were empty, so they ended at once (free for the queue).
+    assert {u.pk for u in units if u.state == AllocationState.ENDING} == busy
+    assert {u.vacated_at for u in units if u.pk not in busy} == {t0}
     # The project is told once, with when its pods go.
     assert len(received) == 1
     notice = received[0]
@@ -96,19 +97,20 @@ def test_a_released_unit_ends_for_real(sim, running, operator, settings, receive
         "done with it",
     )
     assert (notice["at"], notice["evict_after"]) == (t0, t0 + dt.timedelta(seconds=300))
-    # Handed to nobody while ending: not free, and the idle ones say "ending" (the busy ones "in use").
+    # Handed to nobody while ending: not free, even once its pods are gone from the mirror.
     ids = [u.mig_instance_id for u in units]
-    assert not MigInstance.objects.free().filter(pk__in=ids).exists()
-    states = dict(MigInstance.objects.annotate_availability().filter(pk__in=ids).values_list("pk", "availability"))
-    assert sorted(states.values()).count(Availability.IN_USE) == 2
-    assert sorted(states.values()).count(Availability.ENDING) == 6
+    ending_ids = [u.mig_instance_id for u in units if u.pk in busy]
+    assert MigInstance.objects.free().filter(pk__in=ids).count() == 6
+    assert not MigInstance.objects.free().filter(pk__in=ending_ids).exists()
+    states = MigInstance.objects.annotate_availability().filter(pk__in=ending_ids)
+    assert sorted(states.values_list("availability", flat=True)) == [Availability.IN_USE] * 2
     # Its pods are not trespassers while they are being evicted.
-    assert all(pool.project_id in owners(cluster)[(u.gpu_id, u.mig_instance_id)] for u in units)
+    assert all(pool.project_id in owners(cluster)[(u.gpu_id, u.mig_instance_id)] for u in units if u.pk in busy)
 
-    # Within the grace period: the empty units are vacated, the pods keep running.
+    # Within the grace period: the pods keep running.
     first = sweep_ending(cluster, now=t0 + dt.timedelta(seconds=30))
     assert first.summary() == {
-        "vacated": 6,
+        "vacated": 0,
         "evicted": 0,
         "blocked": 0,
         "forced": 0,
@@ -124,8 +126,13 @@ def test_a_released_unit_ends_for_real(sim, running, operator, settings, receive
     audit = sorted(Eviction.objects.values_list("pod_name", "outcome", "project", "allocation__pool"))
     assert audit == [("w1", "evicted", pool.project_id, pool.pk), ("w2", "evicted", pool.project_id, pool.pk)]
     assert all("done with it" in reason for reason in Eviction.objects.values_list("reason", flat=True))
+    # Before the next poll the mirror still has the pods: the units stay ending, and not free.
+    assert MigInstance.objects.annotate_availability().get(pk=ending_ids[0]).availability == Availability.IN_USE
     # The next poll mirrors the pods gone; the sweep vacates the units and they are free again.
     mirror(sim)
+    assert set(
+        MigInstance.objects.annotate_availability().filter(pk__in=ending_ids).values_list("availability", flat=True)
+    ) == {Availability.ENDING}
     last = sweep_ending(cluster, now=t0 + dt.timedelta(seconds=330))
     assert (last.vacated, last.evicted) == (2, 0)
     assert {u.state for u in Allocation.objects.filter(pool=pool)} == {AllocationState.ENDED}
@@ -172,7 +179,7 @@ def test_a_sweep_leaves_a_unit_another_sweep_holds_until_its_lease_runs_out(sim,
     services.release(pool.request, actor=operator, reason="done")
     t0 = Allocation.objects.filter(pool=pool).first().released_at
     held = t0 + dt.timedelta(seconds=60)  # a worker claimed them, then was killed: its lease is still running
-    Allocation.objects.filter(pool=pool).update(ending_lease_expires_at=held)
+    assert Allocation.objects.filter(pool=pool).ending().update(ending_lease_expires_at=held) == 2
     assert sweep_ending(cluster, now=t0 + dt.timedelta(seconds=10)).evicted == 0
     assert pod(sim, "team-a", "w1") is not None
     assert sweep_ending(cluster, now=held).evicted == 2  # the lease ran out: the next sweep takes over
@@ -181,21 +188,19 @@ def test_a_sweep_leaves_a_unit_another_sweep_holds_until_its_lease_runs_out(sim,
 
 @pytest.mark.postgres
 def test_expiry_a_single_unit_release_and_a_reconfiguration_all_end_through_ending(
-    sim, running, operator, settings, received, django_capture_on_commit_callbacks
+    sim, running, operator, settings, received
 ):
     pool = running
     busy = sorted(busy_units(pool))
     idle = Allocation.objects.filter(pool=pool).exclude(pk__in=busy).order_by("pk")
     # One idle unit released on its own (monitoring's idle release).
-    with django_capture_on_commit_callbacks(execute=True):
-        services.release_unit(idle[0], reason="idle for 24 h")
-    assert Allocation.objects.get(pk=idle[0].pk).state == AllocationState.ENDING
+    services.release_unit(idle[0], reason="idle for 24 h")
+    assert Allocation.objects.get(pk=idle[0].pk).state == AllocationState.ENDED  # no pod on it: empty at once
     assert (received[-1]["allocation_ids"], received[-1]["reason"]) == ([idle[0].pk], "idle for 24 h")
     # A MIG reconfiguration destroys a busy unit's instance, with no equivalent left on its GPU.
     unit = Allocation.objects.get(pk=busy[0])
     MigInstance.objects.filter(gpu=unit.gpu).update(state="gone")
-    with django_capture_on_commit_callbacks(execute=True):
-        services.rehome_allocations([unit.mig_instance_id], at=unit.allocated_at + dt.timedelta(hours=1))
+    services.rehome_allocations([unit.mig_instance_id], at=unit.allocated_at + dt.timedelta(hours=1))
     unit.refresh_from_db()
     assert unit.state == AllocationState.ENDING and "destroyed" in unit.end_reason
     assert received[-1]["allocation_ids"][0] == unit.pk
@@ -204,10 +209,9 @@ def test_expiry_a_single_unit_release_and_a_reconfiguration_all_end_through_endi
     request.end_at = request.start_at + dt.timedelta(minutes=1)
     request.expiry_notice_at = request.start_at
     request.save(update_fields=["end_at", "expiry_notice_at"])
-    with django_capture_on_commit_callbacks(execute=True):
-        assert services.expire_due(now=request.end_at + dt.timedelta(days=1), notice_s=0)["expired"] == 1
+    assert services.expire_due(now=request.end_at + dt.timedelta(days=1), notice_s=0)["expired"] == 1
     assert received[-1]["reason"].startswith("expired")
-    assert Allocation.objects.filter(pool=pool).ending().count() == 8
+    assert set(Allocation.objects.filter(pool=pool).ending().values_list("pk", flat=True)) == set(busy)
     assert Allocation.objects.filter(pool=pool).active().count() == 0
 
 
@@ -216,7 +220,7 @@ def test_the_beat_task_sweeps_every_cluster_with_ending_units(sim, running, oper
     settings.ALLOCATION_ENDING_GRACE_S = 0
     services.release(running.request, actor=operator, reason="done")
     first = sweep_ending_task()
-    assert (first["vacated"], first["evicted"], first["waiting"], first["failed"]) == (6, 2, 0, 0)
+    assert (first["vacated"], first["evicted"], first["waiting"], first["failed"]) == (0, 2, 0, 0)
     again = sweep_ending_task()  # not mirrored yet: the pods are tried again, and found gone (404)
     assert (again["evicted"], again["gone"]) == (0, 2)
     assert running.__class__.objects.get(pk=running.pk).state == PoolState.RELEASED
