@@ -43,6 +43,7 @@ from simcluster.scenarios import Scenario
 from tenancy.models import Project
 
 from .dra_check import measure_dra_wrong_device
+from .ending_check import measure_ending_and_loans
 from .pools import bench_database
 from .registry import Smoke, arg, benchmark
 from .targets import correctness, performance
@@ -231,6 +232,7 @@ def _attribution_errors(cluster: Cluster, expected: dict) -> int:
     arguments=[
         arg("--nodes", type=int, default=200),
         arg("--projects", type=int, default=50),
+        arg("--ending-nodes", type=int, default=20, help="Nodes of the ending and loans fleet (half each)"),
         arg("--keep-db", action="store_true", help="Keep the throwaway database"),
     ],
     targets=[
@@ -240,10 +242,18 @@ def _attribution_errors(cluster: Cluster, expected: dict) -> int:
         correctness("dra_wrong_device", "==", 0),
         correctness("dra_forged_obtained_foreign", "==", 0),
         performance("detect_s", "<=", 2),
+        correctness("pods_outliving_allocation_s_max", "<=", "ending_target_s"),
+        correctness("pdb_pods_outliving_s_max", "<=", "pdb_target_s"),
+        correctness("ending_pods_left", "==", 0),
+        correctness("units_handed_out_while_ending", "==", 0),
+        correctness("loan_overstay_s_max", "<=", "loan_target_s"),
+        correctness("loans_not_returned", "==", 0),
+        correctness("reclaimed_units_beyond_need", "==", 0),
+        correctness("lender_pods_pending_after", "==", 0),
     ],
-    smoke=Smoke(("--nodes", "6", "--projects", "4")),
+    smoke=Smoke(("--nodes", "6", "--projects", "4", "--ending-nodes", "4")),
 )
-def dedication(*, stdout=None, nodes: int, projects: int, keep_db: bool = False, **_) -> dict:
+def dedication(*, stdout=None, nodes: int, projects: int, ending_nodes: int = 20, keep_db: bool = False, **_) -> dict:
     rng = random.Random(15)
     state = _scenario(nodes).build(mig_manager_delay=3600)
     server = SimServer(state).start()
@@ -278,6 +288,7 @@ def dedication(*, stdout=None, nodes: int, projects: int, keep_db: bool = False,
             units_allocated = Allocation.objects.active().count()
             dra = measure_dra_wrong_device(nodes, projects, 15, rounds=2)
             found = set(TrespassEvent.objects.open().exclude(pod_uid="").values_list("unit_key", "pod_uid"))
+            ending = measure_ending_and_loans(ending_nodes)
             return {
                 "nodes": nodes,
                 "projects": projects,
@@ -294,6 +305,7 @@ def dedication(*, stdout=None, nodes: int, projects: int, keep_db: bool = False,
                 "detect_s": round(detect_s, 3),
                 "workload_sync_s": round(sync_s, 3),
                 "first_sync_s": round(first_sync_s, 3),
+                **ending,
             }
     finally:
         server.stop()

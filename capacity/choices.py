@@ -69,6 +69,8 @@ class Availability(models.TextChoices):
 
     IN_USE = "in_use", "In use"
     RESERVED = "reserved", "Reserved"
+    # Its reservation ended and the project's pods are being evicted (pools/ending.py): given to nobody until empty.
+    ENDING = "ending", "Ending (being emptied)"
     RECONFIGURING = "reconfiguring", "Mid-reconfiguration"
     CORDONED = "cordoned", "Cordoned or not ready"
     WITHHELD = "withheld", "Withheld (health)"

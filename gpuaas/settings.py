@@ -522,6 +522,15 @@ LENDING_RECLAIM_GRACE_S = env_int("LENDING_RECLAIM_GRACE_S", 120, minimum=0)
 LENDING_RECONCILE_INTERVAL_S = env_int("LENDING_RECONCILE_INTERVAL_S", 30, minimum=5)
 LENDING_INTERVAL_S = env_int("LENDING_INTERVAL_S", 600, minimum=30)
 
+# --- Reservations that end (docs/pools.md, Ending) ------------------------------------------------
+# After an allocation ends (release, expiry, reconfiguration, take-offline) its project's pods on the unit get
+# this long to stop; then they are evicted through the Eviction API (PodDisruptionBudgets respected) and, if a
+# budget still blocks them this many seconds later, deleted (the hard deadline). The unit stays "ending", and is
+# handed to no other project, until no pod uses it. The sweep runs every ALLOCATION_ENDING_SWEEP_S.
+ALLOCATION_ENDING_GRACE_S = env_int("ALLOCATION_ENDING_GRACE_S", 300, minimum=0)
+ALLOCATION_ENDING_FORCE_AFTER_S = env_int("ALLOCATION_ENDING_FORCE_AFTER_S", 300, minimum=0)
+ALLOCATION_ENDING_SWEEP_S = env_int("ALLOCATION_ENDING_SWEEP_S", WORKFLOW_SWEEP_S, minimum=1)
+
 
 # Static beat schedule; `expires` equals the period so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
@@ -534,6 +543,7 @@ CELERY_BEAT_SCHEDULE = {
     "pools-process-queue": every(QUEUE_PROCESS_INTERVAL_S, "pools.tasks.process_queue_task"),
     "pools-refresh-forecasts": every(QUEUE_FORECAST_INTERVAL_S, "pools.tasks.refresh_forecasts_task"),
     "pools-reconcile-loans": every(LENDING_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_loans_task"),
+    "pools-sweep-ending": every(ALLOCATION_ENDING_SWEEP_S, "pools.tasks.sweep_ending_task"),
     "monitoring-lend-idle": every(LENDING_INTERVAL_S, "monitoring.tasks.lend_idle_task"),
     "monitoring-poll-metrics": every(METRICS_INTERVAL_S, "monitoring.tasks.poll_metrics_task"),
     "monitoring-rollup": every(MONITORING_ROLLUP_INTERVAL_S, "monitoring.tasks.rollup_metrics_task"),

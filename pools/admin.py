@@ -25,6 +25,7 @@ from .models import (
     PENDING_FIRST,
     Allocation,
     BestEffortRequest,
+    Eviction,
     GpuPool,
     Loan,
     PoolCluster,
@@ -462,6 +463,26 @@ class LoanAdmin(admin.ModelAdmin):
         "best_effort__project",
     ]
     search_fields = ["borrower__slug", "lender_pool__name", "lender_pool__project__slug"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Eviction)
+class EvictionAdmin(admin.ModelAdmin):
+    """The audit of every eviction gpuaas made when a reservation or a loan ended: read-only (pools/ending.py)."""
+
+    list_display = ["at", "namespace", "pod_name", "outcome", "allocation", "loan", "project", "reason"]
+    list_filter = ["outcome"]
+    list_select_related = ["allocation__gpu", "allocation__pool__project", "loan", "project"]
+    search_fields = ["namespace", "pod_name", "project__slug"]
+    date_hierarchy = "at"
 
     def has_add_permission(self, request):
         return False

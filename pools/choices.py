@@ -83,6 +83,24 @@ class IsolationNeed(models.TextChoices):
 ISOLATION_OR_NEED = [*IsolationNeed.choices, *Isolation.choices]
 
 
+class AllocationState(models.TextChoices):
+    """An allocation: held; ended but its project's pods not yet off the unit (pools/ending.py); ended."""
+
+    ACTIVE = "active", "Active"
+    ENDING = "ending", "Ending (pods being evicted)"
+    ENDED = "ended", "Ended"
+
+
+class EvictionOutcome(models.TextChoices):
+    """What one eviction attempt did (pools.Eviction, the audit of every eviction gpuaas makes)."""
+
+    EVICTED = "evicted", "Evicted (Eviction API)"
+    BLOCKED = "blocked", "Blocked by a PodDisruptionBudget (429)"
+    FORCED = "forced", "Deleted at the hard deadline"
+    GONE = "gone", "Already gone"
+    FAILED = "failed", "Failed"
+
+
 class LoanState(models.TextChoices):
     """A lent unit: lent, being taken back (grace period running), or back with its lender."""
 

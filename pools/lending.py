@@ -24,18 +24,20 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from capacity.adapters.kubernetes import KubernetesClient, KubernetesError, NotFound
-from capacity.models import Cluster
+from capacity.models import Cluster, WorkloadProfile
 from tenancy.models import Project
 
 from .choices import BestEffortState, LoanState, RequestState
+from .ending import evict
 from .exceptions import LendingRefused
 from .models import Allocation, BestEffortRequest, Loan, PoolRequest, QueueEntry
 from .provisioning import BORROWED_PRIORITY_CLASS, reconcile
+from .signals import loan_reclaimed
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +111,17 @@ def request_reclaim(loan: Loan, *, reason: str, at: datetime | None = None) -> b
         ):
             return False
         reconcile_project_task.delay_on_commit(loan.borrower_id, Allocation.objects.cluster_id_of(loan.allocation_id))
+        evict_after = at + timedelta(seconds=settings.LENDING_RECLAIM_GRACE_S)
+        loan_reclaimed.send(
+            sender=Loan,
+            loan_id=loan.pk,
+            borrower_id=loan.borrower_id,
+            lender_pool_id=loan.lender_pool_id,
+            allocation_id=loan.allocation_id,
+            reason=reason[:200],
+            at=at,
+            evict_after=evict_after,
+        )
     return True
 
 
@@ -131,21 +144,67 @@ def _loan_key(loan: Loan) -> tuple[str, str, str]:
     return (loan.borrower.namespace, loan.allocation.gpu.node.name, loan.allocation.resource_name)
 
 
-def _borrower_pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> list[tuple[str, str]]:
-    """Per (borrower namespace, node, resource) of the units coming back: the borrower's low-priority pods
-    there beyond what its other open loans on that node cover (pods of the borrowed PriorityClass only; the
-    borrower's own units are never touched). Pods are not tied to one lent device, so the count is what
-    matters: after the evictions the borrower runs on that node no more borrowed units than it still holds."""
+def _on_device(returning: list[Loan]) -> tuple[dict[int, list[tuple[str, str]]], dict[tuple[str, str], int | None]]:
+    """From the workload mirror (capacity's WorkloadProfile, however attribution learnt the device): per loan, the
+    running pods on its lent device that are not its lender's, whatever their project or priority class; and, for
+    the pods of the borrowers' namespaces, which device the mirror puts them on ((namespace, pod) -> unit key)."""
+    lent_migs = {x.allocation.mig_instance_id for x in returning if x.allocation.mig_instance_id}
+    lent_gpus = {x.allocation.gpu_id for x in returning if not x.allocation.mig_instance_id}
+    rows = (
+        WorkloadProfile.objects.running()
+        .filter(
+            Q(mig_instance_id__in=lent_migs)
+            | Q(gpu_id__in=lent_gpus, mig_instance__isnull=True)
+            | Q(namespace__in={x.borrower.namespace for x in returning})
+        )
+        .order_by("namespace", "pod_name")
+        .values_list("namespace", "pod_name", "gpu_id", "mig_instance_id", "project_id")
+    )
+    on_device: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    placed: dict[tuple[str, str], int | None] = {}
+    for namespace, name, gpu_id, mig_id, project_id in rows:
+        if gpu_id is not None:
+            placed[(namespace, name)] = mig_id or -gpu_id
+        for loan in returning:
+            a = loan.allocation
+            here = mig_id == a.mig_instance_id if a.mig_instance_id else (gpu_id == a.gpu_id and mig_id is None)
+            if here and project_id != loan.lender_pool.project_id:
+                on_device[loan.pk].append((namespace, name))
+    return on_device, placed
+
+
+def _pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> list[tuple[Loan, str, str]]:
+    """(loan, namespace, pod) to take off the units coming back, whatever the pods' priority class:
+
+    - every pod the workload mirror places on a lent device that is not the lender's (exact: DRA, PodResources,
+      the device-ids annotation);
+    - per (borrower namespace, node, resource), from a live list: the borrower's pods there beyond what its other
+      open loans and its own units on that node cover, less those already chosen (a pod the device plugin placed
+      by count: under the device plugin a borrowed pod gets whichever device of the node is free). Pods of the
+      borrowed PriorityClass go first, and a pod the mirror places on one of the borrower's own units is left
+      alone: the borrower's own units are not touched.
+    """
     if not returning:
         return []
+    on_device, placed = _on_device(returning)
+    chosen: list[tuple[Loan, str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for loan in returning:
+        for namespace, name in on_device.get(loan.pk, []):
+            if (namespace, name) not in seen:
+                seen.add((namespace, name))
+                chosen.append((loan, namespace, name))
     returning_ids = {loan.pk for loan in returning}
-    keys = {_loan_key(loan) for loan in returning}
+    keys: dict[tuple[str, str, str], Loan] = {}
+    for loan in returning:
+        keys.setdefault(_loan_key(loan), loan)
+    cluster_id = returning[0].allocation.gpu.node.cluster_id
     kept: dict[tuple[str, str, str], int] = defaultdict(int)
     others = (
         Loan.objects.open()
         .filter(
             borrower__namespace__in={k[0] for k in keys},
-            allocation__gpu__node__cluster_id=returning[0].allocation.gpu.node.cluster_id,
+            allocation__gpu__node__cluster_id=cluster_id,
             allocation__gpu__node__name__in={k[1] for k in keys},
         )
         .exclude(pk__in=returning_ids)
@@ -153,53 +212,87 @@ def _borrower_pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> li
     )
     for loan in others:
         kept[_loan_key(loan)] += 1
-    chosen: list[tuple[str, str]] = []
-    for namespace, node, resource in sorted(keys):
+    own = (
+        Allocation.objects.active()
+        .filter(
+            project__namespace__in={k[0] for k in keys},
+            gpu__node__cluster_id=cluster_id,
+            gpu__node__name__in={k[1] for k in keys},
+        )
+        .values_list("project__namespace", "gpu__node__name", "resource_name", "mig_instance_id", "gpu_id")
+    )
+    own_units: set[tuple[str, int]] = set()
+    for namespace, node, resource, mig_id, gpu_id in own:
+        kept[(namespace, node, resource)] += 1
+        own_units.add((namespace, mig_id or -gpu_id))
+    for key in sorted(keys):
+        namespace, node, resource = key
         try:
             pods = kube.list_pods_on_node(node, namespace)
         except NotFound:
             continue
         running = []
-        for pod in sorted(pods, key=lambda p: p.name):
+        for pod in sorted(pods, key=lambda p: (p.priority_class != BORROWED_PRIORITY_CLASS, p.name)):
             uses = pod.requests.get(resource, 0) or (1 if pod.claims else 0)
-            if uses and not pod.finished and pod.priority_class == BORROWED_PRIORITY_CLASS:
+            if uses and not pod.finished:
                 running.append((pod.name, uses))
-        excess = sum(uses for _, uses in running) - kept[(namespace, node, resource)]
+        excess = sum(uses for _, uses in running) - kept[key]
+        excess -= sum(uses for name, uses in running if (namespace, name) in seen)
         for name, uses in running:
             if excess <= 0:
                 break
-            chosen.append((namespace, name))
+            if (namespace, name) in seen or (namespace, placed.get((namespace, name))) in own_units:
+                continue
+            seen.add((namespace, name))
+            chosen.append((keys[key], namespace, name))
             excess -= uses
     return chosen
 
 
-def _pods_of(loan: Loan, evicted: list[tuple[str, str]]) -> list[str]:
-    """The evicted pods recorded on `loan`: those of its borrower's namespace."""
-    return [name for namespace, name in evicted if namespace == loan.borrower.namespace]
+def _evict(kube: KubernetesClient, chosen: list[tuple[Loan, str, str]], *, at: datetime) -> list[tuple[Loan, str, str]]:
+    """Evict each chosen pod (audited, pools.Eviction): the Eviction API, and a delete when a PodDisruptionBudget
+    blocks it, since the grace period was the notice (a lent unit is preemptible). Returns those gone."""
+    gone = []
+    for loan, namespace, name in chosen:
+        reason = f"loan #{loan.pk} of {loan.allocation} ended ({loan.reason or 'the lender needs it'})"
+        project = Project.objects.filter(namespace=namespace).values_list("pk", flat=True).first()
+        evict(kube, (namespace, name), force=True, reason=reason, loan=loan, project_id=project, at=at)
+        gone.append((loan, namespace, name))
+    return gone
 
 
-def _evict(kube: KubernetesClient, pods: list[tuple[str, str]]) -> None:
-    for namespace, name in pods:
-        try:
-            kube.evict_pod(namespace, name)
-        except NotFound:
-            pass
+def _pods_of(loan: Loan, evicted: list[tuple[Loan, str, str]]) -> list[str]:
+    """The evicted pods recorded on `loan`: those of its borrower's namespace taken off its unit."""
+    return [name for x, namespace, name in evicted if x.pk == loan.pk and namespace == loan.borrower.namespace]
 
 
-def _lender_needs(kube: KubernetesClient, loans: list[Loan]) -> set[int]:
-    """Loans whose lender has a pod Pending for the lent resource (device plugin) or any claim (DRA)."""
-    by_lender: dict[str, list[Loan]] = defaultdict(list)
-    for loan in loans:
-        by_lender[loan.lender_pool.project.namespace].append(loan)
+def _pending_units(pod, resource: str) -> int:
+    """Units of `resource` a Pending pod waits for: its request, or one per claim under DRA."""
+    return int(pod.requests.get(resource) or 0) or len(pod.claims)
+
+
+def _lender_needs(kube: KubernetesClient, active: list[Loan], reclaiming: list[Loan]) -> set[int]:
+    """The lent loans to take back: per (lender pool's namespace, resource), as many as the lender's Pending pods
+    wait for there, less the units already coming back (loans reclaiming). Never more: a lender's Pending pod
+    takes back one unit, not all its loans."""
+    by_need: dict[tuple[str, str], list[Loan]] = defaultdict(list)
+    for loan in active:
+        by_need[(loan.lender_pool.project.namespace, loan.allocation.resource_name)].append(loan)
+    coming: dict[tuple[str, str], int] = defaultdict(int)
+    for loan in reclaiming:
+        coming[(loan.lender_pool.project.namespace, loan.allocation.resource_name)] += 1
     needed: set[int] = set()
-    for namespace, lent in sorted(by_lender.items()):
-        try:
-            pending = [p for p in kube.list_pods(namespace, field_selector="status.phase=Pending") if p.pending]
-        except NotFound:
-            continue
-        for loan in lent:
-            if any(p.requests.get(loan.allocation.resource_name) or p.claims for p in pending):
-                needed.add(loan.pk)
+    pending_of: dict[str, list] = {}
+    for (namespace, resource), lent in sorted(by_need.items()):
+        if namespace not in pending_of:
+            try:
+                listed = kube.list_pods(namespace, field_selector="status.phase=Pending")
+            except NotFound:
+                listed = []
+            pending_of[namespace] = [p for p in listed if p.pending]
+        want = sum(_pending_units(p, resource) for p in pending_of[namespace]) - coming[(namespace, resource)]
+        for loan in sorted(lent, key=lambda x: x.pk)[: max(0, want)]:
+            needed.add(loan.pk)
     return needed
 
 
@@ -227,7 +320,8 @@ def reconcile_loans(
     with client_factory(cluster) as kube:
         gone = [x for x in loans if x.allocation.released_at is not None or x.lender_pool.released_at is not None]
         active = [x for x in loans if x.state == LoanState.ACTIVE and x not in gone]
-        needed = _lender_needs(kube, active)
+        reclaiming = [x for x in loans if x.state == LoanState.RECLAIMING and x not in gone]
+        needed = _lender_needs(kube, active, reclaiming)
         borrowers = set()
         for loan in active:
             if loan.pk in needed and request_reclaim(loan, reason="a lender pod is Pending for the unit", at=now):
@@ -239,8 +333,7 @@ def reconcile_loans(
             for x in loans
             if x.state == LoanState.RECLAIMING and x not in gone and x.reclaim_requested_at + grace <= now
         ]
-        evicted = _borrower_pods_to_evict(kube, due)
-        _evict(kube, evicted)
+        evicted = _evict(kube, _pods_to_evict(kube, due), at=now)
         result["evicted"] = len(evicted)
     with transaction.atomic():
         for loan in due:
@@ -312,7 +405,7 @@ def evict_returned(loan_ids, *, client_factory=KubernetesClient.for_cluster) -> 
     pods were evicted. Raises KubernetesError when a cluster cannot be reached (the task retries)."""
     loans = list(
         Loan.objects.filter(pk__in=list(loan_ids), state=LoanState.ENDED)
-        .select_related("allocation__gpu__node__cluster", "borrower")
+        .select_related("allocation__gpu__node__cluster", "borrower", "lender_pool")
         .order_by("pk")
     )
     by_cluster: dict[int, list[Loan]] = defaultdict(list)
@@ -321,8 +414,7 @@ def evict_returned(loan_ids, *, client_factory=KubernetesClient.for_cluster) -> 
     evicted_total = 0
     for returned in by_cluster.values():
         with client_factory(returned[0].allocation.gpu.node.cluster) as kube:
-            evicted = _borrower_pods_to_evict(kube, returned)
-            _evict(kube, evicted)
+            evicted = _evict(kube, _pods_to_evict(kube, returned), at=timezone.now())
         evicted_total += len(evicted)
         for loan in returned:
             pods = _pods_of(loan, evicted)

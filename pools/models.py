@@ -6,6 +6,7 @@ projects through `project__in=<projects the user may view>` in one query (tenanc
 
 from __future__ import annotations
 
+from datetime import timedelta
 from fractions import Fraction
 
 from django.conf import settings
@@ -24,6 +25,7 @@ from tenancy.models import Project
 
 from .cards import utilisation_expression
 from .choices import (
+    AllocationState,
     Isolation,
     IsolationNeed,
     PoolClusterState,
@@ -289,9 +291,10 @@ class GpuPool(models.Model):
         null=True, blank=True, editable=False, help_text="When quota and node labels were removed after release."
     )
     lending_enabled = models.BooleanField(
-        default=True,
-        help_text="Units idle for LENDING_IDLE_H may be lent to other projects as preemptible units; "
-        "the pool gets them back after LENDING_RECLAIM_GRACE_S when it needs them.",
+        default=False,
+        help_text="Opt-in (off by default: a pool is its project's). When on, units idle for LENDING_IDLE_H may be "
+        "lent to other projects as preemptible units; the pool gets them back within LENDING_RECLAIM_GRACE_S "
+        "when its pods need them.",
     )
 
     objects = GpuPoolQuerySet.as_manager()
@@ -478,6 +481,15 @@ class AllocationQuerySet(models.QuerySet):
     def active(self):
         return self.filter(released_at__isnull=True)
 
+    def ending(self):
+        """Allocations that ended (released_at set) whose unit some pod of the project may still use: the
+        ending sweep (pools/ending.py) evicts those pods and sets vacated_at once none is left."""
+        return self.filter(released_at__isnull=False, vacated_at__isnull=True)
+
+    def holding(self):
+        """Active or ending: the unit is not another project's to take (capacity's availability reads it)."""
+        return self.filter(vacated_at__isnull=True)
+
     def annotate_busy(self):
         """`busy`: a workload runs on the unit (in_use(), read per row)."""
         return self.annotate(busy=models.Exists(Allocation.objects.in_use().filter(pk=models.OuterRef("pk"))))
@@ -576,6 +588,20 @@ class Allocation(models.Model):
         "the project's statement says so.",
     )
 
+    vacated_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="After the unit ended: when no pod of the project used it any more (the 'ending' state ends). "
+        "Until then the unit is handed to no other project.",
+    )
+    ending_lease_expires_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="While a sweep evicts the unit's pods: another sweep leaves it alone until this passes.",
+    )
+
     objects = AllocationQuerySet.as_manager()
 
     class Meta:
@@ -595,11 +621,32 @@ class Allocation(models.Model):
                 condition=~Q(kind="mig") | Q(mig_instance__isnull=False), name="pools_allocation_mig_has_instance"
             ),
         ]
-        indexes = [models.Index(fields=["project", "released_at"], name="pools_alloc_project_active")]
+        indexes = [
+            models.Index(fields=["project", "released_at"], name="pools_alloc_project_active"),
+            models.Index(
+                fields=["released_at"],
+                condition=Q(released_at__isnull=False, vacated_at__isnull=True),
+                name="pools_alloc_ending",
+            ),
+        ]
 
     def __str__(self) -> str:
         unit = self.profile_name or (f"replica {self.replica}" if self.kind == SpecKind.TIMESLICE else "full GPU")
         return f"{self.pool}: {self.product} {unit} on {self.gpu.uuid}"
+
+    @property
+    def state(self) -> str:
+        """AllocationState: active, ending (released, its pods not gone yet) or ended."""
+        if self.released_at is None:
+            return AllocationState.ACTIVE
+        return AllocationState.ENDING if self.vacated_at is None else AllocationState.ENDED
+
+    @property
+    def evict_after(self):
+        """When an ending unit's pods are evicted (released_at + ALLOCATION_ENDING_GRACE_S); None unless ending."""
+        if self.released_at is None or self.vacated_at is not None:
+            return None
+        return self.released_at + timedelta(seconds=settings.ALLOCATION_ENDING_GRACE_S)
 
     def share(self) -> Fraction:
         """The unit's share of a GPU (capacity.mig.share.held_share). Reads gpu.node: select_related it in loops."""
@@ -613,6 +660,7 @@ SHARE_FIELDS = ("kind", "product", "profile_name", "compute_slices", "gpu__node_
 
 
 # The queue's tables (policies, entries, audit, weights) live in their own module; Django finds them here.
+from .eviction_models import Eviction  # noqa: E402
 from .loan_models import BestEffortRequest, Loan  # noqa: E402
 from .queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent  # noqa: E402
 
@@ -620,6 +668,7 @@ __all__ = [
     "Allocation",
     "AutoApprovalPolicy",
     "BestEffortRequest",
+    "Eviction",
     "GpuPool",
     "Loan",
     "PoolCluster",

@@ -83,6 +83,10 @@ POOL_LABEL = f"{LABEL_PREFIX}pool"
 BORROWED_QUOTA = "gpuaas-borrowed"
 BORROWED_PRIORITY_CLASS = "gpuaas-borrowed"
 BORROWED_PRIORITY = -100
+# On a namespace whose project holds lent units on the cluster and none of its own: every GPU pod there is a
+# borrowed one, and the ValidatingAdmissionPolicy deploy/admission-policy-borrowed.yaml admits it only with
+# BORROWED_PRIORITY_CLASS (docs/queue.md, Borrowing).
+BORROWING_LABEL = f"{LABEL_PREFIX}borrowing"
 
 
 def borrowed_template_name(loan_id: int) -> str:
@@ -140,6 +144,8 @@ class Desired:
     dra: bool = False  # the cluster binds by DRA: claim_templates is the complete set to hold
     borrowed: int = 0  # units lent to the project now (Loan, granted): in its quota, under BORROWED_PRIORITY_CLASS
     reclaiming: int = 0  # units being taken back from it (grace period): no longer in its quota
+    borrowing: str | None = None  # BORROWING_LABEL's value: "only" when it runs on lent units only, else None
+    ever_borrowed: bool = False  # it has had loans here: a stale BORROWING_LABEL may need removing
     claim_templates: dict[str, ClaimTemplate] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     node_taints: dict[str, str | None] = field(default_factory=dict)  # node -> dedicated taint value, None: none
@@ -233,7 +239,10 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
             node_ids.add(node_id)
             if kind in DRA_CLASS:  # time-slice replicas have no DRA device of their own
                 units[(pool_id, kind, profile if kind == SpecKind.MIG else "")].append(mig_uuid or gpu_uuid)
+    own_units = sum(granted.values())
     borrowed_nodes, lent_nodes = _borrowed_units(project, cluster, desired, granted, units, node_ids)
+    desired.ever_borrowed = bool(lent_nodes)
+    desired.borrowing = "only" if desired.borrowed and not own_units else None
     desired.dra = cluster.binding == Binding.DRA
     if desired.dra:
         for key, uuids in sorted(units.items(), key=lambda item: str(item[0])):
@@ -331,9 +340,12 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
     """
     desired = desired_state(project, cluster)
     with client_factory(cluster) as kube:
+        labels = {**MANAGED_BY, **({BORROWING_LABEL: desired.borrowing} if desired.borrowing else {})}
         kube.ensure_namespace(
-            desired.namespace, labels=MANAGED_BY, annotations=desired.annotations, node_selector=desired.node_selector
+            desired.namespace, labels=labels, annotations=desired.annotations, node_selector=desired.node_selector
         )
+        if desired.ever_borrowed and not desired.borrowing:
+            kube.patch_namespace(desired.namespace, labels={BORROWING_LABEL: None})
         if desired.borrowed:
             kube.ensure_priority_class(
                 BORROWED_PRIORITY_CLASS,

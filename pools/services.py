@@ -25,7 +25,7 @@ from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from gpuaas.leases import lease_until
 from tenancy.models import Project
 
-from . import specs, topology, units
+from . import ending, specs, topology, units
 from .choices import PoolState, RequestState
 from .exceptions import DomainError, IllegalTransition, InsufficientCapacity
 from .models import Allocation, GpuPool, PoolCluster, PoolRequest, PoolRequestTransition
@@ -388,7 +388,10 @@ def release(request: PoolRequest, *, actor, reason: str = "", to_state: str = S.
         pool = GpuPool.objects.filter(request=request).first()
         if pool is not None:
             GpuPool.objects.filter(pk=pool.pk).update(state=PoolState.RELEASED, released_at=now, state_reason=reason)
-            Allocation.objects.filter(pool=pool, released_at__isnull=True).update(released_at=now)
+            ended = list(Allocation.objects.active().filter(pool=pool).values_list("pk", flat=True))
+            Allocation.objects.filter(pk__in=ended, released_at__isnull=True).update(released_at=now)
+            # The units are "ending" until their pods are gone (pools/ending.py); the project is told now.
+            ending.announce_ending(ended, reason=reason or f"the request was {to_state}", at=now)
             enqueue_deprovisioning(pool)
             enqueue_queue_processing()
     return request
@@ -405,12 +408,12 @@ def release_unit(allocation: Allocation, *, actor=None, reason: str = "", at: dt
         return
     others = Allocation.objects.active().filter(pool_id=allocation.pool_id).exclude(pk=allocation.pk)
     if others.exists():
-        release_allocation(allocation.pk, at=at)
+        release_allocation(allocation.pk, at=at, reason=reason)
     else:
         release(allocation.pool.request, actor=actor, reason=reason)
 
 
-def release_allocation(allocation_id: int, *, at: dt.datetime | None = None) -> bool:
+def release_allocation(allocation_id: int, *, at: dt.datetime | None = None, reason: str = "") -> bool:
     """Release ONE unit of a pool that keeps others: set released_at, then reconcile the project's
     Kubernetes quota and labels after commit (pools.provisioning.reconcile, idempotent).
 
@@ -421,6 +424,7 @@ def release_allocation(allocation_id: int, *, at: dt.datetime | None = None) -> 
     with transaction.atomic():
         if Allocation.objects.filter(pk=allocation_id, released_at__isnull=True).update(released_at=at) != 1:
             return False
+        ending.announce_ending([allocation_id], reason=reason or "the unit was released", at=at)
         _reconcile_after_commit(Allocation.objects.get(pk=allocation_id))
         enqueue_queue_processing()
     return True
@@ -515,6 +519,7 @@ def rehome_allocations(instance_ids: list[int], *, at: dt.datetime) -> list[str]
                 released_at=at, end_reason=reason
             ):
                 _reconcile_after_commit(allocation)
+                ending.announce_ending([allocation.pk], reason=reason, at=at)
             notes.append(f"allocation #{allocation.pk} ended: {reason}")
     for note in notes:
         logger.warning("%s", note)

@@ -10,8 +10,9 @@ from tenancy.models import Project
 
 from . import queue
 from .choices import PoolState
+from .ending import sweep_ending
 from .lending import evict_returned, reconcile_loans
-from .models import GpuPool
+from .models import Allocation, GpuPool
 from .provisioning import deprovision_pool, provision_pool, reconcile, reconcile_provisioned
 from .services import expire_due, pools_awaiting_cleanup, sweep_provisioning
 
@@ -110,3 +111,15 @@ def evict_returned_loans_task(loan_ids: list[int]) -> int:
         return evict_returned(loan_ids)
     except KubernetesError as exc:
         raise evict_returned_loans_task.retry(exc=exc, countdown=60, max_retries=10) from None
+
+
+@shared_task(acks_late=True)
+def sweep_ending_task() -> dict[str, int]:
+    """Beat (every ALLOCATION_ENDING_SWEEP_S): evict the pods left on ended units after the grace period and
+    mark the units empty (pools/ending.py). Per cluster; an unreachable cluster waits for the next beat."""
+    totals: dict[str, int] = {}
+    ending = Allocation.objects.ending().values("gpu__node__cluster")
+    for cluster in Cluster.objects.filter(pk__in=ending).order_by("pk"):
+        for key, value in sweep_ending(cluster).summary().items():
+            totals[key] = totals.get(key, 0) + value
+    return totals

@@ -304,7 +304,7 @@ def _take_mig(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits 
         ids = [i.pk for i in batch]
         seen.extend(ids)
         held = set(
-            Allocation.objects.active().filter(mig_instance_id__in=ids).values_list("mig_instance_id", flat=True)
+            Allocation.objects.holding().filter(mig_instance_id__in=ids).values_list("mig_instance_id", flat=True)
         )
         for instance in batch:
             if instance.pk in held:
@@ -370,7 +370,7 @@ def _take_full_from(request: PoolRequest, base, cluster_id: int, need: int) -> l
             break
         ids = [g.pk for g in batch]
         seen.extend(ids)
-        held = set(Allocation.objects.active().filter(gpu_id__in=ids).values_list("gpu_id", flat=True))
+        held = set(Allocation.objects.holding().filter(gpu_id__in=ids).values_list("gpu_id", flat=True))
         taken.extend(
             Unit(
                 g.pk,
@@ -423,7 +423,7 @@ def _take_shares(request: PoolRequest, base, cluster_id: int, need: int, shares)
         ids = [g.pk for g in batch]
         seen.extend(ids)
         held: dict[int, set[int]] = defaultdict(set)
-        rows = Allocation.objects.active().filter(gpu_id__in=ids, mig_instance__isnull=True)
+        rows = Allocation.objects.holding().filter(gpu_id__in=ids, mig_instance__isnull=True)
         for gpu_id, replica in rows.values_list("gpu_id", "replica"):
             held[gpu_id].add(replica)
         for gpu in batch:
@@ -679,7 +679,7 @@ def reconfiguration_hint(request: PoolRequest, free: dict[int, int]) -> dict | N
         "gpu_id", "profile__name", "placement_start", "availability"
     ):
         instances[gpu_id].append((name, start))
-        if availability in (Availability.RESERVED, Availability.IN_USE):
+        if availability in (Availability.RESERVED, Availability.IN_USE, Availability.ENDING):
             pinned[gpu_id].add(start)
     groups: dict[tuple[int, str], list[GpuCapacity]] = defaultdict(list)
     for gpu in rows:

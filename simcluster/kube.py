@@ -30,7 +30,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from . import admission, dra, gpuoperator, scheduler
+from . import admission, borrowed, disruption, dra, gpuoperator, scheduler
 from .state import Cluster, Node, Record
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -314,6 +314,7 @@ FIELD_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "deviceclasses": {"metadata.name": ("metadata", "name")},
     "priorityclasses": {"metadata.name": ("metadata", "name")},
+    "poddisruptionbudgets": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
     "resourceclaims": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
     "resourceclaimtemplates": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
 }
@@ -785,6 +786,9 @@ KINDS = {
     ),
 }
 KINDS["priorityclasses"] = Kind("priorityclasses", "PriorityClass", False, "subdomain", True, "scheduling.k8s.io/v1")
+KINDS["poddisruptionbudgets"] = Kind(
+    "poddisruptionbudgets", "PodDisruptionBudget", True, "subdomain", True, disruption.API_VERSION
+)
 DRA_PLURALS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
 
 
@@ -1025,6 +1029,7 @@ class ClusterApi:
         if problems:
             raise invalid(kind.kind, str(name or ""), problems)
         admission.admit(self.cluster, self.user, "CREATE", plural, namespace, obj)
+        borrowed.admit(self.cluster, plural, namespace, obj)
         store = self._store(plural)
         key = self._key(kind, namespace, name)
         if key in store:
@@ -1082,6 +1087,8 @@ class ClusterApi:
             return scheduler.quota_problems(obj)
         if plural in DRA_PLURALS:
             return dra.validate(plural, obj)
+        if plural == "poddisruptionbudgets":
+            return disruption.validate(obj)
         if plural == "priorityclasses":
             value = obj.get("value")
             if not isinstance(value, int) or isinstance(value, bool) or value > 1_000_000_000:
@@ -1272,10 +1279,12 @@ class ClusterApi:
                         gpuoperator.on_configmap_changed(self.cluster, namespace, key[1])
 
     def evict(self, namespace: str, name: str, body: object) -> tuple[int, bytes]:
-        """policy/v1 Eviction: the pod is deleted (no PodDisruptionBudgets are simulated;
-        inject a 429 fault on the eviction path to imitate one)."""
+        """policy/v1 Eviction: the pod is deleted unless a PodDisruptionBudget forbids it now (429
+        TooManyRequests, as kube-apiserver answers; simcluster.disruption). A 429 fault on the eviction path
+        imitates one too."""
         self._require_namespace(namespace)
-        self._record("pods", namespace, name)
+        record = self._record("pods", namespace, name)
+        disruption.check_eviction(self.cluster, namespace, record.obj)
         options = (body or {}).get("deleteOptions") if isinstance(body, dict) else None
         grace = (options or {}).get("gracePeriodSeconds")
         self.delete("pods", namespace, name, None if grace is None else int(grace))

@@ -191,6 +191,8 @@ class Cluster:
         self.resourceclaimtemplates: dict[tuple[str, str], Record] = {}
         # scheduling.k8s.io/v1: PriorityClasses by name (stored; the scheduler does not preempt by them).
         self.priorityclasses: dict[str, Record] = {}
+        # policy/v1: PodDisruptionBudgets by key; the eviction subresource honours them (simcluster.disruption).
+        self.poddisruptionbudgets: dict[tuple[str, str], Record] = {}
         self._dra_held: tuple[int, dict[str, set[str]]] | None = None  # simcluster.dra.held_devices' cache
         # ConfigMap name -> [(time.monotonic() it reaches the MIG manager's mounted copy, config.yaml text)]:
         # kubelet's delayed refresh of a mounted ConfigMap (gpuoperator.mounted_config_text).

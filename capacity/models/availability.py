@@ -36,7 +36,22 @@ def active_allocations(model):
     return model._meta.get_field("allocations").related_model.objects.active()
 
 
-def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q) -> Case:
-    whens = [When(in_use, then=Value(Availability.IN_USE)), When(reserved, then=Value(Availability.RESERVED))]
+def ending_allocations(model):
+    """pools' allocations that ended but whose unit is not empty yet (their own ending()): the unit is
+    handed to no other project before it is (docs/pools.md, Ending)."""
+    return model._meta.get_field("allocations").related_model.objects.ending()
+
+
+def holding_allocations(model):
+    """Active or ending allocations (pools' holding()): what counts against a GPU's time-slice replicas."""
+    return model._meta.get_field("allocations").related_model.objects.holding()
+
+
+def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q, ending: Exists) -> Case:
+    whens = [
+        When(in_use, then=Value(Availability.IN_USE)),
+        When(reserved, then=Value(Availability.RESERVED)),
+        When(ending, then=Value(Availability.ENDING)),
+    ]
     whens += [When(~ok, then=Value(state)) for state, ok in conditions.items() if ok]
     return Case(*whens, default=Value(Availability.FREE), output_field=CharField())

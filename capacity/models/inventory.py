@@ -10,7 +10,14 @@ from django.utils import timezone
 from gpuaas.celery import node_queue
 
 from ..choices import Availability, GpuHealth, MigInstanceState, MigStrategy, Tier
-from .availability import USABLE_HEALTH, active_allocations, availability_case, host_conditions
+from .availability import (
+    USABLE_HEALTH,
+    active_allocations,
+    availability_case,
+    ending_allocations,
+    holding_allocations,
+    host_conditions,
+)
 from .clusters import Cluster
 from .workloads import WorkloadProfile
 
@@ -154,6 +161,10 @@ class GpuCapacityQuerySet(models.QuerySet):
         """An active allocation holds the GPU whole, or one of its time-slice replicas."""
         return Exists(active_allocations(self.model).filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
 
+    def _ending(self) -> Exists:
+        """An ended allocation of the GPU (whole, or a replica) whose pods are not gone yet."""
+        return Exists(ending_allocations(self.model).filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
+
     def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
         if busy_devices is None:
             busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
@@ -168,12 +179,14 @@ class GpuCapacityQuerySet(models.QuerySet):
         `busy_devices`: WorkloadProfile.objects.running().multi_device_uuids(), when the caller has it.
         """
         reserved = self._reserved()
-        availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices))
+        availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices), self._ending())
         return self.annotate(availability=availability, reserved=reserved)
 
     def free(self, busy_devices: frozenset[str] | None = None):
         """Whole GPUs approval may take: availability FREE, as plain filters."""
-        return self.units().filter(*self._unit_conditions().values(), ~self._reserved(), ~self._in_use(busy_devices))
+        return self.units().filter(
+            *self._unit_conditions().values(), ~self._reserved(), ~self._ending(), ~self._in_use(busy_devices)
+        )
 
     def with_free_replicas(self):
         """Time-sliced GPUs with a replica no active allocation holds, annotated `free` (replicas not held).
@@ -186,8 +199,8 @@ class GpuCapacityQuerySet(models.QuerySet):
     def with_free_shares(self, per_gpu: int | None = None):
         """GPUs with a share no active allocation holds, annotated `free`: time-slice replicas (the node's
         replica count), or `per_gpu` shares each (the vGPUs per GPU of a vGPU type)."""
-        held = (
-            active_allocations(self.model)
+        held = (  # an ending replica is still held: its pods run until the ending sweep evicts them
+            holding_allocations(self.model)
             .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
             .order_by()
             .values("gpu")

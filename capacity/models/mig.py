@@ -8,7 +8,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from ..choices import Availability, MigInstanceState
-from .availability import active_allocations, availability_case, host_conditions
+from .availability import active_allocations, availability_case, ending_allocations, host_conditions
 from .inventory import GpuCapacity
 from .tiers import admitted_q
 from .workloads import WorkloadProfile
@@ -78,6 +78,9 @@ class MigInstanceQuerySet(models.QuerySet):
     def _reserved(self) -> Exists:
         return Exists(active_allocations(self.model).filter(mig_instance=OuterRef("pk")))
 
+    def _ending(self) -> Exists:
+        return Exists(ending_allocations(self.model).filter(mig_instance=OuterRef("pk")))
+
     def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
         if busy_devices is None:
             busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
@@ -87,12 +90,14 @@ class MigInstanceQuerySet(models.QuerySet):
     def annotate_availability(self, busy_devices: frozenset[str] | None = None):
         """Present instances with `availability` and `reserved`, as GpuCapacityQuerySet.annotate_availability()."""
         reserved = self._reserved()
-        availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices))
+        availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices), self._ending())
         return self.present().annotate(availability=availability, reserved=reserved)
 
     def free(self, busy_devices: frozenset[str] | None = None):
         """Instances approval may take: availability FREE, as plain filters."""
-        return self.present().filter(*self._unit_conditions().values(), ~self._reserved(), ~self._in_use(busy_devices))
+        return self.present().filter(
+            *self._unit_conditions().values(), ~self._reserved(), ~self._ending(), ~self._in_use(busy_devices)
+        )
 
 
 class MigInstance(models.Model):

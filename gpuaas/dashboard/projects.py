@@ -132,7 +132,8 @@ def profile_distribution(allocations) -> list[dict]:
 
 
 def pool_allocations(pool: GpuPool) -> dict:
-    """A pool's allocation tab: its units with node, GPU and status, and the per-node profile counts. One query."""
+    """A pool's allocation tab: its units with node, GPU and status, the per-node profile counts, and the units
+    that ended and are being emptied (`ending`, with when their pods are evicted). Two queries."""
     rows = list(
         _annotated_allocations(Allocation.objects.filter(pool=pool))
         .select_related("gpu__node__cluster", "mig_instance__profile")
@@ -179,7 +180,13 @@ def pool_allocations(pool: GpuPool) -> dict:
         for name, shapes in sorted(by_node.items())
     ]
     in_use = sum(1 for u in units if u["status"] == UnitStatus.IN_USE)
-    return {"units": units, "nodes": nodes, "in_use": in_use, "ready": len(units) - in_use}
+    # The in-app notice of units that ended and are being emptied (pools/ending.py): when their pods go.
+    ended = Allocation.objects.filter(pool=pool).ending().select_related("gpu__node").order_by("released_at", "pk")
+    ending = [
+        {"id": a.pk, "node": a.gpu.node.name, "profile": a.profile_name or a.get_kind_display(), "at": a.evict_after}
+        for a in ended
+    ]
+    return {"units": units, "nodes": nodes, "in_use": in_use, "ready": len(units) - in_use, "ending": ending}
 
 
 def project_of_user(user, slug: str) -> Project | None:

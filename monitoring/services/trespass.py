@@ -81,10 +81,13 @@ def unit_key(unit: Unit) -> str:
 
 
 def owners(cluster: Cluster) -> dict[Unit, set[int]]:
-    """Unit -> projects holding it now. A whole GPU or its time-slice replicas are keyed (gpu, None)."""
+    """Unit -> projects holding it now. A whole GPU or its time-slice replicas are keyed (gpu, None).
+
+    An ending allocation still counts (Allocation.objects.holding()): its project's pods on the unit are being
+    evicted by pools.ending within the grace period, not trespassing (docs/pools.md, Ending)."""
     held: dict[Unit, set[int]] = {}
     rows = (
-        Allocation.objects.active()
+        Allocation.objects.holding()
         .filter(gpu__node__cluster=cluster)
         .values_list("gpu_id", "mig_instance_id", "project_id")
     )

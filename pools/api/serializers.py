@@ -21,7 +21,7 @@ from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
 from .. import matching, offers, queue, queue_order, services, units
-from ..choices import ISOLATION_OR_NEED, Isolation, IsolationNeed, PoolClusterState, WorkloadType
+from ..choices import ISOLATION_OR_NEED, AllocationState, Isolation, IsolationNeed, PoolClusterState, WorkloadType
 from ..exceptions import SpecError
 from ..models import (
     SHARED_NODE_NOTE,
@@ -689,6 +689,11 @@ class AllocationSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="gpu.node.name", read_only=True)
     cluster = serializers.CharField(source="gpu.node.cluster.name", read_only=True)
     mig_instance_uuid = serializers.CharField(source="mig_instance.uuid", read_only=True, default=None, allow_null=True)
+    # The in-app notice of an ended unit (docs/pools.md, Ending): ending until its pods are off the unit.
+    state = serializers.ChoiceField(choices=AllocationState.choices, read_only=True)
+    evict_after = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="While ending: when the project's pods still on it are evicted."
+    )
 
     class Meta:
         model = Allocation
@@ -710,6 +715,10 @@ class AllocationSerializer(serializers.ModelSerializer):
             "compute_slices",
             "allocated_at",
             "released_at",
+            "state",
+            "end_reason",
+            "evict_after",
+            "vacated_at",
         ]
         read_only_fields = fields
 

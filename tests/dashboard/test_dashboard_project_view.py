@@ -1,5 +1,7 @@
 """The project view: pool cards, the allocation tab, the monitoring tab's series and the project's costs."""
 
+import datetime as dt
+
 import pytest
 from dashboard_world import add_signals
 from django.utils import timezone
@@ -56,6 +58,23 @@ def test_allocation_tab_lists_units_by_node(client, world, bob):
     ]
     html = page.content.decode()
     assert 'role="tab"' in html and 'aria-selected="true"' in html and 'aria-controls="gd-panel-monitoring"' in html
+
+
+def test_the_pool_page_tells_when_an_ended_units_pods_are_evicted(client, world, bob, settings):
+    from pools.models import Allocation
+
+    settings.ALLOCATION_ENDING_GRACE_S = 300
+    pool = world.pools["inference"]
+    ended = Allocation.objects.filter(pool=pool).order_by("pk").first()
+    at = timezone.now().replace(microsecond=0)
+    Allocation.objects.filter(pk=ended.pk).update(released_at=at)  # ended, its pods not gone yet
+    client.force_login(bob)
+    page = client.get(f"/projects/team-a/pools/{pool.pk}/")
+    (notice,) = page.context["allocation"]["ending"]
+    assert (notice["id"], notice["at"]) == (ended.pk, at + dt.timedelta(seconds=300))
+    assert "data-ending" in page.content.decode() and "being emptied" in page.content.decode()
+    Allocation.objects.filter(pk=ended.pk).update(vacated_at=at)
+    assert client.get(f"/projects/team-a/pools/{pool.pk}/").context["allocation"]["ending"] == []
 
 
 def test_monitoring_tab_attributes_power_by_share(client, world, bob):

@@ -14,6 +14,7 @@ def test_status_and_shape_rules():
     assert [status_of(a) for a in Availability] == [
         "in_use",
         "ready",
+        "unavailable",  # ending: its reservation ended and its pods are being evicted (pools/ending.py)
         "unavailable",
         "unavailable",
         "unavailable",

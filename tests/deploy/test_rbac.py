@@ -110,6 +110,7 @@ def run_every_flow(sim, project, operator) -> None:
     assert provision_pool(GpuPool.objects.get(pk=second.pk)) == "active"  # the quota exists: replaced
     # Borrowing: the unit lent (PriorityClass gpuaas-borrowed, borrower quota), then reclaimed (pods listed, evicted).
     borrower = Project.objects.create(name="Borrower", slug="borrower", namespace="borrower")
+    GpuPool.objects.filter(pk=second.pk).update(lending_enabled=True)  # lending is opt-in
     lending.lend(Allocation.objects.active().get(pool=second), borrower)
     reconcile(borrower, sim.cluster)
     assert lending.reclaim_pool(second) == 1

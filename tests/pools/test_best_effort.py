@@ -17,7 +17,7 @@ from billing.choices import LineType
 from monitoring.services.lending import lend_idle
 from pools import lending, queue, services
 from pools.choices import BestEffortState, LoanState
-from pools.models import Allocation, BestEffortRequest, Loan
+from pools.models import Allocation, BestEffortRequest, GpuPool, Loan
 from pools.tasks import provision_pool_task, reconcile_project_task
 
 pytestmark = pytest.mark.django_db
@@ -31,6 +31,7 @@ def lender(sim, make_request, operator):
     """team-a holds every 3g.40gb unit of one node (8), provisioned."""
     pool = services.approve(make_request(count=8), actor=operator)
     assert provision_pool_task(pool.pk) == "active"
+    GpuPool.objects.filter(pk=pool.pk).update(lending_enabled=True)  # lending is opt-in
     units = list(Allocation.objects.active().filter(pool=pool).order_by("pk"))
     assert {u.gpu.node.name for u in units} == {NODE}
     return pool, units

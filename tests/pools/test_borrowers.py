@@ -23,7 +23,7 @@ from monitoring.services.lending import lend_idle
 from pools import lending, queue, services
 from pools.choices import LoanState, RequestState
 from pools.exceptions import LendingRefused
-from pools.models import Allocation, AutoApprovalPolicy, Loan, PoolRequest, QueueEntry
+from pools.models import Allocation, AutoApprovalPolicy, GpuPool, Loan, PoolRequest, QueueEntry
 from pools.provisioning import BORROWED_QUOTA
 from pools.tasks import evict_returned_loans_task, provision_pool_task, reconcile_project_task
 
@@ -49,6 +49,7 @@ def lender(sim, make_request, operator):
     """team-a holds every 3g.40gb unit of one node (8), provisioned; its first unit is flagged idle."""
     pool = services.approve(make_request(count=8), actor=operator)
     assert provision_pool_task(pool.pk) == "active"
+    GpuPool.objects.filter(pk=pool.pk).update(lending_enabled=True)  # lending is opt-in
     units = list(Allocation.objects.active().filter(pool=pool).order_by("pk"))
     assert {u.gpu.node.name for u in units} == {NODE}
     return pool, units

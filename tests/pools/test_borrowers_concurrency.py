@@ -13,7 +13,7 @@ from test_pools_approval_concurrency import run_concurrently
 from pools import lending, queue, services
 from pools.choices import LoanState, RequestState
 from pools.exceptions import LendingRefused
-from pools.models import Allocation, Loan, PoolRequest
+from pools.models import Allocation, GpuPool, Loan, PoolRequest
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -45,6 +45,7 @@ def setup(fleet, make_request, operator, other_project, charlie):
     """team-a holds one of two GPUs; team-b's one-GPU request is queued (the other GPU is free for its approval)."""
     node = fleet.full_node("t1", gpus=2)
     lender = services.approve(make_request(count=1, **FULL), actor=operator)
+    GpuPool.objects.filter(pk=lender.pk).update(lending_enabled=True)  # lending is opt-in
     unit = Allocation.objects.active().get(pool=lender)
     borrower = make_request(count=1, wait_if_full=True, target=other_project, actor=charlie, **FULL)
     queue.enqueue(borrower)

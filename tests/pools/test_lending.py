@@ -12,7 +12,7 @@ from conftest import kube_for
 from capacity.adapters.kubernetes import NotFound
 from pools import lending, services
 from pools.exceptions import LendingRefused
-from pools.models import Allocation, Loan
+from pools.models import Allocation, GpuPool, Loan
 from pools.provisioning import BORROWED_PRIORITY_CLASS, BORROWED_QUOTA, reconcile
 from pools.tasks import provision_pool_task, reconcile_project_task
 
@@ -45,6 +45,7 @@ def lent(sim, make_request, operator, project, other_project, django_capture_on_
     """team-a holds every 3g.40gb unit of one node (8); one of them is lent to team-b."""
     pool = services.approve(make_request(count=8), actor=operator)
     assert provision_pool_task(pool.pk) == "active"
+    GpuPool.objects.filter(pk=pool.pk).update(lending_enabled=True)  # lending is opt-in
     units = list(Allocation.objects.active().filter(pool=pool).order_by("pk"))
     assert {u.gpu.node.name for u in units} == {NODE}
     with django_capture_on_commit_callbacks() as callbacks:
@@ -139,16 +140,17 @@ def test_opt_out_and_own_units_are_refused(sim, make_request, operator, project,
 def test_only_the_lenders_admins_and_operators_toggle_lending(sim, make_request, operator, alice, bob, charlie, api):
     pool = services.approve(make_request(count=2), actor=operator)
     url = f"/api/v1/pools/{pool.pk}/lending/"
-    assert api(bob).post(url, {"lending_enabled": False}, format="json").status_code == 403  # member
-    assert api(charlie).post(url, {"lending_enabled": False}, format="json").status_code == 404  # outsider
+    assert pool.lending_enabled is False  # opt-in: a pool is its project's unless its admin says otherwise
+    assert api(bob).post(url, {"lending_enabled": True}, format="json").status_code == 403  # member
+    assert api(charlie).post(url, {"lending_enabled": True}, format="json").status_code == 404  # outsider
     pool.refresh_from_db()
-    assert pool.lending_enabled is True  # nothing changed
+    assert pool.lending_enabled is False  # nothing changed
     assert api(alice).post(url, {"lending_enabled": "maybe"}, format="json").status_code == 400
-    response = api(alice).post(url, {"lending_enabled": False}, format="json")
+    response = api(alice).post(url, {"lending_enabled": True}, format="json")
     assert response.status_code == 200
-    assert response.data["lending_enabled"] is False
-    response = api(operator).post(url, {"lending_enabled": True}, format="json")
-    assert (response.status_code, response.data["lending_enabled"]) == (200, True)
+    assert response.data["lending_enabled"] is True
+    response = api(operator).post(url, {"lending_enabled": False}, format="json")
+    assert (response.status_code, response.data["lending_enabled"]) == (200, False)
 
 
 def test_opting_out_takes_lent_units_back(sim, lent):
@@ -168,12 +170,16 @@ def test_admin_actions_toggle_lending_and_loans_are_read_only(
     fleet.mig_node("n1", [["3g.40gb", "3g.40gb"]])
     pool = services.approve(make_request(count=2), actor=operator)
     changelist = reverse("admin:pools_gpupool_changelist")
-    action = {"action": "disable_lending", helpers.ACTION_CHECKBOX_NAME: [pool.pk]}
+    action = {"action": "enable_lending", helpers.ACTION_CHECKBOX_NAME: [pool.pk]}
     client.force_login(staff_nobody)
     assert client.post(changelist, action).status_code == 403
     pool.refresh_from_db()
-    assert pool.lending_enabled is True
+    assert pool.lending_enabled is False
     client.force_login(staff_operator)
+    client.post(changelist, action, follow=True)
+    pool.refresh_from_db()
+    assert pool.lending_enabled is True
+    action["action"] = "disable_lending"
     done = client.post(changelist, action, follow=True)
     assert [str(m) for m in done.context["messages"]] == ["1 pools no longer lend."]
     pool.refresh_from_db()

@@ -8,7 +8,7 @@ from conftest import kube_for
 from test_pools_dra import dra_sim, pod_devices, template_uuids  # noqa: F401, F811  (dra_sim is a fixture)
 
 from pools import lending, services
-from pools.models import Allocation
+from pools.models import Allocation, GpuPool
 from pools.provisioning import BORROWED_PRIORITY_CLASS, borrowed_template_name, reconcile
 from pools.tasks import provision_pool_task
 
@@ -27,6 +27,7 @@ def test_a_loan_under_dra_admits_exactly_the_lent_device_until_reclaimed(
     settings.LENDING_RECLAIM_GRACE_S = 0
     pool = services.approve(make_request(count=2), actor=operator)
     assert provision_pool_task(pool.pk) == "active"
+    GpuPool.objects.filter(pk=pool.pk).update(lending_enabled=True)  # lending is opt-in
     unit = Allocation.objects.active().filter(pool=pool).order_by("pk").first()
     loan = lending.lend(unit, other_project)
     reconcile(other_project, pool.cluster)  # (dra_sim.cluster predates discovery: binding not refreshed)

@@ -9,7 +9,7 @@ from monitoring.models import IdleReservation
 from monitoring.services.lending import lend_idle
 from pools import queue, services
 from pools.choices import RequestState
-from pools.models import Allocation, Loan
+from pools.models import Allocation, GpuPool, Loan
 
 pytestmark = pytest.mark.django_db
 FULL = {"isolation": "full", "product": "H100-80GB", "profile_name": ""}
@@ -20,6 +20,7 @@ def idle_holder(fleet, make_request, operator):
     """team-a holds both GPUs of a node; one of them flagged idle (detected now, so idle for the 24 h window)."""
     fleet.full_node("t1", gpus=2)
     pool = services.approve(make_request(count=2, **FULL), actor=operator)
+    GpuPool.objects.filter(pk=pool.pk).update(lending_enabled=True)  # lending is opt-in
     unit = Allocation.objects.active().filter(pool=pool).order_by("pk").first()
     now = timezone.now()
     IdleReservation.objects.create(
