@@ -30,7 +30,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
+# grpc core logs a line at INFO for every channel a stopping server closes; only errors are worth a line.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import grpc  # noqa: E402
 
 from capacity.adapters.podresources.v1 import api_pb2, api_pb2_grpc
 

@@ -144,7 +144,7 @@ def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
                 logger.warning("inventory of %s is partial: %s", name, warning)
     nodes = NodeCapacity.objects.filter(cluster_id=cluster_id, gone_at__isnull=True)
     with transaction.atomic():
-        reconcile_inventory(cluster_id, inventories, result=result)
+        reconcile_inventory(cluster_id, inventories, result=result, attributed_by_kubelet=set(held))
         if held:
             _attribute_workloads(cluster_id, held, result)
         if read_at:
@@ -205,9 +205,17 @@ def ingest_inventory_reports(reports: list) -> tuple[dict[str, InventoryResult],
 
 
 def reconcile_inventory(
-    cluster_id: int, inventories: list[nvml.NodeInventory], *, now: datetime | None = None, result=None
+    cluster_id: int,
+    inventories: list[nvml.NodeInventory],
+    *,
+    now: datetime | None = None,
+    result=None,
+    attributed_by_kubelet: set[str] = frozenset(),
 ) -> InventoryResult:
-    """Write NVML inventories of some of the cluster's nodes into GpuCapacity/MigInstance (one transaction)."""
+    """Write NVML inventories of some of the cluster's nodes into GpuCapacity/MigInstance (one transaction).
+
+    `attributed_by_kubelet`: nodes whose kubelet listed their pods' devices (PodResources): NVML's process list
+    attributes no workload there (the kubelet's answer is the truth; a pod it does not list has no device yet)."""
     result = result or InventoryResult()
     if not inventories:
         return result
@@ -228,7 +236,9 @@ def reconcile_inventory(
 
         gpu_ids, lost_gpu_ids = _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, result)
         _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by_cluster, now, result)
-        _resolve_workloads(cluster_id, inventories, node_ids, result)
+        fallback = [nodes[inv.node_name] for inv in inventories if inv.node_name not in attributed_by_kubelet]
+        if fallback:
+            _resolve_workloads(cluster_id, inventories, fallback, result)
     return result
 
 
@@ -419,8 +429,8 @@ def _catalog() -> tuple[dict[tuple[str, int], int], dict[tuple[int, int], tuple[
 
 
 def _resolve_workloads(cluster_id, inventories, node_ids, result) -> None:
-    """Give running workloads on these nodes that still lack a device the one NVML now identifies:
-    their device-id annotation resolved against the fresh UUIDs, else the NVML process -> pod facts."""
+    """Give running workloads on these nodes (whose kubelet could not be asked) that still lack a device the one
+    NVML now identifies: their recorded device ids resolved against the fresh UUIDs, else NVML process -> pod."""
     rows = list(
         WorkloadProfile.objects.filter(
             cluster_id=cluster_id,

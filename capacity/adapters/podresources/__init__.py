@@ -26,7 +26,10 @@ import stat
 from dataclasses import dataclass, field
 from functools import cache
 
-import grpc
+# grpc core logs a line at INFO for every channel a stopping server closes; only errors are worth a line.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import grpc  # noqa: E402
 from django.conf import settings
 
 from .v1 import api_pb2, api_pb2_grpc
