@@ -196,4 +196,9 @@ class PodResourcesHost:
         with self._lock:
             for key in list(self._servers):
                 self._stop(key)
+            for cluster in self.cluster_urls:  # the per-cluster directories, when nothing else is left in them
+                try:
+                    self.socket_path(cluster, "x").parent.rmdir()
+                except OSError:
+                    pass
         self._executor.shutdown(wait=False)

@@ -227,3 +227,35 @@ def _row(cluster, pod: kube.Pod, resource: str, node_id, gpu_id, mig_id, ids: li
         "device_ids": ids,
         "count": min(count, 32767),
     }
+
+
+def attribute_from_exporter(cluster_id: int, labelled: dict[tuple[str, str], list[str]]) -> int:
+    """Devices for running workloads that still have none, from dcgm-exporter's pod labels: the second source.
+
+    dcgm-exporter labels a device's metrics with the pod the kubelet's PodResources gave it (NVIDIA/dcgm-exporter,
+    internal/pkg/transformation/kubernetes.go), so a scrape names (namespace, pod) -> device UUIDs even where
+    gpuaas' own agent could not ask the kubelet. A row that already has devices (PodResources, a DRA claim) is
+    left alone. A pod's MIG rows take its MIG UUIDs, its whole-GPU rows its GPU UUIDs. Returns rows written.
+    Idempotent; one read and one bulk update.
+    """
+    namespaces = sorted({namespace for namespace, _ in labelled})
+    rows = [
+        row
+        for row in WorkloadProfile.objects.filter(
+            cluster_id=cluster_id, ended_at__isnull=True, namespace__in=namespaces
+        ).values_list("id", "namespace", "pod_name", "resource_name", "device_ids")
+        if not row[4] and (row[1], row[2]) in labelled
+    ]
+    if not rows:
+        return 0
+    resolver = DeviceResolver({uuid for _, ns, pod, _, _ in rows for uuid in labelled[(ns, pod)]})
+    updates = []
+    for pk, namespace, pod, resource, _ in rows:
+        mig = resource.startswith("nvidia.com/mig-")
+        ids = [uuid for uuid in labelled[(namespace, pod)] if uuid.startswith("MIG-") == mig]
+        gpu_id, mig_id = resolver.resolve(ids)
+        if ids and (gpu_id or mig_id):
+            updates.append(WorkloadProfile(pk=pk, device_ids=ids, gpu_id=gpu_id, mig_instance_id=mig_id))
+    if updates:
+        WorkloadProfile.objects.bulk_update(updates, ["device_ids", "gpu", "mig_instance"], batch_size=500)
+    return len(updates)

@@ -199,3 +199,23 @@ def test_a_real_agent_asks_its_own_nodes_kubelet():
     assert podresources.socket_for("https://k8s.example:6443", "any-node") == (
         "/var/lib/kubelet/pod-resources/kubelet.sock"
     )
+
+
+def test_dcgm_exporters_pod_labels_are_the_second_source(sim, nlp):
+    from monitoring.services.collect import scrape_cluster
+
+    set_mode(sim, FULL_NODE, "missing")  # gpuaas' agent cannot ask this kubelet; dcgm-exporter could
+    discover(sim, inventory="none")
+    cluster = sim.clusters["prod"]
+    cluster.dcgm_exporter_url = ", ".join(sim.server.dcgm_exporter_urls("prod"))
+    cluster.save(update_fields=["dcgm_exporter_url"])
+    inventory_node(cluster.pk, FULL_NODE)  # GPU rows exist; NVML names each pod's first GPU only
+    assert WorkloadProfile.objects.get(pod_name="llm-train-0").device_ids == []
+
+    scrape_cluster(cluster.pk)
+
+    rows = {w.pod_name: w for w in WorkloadProfile.objects.running().select_related("gpu")}
+    for name in ("llm-train-0", "llm-train-1"):
+        assert sorted(rows[name].device_ids) == sorted(truth(sim, "team-nlp", name))
+    pool = _hold_node(nlp, FULL_NODE)
+    assert Allocation.objects.active().filter(pool=pool).in_use().count() == 4
