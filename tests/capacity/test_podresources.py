@@ -100,9 +100,9 @@ def test_every_pod_gets_every_device_its_kubelet_lists_and_no_annotation_is_read
     assert rows["tracker"].device_ids == [tracker] and rows["tracker"].mig_instance.uuid == tracker
 
 
-def _hold_node(project, node_name):
-    """A pool of `project` holding every whole GPU of the node (rows written as approval would)."""
-    gpus = list(GpuCapacity.objects.filter(node__name=node_name).order_by("index"))
+def _hold(project, uuids):
+    """A pool of `project` holding these whole GPUs (rows written as approval would): the demo's nlp-training."""
+    gpus = list(GpuCapacity.objects.filter(uuid__in=uuids).order_by("index"))
     cluster = gpus[0].node.cluster
     request = PoolRequest.objects.create(
         project=project, cluster=cluster, product="H100-80GB", state="active", count=len(gpus),
@@ -129,13 +129,12 @@ def _hold_node(project, node_name):
 
 def test_two_pods_of_two_gpus_hold_all_four_units_in_use(sim, nlp):
     discover(sim)
-    pool = _hold_node(nlp, FULL_NODE)
+    held = truth(sim, "team-nlp", "llm-train-0") + truth(sim, "team-nlp", "llm-train-1")
+    pool = _hold(nlp, held)
     busy = Allocation.objects.active().filter(pool=pool).in_use()
-    assert sorted(busy.values_list("gpu__uuid", flat=True)) == sorted(
-        truth(sim, "team-nlp", "llm-train-0") + truth(sim, "team-nlp", "llm-train-1")
-    )
-    card = GpuPool.objects.with_card().get(pk=pool.pk)
-    assert (card.units_total, card.units_in_use, card.gpus_in_use) == (4, 4, 4)
+    assert sorted(busy.values_list("gpu__uuid", flat=True)) == sorted(held)
+    card = GpuPool.objects.get(pk=pool.pk).card()
+    assert (card["allocation"], card["gpus_touched_in_use"]) == ("4/4", 4), card
 
 
 def test_discovery_asks_the_kubelet_on_every_binding_not_only_on_node_changes(sim, nlp):
@@ -217,5 +216,5 @@ def test_dcgm_exporters_pod_labels_are_the_second_source(sim, nlp):
     rows = {w.pod_name: w for w in WorkloadProfile.objects.running().select_related("gpu")}
     for name in ("llm-train-0", "llm-train-1"):
         assert sorted(rows[name].device_ids) == sorted(truth(sim, "team-nlp", name))
-    pool = _hold_node(nlp, FULL_NODE)
+    pool = _hold(nlp, truth(sim, "team-nlp", "llm-train-0") + truth(sim, "team-nlp", "llm-train-1"))
     assert Allocation.objects.active().filter(pool=pool).in_use().count() == 4
