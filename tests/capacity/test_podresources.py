@@ -218,3 +218,36 @@ def test_dcgm_exporters_pod_labels_are_the_second_source(sim, nlp):
         assert sorted(rows[name].device_ids) == sorted(truth(sim, "team-nlp", name))
     pool = _hold(nlp, truth(sim, "team-nlp", "llm-train-0") + truth(sim, "team-nlp", "llm-train-1"))
     assert Allocation.objects.active().filter(pool=pool).in_use().count() == 4
+
+
+def test_members_see_which_of_their_pods_used_which_unit_and_how_hard(sim, nlp, django_user_model, charlie):
+    from datetime import timedelta
+
+    from rest_framework.test import APIClient
+
+    from monitoring.services.reports import poll_node
+    from tenancy.roles import set_role
+
+    discover(sim)
+    pool = _hold(nlp, truth(sim, "team-nlp", "llm-train-0") + truth(sim, "team-nlp", "llm-train-1"))
+    Allocation.objects.filter(pool=pool).update(allocated_at=timezone.now() - timedelta(hours=1))
+    WorkloadProfile.objects.update(started_at=timezone.now() - timedelta(minutes=30))
+    node = NodeCapacity.objects.get(name=FULL_NODE)
+    for minutes in (3, 2, 1):
+        poll_node(node.pk, at=timezone.now() - timedelta(minutes=minutes))
+    member = django_user_model.objects.create_user("nina", "nina@example.com", "pw-nina-1")
+    set_role(nlp, member, "member")
+    client = APIClient()
+    client.force_authenticate(member)
+    start = (timezone.now() - timedelta(hours=2)).isoformat().replace("+00:00", "Z")
+
+    body = client.get(f"/api/v1/monitoring/pools/{pool.pk}/", {"start": start, "step": "raw"}).json()
+
+    pods = {p["pod"]: p for p in body["pods"]}
+    assert set(pods) == {"llm-train-0", "llm-train-1"}
+    for name, pod in pods.items():
+        assert [u["uuid"] for u in pod["units"]] == truth(sim, "team-nlp", name)  # every device, kubelet's order
+        assert all(u["sm_active_avg"] is not None and u["sm_active_avg"] > 0 for u in pod["units"]), pod
+    outsider = APIClient()
+    outsider.force_authenticate(charlie)
+    assert outsider.get(f"/api/v1/monitoring/pools/{pool.pk}/", {"start": start}).status_code == 404
