@@ -471,9 +471,11 @@ def _attribute_workloads(cluster_id: int, held: dict[str, podresources.PodResour
 
     A row the kubelet does not list (a DRA pod: its devices come from its claims; a pod not admitted yet) is left
     as it is. `gpu` / `mig_instance` name the first device, `device_ids` every one, so a pod with several GPUs is
-    in use on each (`WorkloadProfile.objects.multi_device_uuids`). Locking: the caller's transaction (cluster row
-    locked by the reconcile, or a plain UPDATE of the rows: idempotent, a repeated report writes the same ids).
+    in use on each (`Allocation.objects.in_use()`). Locking: the cluster row (FOR NO KEY UPDATE, as discovery,
+    whose workload sync must not write back a row's devices read before this), in the caller's transaction.
+    Idempotent: a repeated report writes the same ids.
     """
+    Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).values_list("pk").get()
     node_ids = dict(
         NodeCapacity.objects.filter(cluster_id=cluster_id, name__in=held, gone_at__isnull=True).values_list(
             "name", "id"

@@ -236,8 +236,10 @@ def attribute_from_exporter(cluster_id: int, labelled: dict[tuple[str, str], lis
     internal/pkg/transformation/kubernetes.go), so a scrape names (namespace, pod) -> device UUIDs even where
     gpuaas' own agent could not ask the kubelet. A row that already has devices (PodResources, a DRA claim) is
     left alone. A pod's MIG rows take its MIG UUIDs, its whole-GPU rows its GPU UUIDs. Returns rows written.
-    Idempotent; one read and one bulk update.
+    Idempotent; one read and one bulk update. Locking: the cluster row (FOR NO KEY UPDATE, as discovery and the
+    inventory), in the caller's transaction.
     """
+    Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).values_list("pk").get()
     namespaces = sorted({namespace for namespace, _ in labelled})
     rows = [
         row

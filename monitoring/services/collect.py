@@ -402,6 +402,7 @@ def record_dcgm(cluster: Cluster, units: list[dcgm.DcgmUnit], *, ts: datetime) -
     with transaction.atomic():
         result.samples = write_samples(samples, ts=ts, source=MetricSource.DCGM)
         result.health = apply_health(health, at=ts, source=MetricSource.DCGM)
-        if labelled:  # the second source of attribution, after the kubelet's PodResources
+    if labelled:  # the second source of attribution, after the kubelet's PodResources; the cluster lock first
+        with transaction.atomic():
             workloads.attribute_from_exporter(cluster.pk, labelled)
     return result
