@@ -519,9 +519,9 @@ class AllocationQuerySet(models.QuerySet):
         several = running.filter(count__gt=1)
         on_other_instance = several.filter(device_ids__icontains=models.OuterRef("mig_instance__uuid"))
         on_other_gpu = several.filter(device_ids__icontains=models.OuterRef("gpu__uuid"))
-        by_device = (
-            Q(kind=SpecKind.MIG) & (Q(models.Exists(on_instance)) | Q(models.Exists(on_other_instance)))
-        ) | (Q(kind=SpecKind.FULL) & (Q(models.Exists(on_gpu)) | Q(models.Exists(on_other_gpu))))
+        by_device = (Q(kind=SpecKind.MIG) & (Q(models.Exists(on_instance)) | Q(models.Exists(on_other_instance)))) | (
+            Q(kind=SpecKind.FULL) & (Q(models.Exists(on_gpu)) | Q(models.Exists(on_other_gpu)))
+        )
         replicas = self._first_n(
             running.filter(gpu=models.OuterRef("gpu"), mig_instance__isnull=True),
             {"gpu": models.OuterRef("gpu")},
