@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 START := $(shell date +%s)
 
-.PHONY: demo test test-slow lint venv schema clean
+.PHONY: demo test test-slow lint venv schema clean podresources-stubs
 
 $(STAMP): requirements.txt
 	@$(PYTHON) -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version" 2>/dev/null || { echo "gpuaas needs Python 3.11: run make PYTHON=/path/to/python3.11"; exit 1; }
@@ -56,3 +56,11 @@ schema: $(STAMP)
 
 clean:
 	rm -rf var/celery var/*.sqlite3* var/simcluster var/cache
+
+# The kubelet PodResources stubs (capacity/adapters/podresources/README.md): regenerated from the vendored
+# upstream api.proto with the grpcio-tools pinned there; the generated files are committed.
+GRPC_TOOLS_PIN := grpcio-tools==1.85.1
+.PHONY: podresources-stubs
+podresources-stubs: $(STAMP)
+	$(PY) -m pip install --quiet $(GRPC_TOOLS_PIN)
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. capacity/adapters/podresources/v1/api.proto

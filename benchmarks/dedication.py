@@ -11,7 +11,7 @@ device plugin binds by count, so it hands out whichever devices are free.
 One poll cycle: discovery mirrors the pods (WorkloadProfile), then the trespass check runs once.
 
 - trespass_injected: (pod, device) pairs the simulator bound where the device's unit is not held by
-  the pod's project, read from the simulator's pods (device-id annotations) and the allocations;
+  the pod's project, read from the simulated kubelet's assignments and the allocations;
 - trespass_detected: open trespass events matching such a pair; false_trespass: open events that
   match none (both by (unit, pod uid));
 - attribution_errors: pods whose mirrored usage (WorkloadProfile unit and project) differs from
@@ -19,6 +19,12 @@ One poll cycle: discovery mirrors the pods (WorkloadProfile), then the trespass 
 - dra_wrong_device: benchmarks.dra_check on a DRA fleet of the same size (pods that got a device outside
   their claim: must be 0), with dra_pods and dra_forged_obtained_foreign (hand-written claims, see dra.md);
 - detect_s: wall time of the trespass check for the cycle (target: at most 2 s at 200 nodes).
+
+The pods' devices reach gpuaas only through each node's kubelet PodResources socket: the cycle's discovery
+names the nodes with pods of unknown devices and their inventories (PodResources) follow, as the agents'
+would. The `dp_*` figures are a second, device-plugin fleet of H100 and H200 nodes with multi-GPU pods and
+idle units that read like real idle boards, attributed only by PodResources
+(benchmarks/podresources_fleet.py).
 """
 
 from __future__ import annotations
@@ -34,22 +40,24 @@ from django.test.utils import override_settings
 
 from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
 from capacity.services.discovery import discover_cluster
+from capacity.services.inventory import inventory_nodes
 from monitoring.models import TrespassEvent
 from monitoring.services.trespass import detect_trespass, unit_key
 from pools.models import Allocation, GpuPool, PoolRequest
 from simcluster import SimServer
 from simcluster.kube import ClusterApi
 from simcluster.scenarios import Scenario
+from simcluster.scheduler import assigned_devices
 from tenancy.models import Project
 
 from .dra_check import measure_dra_wrong_device
 from .ending_check import measure_ending_and_loans
+from .podresources_fleet import measure_podresources_fleet
 from .pools import bench_database
 from .registry import Smoke, arg, benchmark
 from .targets import correctness, performance
 
 CLUSTER = "dedication"
-DEVICE_IDS = "gpuaas.io/device-ids"
 MIG_RESOURCE = "nvidia.com/mig-3g.40gb"
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -170,7 +178,7 @@ class Churn:
             out = []
             for (namespace, name), record in self.cluster.pods.items():
                 meta, status = record.obj["metadata"], record.obj.get("status") or {}
-                ids = [i for i in (meta.get("annotations") or {}).get(DEVICE_IDS, "").split(",") if i]
+                ids = assigned_devices(self.cluster, namespace, name)  # what the kubelet's PodResources lists
                 if ids and status.get("phase") == "Running":
                     out.append((namespace, name, meta.get("uid", ""), ids))
             return out
@@ -234,6 +242,7 @@ def _attribution_errors(cluster: Cluster, expected: dict) -> int:
         arg("--projects", type=int, default=50),
         arg("--ending-nodes", type=int, default=20, help="Nodes of the ending and loans fleet (half each)"),
         arg("--keep-db", action="store_true", help="Keep the throwaway database"),
+        arg("--dp-nodes", type=int, default=24, help="Nodes of the PodResources-only H100/H200 fleet (0: none)"),
     ],
     targets=[
         correctness("trespass_detected", "==", "trespass_injected"),
@@ -241,6 +250,11 @@ def _attribution_errors(cluster: Cluster, expected: dict) -> int:
         correctness("attribution_errors", "==", 0),
         correctness("dra_wrong_device", "==", 0),
         correctness("dra_forged_obtained_foreign", "==", 0),
+        correctness("dp_attribution_errors", "==", 0),
+        correctness("dp_false_trespass", "==", 0),
+        correctness("dp_trespass_detected", "==", "dp_trespass_injected"),
+        correctness("dp_nvml_attributions", "==", 0),
+        correctness("dp_in_use_errors", "==", 0),
         performance("detect_s", "<=", 2),
         correctness("pods_outliving_allocation_s_max", "<=", "ending_target_s"),
         correctness("pdb_pods_outliving_s_max", "<=", "pdb_target_s"),
@@ -251,9 +265,11 @@ def _attribution_errors(cluster: Cluster, expected: dict) -> int:
         correctness("reclaimed_units_beyond_need", "==", 0),
         correctness("lender_pods_pending_after", "==", 0),
     ],
-    smoke=Smoke(("--nodes", "6", "--projects", "4", "--ending-nodes", "4")),
+    smoke=Smoke(("--nodes", "6", "--projects", "4", "--ending-nodes", "4", "--dp-nodes", "4")),
 )
-def dedication(*, stdout=None, nodes: int, projects: int, ending_nodes: int = 20, keep_db: bool = False, **_) -> dict:
+def dedication(
+    *, stdout=None, nodes: int, projects: int, ending_nodes: int = 20, keep_db: bool = False, dp_nodes: int = 24, **_
+) -> dict:
     rng = random.Random(15)
     state = _scenario(nodes).build(mig_manager_delay=3600)
     server = SimServer(state).start()
@@ -279,6 +295,8 @@ def dedication(*, stdout=None, nodes: int, projects: int, ending_nodes: int = 20
 
             started = time.perf_counter()  # the poll cycle: workloads mirrored, then the trespass check
             outcome = discover_cluster(cluster.pk, inventory="none")
+            with override_settings(NVML_LIBRARY="benchmarks.capacity.snapshot_nvml"):  # + the kubelets' answers
+                inventory_nodes(cluster.pk, outcome.sync.inventory_nodes, api_url=server.cluster_url(CLUSTER))
             sync_s = time.perf_counter() - started
             started = time.perf_counter()
             detect_trespass(cluster.pk)
@@ -287,7 +305,14 @@ def dedication(*, stdout=None, nodes: int, projects: int, ending_nodes: int = 20
             # The same fleet size under DRA (benchmarks.dra_check): no pod may get a device outside its claim.
             units_allocated = Allocation.objects.active().count()
             dra = measure_dra_wrong_device(nodes, projects, 15, rounds=2)
-            found = set(TrespassEvent.objects.open().exclude(pod_uid="").values_list("unit_key", "pod_uid"))
+            found = set(
+                TrespassEvent.objects.open()
+                .filter(gpu__node__cluster=cluster)
+                .exclude(pod_uid="")
+                .values_list("unit_key", "pod_uid")
+            )
+            attribution_errors = _attribution_errors(cluster, expected)
+            fleet = measure_podresources_fleet(dp_nodes, max(3, projects // 10), 15) if dp_nodes else {}
             ending = measure_ending_and_loans(ending_nodes)
             return {
                 "nodes": nodes,
@@ -297,7 +322,7 @@ def dedication(*, stdout=None, nodes: int, projects: int, ending_nodes: int = 20
                 "trespass_injected": len(truth),
                 "trespass_detected": len(found & truth),
                 "false_trespass": len(found - truth),
-                "attribution_errors": _attribution_errors(cluster, expected),
+                "attribution_errors": attribution_errors,
                 "dra_wrong_device": dra["dra_wrong_device"],
                 "dra_pods": dra["pods_created"],
                 "dra_forged_refused": dra["forged_refused"],
@@ -306,6 +331,7 @@ def dedication(*, stdout=None, nodes: int, projects: int, ending_nodes: int = 20
                 "workload_sync_s": round(sync_s, 3),
                 "first_sync_s": round(first_sync_s, 3),
                 **ending,
+                **fleet,
             }
     finally:
         server.stop()

@@ -8,6 +8,7 @@ clusters with real kubeconfigs to run on PostgreSQL, Redis and real clusters. Se
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -596,6 +597,18 @@ if REDBEAT_REDIS_URL:
 NVML_LIBRARY = env_str(
     "NVML_LIBRARY", "simcluster.nvml.library_for_node" if DEBUG else "capacity.adapters.nvml.local_pynvml"
 )
+# The kubelet's PodResources socket the node agent asks which pod holds which device (docs/discovery.md
+# "Which pod holds which device"). Production: the node's own socket, mounted read-only into the agent.
+# With DEBUG=1 (demo, tests) the simulator serves one per node at this template ({api}: a digest of the
+# cluster's API URL, {node}: the node name); a short path under the temporary directory, as a unix
+# socket's path must stay under 108 bytes.
+PODRESOURCES_SOCKET = env_str(
+    "PODRESOURCES_SOCKET",
+    str(Path(tempfile.gettempdir()) / "gpuaas-podres" / "{api}" / "{node}.sock")
+    if DEBUG
+    else "/var/lib/kubelet/pod-resources/kubelet.sock",
+)
+PODRESOURCES_TIMEOUT_S = env_int("PODRESOURCES_TIMEOUT_S", 10, minimum=1)
 # Node agents (capacity/agent/, docs/security.md "Node agents"). The control plane derives every node's
 # key from AGENT_SIGNING_SECRET (default: derived from SECRET_KEY); a node agent holds only its own node's
 # key (AGENT_NODE_KEY, hex, from `manage.py agent-key CLUSTER NODE`) and signs for

@@ -64,6 +64,8 @@ class DcgmUnit:
     values: dict[str, object] = field(default_factory=dict)
     mem_total_mib: int | None = None
     sm_from_gr_engine: bool = False
+    # (namespace, pod) of the pods dcgm-exporter labels this unit with (it reads the kubelet's PodResources).
+    pods: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def key(self) -> tuple[str, int | None]:
@@ -106,6 +108,10 @@ def readings(samples: list[PromSample]) -> list[DcgmUnit]:
                 gpu_index=int(index) if index.isdigit() else None,
                 profile=labels.get("GPU_I_PROFILE", ""),
             )
+        pod = labels.get("pod") or labels.get("pod_name") or ""  # pod_name/pod_namespace: --use-old-namespace
+        namespace = labels.get("namespace") or labels.get("pod_namespace") or ""
+        if pod and namespace:
+            unit.pods.add((namespace, pod))
         name = sample.family if sample.family in KNOWN else sample.name
         mapped = FIELDS.get(name)
         if mapped is not None:

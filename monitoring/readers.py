@@ -20,6 +20,8 @@ from django.db.models import F, FloatField, Max, Q, Sum
 from django.db.models.functions import Cast
 
 from capacity.choices import SpecKind
+from capacity.models import WorkloadProfile
+from capacity.services.workloads import physical_id
 from pools.models import Allocation
 
 from . import backends
@@ -275,4 +277,68 @@ def pool_utilisation(pool, start: datetime, end: datetime, *, step: str) -> dict
         "measured_units": len({sid for sid, *_ in units}),
         "sm_active_avg": weighted / slices if slices else None,
         "points": [{"ts": ts, "sm_active": avg, "units": n} for ts, avg, n, _ in steps],
+    }
+
+
+POOL_PODS_MAX = 50
+
+
+def pool_pods(pool, start: datetime, end: datetime, *, limit: int = POOL_PODS_MAX) -> list[dict]:
+    """Which of the project's pods used which of the pool's units over [start, end), and how hard.
+
+    A pod's units are its devices as the kubelet listed them (WorkloadProfile.device_ids, every device of the
+    pod) that the pool held; "how hard" is each unit's SM activity and memory over the part of the range when
+    both the pod ran and the pool held the unit (window_stats: rollups plus the raw tail). Time-slice replicas
+    share their GPU's series, which is operator-only: they are listed without figures. Newest pods first, at
+    most `limit` (one window_stats read per unit of each pod).
+    """
+    allocations = list(
+        Allocation.objects.filter(pool=pool, allocated_at__lt=end)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+        .select_related("gpu", "mig_instance")
+        .order_by("pk")
+    )
+    series = allocation_series(allocations)
+    units: dict[str, Allocation] = {}
+    for allocation in allocations:
+        uuid = allocation.mig_instance.uuid if allocation.kind == SpecKind.MIG else allocation.gpu.uuid
+        units.setdefault(uuid, allocation)
+    workloads = (
+        WorkloadProfile.objects.filter(project_id=pool.project_id, started_at__lt=end)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
+        .order_by("-started_at", "pk")
+    )
+    found = []
+    for workload in workloads.iterator(chunk_size=200):
+        held = [units[uuid] for uuid in dict.fromkeys(physical_id(d) for d in workload.device_ids) if uuid in units]
+        if not held:
+            continue
+        pod_units = [_pod_unit(workload, a, series.get(a.pk), start, end) for a in held]
+        found.append({"workload": workload, "units": pod_units})
+        if len(found) >= limit:
+            break
+    return [
+        {
+            "namespace": f["workload"].namespace,
+            "pod": f["workload"].pod_name,
+            "resource": f["workload"].resource_name,
+            "started_at": f["workload"].started_at,
+            "ended_at": f["workload"].ended_at,
+            "units": f["units"],
+        }
+        for f in found
+    ]
+
+
+def _pod_unit(workload, allocation: Allocation, series_id: int | None, start: datetime, end: datetime) -> dict:
+    lo = max(start, workload.started_at, allocation.allocated_at)
+    hi = min(end, workload.ended_at or end, allocation.released_at or end)
+    stats = window_stats([series_id], lo, hi).get(series_id) if series_id is not None and hi > lo else None
+    return {
+        "allocation": allocation.pk,
+        "kind": allocation.kind,
+        "uuid": allocation.mig_instance.uuid if allocation.kind == SpecKind.MIG else allocation.gpu.uuid,
+        "sm_active_avg": stats.sm_active_avg if stats else None,
+        "sm_active_max": stats.sm_active_max if stats else None,
+        "mem_used_max_mib": stats.mem_used_max if stats else None,
     }

@@ -514,9 +514,12 @@ class AllocationQuerySet(models.QuerySet):
         """Units with a running workload on them (the seed's "In Use" profiles), by the device the pod really got.
 
         The device plugin, not gpuaas, picks which device of a resource a pod gets, so "in use" follows
-        the pod's device (WorkloadProfile's GPU or MIG instance, from the pod's device ids or NVML), not
-        the reservation: a MIG unit is in use when a pod runs on its instance, a full GPU when a pod runs
-        on the GPU. A reservation whose pods ran elsewhere is not in use; the unit they ran on is.
+        the pod's device (WorkloadProfile's GPU or MIG instance, from the kubelet's PodResources, DRA claims or
+        NVML), not the reservation: a MIG unit is in use when a pod runs on its instance, a full GPU when a pod
+        runs on the GPU. Every (pod, device) pair counts: a pod given several devices is one row whose
+        foreign keys name its first device, the others only in `device_ids` (matched by UUID in the JSON
+        text, among the few running rows with count > 1). A reservation whose pods ran elsewhere is not in
+        use; the unit they ran on is.
         Time-slice replicas have no device of their own, and pods whose device is not known yet have
         none either: those are counted per (project, GPU) and per (project, node, resource): when the
         project runs N of them there, its first N units there (in allocation order) are in use.
@@ -524,8 +527,12 @@ class AllocationQuerySet(models.QuerySet):
         running = WorkloadProfile.objects.running().order_by()
         on_instance = running.filter(mig_instance=models.OuterRef("mig_instance"))
         on_gpu = running.filter(gpu=models.OuterRef("gpu"), mig_instance__isnull=True)
-        by_device = (Q(kind=SpecKind.MIG) & Q(models.Exists(on_instance))) | (
-            Q(kind=SpecKind.FULL) & Q(models.Exists(on_gpu))
+        # A pod given several devices names the others in `device_ids` only (JSON text, matched by UUID).
+        several = running.filter(count__gt=1)
+        on_other_instance = several.filter(device_ids__icontains=models.OuterRef("mig_instance__uuid"))
+        on_other_gpu = several.filter(device_ids__icontains=models.OuterRef("gpu__uuid"))
+        by_device = (Q(kind=SpecKind.MIG) & (Q(models.Exists(on_instance)) | Q(models.Exists(on_other_instance)))) | (
+            Q(kind=SpecKind.FULL) & (Q(models.Exists(on_gpu)) | Q(models.Exists(on_other_gpu)))
         )
         replicas = self._first_n(
             running.filter(gpu=models.OuterRef("gpu"), mig_instance__isnull=True),

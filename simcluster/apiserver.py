@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import dcgm, dra, driver, kube, nvml, rbac
+from . import dcgm, dra, driver, kube, nvml, podresources, rbac
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
@@ -592,6 +592,8 @@ class SimServer:
 
     `token`: require `Authorization: Bearer <token>` (default: accept anything).
     `tick_interval`: advance simulated time with the wall clock every so many seconds.
+    `pod_resources`: serve every node's kubelet PodResources socket under this directory (default
+    `podresources.DEFAULT_ROOT`, what gpuaas' DEBUG settings read); False: none.
     """
 
     def __init__(
@@ -603,8 +605,12 @@ class SimServer:
         token: str | None = None,
         tick_interval: float | None = None,
         verbose: bool = False,
+        pod_resources: bool | str | Path = True,
     ):
         self.state = state
+        root = podresources.DEFAULT_ROOT if pod_resources is True else pod_resources
+        self.pod_resources_root = None if root is False else Path(root)
+        self.pod_resources: podresources.PodResourcesHost | None = None
         self.host = host
         self.port = port
         self.token = token
@@ -633,6 +639,10 @@ class SimServer:
         nvml.register_local(self.url, self.state, None)
         for name in self.state.clusters:
             nvml.register_local(self.cluster_url(name), self.state, name)
+        if self.pod_resources_root is not None:
+            urls = {name: self.cluster_url(name) for name in self.state.clusters}
+            self.pod_resources = podresources.PodResourcesHost(self.state, urls, self.pod_resources_root)
+            self.pod_resources.sync()
         return self
 
     def stop(self) -> None:
@@ -650,6 +660,9 @@ class SimServer:
         for thread in self._threads:
             thread.join(timeout=5)
         self._httpd = None
+        if self.pod_resources is not None:
+            self.pod_resources.stop()
+            self.pod_resources = None
 
     def __enter__(self) -> SimServer:
         return self.start()
@@ -660,9 +673,13 @@ class SimServer:
     def _background(self) -> None:
         httpd = self._httpd
         last = time.monotonic()
+        synced = last
         while not httpd.stopping.wait(0.05):
             self.state.run_mig_manager(due_only=True)
             self.state.run_kubelet(due_only=True)
+            if self.pod_resources is not None and time.monotonic() - synced >= 0.5:
+                self.pod_resources.sync()  # nodes added or removed, and the pod_resources knob
+                synced = time.monotonic()
             if self.tick_interval:
                 now = time.monotonic()
                 if now - last >= self.tick_interval:

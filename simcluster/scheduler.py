@@ -11,9 +11,9 @@ Unschedulable) and is retried whenever devices free up or nodes change. CPU and 
 are not accounted.
 
 Device assignment: the chosen device IDs (GPU UUIDs, MIG UUIDs or `<uuid>::<n>` replica
-ids) are written to the pod annotation `gpuaas.io/device-ids` (comma separated). This
-stands in for the kubelet PodResources API (`/var/lib/kubelet/pod-resources`), which the
-simulator cannot serve; the same assignment drives the NVML running processes.
+ids) are recorded on the node (`Node.assigned`, device id -> pod) and nowhere on the pod, as on a
+real node: the kubelet's PodResources API tells who holds what (`podresources.py` serves it per node);
+the same assignment drives the NVML running processes. `assigned_devices()` reads it for tests.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from kubernetes.utils import parse_quantity
 from . import dra, gpuoperator
 from .state import Cluster, Node, Record
 
-DEVICE_IDS_ANNOTATION = "gpuaas.io/device-ids"
 NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
 _TERMINAL = ("Succeeded", "Failed")
 
@@ -414,15 +413,11 @@ def bind(cluster: Cluster, record: Record, node: Node) -> None:
                 f"capacity: {len(node.devices.get(resource, ()))}",
             )
             return
-    chosen = []
     key = _pod_key(pod)
     for resource in sorted(requests):
         free = [d for d in node.devices.get(resource, ()) if d not in node.assigned][: requests[resource]]
         for device_id in free:
             node.assigned[device_id] = key
-        chosen.extend(free)
-    if chosen:
-        pod["metadata"].setdefault("annotations", {})[DEVICE_IDS_ANNOTATION] = ",".join(chosen)
     delay = cluster.state.api.pod_start_delay_s
     if delay > 0:
         _set_creating(cluster, record, node)
@@ -555,6 +550,13 @@ def remove_pod(cluster: Cluster, key: tuple[str, str]) -> dict:
     on_pod_deleted(cluster, obj)
     gpuoperator.on_pod_deleted(cluster, obj)  # the DaemonSet recreates a device plugin pod once the old one is gone
     return obj
+
+
+def assigned_devices(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    """The device ids the simulated kubelet gave the pod, in allocation order (what PodResources lists)."""
+    pod = cluster.pods[(namespace, name)].obj
+    node = cluster.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+    return [d for d, owner in node.assigned.items() if owner == (namespace, name)] if node else []
 
 
 def release(cluster: Cluster, pod: dict) -> None:

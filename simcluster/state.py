@@ -143,6 +143,7 @@ class Node:
     mig_job: MigJob | None = None
     device_plugin_pod: str | None = None  # its DaemonSet pod's name (SimState.device_plugin_restart)
     mig_message: str = ""  # outcome of the last MIG manager run (shown by /sim/v1/info)
+    pod_resources: str = "ok"  # the kubelet PodResources socket: ok, missing, denied, old-kubelet (podresources.py)
     events: deque = field(default_factory=lambda: deque(maxlen=_EVENT_RING))
     event_seq: int = 0
     json_cache: bytes | None = None

@@ -1,4 +1,4 @@
-"""What a node agent does for its node: read NVML, sign the result. No database, no models.
+"""What a node agent does for its node: read NVML and the kubelet's PodResources, sign the result. No database.
 
 The control plane's embedded path (`monitoring.services.collect.poll_node`) calls the same functions
 in-process, so a reading takes one path whether it crossed the broker or not.
@@ -10,7 +10,7 @@ import time
 
 from django.conf import settings
 
-from capacity.adapters import nvml
+from capacity.adapters import nvml, podresources
 from capacity.mig.catalog import get_product
 
 from . import protocol
@@ -32,15 +32,18 @@ def read_metrics(cluster: str, node: str, *, api_url: str, slot: int) -> dict:
 
 
 def read_inventory(cluster: str, node: str, *, api_url: str) -> dict:
-    """One signed inventory report of `node` (GPUs, MIG devices with placements, processes).
+    """One signed inventory report of `node` (GPUs, MIG devices with placements, processes) with the kubelet's
+    PodResources answer (which pod holds which device; its failures are part of the report, never raised).
 
     The slot is the read's time (epoch seconds): inventories are not periodic; it dates the report.
     """
     slot = int(time.time())
     try:
-        body = protocol.inventory_body(nvml.node_inventory(api_url, node))
+        inventory, error = nvml.node_inventory(api_url, node), ""
     except nvml.NvmlError as exc:
-        body = protocol.inventory_body(None, error=str(exc))
+        inventory, error = None, str(exc)
+    held = podresources.read_node(api_url, node)
+    body = protocol.inventory_body(inventory, error=error, pod_resources=held)
     return protocol.sign(protocol.KIND_INVENTORY, cluster, node, slot, body)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 
-from capacity.adapters import nvml
+from capacity.adapters import nvml, podresources
 
 VERSION = 1
 KIND_METRICS = "metrics"
@@ -162,8 +162,40 @@ def metrics_from_body(body: Any) -> tuple[list[nvml.GpuMetrics], str, int]:
     return [_gpu(g) for g in body["gpus"]], body["error"], body["ms"]
 
 
-def inventory_body(inventory: nvml.NodeInventory | None, *, error: str = "") -> dict:
-    return {"error": error, "inventory": None if inventory is None else dataclasses.asdict(inventory)}
+def inventory_body(
+    inventory: nvml.NodeInventory | None,
+    *,
+    error: str = "",
+    pod_resources: podresources.PodResourcesReading | None = None,
+) -> dict:
+    body = {"error": error, "inventory": None if inventory is None else dataclasses.asdict(inventory)}
+    if pod_resources is not None:
+        body["pod_resources"] = dataclasses.asdict(pod_resources)
+    return body
+
+
+_INVENTORY_KEYS = ({"error", "inventory"}, {"error", "inventory", "pod_resources"})
+
+
+def _pod_devices(data: Any) -> podresources.PodDevices:
+    pod = _build(podresources.PodDevices, data, {})
+    devices = pod.devices
+    if not (isinstance(pod.namespace, str) and isinstance(pod.name, str) and isinstance(devices, dict)):
+        raise BadReport("PodDevices: namespace and name must be strings and devices an object")
+    if not all(isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in devices.values()):
+        raise BadReport("PodDevices: devices must map resource names to lists of device ids")
+    return pod
+
+
+def pod_resources_from_body(body: dict) -> podresources.PodResourcesReading | None:
+    """The kubelet PodResources reading of an inventory report's body; None from an agent that sends none."""
+    data = body.get("pod_resources")
+    if data is None:
+        return None
+    reading = _build(podresources.PodResourcesReading, data, {"pods": _pod_devices})
+    if not isinstance(reading.error, str) or not isinstance(reading.warnings, list):
+        raise BadReport("PodResourcesReading: error must be a string and warnings a list")
+    return reading
 
 
 def _mig_device(data: Any) -> nvml.MigDeviceInfo:
@@ -176,8 +208,9 @@ def _gpu_info(data: Any) -> nvml.GpuInfo:
 
 def inventory_from_body(body: Any, node: str) -> tuple[nvml.NodeInventory | None, str]:
     """(inventory, error) of an inventory report's body; the inventory must be of the report's own node."""
-    if not isinstance(body, dict) or set(body) != {"error", "inventory"} or not isinstance(body["error"], str):
-        raise BadReport("inventory body must be {error, inventory}")
+    if not isinstance(body, dict) or set(body) not in _INVENTORY_KEYS or not isinstance(body["error"], str):
+        raise BadReport("inventory body must be {error, inventory[, pod_resources]}")
+    pod_resources_from_body(body)
     if body["inventory"] is None:
         return None, body["error"] or "no inventory"
     inventory = _build(nvml.NodeInventory, body["inventory"], {"gpus": _gpu_info})

@@ -409,6 +409,9 @@ def sync_cluster(
         node_ids = _sync_nodes(cluster, nodes, now, result)
         _sync_dra_devices(cluster, dra)
         result.workloads = workloads.sync_workloads(cluster, pods, node_ids, now, dra=dra)
+        # A pod the kubelet has not told us the devices of yet: its node's agent reads PodResources next.
+        attribute = sorted(result.workloads.nodes_to_attribute.intersection(node_ids) - set(result.inventory_nodes))
+        result.inventory_nodes = [*result.inventory_nodes, *attribute]
         status = ClusterStatus.DEGRADED if result.not_ready else ClusterStatus.OK
         Cluster.objects.filter(pk=cluster.pk).update(
             status=status,

@@ -9,8 +9,11 @@ does both in this process (the same read and reconcile). The reconcile writes
   lost_at; it is never deleted. A lost GPU seen again healthy is back (lost_at cleared).
 - MigInstance, by MIG device UUID: profile and placement (MigPlacement row) from the GPU
   instance's info, GI and CI ids. An instance no longer reported becomes state "gone".
-- WorkloadProfile rows on the node still without a device: their device-id annotation is
-  resolved against the fresh UUIDs, and NVML process -> pod UID facts fill the rest.
+- WorkloadProfile rows of device-plugin pods on the node: their devices, exactly as the kubelet's
+  PodResources API lists them (every device of every resource the pod holds; `_attribute_workloads`),
+  matched by node, namespace, pod name and resource. Where the kubelet could not be asked (socket
+  missing, permission denied: the node's `inventory_error` says so), rows still without a device get
+  one from NVML process -> pod UID facts.
 A partial read changes nothing it did not read: a GPU NVML failed part-way through (`unread`)
 keeps its row and its MIG instances, and a MIG device whose placement an unprivileged agent could
 not read (NVML_ERROR_NO_PERMISSION) keeps its recorded instance; the node's `warnings` say why.
@@ -34,7 +37,7 @@ from django.db.models import Case, Value, When
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
-from capacity.adapters import nvml
+from capacity.adapters import nvml, podresources
 from capacity.agent import node as agent
 from capacity.agent import protocol
 from capacity.choices import GpuHealth, MigInstanceState
@@ -75,6 +78,7 @@ _BY_CLUSTER = 50
 @dataclass
 class InventoryResult:
     nodes: int = 0
+    workloads_attributed: int = 0  # rows whose devices PodResources set or changed
     gpus: int = 0
     gpus_written: int = 0
     gpus_lost: int = 0
@@ -112,9 +116,22 @@ def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
     result = InventoryResult()
     inventories = []
     read_at: dict[str, datetime] = {}
+    held: dict[str, podresources.PodResourcesReading] = {}
+    unattributed: dict[str, str] = {}  # node -> why its kubelet could not be asked (shown as its inventory_error)
     for report in reports:
         name = report["node"]
         inventory, error = protocol.inventory_from_body(report["body"], name)
+        reading = protocol.pod_resources_from_body(report["body"])
+        if reading is not None:
+            notes = [f"kubelet PodResources: {text}" for text in ([reading.error] if reading.error else [])]
+            notes += [f"kubelet PodResources: {text}" for text in reading.warnings]
+            if notes:
+                result.warnings.setdefault(name, []).extend(notes)
+            if reading.error:
+                unattributed[name] = notes[0]
+                logger.warning("PodResources of %s could not be read: %s", name, reading.error)
+            else:
+                held[name] = reading
         if inventory is None:
             result.errors[name] = error
             logger.warning("inventory of %s failed: %s", name, error)
@@ -122,14 +139,17 @@ def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
         inventories.append(inventory)
         read_at[name] = datetime.fromtimestamp(report["slot"], tz=UTC)
         if inventory.warnings:
-            result.warnings[name] = list(inventory.warnings)
+            result.warnings.setdefault(name, []).extend(inventory.warnings)
             for warning in inventory.warnings:
                 logger.warning("inventory of %s is partial: %s", name, warning)
     nodes = NodeCapacity.objects.filter(cluster_id=cluster_id, gone_at__isnull=True)
     with transaction.atomic():
-        reconcile_inventory(cluster_id, inventories, result=result)
+        reconcile_inventory(cluster_id, inventories, result=result, attributed_by_kubelet=set(held))
+        if held:
+            _attribute_workloads(cluster_id, held, result)
         if read_at:
-            nodes.filter(name__in=read_at).update(inventory_read_at=_by_name(read_at), inventory_error="")
+            errors = {name: unattributed.get(name, "")[:500] for name in read_at}
+            nodes.filter(name__in=read_at).update(inventory_read_at=_by_name(read_at), inventory_error=_by_name(errors))
         if result.errors:
             nodes.filter(name__in=result.errors).update(
                 inventory_error=_by_name({name: error[:500] for name, error in result.errors.items()})
@@ -185,9 +205,17 @@ def ingest_inventory_reports(reports: list) -> tuple[dict[str, InventoryResult],
 
 
 def reconcile_inventory(
-    cluster_id: int, inventories: list[nvml.NodeInventory], *, now: datetime | None = None, result=None
+    cluster_id: int,
+    inventories: list[nvml.NodeInventory],
+    *,
+    now: datetime | None = None,
+    result=None,
+    attributed_by_kubelet: set[str] = frozenset(),
 ) -> InventoryResult:
-    """Write NVML inventories of some of the cluster's nodes into GpuCapacity/MigInstance (one transaction)."""
+    """Write NVML inventories of some of the cluster's nodes into GpuCapacity/MigInstance (one transaction).
+
+    `attributed_by_kubelet`: nodes whose kubelet listed their pods' devices (PodResources): NVML's process list
+    attributes no workload there (the kubelet's answer is the truth; a pod it does not list has no device yet)."""
     result = result or InventoryResult()
     if not inventories:
         return result
@@ -208,7 +236,9 @@ def reconcile_inventory(
 
         gpu_ids, lost_gpu_ids = _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, result)
         _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by_cluster, now, result)
-        _resolve_workloads(cluster_id, inventories, node_ids, result)
+        fallback = [nodes[inv.node_name] for inv in inventories if inv.node_name not in attributed_by_kubelet]
+        if fallback:
+            _resolve_workloads(cluster_id, inventories, fallback, result)
     return result
 
 
@@ -399,8 +429,8 @@ def _catalog() -> tuple[dict[tuple[str, int], int], dict[tuple[int, int], tuple[
 
 
 def _resolve_workloads(cluster_id, inventories, node_ids, result) -> None:
-    """Give running workloads on these nodes that still lack a device the one NVML now identifies:
-    their device-id annotation resolved against the fresh UUIDs, else the NVML process -> pod facts."""
+    """Give running workloads on these nodes (whose kubelet could not be asked) that still lack a device the one
+    NVML now identifies: their recorded device ids resolved against the fresh UUIDs, else NVML process -> pod."""
     rows = list(
         WorkloadProfile.objects.filter(
             cluster_id=cluster_id,
@@ -434,3 +464,46 @@ def _resolve_workloads(cluster_id, inventories, node_ids, result) -> None:
     if updates:
         WorkloadProfile.objects.bulk_update(updates, ["gpu", "mig_instance"], batch_size=500)
         result.workloads_resolved = len(updates)
+
+
+def _attribute_workloads(cluster_id: int, held: dict[str, podresources.PodResourcesReading], result) -> None:
+    """Give each running device-plugin workload on these nodes the devices its kubelet lists for it, all of them.
+
+    A row the kubelet does not list (a DRA pod: its devices come from its claims; a pod not admitted yet) is left
+    as it is. `gpu` / `mig_instance` name the first device, `device_ids` every one, so a pod with several GPUs is
+    in use on each (`Allocation.objects.in_use()`). Locking: the cluster row (FOR NO KEY UPDATE, as discovery,
+    whose workload sync must not write back a row's devices read before this), in the caller's transaction.
+    Idempotent: a repeated report writes the same ids.
+    """
+    Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).values_list("pk").get()
+    node_ids = dict(
+        NodeCapacity.objects.filter(cluster_id=cluster_id, name__in=held, gone_at__isnull=True).values_list(
+            "name", "id"
+        )
+    )
+    listed: dict[tuple[int, str, str, str], list[str]] = {}
+    for name, reading in held.items():
+        if name not in node_ids:
+            continue
+        for pod in reading.pods:
+            for resource, ids in pod.devices.items():
+                listed[(node_ids[name], pod.namespace, pod.name, resource)] = list(ids)
+    rows = list(
+        WorkloadProfile.objects.filter(cluster_id=cluster_id, node_id__in=node_ids.values(), ended_at__isnull=True)
+        .values_list(
+            "id", "node_id", "namespace", "pod_name", "resource_name", "device_ids", "gpu_id", "mig_instance_id"
+        )
+        .order_by("pk")
+    )
+    wanted = [(row, listed[row[1:5]]) for row in rows if row[1:5] in listed]
+    if not wanted:
+        return
+    resolver = DeviceResolver({i for _, ids in wanted for i in ids})
+    updates = []
+    for (pk, _, _, _, _, have, gpu_id, mig_id), ids in wanted:
+        gpu, mig = resolver.resolve(ids)
+        if (have, gpu_id, mig_id) != (ids, gpu, mig):
+            updates.append(WorkloadProfile(pk=pk, device_ids=ids, gpu_id=gpu, mig_instance_id=mig))
+    if updates:
+        WorkloadProfile.objects.bulk_update(updates, ["device_ids", "gpu", "mig_instance"], batch_size=500)
+        result.workloads_attributed = len(updates)

@@ -3,11 +3,12 @@
 Every pod that requests an nvidia.com/* resource becomes one WorkloadProfile row per resource:
 node, resource, count, project (the tenancy.Project whose namespace the pod runs in, kept current
 on every discovery: a pod found before its namespace became a project's is attributed the next
-time), and the devices it was given. Devices come from the pod annotation `gpuaas.io/device-ids` (comma
-separated GPU UUIDs, MIG UUIDs or `<uuid>::<n>` time-slice replicas; a device-allocation hook
-or the kubelet PodResources API writes it), or from the node agent's NVML process list
-(capacity.services.inventory). A row ends (ended_at) when its pod finishes or disappears; it is
-never reopened or deleted.
+time), and the devices it was given. Under the device plugin the devices come from the kubelet's
+PodResources API, which the node agent reads with each inventory (`capacity.adapters.podresources`;
+`capacity.services.inventory` writes them, matching the pod by node, namespace and name), else from the
+node agent's NVML process list; discovery creates such a row without devices and names its node for an
+inventory read (`WorkloadResult.nodes_to_attribute`). A row ends (ended_at) when its pod finishes or
+disappears; it is never reopened or deleted.
 
 Under DRA (docs/dra.md) a pod requests no extended resource: its devices are the allocation results
 (driver, pool, device) of the ResourceClaims it holds (`status.allocation.devices.results`), named by the
@@ -22,7 +23,7 @@ query each when needed, writes are one upsert and one UPDATE.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,6 @@ from . import bulk
 if TYPE_CHECKING:
     from .discovery import DraView
 
-DEVICE_IDS_ANNOTATION = "gpuaas.io/device-ids"
 RESOURCE_PREFIX = "nvidia.com/"
 _UPDATE_FIELDS = ["namespace", "pod_name", "node_id", "gpu_id", "mig_instance_id", "device_ids", "count", "project_id"]
 
@@ -47,27 +47,13 @@ class WorkloadResult:
     created: int = 0
     updated: int = 0
     ended: int = 0
-
-
-def device_ids(pod: kube.Pod) -> list[str]:
-    raw = pod.annotations.get(DEVICE_IDS_ANNOTATION, "")
-    return [part.strip() for part in raw.split(",") if part.strip()]
+    # Nodes with a running device-plugin pod whose devices are not known yet: their kubelet is asked next.
+    nodes_to_attribute: set[str] = field(default_factory=set)
 
 
 def physical_id(device_id: str) -> str:
     """A time-slice replica id "<uuid>::<n>" names the device <uuid>."""
     return device_id.split("::", 1)[0]
-
-
-def _ids_for(resource: str, ids: list[str], *, several: bool) -> list[str]:
-    """The pod's device ids that belong to one of its resources (all of them when it has one)."""
-    if not several:
-        return ids
-    mig = [i for i in ids if i.startswith("MIG-")]
-    if resource.startswith("nvidia.com/mig-"):
-        return mig
-    gpu = [i for i in ids if i.startswith("GPU-")]
-    return gpu or mig
 
 
 def _started(pod: kube.Pod, now: datetime) -> datetime:
@@ -132,7 +118,8 @@ def sync_workloads(
 ) -> WorkloadResult:
     """Mirror the cluster's GPU pods into WorkloadProfile rows; `pods` must be the complete list."""
     result = WorkloadResult()
-    desired: dict[tuple[str, str], tuple[kube.Pod, int, list[str]]] = {}
+    # ids None: a device-plugin pod, whose devices only its kubelet knows (kept as the inventory wrote them).
+    desired: dict[tuple[str, str], tuple[kube.Pod, int, list[str] | None]] = {}
     for pod in pods:
         gpu_requests = {r: n for r, n in pod.requests.items() if r.startswith(RESOURCE_PREFIX) and n > 0}
         if not gpu_requests and dra is not None and pod.claims and pod.uid:
@@ -141,9 +128,8 @@ def sync_workloads(
             continue
         if not gpu_requests or not pod.uid:
             continue
-        ids = device_ids(pod)
         for resource, count in gpu_requests.items():
-            desired[(pod.uid, resource)] = (pod, count, _ids_for(resource, ids, several=len(gpu_requests) > 1))
+            desired[(pod.uid, resource)] = (pod, count, None)
 
     finished = {pod.uid for pod, _, _ in desired.values() if pod.finished}
     scope = Q(ended_at__isnull=True)
@@ -189,10 +175,12 @@ def sync_workloads(
             continue  # ended rows stay ended
         gpu_id, mig_id = resolver.resolve(ids) if resolver and ids else (None, None)
         node_id = node_ids.get(pod.node_name)
+        if ids is None and not pod.finished and pod.node_name and (row is None or not row[6]):
+            result.nodes_to_attribute.add(pod.node_name)
         if row is None:
             upserts.append(
                 {
-                    **_row(cluster, pod, key[1], node_id, gpu_id, mig_id, ids, count),
+                    **_row(cluster, pod, key[1], node_id, gpu_id, mig_id, ids or [], count),
                     "project_id": projects.get(pod.namespace),
                     "started_at": _started(pod, now),
                     "ended_at": now if pod.finished else None,
@@ -203,8 +191,9 @@ def sync_workloads(
         if pod.finished:
             ended.append(row[0])
             continue
-        # Keep devices the node agent resolved when the annotation says nothing new.
+        # Keep the devices the node agent attributed (PodResources, NVML) when discovery knows nothing newer.
         gpu_id, mig_id = (gpu_id, mig_id) if (gpu_id or mig_id) else (row[4], row[5])
+        ids = row[6] if ids is None else ids
         project_id = projects.get(pod.namespace)
         if (row[3], row[4], row[5], row[6], row[7], row[9]) != (node_id, gpu_id, mig_id, ids, count, project_id):
             upserts.append(
@@ -238,3 +227,37 @@ def _row(cluster, pod: kube.Pod, resource: str, node_id, gpu_id, mig_id, ids: li
         "device_ids": ids,
         "count": min(count, 32767),
     }
+
+
+def attribute_from_exporter(cluster_id: int, labelled: dict[tuple[str, str], list[str]]) -> int:
+    """Devices for running workloads that still have none, from dcgm-exporter's pod labels: the second source.
+
+    dcgm-exporter labels a device's metrics with the pod the kubelet's PodResources gave it (NVIDIA/dcgm-exporter,
+    internal/pkg/transformation/kubernetes.go), so a scrape names (namespace, pod) -> device UUIDs even where
+    gpuaas' own agent could not ask the kubelet. A row that already has devices (PodResources, a DRA claim) is
+    left alone. A pod's MIG rows take its MIG UUIDs, its whole-GPU rows its GPU UUIDs. Returns rows written.
+    Idempotent; one read and one bulk update. Locking: the cluster row (FOR NO KEY UPDATE, as discovery and the
+    inventory), in the caller's transaction.
+    """
+    Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).values_list("pk").get()
+    namespaces = sorted({namespace for namespace, _ in labelled})
+    rows = [
+        row
+        for row in WorkloadProfile.objects.filter(
+            cluster_id=cluster_id, ended_at__isnull=True, namespace__in=namespaces
+        ).values_list("id", "namespace", "pod_name", "resource_name", "device_ids")
+        if not row[4] and (row[1], row[2]) in labelled
+    ]
+    if not rows:
+        return 0
+    resolver = DeviceResolver({uuid for _, ns, pod, _, _ in rows for uuid in labelled[(ns, pod)]})
+    updates = []
+    for pk, namespace, pod, resource, _ in rows:
+        mig = resource.startswith("nvidia.com/mig-")
+        ids = [uuid for uuid in labelled[(namespace, pod)] if uuid.startswith("MIG-") == mig]
+        gpu_id, mig_id = resolver.resolve(ids)
+        if ids and (gpu_id or mig_id):
+            updates.append(WorkloadProfile(pk=pk, device_ids=ids, gpu_id=gpu_id, mig_instance_id=mig_id))
+    if updates:
+        WorkloadProfile.objects.bulk_update(updates, ["device_ids", "gpu", "mig_instance"], batch_size=500)
+    return len(updates)

@@ -99,6 +99,26 @@ class PoolPointSerializer(serializers.Serializer):
     units = serializers.IntegerField(help_text="Units with a value in this step.")
 
 
+class PodUnitSerializer(serializers.Serializer):
+    allocation = serializers.IntegerField()
+    kind = serializers.CharField()
+    uuid = serializers.CharField(help_text="The MIG instance's or GPU's UUID.")
+    sm_active_avg = serializers.FloatField(
+        allow_null=True, help_text="While the pod ran on it and the pool held it, percent; null: no data."
+    )
+    sm_active_max = serializers.FloatField(allow_null=True)
+    mem_used_max_mib = serializers.IntegerField(allow_null=True)
+
+
+class PoolPodSerializer(serializers.Serializer):
+    namespace = serializers.CharField()
+    pod = serializers.CharField()
+    resource = serializers.CharField()
+    started_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True)
+    units = PodUnitSerializer(many=True, help_text="The pool's units the kubelet gave the pod, every one of them.")
+
+
 class PoolUtilisationSerializer(serializers.Serializer):
     pool = serializers.IntegerField()
     name = serializers.CharField()
@@ -117,6 +137,11 @@ class PoolUtilisationSerializer(serializers.Serializer):
     end = serializers.DateTimeField()
     step = serializers.CharField()
     points = PoolPointSerializer(many=True, required=False)
+    pods = PoolPodSerializer(
+        many=True,
+        required=False,
+        help_text="One pool (retrieve): which of the project's pods used which unit over the range, and how hard.",
+    )
 
 
 class HealthEventSerializer(serializers.ModelSerializer):

@@ -149,6 +149,7 @@ class PoolUtilisationViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelV
         }
         if points:
             body["points"] = data["points"]
+            body["pods"] = readers.pool_pods(pool, start, end)
         return body
 
     def list(self, request, *args, **kwargs):

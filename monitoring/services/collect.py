@@ -31,6 +31,7 @@ from capacity.adapters import nvml
 from capacity.choices import MigInstanceState
 from capacity.mig.catalog import find_product
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+from capacity.services import workloads
 from monitoring import dcgm
 from monitoring import health as rules
 from monitoring.adapters import prometheus
@@ -391,7 +392,17 @@ def record_dcgm(cluster: Cluster, units: list[dcgm.DcgmUnit], *, ts: datetime) -
         if sample.values.get("sm_active") is None and gpu_id in slices:
             gpu = next(g for g in gpus.values() if g.pk == gpu_id)
             sample.values["sm_active"] = _derived_sm_active(gpu, slices[gpu_id], expected=per_gpu[gpu_id])
+    labelled: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for unit in units:
+        gpu = gpus.get(unit.gpu_uuid)
+        instance = None if gpu is None or unit.gi_id is None else instances.get((gpu.pk, unit.gi_id))
+        device = instance.uuid if instance is not None else (gpu.uuid if gpu and unit.gi_id is None else "")
+        for pod in sorted(unit.pods) if device else ():
+            labelled[pod].append(device)
     with transaction.atomic():
         result.samples = write_samples(samples, ts=ts, source=MetricSource.DCGM)
         result.health = apply_health(health, at=ts, source=MetricSource.DCGM)
+    if labelled:  # the second source of attribution, after the kubelet's PodResources; the cluster lock first
+        with transaction.atomic():
+            workloads.attribute_from_exporter(cluster.pk, labelled)
     return result

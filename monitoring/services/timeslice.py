@@ -9,8 +9,9 @@ advice is to evict such pods; gpuaas does so only when MONITORING_EVICT_OVER_SHA
 the Eviction API (PodDisruptionBudgets are honoured; a refused eviction is retried later).
 
 Processes are attributed to pods by the pod UID NVML's adapter resolves (cgroup, or the
-simulator's own answer); without one, by the only running workload whose device ids
-(`gpuaas.io/device-ids`, `<uuid>::<n>`) name this GPU. Anything else is left unattributed.
+simulator's own answer); without one (a node agent without the host's PID namespace cannot read a
+process's cgroup), by the only running workload whose device ids (`<uuid>::<n>`, as the kubelet's
+PodResources lists them) name this GPU. Anything else is left unattributed.
 """
 
 from __future__ import annotations

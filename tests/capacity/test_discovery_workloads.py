@@ -5,6 +5,7 @@ import pytest
 from capacity.models import GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from capacity.services.discovery import discover_cluster
 from capacity.services.inventory import inventory_node
+from simcluster.scheduler import assigned_devices
 from tenancy.models import Project
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
@@ -27,7 +28,9 @@ def sim_pod(sim, namespace, name):
 
 
 def device_ids(sim, namespace, name):
-    return sim_pod(sim, namespace, name).obj["metadata"]["annotations"]["gpuaas.io/device-ids"].split(",")
+    """The devices the simulated kubelet gave the pod (what its PodResources socket lists)."""
+    with sim.state.lock:
+        return assigned_devices(sim.state.cluster("prod"), namespace, name)
 
 
 def discover(sim, inventory="inline"):
@@ -59,19 +62,22 @@ def test_pods_map_to_their_mig_instance_gpu_and_project(sim, vision):
 
 
 def test_the_node_agent_fills_in_devices_discovery_could_not_resolve_yet(sim, vision):
-    discover(sim, inventory="none")  # Kubernetes only: no GPU or MIG rows exist yet
+    outcome = discover(sim, inventory="none")  # Kubernetes only: the pod's devices are its kubelet's to tell
     detector = WorkloadProfile.objects.get(pod_name="detector")
-    assert (detector.gpu_id, detector.mig_instance_id, len(detector.device_ids)) == (None, None, 1)
-    inventory_node(sim.clusters["prod"].pk, detector.node.name)
+    assert (detector.gpu_id, detector.mig_instance_id, detector.device_ids) == (None, None, [])
+    assert detector.node.name in outcome.sync.inventory_nodes  # its node's agent is asked next
+    result = inventory_node(sim.clusters["prod"].pk, detector.node.name)
     detector.refresh_from_db()
+    assert detector.device_ids == device_ids(sim, "team-vision", "detector")
     assert detector.mig_instance == MigInstance.objects.get(uuid=detector.device_ids[0])
+    assert result.workloads_attributed == 1
 
 
-def test_nvml_processes_identify_the_device_when_the_pod_has_no_annotation(sim):
-    with sim.state.lock:
-        record = sim_pod(sim, "team-vision", "segmenter")
-        uuid = record.obj["metadata"]["annotations"].pop("gpuaas.io/device-ids")
-        record.raw = None
+def test_nvml_processes_identify_the_device_when_the_kubelet_cannot_be_asked(sim):
+    segmenter_node = sim_pod(sim, "team-vision", "segmenter").obj["spec"]["nodeName"]
+    sim.state.cluster("prod").nodes[segmenter_node].pod_resources = "missing"
+    sim.server.pod_resources.sync()
+    (uuid,) = device_ids(sim, "team-vision", "segmenter")
     discover(sim, inventory="none")
     segmenter = WorkloadProfile.objects.get(pod_name="segmenter")
     assert (segmenter.device_ids, segmenter.mig_instance_id) == ([], None)
@@ -80,6 +86,10 @@ def test_nvml_processes_identify_the_device_when_the_pod_has_no_annotation(sim):
     on_node = WorkloadProfile.objects.filter(node=segmenter.node).running()
     assert result.workloads_resolved == on_node.count() == on_node.filter(mig_instance__isnull=False).count()
     assert segmenter.mig_instance.uuid == uuid
+    assert result.workloads_attributed == 0
+    assert segmenter.node.__class__.objects.get(pk=segmenter.node_id).inventory_error.startswith(
+        "kubelet PodResources: missing"
+    )
 
 
 def test_a_deleted_or_finished_pod_ends_its_row_which_stays(sim, vision):

@@ -209,6 +209,21 @@ def test_node_agent_has_exactly_its_privileges():
     config = named("ConfigMap", "gpuaas-agent-config")["data"]
     assert config["GPUAAS_ROLE"] == "node-agent"
     assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"] == "agent-key")
+    # The kubelet's PodResources socket directory, read-only, and nothing else of the kubelet's.
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["pod-resources"] == {
+        "name": "pod-resources",
+        "mountPath": "/var/lib/kubelet/pod-resources",
+        "readOnly": True,
+    }
+    host_paths = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {
+        "agent-key": {"path": "/etc/gpuaas", "type": "Directory"},
+        "pod-resources": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"},
+    }
+    assert config.get("PODRESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock") == (
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
 
 
 def test_pod_disruption_budgets_cover_every_replicated_deployment():

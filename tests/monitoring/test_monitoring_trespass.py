@@ -8,6 +8,7 @@ import trespass_sim
 from monitoring.models import TrespassEvent
 from monitoring.services.trespass import detect_trespass, evict_trespasser
 from monitoring.tasks import evict_trespass_task
+from simcluster.scheduler import assigned_devices
 
 pytestmark = pytest.mark.django_db
 
@@ -19,8 +20,10 @@ def sim(tmp_path):
     sim.server.stop()
 
 
-def _devices(pod: dict) -> str:
-    return pod["metadata"]["annotations"]["gpuaas.io/device-ids"]
+def _devices(sim, pod: dict) -> str:
+    """The devices the simulated kubelet gave the pod, comma separated (what its PodResources lists)."""
+    with sim.state.lock:
+        return ",".join(assigned_devices(sim.sim_cluster, pod["metadata"]["namespace"], pod["metadata"]["name"]))
 
 
 def test_a_pod_given_another_projects_instance_opens_an_event_within_one_poll(sim):
@@ -36,7 +39,7 @@ def test_a_pod_given_another_projects_instance_opens_an_event_within_one_poll(si
     assert (event.project, event.owner_project) == (sim.acme, sim.vision)
     assert event.mig_instance == sim.instance(4)
     assert event.namespace == "team-acme" and event.pod_name in ("ok-1", "ok-2")
-    assert _devices(sim.pod("team-acme", event.pod_name)) == sim.instance(4).uuid
+    assert _devices(sim, sim.pod("team-acme", event.pod_name)) == sim.instance(4).uuid
 
 
 def test_the_event_stays_open_while_it_lasts_and_ends_with_the_pod(sim):
@@ -59,7 +62,7 @@ def test_the_event_stays_open_while_it_lasts_and_ends_with_the_pod(sim):
 def test_pods_on_their_own_units_are_no_trespass(sim):
     vision = sim.run_pod("team-vision", "theirs")  # the plugin hands out its first free device: vision's
     acme = sim.run_pod("team-acme", "mine")
-    assert (_devices(vision), _devices(acme)) == (sim.instance(4).uuid, sim.instance(0).uuid)
+    assert (_devices(sim, vision), _devices(sim, acme)) == (sim.instance(4).uuid, sim.instance(0).uuid)
     sim.discover()
 
     assert detect_trespass(sim.cluster.pk).findings == []
@@ -114,7 +117,7 @@ def test_in_use_follows_the_device_the_pod_got(sim):
     from pools.models import Allocation
 
     pod = sim.run_pod("team-acme", "ok")
-    assert _devices(pod) == sim.instance(4).uuid
+    assert _devices(sim, pod) == sim.instance(4).uuid
     sim.discover()
 
     assert list(Allocation.objects.active().in_use().values_list("project__slug", flat=True)) == ["vision"]

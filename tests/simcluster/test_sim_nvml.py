@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from simcluster import Scenario, library_for_node, library_for_state, load_scenario
-from simcluster.scheduler import DEVICE_IDS_ANNOTATION
+from simcluster.scheduler import assigned_devices
 
 UUID = re.compile(r"^(GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -181,8 +181,7 @@ def test_default_placement_order_is_the_observed_one(state):
 
 def test_gpu_busy_with_pods_refuses_changes(nvml, state):
     node = state.cluster("prod").nodes["prod-h100-bal-01"]
-    detector = state.cluster("prod").pods[("team-vision", "detector")].obj
-    busy_uuid = detector["metadata"]["annotations"][DEVICE_IDS_ANNOTATION]
+    (busy_uuid,) = assigned_devices(state.cluster("prod"), "team-vision", "detector")
     index = next(g.index for g in node.gpus for _, ci in g.mig_devices() if ci.uuid == busy_uuid)
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     mig = nvml.nvmlDeviceGetHandleByUUID(busy_uuid)
@@ -208,14 +207,15 @@ def test_set_mig_mode_on_a_busy_gpu_stays_pending(state):
 
 
 def test_processes_and_pod_mapping(nvml, state):
-    detector = state.cluster("prod").pods[("team-vision", "detector")].obj
-    mig = nvml.nvmlDeviceGetHandleByUUID(detector["metadata"]["annotations"][DEVICE_IDS_ANNOTATION])
+    (detector_uuid,) = assigned_devices(state.cluster("prod"), "team-vision", "detector")
+    mig = nvml.nvmlDeviceGetHandleByUUID(detector_uuid)
     procs = nvml.nvmlDeviceGetComputeRunningProcesses(mig)
     assert len(procs) == 1
     proc = procs[0]
     assert proc.gpuInstanceId == nvml.nvmlDeviceGetGpuInstanceId(mig)
     assert proc.computeInstanceId == 0
     assert 0 < proc.usedGpuMemory <= 9984 * 1024 * 1024
+    detector = state.cluster("prod").pods[("team-vision", "detector")].obj
     assert nvml.pod_uid_for_pid(proc.pid) == detector["metadata"]["uid"]
     parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
     assert [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(parent)] == [proc.pid]
@@ -426,8 +426,8 @@ def test_per_process_sm_utilisation_on_whole_gpus(nvml, state):
             continue
     assert {s.pid for s in samples} == running
     assert all(0 <= s.smUtil <= 100 for s in samples)
-    detector = state.cluster("prod").pods[("team-vision", "detector")].obj
-    mig = nvml.nvmlDeviceGetHandleByUUID(detector["metadata"]["annotations"][DEVICE_IDS_ANNOTATION])
+    (detector_uuid,) = assigned_devices(state.cluster("prod"), "team-vision", "detector")
+    mig = nvml.nvmlDeviceGetHandleByUUID(detector_uuid)
     with pytest.raises(pynvml.NVMLError_NotSupported):
         nvml.nvmlDeviceGetProcessUtilization(mig, 0)
 

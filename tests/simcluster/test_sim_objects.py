@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from simcluster.scheduler import DEVICE_IDS_ANNOTATION
+from simcluster.scheduler import assigned_devices
 
 
 def gpu_pod(name: str, resource: str, count: int = 1, **spec) -> dict:
@@ -73,7 +73,7 @@ def test_create_in_missing_namespace_is_404(prod):
 # --- pods ----------------------------------------------------------------------------------
 
 
-def test_demo_pods_are_running_with_device_ids(prod):
+def test_demo_pods_are_running_with_devices_the_kubelet_assigned(prod, state):
     pods = prod.list_pod_for_all_namespaces().items
     assert [(p.metadata.namespace, p.metadata.name) for p in pods] == [
         ("team-nlp", "llm-train-0"),
@@ -85,10 +85,12 @@ def test_demo_pods_are_running_with_device_ids(prod):
     assert {p.status.phase for p in pods} == {"Running"}
     train = pods[0]
     assert train.spec.node_selector == {"gpuaas.io/tier": "full"}  # from the namespace annotation
-    devices = train.metadata.annotations[DEVICE_IDS_ANNOTATION].split(",")
+    devices = assigned_devices(state.cluster("prod"), "team-nlp", "llm-train-0")
     assert len(devices) == 2 and all(d.startswith("GPU-") for d in devices)
-    detector = pods[2]
-    assert detector.metadata.annotations[DEVICE_IDS_ANNOTATION].startswith("MIG-")
+    (detector,) = assigned_devices(state.cluster("prod"), "team-vision", "detector")
+    assert detector.startswith("MIG-")
+    # As on a real node, the pod itself does not say which devices it got (only PodResources does).
+    assert not any("gpuaas.io/device-ids" in (p.metadata.annotations or {}) for p in pods)
 
 
 def test_field_selectors_on_pods(prod):
@@ -157,7 +159,7 @@ def test_pod_spec_is_immutable(prod):
 
 def test_time_sliced_pods_get_replica_ids_spread_over_gpus(dev, state):
     pods = dev.list_namespaced_pod("team-research").items
-    ids = [p.metadata.annotations[DEVICE_IDS_ANNOTATION] for p in pods]
+    (ids,) = zip(*(assigned_devices(state.cluster("dev"), "team-research", p.metadata.name) for p in pods), strict=True)
     assert all(i.endswith("::0") for i in ids)
     assert len({i.split("::")[0] for i in ids}) == 3  # three different physical GPUs
 

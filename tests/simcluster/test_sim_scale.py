@@ -12,7 +12,7 @@ from simcluster.kube import ClusterApi, ListParams
 def scale():
     scenario = load_scenario("scale")
     state = scenario.build()
-    with SimServer(state) as server:
+    with SimServer(state, pod_resources=False) as server:  # listing only: no kubelet sockets for 2,000 nodes
         yield scenario, state, server
 
 
