@@ -204,3 +204,24 @@ def project_ids_for(user, perm: str = "view_project") -> QuerySet:
     by_group = ProjectGroupObjectPermission.objects.filter(group_id__in=groups, permission__codename=perm)
     by_user = ProjectUserObjectPermission.objects.filter(user=user, permission__codename=perm)
     return by_group.values("content_object_id").union(by_user.values("content_object_id"))
+
+
+# Above this many projects a member's ids stay a subquery: the literal list would cost more to send and
+# plan than it saves, and such a user sees a large share of every table anyway.
+PROJECT_ID_LIST_MAX = 1000
+
+
+def project_id_list_for(user, perm: str = "view_project") -> list[int] | QuerySet | None:
+    """project_ids_for(), read now: the ids as a sorted list (one small indexed query); None for operators.
+
+    For scoping big tables (`project_id__in=`): PostgreSQL plans a literal list from the statistics of
+    each id, so a member's page starts from an index scan of their own projects' rows and its cost does
+    not grow with other projects' history (bench api; tests/foundation/test_member_list_plans.py). A
+    subquery in the same place is estimated from averages and can turn into hash joins over the whole
+    table. Past PROJECT_ID_LIST_MAX projects the subquery itself is returned.
+    """
+    ids = project_ids_for(user, perm)
+    if ids is None:
+        return None
+    listed = sorted(value for row in ids[: PROJECT_ID_LIST_MAX + 1] for value in row.values())
+    return ids if len(listed) > PROJECT_ID_LIST_MAX else listed
