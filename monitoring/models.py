@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from capacity.choices import SpecKind
 from pools.models import Allocation
-from tenancy.roles import project_id_list_for, sees_all_projects
+from tenancy.roles import in_projects_of, sees_all_projects
 
 from .choices import (
     HealthLevel,
@@ -43,10 +43,9 @@ class RealField(models.FloatField):
 def _allocations_of(user):
     """Allocations (any time) of the projects `user` may view, as a queryset usable in subqueries.
 
-    The project ids go in as a literal list (tenancy.roles.project_id_list_for), so the planner starts
-    from the user's own projects' allocations."""
-    ids = project_id_list_for(user)
-    return Allocation.objects.all() if ids is None else Allocation.objects.filter(project_id__in=ids)
+    Scoped with tenancy.roles.in_projects_of, so the planner starts from the user's own projects' allocations."""
+    condition = in_projects_of(user)
+    return Allocation.objects.all() if condition is None else Allocation.objects.filter(condition)
 
 
 class SeriesQuerySet(models.QuerySet):
@@ -409,7 +408,7 @@ class IdleReservationQuerySet(models.QuerySet):
     def visible_to(self, user):
         if sees_all_projects(user):
             return self
-        return self.filter(allocation__project_id__in=project_id_list_for(user))
+        return self.filter(in_projects_of(user, "allocation__project_id"))
 
 
 class IdleReservation(models.Model):
@@ -501,8 +500,8 @@ class TrespassEventQuerySet(models.QuerySet):
         """Operators see every event; a project member sees those on its own units and those by its own pods."""
         if sees_all_projects(user):
             return self
-        mine = project_id_list_for(user)  # a literal list: one index scan per column, then a BitmapOr
-        return self.filter(Q(owner_project_id__in=mine) | Q(project_id__in=mine))
+        # One index scan per column (owner_project, project), then a BitmapOr.
+        return self.filter(Q(in_projects_of(user, "owner_project_id")) | Q(in_projects_of(user, "project_id")))
 
 
 class TrespassEvent(models.Model):
