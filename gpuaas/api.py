@@ -120,3 +120,17 @@ class Router(DefaultRouter):
 
 
 router = Router()
+
+
+def usernames_only(*relations: str) -> list[str]:
+    """`defer()` arguments that load only the id and username of each user relation in `relations`.
+
+    List serializers show a user as their username (SlugRelatedField); select_related would otherwise
+    read every column of auth_user, the password hash included, for each row of a page.
+    """
+    from django.contrib.auth import get_user_model
+
+    User = get_user_model()
+    kept = {User._meta.pk.name, User.USERNAME_FIELD}
+    names = [f.name for f in User._meta.concrete_fields if f.name not in kept]
+    return [f"{relation}__{name}" for relation in relations for name in names]

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from capacity.choices import SpecKind
 from pools.models import Allocation
-from tenancy.roles import projects_for, sees_all_projects
+from tenancy.roles import in_projects_of, sees_all_projects
 
 from .choices import (
     HealthLevel,
@@ -42,8 +42,11 @@ class RealField(models.FloatField):
 
 
 def _allocations_of(user):
-    """Allocations (any time) of the projects `user` may view, as a queryset usable in subqueries."""
-    return Allocation.objects.filter(project__in=projects_for(user).values("pk"))
+    """Allocations (any time) of the projects `user` may view, as a queryset usable in subqueries.
+
+    Scoped with tenancy.roles.in_projects_of, so the planner starts from the user's own projects' allocations."""
+    condition = in_projects_of(user)
+    return Allocation.objects.all() if condition is None else Allocation.objects.filter(condition)
 
 
 class SeriesQuerySet(models.QuerySet):
@@ -406,7 +409,7 @@ class IdleReservationQuerySet(models.QuerySet):
     def visible_to(self, user):
         if sees_all_projects(user):
             return self
-        return self.filter(allocation__project__in=projects_for(user).values("pk"))
+        return self.filter(in_projects_of(user, "allocation__project_id"))
 
 
 class IdleReservation(models.Model):
@@ -512,8 +515,8 @@ class TrespassEventQuerySet(models.QuerySet):
         """Operators see every event; a project member sees those on its own units and those by its own pods."""
         if sees_all_projects(user):
             return self
-        mine = projects_for(user).values("pk")
-        return self.filter(Q(owner_project__in=mine) | Q(project__in=mine))
+        # One index scan per column (owner_project, project), then a BitmapOr.
+        return self.filter(Q(in_projects_of(user, "owner_project_id")) | Q(in_projects_of(user, "project_id")))
 
 
 class TrespassEvent(models.Model):

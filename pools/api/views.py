@@ -22,6 +22,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.api.strict import reject_body
+from gpuaas.api import usernames_only
 from gpuaas.permissions import OwnUserQuerysetMixin, ProjectScopedQuerysetMixin
 from gpuaas.scopes import Scope
 from tenancy import roles
@@ -197,6 +198,8 @@ class PoolRequestViewSet(
 
     def get_queryset(self):
         queryset = super().get_queryset()
+        if self.action in ("list", "waiting"):  # rows to show, not to act on: a user is their username
+            queryset = queryset.defer(*usernames_only("requested_by", "approved_by"))
         if self.action != "list":
             transitions = PoolRequestTransition.objects.select_related("actor")
             queryset = queryset.prefetch_related(Prefetch("transitions", queryset=transitions))
