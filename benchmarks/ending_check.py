@@ -42,6 +42,7 @@ from django.test.utils import override_settings
 
 from capacity.models import Cluster, MigInstance
 from capacity.services.discovery import discover_cluster
+from capacity.services.inventory import inventory_nodes
 from pools.choices import LoanState
 from pools.ending import sweep_ending
 from pools.lending import reconcile_loans
@@ -50,10 +51,10 @@ from pools.provisioning import BORROWED_PRIORITY_CLASS
 from simcluster import SimServer
 from simcluster.kube import ClusterApi
 from simcluster.scenarios import Scenario
+from simcluster.scheduler import assigned_devices
 from tenancy.models import Project
 
 CLUSTER = "ending"
-DEVICE_IDS = "gpuaas.io/device-ids"
 RESOURCE = "nvidia.com/mig-3g.40gb"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -83,8 +84,9 @@ def _state(nodes: int, seed: int):
 
 
 class World:
-    def __init__(self, state, cluster: Cluster):
+    def __init__(self, state, cluster: Cluster, api_url: str):
         self.state = state
+        self.api_url = api_url
         self.sim = state.cluster(CLUSTER)
         self.api = ClusterApi(self.sim)
         self.cluster = cluster
@@ -114,15 +116,19 @@ class World:
         with self.state.lock:
             out = []
             for (namespace, name), record in self.sim.pods.items():
-                meta, spec, status = record.obj["metadata"], record.obj["spec"], record.obj.get("status") or {}
-                ids = [i for i in (meta.get("annotations") or {}).get(DEVICE_IDS, "").split(",") if i]
+                spec, status = record.obj["spec"], record.obj.get("status") or {}
+                ids = assigned_devices(self.sim, namespace, name)  # what the kubelet's PodResources lists
                 out.append((namespace, name, spec.get("nodeName") or "", status.get("phase") or "", ids))
             return out
 
     def poll(self) -> None:
+        """Discovery, then the inventories (PodResources) of the nodes it names: how a pod's devices are learnt."""
         outcome = discover_cluster(self.cluster.pk, inventory="none")
         if outcome.run.status != "succeeded":
             raise RuntimeError(f"discovery failed: {outcome.run.error}")
+        if outcome.sync.inventory_nodes:
+            with override_settings(NVML_LIBRARY="benchmarks.capacity.snapshot_nvml"):
+                inventory_nodes(self.cluster.pk, outcome.sync.inventory_nodes, api_url=self.api_url)
 
 
 def _hold(world: World, node: str, project: Project) -> tuple[GpuPool, list[Allocation]]:
@@ -163,7 +169,7 @@ def measure_ending_and_loans(nodes: int, seed: int = 25) -> dict:
                 run = discover_cluster(cluster.pk, inventory="inline").run
             if run.status != "succeeded":
                 return {"error": f"discovery failed: {run.error}"}
-            world = World(state, cluster)
+            world = World(state, cluster, server.cluster_url(CLUSTER))
             names = sorted(n.name for n in cluster.nodes.all())
             ending_nodes, loan_nodes = names[: len(names) // 2], names[len(names) // 2 :]
             # reconcile_loans reconciles each borrower itself; the task it also enqueues would go to the broker.

@@ -176,8 +176,8 @@ def _on_device(returning: list[Loan]) -> tuple[dict[int, list[tuple[str, str]]],
 def _pods_to_evict(kube: KubernetesClient, returning: list[Loan]) -> list[tuple[Loan, str, str]]:
     """(loan, namespace, pod) to take off the units coming back, whatever the pods' priority class:
 
-    - every pod the workload mirror places on a lent device that is not the lender's (exact: DRA, PodResources,
-      the device-ids annotation);
+    - every pod the workload mirror places on a lent device that is not the lender's (exact: DRA claims or the
+      kubelet's PodResources);
     - per (borrower namespace, node, resource), from a live list: the borrower's pods there beyond what its other
       open loans and its own units on that node cover, less those already chosen (a pod the device plugin placed
       by count: under the device plugin a borrowed pod gets whichever device of the node is free). Pods of the
