@@ -4,6 +4,9 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from notifications.views import account_urlpatterns as notification_account_urlpatterns
+from notifications.views import project_urlpatterns as notification_project_urlpatterns
+
 from .dashboard.project_views import account_urlpatterns, home, project_urlpatterns
 from .health import healthz, readyz
 from .scopes import Scope, scoped
@@ -12,8 +15,9 @@ urlpatterns = [
     path("", home, name="home"),
     # Browsers ask for /favicon.ico on every page that names none (the admin's pages).
     path("favicon.ico", scoped(Scope.PUBLIC)(RedirectView.as_view(url=static("gpuaas/favicon.svg"), permanent=True))),
-    path("projects/", include((project_urlpatterns, "projects"))),
+    path("projects/", include((project_urlpatterns + notification_project_urlpatterns, "projects"))),
     *account_urlpatterns,
+    *notification_account_urlpatterns,
     path("metrics", include("monitoring.urls")),
     # Kubernetes probes of the web Deployment (deploy/web.yaml).
     path("healthz", healthz, name="healthz"),

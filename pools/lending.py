@@ -32,6 +32,7 @@ from capacity.adapters.kubernetes import KubernetesClient, KubernetesError, NotF
 from capacity.models import Cluster
 from tenancy.models import Project
 
+from . import signals
 from .choices import BestEffortState, LoanState, RequestState
 from .exceptions import LendingRefused
 from .models import Allocation, BestEffortRequest, Loan, PoolRequest, QueueEntry
@@ -109,6 +110,8 @@ def request_reclaim(loan: Loan, *, reason: str, at: datetime | None = None) -> b
         ):
             return False
         reconcile_project_task.delay_on_commit(loan.borrower_id, Allocation.objects.cluster_id_of(loan.allocation_id))
+        loan.state, loan.reclaim_requested_at, loan.reason = LoanState.RECLAIMING, at, reason[:200]
+        signals.loan_reclaimed.send(sender=Loan, loan=loan, reason=reason, at=at)
     return True
 
 
