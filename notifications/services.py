@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import random
 import smtplib
 from collections import Counter
 from functools import partial
@@ -217,6 +218,13 @@ def deliver(delivery_id: int, *, final: bool = False, now: dt.datetime | None = 
     mine.update(state=DeliveryState.FAILED, **fields)
     logger.warning("delivery %s to %s failed for good: %s", delivery_id, delivery.address, answer.error)
     return "failed"
+
+
+def backoff_s(retries: int, *, rand=random.random) -> float:
+    """Seconds before retry number `retries` + 1: NOTIFY_RETRY_BACKOFF_S doubled per retry, capped at
+    NOTIFY_RETRY_BACKOFF_MAX_S, of which the second half is random (so retries of many deliveries spread out)."""
+    ceiling = min(settings.NOTIFY_RETRY_BACKOFF_MAX_S, settings.NOTIFY_RETRY_BACKOFF_S * 2**retries)
+    return ceiling / 2 + rand() * ceiling / 2
 
 
 def sweep(*, now: dt.datetime | None = None, limit: int = 500) -> list[int]:

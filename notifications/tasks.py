@@ -10,18 +10,19 @@ from . import services
 
 @shared_task(
     bind=True,
-    autoretry_for=(services.TransientDeliveryError,),
-    retry_backoff=settings.NOTIFY_RETRY_BACKOFF_S,
-    retry_backoff_max=settings.NOTIFY_RETRY_BACKOFF_MAX_S,
-    retry_jitter=True,
-    max_retries=settings.NOTIFY_MAX_RETRIES,
     time_limit=settings.NOTIFY_WEBHOOK_TIMEOUT_S * 3 + 30,
     soft_time_limit=settings.NOTIFY_WEBHOOK_TIMEOUT_S * 3 + 20,
 )
 def deliver_task(self, delivery_id: int) -> str:
-    """Send one delivery (services.deliver); a transient failure is retried with exponential backoff,
-    and the last retry marks it failed. A delivery already sent, failed or claimed is skipped."""
-    return services.deliver(delivery_id, final=self.request.retries >= self.max_retries)
+    """Send one delivery (services.deliver). A transient failure is retried after services.backoff_s()
+    (exponential, with jitter, capped), up to NOTIFY_MAX_RETRIES times; the last try marks it failed.
+    A delivery already sent, failed or claimed is skipped. (Celery's autoretry options are fixed at import;
+    the policy here reads the settings when it runs.)"""
+    retries = self.request.retries
+    try:
+        return services.deliver(delivery_id, final=retries >= settings.NOTIFY_MAX_RETRIES)
+    except services.TransientDeliveryError as exc:
+        raise self.retry(exc=exc, countdown=services.backoff_s(retries), max_retries=settings.NOTIFY_MAX_RETRIES)
 
 
 @shared_task

@@ -94,13 +94,33 @@ def test_a_failing_endpoint_is_retried_with_backoff_until_it_answers(team, recei
     assert len(receiver.at("/json")) == 3
     assert len({r.headers["X-Gpuaas-Delivery"] for r in receiver.received}) == 1  # the same delivery each time
     assert delivery.sent_at is not None
-    # The retry policy the worker applies (eager mode runs retries at once).
-    task = tasks.deliver_task
-    assert (task.autoretry_for, task.retry_backoff, task.retry_backoff_max, task.max_retries) == (
-        (services.TransientDeliveryError,),
-        settings.NOTIFY_RETRY_BACKOFF_S,
-        settings.NOTIFY_RETRY_BACKOFF_MAX_S,
+
+
+def test_retries_back_off_exponentially_with_jitter_up_to_a_cap(settings):
+    settings.NOTIFY_RETRY_BACKOFF_S, settings.NOTIFY_RETRY_BACKOFF_MAX_S = 30, 600
+    assert [services.backoff_s(n, rand=lambda: 0.0) for n in range(7)] == [15, 30, 60, 120, 240, 300, 300]
+    assert [services.backoff_s(n, rand=lambda: 1.0) for n in range(7)] == [30, 60, 120, 240, 480, 600, 600]
+
+
+def test_the_task_retries_a_transient_failure_after_the_backoff(team, receiver, monkeypatch, settings):
+    webhook_only(team)
+    refuse(team["project"])
+    delivery = Delivery.objects.get()
+    receiver.script = [500]
+    asked = {}
+
+    def retry(**kwargs):
+        asked.update(kwargs)
+        return RuntimeError("retry scheduled")
+
+    monkeypatch.setattr(tasks.deliver_task, "retry", retry)
+    monkeypatch.setattr(services, "backoff_s", lambda n: 42.0 + n)
+    with pytest.raises(RuntimeError, match="retry scheduled"):
+        tasks.deliver_task.run(delivery.pk)
+    assert (asked["countdown"], asked["max_retries"], type(asked["exc"])) == (
+        42.0,
         settings.NOTIFY_MAX_RETRIES,
+        services.TransientDeliveryError,
     )
 
 
