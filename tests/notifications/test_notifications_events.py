@@ -14,7 +14,7 @@ from monitoring_helpers import T0, allocate, build_fleet, series_of
 from billing.services import statements as billing_statements
 from capacity.choices import Tier
 from capacity.mig.catalog import get_product
-from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity, SpecAndCount
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigReconfiguration, NodeCapacity, SpecAndCount
 from monitoring.services import trespass
 from monitoring.services.idle import detect_idle
 from monitoring.services.ingest import ingest_samples, sample_row
@@ -246,3 +246,15 @@ def test_each_event_reaches_each_member_once_by_email_and_each_webhook_once(
         slack[0].body,
         slack[0].headers[webhooks.SIGNATURE_HEADER],
     )
+
+
+def test_an_instance_gone_while_its_node_is_reconfigured_ends_by_mig_change(team, sent):
+    """Rediscovery during a reconfiguration (capacity's instances-gone hook) names the MIG change, not maintenance."""
+    fleet = build_fleet()
+    allocation = allocate(team["project"], fleet.mig_3g)
+    MigReconfiguration.objects.create(cluster=fleet.cluster, node=fleet.node, target={"0": ["7g.80gb"]})
+    MigInstance.objects.filter(pk=fleet.mig_3g.pk).update(state="gone")
+    sent(lambda: pool_services.rehome_allocations([fleet.mig_3g.pk], at=timezone.now()))
+    event = Event.objects.get(key=f"allocation_ended:{allocation.pk}")
+    assert event.payload["cause"] == AllocationEndCause.MIG_CHANGE
+    assert Delivery.objects.filter(event=event, state=DeliveryState.SENT).count() == 4
