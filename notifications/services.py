@@ -19,7 +19,6 @@ import logging
 import random
 import smtplib
 from collections import Counter
-from functools import partial
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -88,8 +87,7 @@ def record(
     except IntegrityError:
         return None
     ids = fan_out(event, users=users)
-    if ids:
-        transaction.on_commit(partial(enqueue_deliveries, ids))
+    enqueue_deliveries(ids)
     return event
 
 
@@ -133,11 +131,11 @@ def fan_out(event: Event, *, users=None) -> list[int]:
 
 
 def enqueue_deliveries(delivery_ids: list[int]) -> None:
-    """After commit: one deliver_task per delivery."""
+    """One deliver_task per delivery, enqueued after commit (nothing if the transaction rolls back)."""
     from .tasks import deliver_task  # cycle: notifications.tasks imports this module
 
     for pk in delivery_ids:
-        deliver_task.delay(pk)
+        deliver_task.delay_on_commit(pk)
 
 
 # --- Sending --------------------------------------------------------------------------------------
@@ -237,8 +235,7 @@ def sweep(*, now: dt.datetime | None = None, limit: int = 500) -> list[int]:
         .filter(Q(last_attempt_at__lt=quiet) | Q(last_attempt_at__isnull=True, created_at__lt=quiet))
     )
     ids = list(stale.order_by("pk").values_list("pk", flat=True)[:limit])
-    if ids:
-        transaction.on_commit(partial(enqueue_deliveries, ids))
+    enqueue_deliveries(ids)
     return ids
 
 
@@ -353,6 +350,5 @@ def send_again(delivery_ids: list[int]) -> int:
         Delivery.objects.filter(pk__in=ids, state=DeliveryState.FAILED).update(
             state=DeliveryState.PENDING, lease_expires_at=None
         )
-        if ids:
-            transaction.on_commit(partial(enqueue_deliveries, ids))
+        enqueue_deliveries(ids)
     return len(ids)

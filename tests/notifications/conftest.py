@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "monitoring"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from notification_helpers import DELIVER_TASK, task_name  # noqa: E402
 
 
 @dataclass
@@ -96,13 +98,12 @@ def team(project, alice, bob, receiver):
 def sent(django_capture_on_commit_callbacks, eager):
     """sent(action) runs `action` and then, as a commit would, the notifications app's enqueues (only those:
     the other on-commit work, Kubernetes provisioning, is not this suite's). Returns the action's result."""
-    from notifications.services import enqueue_deliveries
 
     def run(action):
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             result = action()
         for callback in callbacks:
-            if getattr(callback, "func", None) is enqueue_deliveries:
+            if task_name(callback) == DELIVER_TASK:
                 callback()
         return result
 

@@ -8,6 +8,7 @@ import pytest
 from django.core import mail
 from django.db import transaction
 from django.utils import timezone
+from notification_helpers import DELIVER_TASK, task_name
 
 from notifications import services, tasks
 from notifications.choices import DeliveryState, EventKind
@@ -41,8 +42,9 @@ def test_nothing_is_enqueued_before_commit_and_nothing_at_all_after_a_rollback(
         refuse(team["project"])
         assert Delivery.objects.count() == 4
         assert mail.outbox == []
-    assert [c.func for c in callbacks if hasattr(c, "func")] == [services.enqueue_deliveries]
-    assert callbacks[-1].args == (sorted(Delivery.objects.values_list("pk", flat=True)),)
+    assert [(task_name(c), c.args) for c in callbacks] == [
+        (DELIVER_TASK, (pk,)) for pk in sorted(Delivery.objects.values_list("pk", flat=True))
+    ]
 
     Delivery.objects.all().delete()
     Event.objects.all().delete()
@@ -165,7 +167,7 @@ def test_the_sweep_resends_pending_deliveries_nobody_tried(team, receiver, djang
     later = timezone.now() + dt.timedelta(seconds=services.settings.NOTIFY_SWEEP_S + 1)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert services.sweep(now=later) == [delivery.pk]
-    assert callbacks[0].func is services.enqueue_deliveries
+    assert [(task_name(c), c.args) for c in callbacks] == [(DELIVER_TASK, (delivery.pk,))]
 
 
 def test_an_operator_sends_failed_deliveries_again(team, receiver, sent):
