@@ -28,7 +28,17 @@ class EventAdmin(admin.ModelAdmin):
     list_filter = ["kind"]
     list_select_related = ["project"]
     search_fields = ["key", "subject"]
-    readonly_fields = ["key", "kind", "project", "subject", "body", "payload", "occurred_at", "created_at"]
+    readonly_fields = [
+        "key",
+        "kind",
+        "project",
+        "subject",
+        "body",
+        "payload",
+        "occurred_at",
+        "created_at",
+        "fanned_out_at",
+    ]
     inlines = [DeliveryInline]
 
     def has_add_permission(self, request):

@@ -1,10 +1,11 @@
 """Notifications: the events people are told about, where they are sent, and each delivery (the outbox).
 
 An Event is written once per happening (unique `key`, e.g. ``request_approved:12``) by the receivers of
-the lower layers' signals (notifications/receivers.py), in the transaction of the change it reports.
-Each (event, recipient, channel) gets one Delivery row, unique by `dedup_key`: a signal sent twice, a
-sweep run twice or a task redelivered never makes a second row, and a row is sent only once it is
-claimed (notifications/services.py).
+the lower layers' signals (notifications/receivers.py), in the transaction of the change it reports:
+one INSERT ... ON CONFLICT DO NOTHING, nothing else on the sender's hot path. After commit a task fans
+it out: each (event, recipient, channel) gets one Delivery row, unique by `dedup_key`: a signal sent
+twice, a sweep run twice or a task redelivered never makes a second row, and a row is sent only once
+it is claimed (notifications/services.py).
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ class Event(models.Model):
     project = models.ForeignKey(
         Project, null=True, blank=True, on_delete=models.CASCADE, related_name="notification_events", editable=False
     )
-    subject = models.CharField(max_length=200, editable=False)
-    body = models.TextField(editable=False)
+    subject = models.CharField(max_length=200, blank=True, editable=False, help_text="Written at fan-out.")
+    body = models.TextField(blank=True, editable=False, help_text="Written at fan-out.")
     payload = models.JSONField(default=dict, blank=True, editable=False)
     occurred_at = models.DateTimeField(default=timezone.now, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    fanned_out_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When its deliveries were written (fan_out_task)."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

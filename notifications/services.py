@@ -1,9 +1,10 @@
 """Recording events, fanning them out to recipients, and sending each delivery once.
 
 record() runs in the transaction of the change it reports (the receivers call it from the lower layers'
-signals): it writes the Event once (unique key; a second call with the same key does nothing), one
-Delivery per (recipient, channel) that wants it (unique dedup_key), and enqueues the deliveries with
-transaction.on_commit, so nothing is sent for a change that rolled back.
+signals): it writes the Event once (unique key; a second call with the same key does nothing) with one
+INSERT and enqueues its fan-out on commit, so nothing is sent for a change that rolled back. fan_out()
+(a task, after commit) writes the subject and text and one Delivery per (recipient, channel) that
+wants it (unique dedup_key), and enqueues each delivery after its own commit.
 
 deliver() sends one delivery: it claims the row with a conditional UPDATE (pending and not leased), so
 a task run twice or a redelivered message sends it once; a transient failure (network, 408/429/5xx, an
@@ -23,7 +24,7 @@ from collections import Counter
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -31,6 +32,7 @@ from pools.models import PoolRequest
 from tenancy import roles
 from tenancy.models import Project
 
+from . import messages
 from .adapters import webhooks
 from .choices import Channel, DeliveryState, EventKind, WebhookFlavour
 from .models import Delivery, Event, Preference, WebhookEndpoint
@@ -45,50 +47,40 @@ class TransientDeliveryError(Exception):
 # --- Recording and fan-out ------------------------------------------------------------------------
 
 
-def link(path: str) -> str:
-    return f"{settings.NOTIFY_BASE_URL}{path}"
-
-
-def project_link(project: Project) -> str:
-    return link(f"/projects/{project.slug}/")
-
-
 def record(
     *,
     kind: str,
     key: str,
-    project: Project | None,
-    subject: str,
-    body: str,
-    payload: dict | None = None,
+    project_id: int | None,
+    payload: dict,
     occurred_at: dt.datetime | None = None,
-    users=None,
-) -> Event | None:
-    """Write the event `key` once with its deliveries and enqueue them after commit. None when `key` exists.
+    subject: str = "",
+    body: str = "",
+) -> None:
+    """Write the event `key` once and fan it out after commit (fan_out_task). Runs in the caller's transaction.
 
-    Recipients: `users` when given (the operators' digest), else the project's members who want `kind`
-    by email (Preference; no row: yes) and the project's enabled webhooks that want it. Runs in the
-    caller's transaction; the insert sits in a savepoint so that a concurrent twin's unique-key
-    violation leaves the caller's transaction usable.
+    One statement, INSERT ... ON CONFLICT DO NOTHING: a second call with the same key, or a concurrent twin,
+    writes nothing and never aborts the caller's transaction. The fan-out task is enqueued either way; it
+    does nothing for an event fanned out already. `payload` holds what the message needs (JSON values);
+    `subject` and `body` are worked out at fan-out (notifications/messages.py) unless given (the digest).
     """
-    if Event.objects.filter(key=key).exists():
-        return None
-    try:
-        with transaction.atomic():
-            event = Event.objects.create(
+    from .tasks import fan_out_task  # cycle: notifications.tasks imports this module
+
+    Event.objects.bulk_create(
+        [
+            Event(
                 key=key,
                 kind=kind,
-                project=project,
+                project_id=project_id,
+                payload=payload,
+                occurred_at=occurred_at or timezone.now(),
                 subject=subject[:200],
                 body=body,
-                payload=payload or {},
-                occurred_at=occurred_at or timezone.now(),
             )
-    except IntegrityError:
-        return None
-    ids = fan_out(event, users=users)
-    enqueue_deliveries(ids)
-    return event
+        ],
+        ignore_conflicts=True,
+    )
+    fan_out_task.delay_on_commit(key)
 
 
 def email_recipients(project: Project, kind: str) -> list:
@@ -98,24 +90,41 @@ def email_recipients(project: Project, kind: str) -> list:
     return [u for pk, u in sorted(users.items()) if pk not in prefs or prefs[pk].wants(kind)]
 
 
-def fan_out(event: Event, *, users=None) -> list[int]:
-    """One Delivery per recipient and channel (ignored when its dedup_key exists); returns the pending ids."""
-    rows: list[Delivery] = []
-    if users is None and event.project is not None:
-        users = email_recipients(event.project, event.kind)
-        for endpoint in WebhookEndpoint.objects.filter(project=event.project, enabled=True).order_by("pk"):
-            if endpoint.wants(event.kind):
-                rows.append(
-                    Delivery(
-                        event=event,
-                        channel=Channel.WEBHOOK,
-                        endpoint=endpoint,
-                        address=endpoint.url,
-                        dedup_key=f"{event.key}|webhook|endpoint:{endpoint.pk}",
-                    )
-                )
-    for user in users or []:
-        rows.append(
+def recipients(event: Event) -> tuple[list, list[WebhookEndpoint]]:
+    """(users to mail, webhooks to call) for `event`: the operators for the digest (when it has events), else
+    the project's members who want the kind by email and the project's enabled webhooks that want it."""
+    if event.kind == EventKind.OPERATOR_DIGEST:
+        return (list(operators()) if event.payload.get("total") else []), []
+    if event.project is None:
+        return [], []
+    endpoints = WebhookEndpoint.objects.filter(project=event.project, enabled=True).order_by("pk")
+    return email_recipients(event.project, event.kind), [e for e in endpoints if e.wants(event.kind)]
+
+
+def fan_out(key: str, *, now: dt.datetime | None = None) -> list[int]:
+    """Write the event's subject and text and one Delivery per recipient and channel; enqueue them after commit.
+
+    Claimed with a conditional UPDATE (fanned_out_at still empty), in one transaction: an event is fanned
+    out once however many tasks run; a delivery whose dedup_key exists is not written again. Returns the
+    ids of the deliveries enqueued ([] when the event is gone or was fanned out already)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if Event.objects.filter(key=key, fanned_out_at__isnull=True).update(fanned_out_at=now) != 1:
+            return []
+        event = Event.objects.select_related("project").get(key=key)
+        event.subject, event.body = messages.render(event)
+        Event.objects.filter(pk=event.pk).update(subject=event.subject, body=event.body)
+        users, endpoints = recipients(event)
+        rows = [
+            Delivery(
+                event=event,
+                channel=Channel.WEBHOOK,
+                endpoint=endpoint,
+                address=endpoint.url,
+                dedup_key=f"{event.key}|webhook|endpoint:{endpoint.pk}",
+            )
+            for endpoint in endpoints
+        ] + [
             Delivery(
                 event=event,
                 channel=Channel.EMAIL,
@@ -123,11 +132,16 @@ def fan_out(event: Event, *, users=None) -> list[int]:
                 address=user.email,
                 dedup_key=f"{event.key}|email|user:{user.pk}",
             )
+            for user in users
+        ]
+        Delivery.objects.bulk_create(rows, ignore_conflicts=True)
+        ids = list(
+            Delivery.objects.filter(event=event, state=DeliveryState.PENDING)
+            .order_by("pk")
+            .values_list("pk", flat=True)
         )
-    Delivery.objects.bulk_create(rows, ignore_conflicts=True)
-    return list(
-        Delivery.objects.filter(event=event, state=DeliveryState.PENDING).order_by("pk").values_list("pk", flat=True)
-    )
+        enqueue_deliveries(ids)
+    return ids
 
 
 def enqueue_deliveries(delivery_ids: list[int]) -> None:
@@ -226,7 +240,8 @@ def backoff_s(retries: int, *, rand=random.random) -> float:
 
 
 def sweep(*, now: dt.datetime | None = None, limit: int = 500) -> list[int]:
-    """Re-enqueue pending deliveries no one has tried for NOTIFY_SWEEP_S (a lost message, a dead worker)."""
+    """Re-enqueue pending deliveries no one has tried for NOTIFY_SWEEP_S (a lost message, a dead worker), and
+    the fan-out of events not fanned out that long. Returns the deliveries' ids."""
     now = now or timezone.now()
     quiet = now - dt.timedelta(seconds=settings.NOTIFY_SWEEP_S)
     stale = (
@@ -236,6 +251,11 @@ def sweep(*, now: dt.datetime | None = None, limit: int = 500) -> list[int]:
     )
     ids = list(stale.order_by("pk").values_list("pk", flat=True)[:limit])
     enqueue_deliveries(ids)
+    from .tasks import fan_out_task  # cycle: notifications.tasks imports this module
+
+    unfanned = Event.objects.filter(fanned_out_at__isnull=True, created_at__lt=quiet).order_by("pk")
+    for key in unfanned.values_list("key", flat=True)[:limit]:
+        fan_out_task.delay_on_commit(key)
     return ids
 
 
@@ -250,31 +270,32 @@ def announce_expiring(*, now: dt.datetime | None = None, limit: int = 500) -> in
     now = now or timezone.now()
     window = dt.timedelta(hours=settings.NOTIFY_EXPIRY_WINDOW_H)
     due = (
-        PoolRequest.objects.holding()
-        .filter(end_at__gt=now, end_at__lte=now + window)
-        .select_related("project")
-        .order_by("end_at", "pk")[:limit]
+        PoolRequest.objects.holding().filter(end_at__gt=now, end_at__lte=now + window).order_by("end_at", "pk")[:limit]
+    )
+    known = set(
+        Event.objects.filter(kind=EventKind.POOL_EXPIRING, payload__request__in=[r.pk for r in due]).values_list(
+            "key", flat=True
+        )
     )
     announced = 0
     for request in due:
         key = f"{EventKind.POOL_EXPIRING}:{request.pk}:{int(request.end_at.timestamp())}"
-        hours = int((request.end_at - now).total_seconds() // 3600)
-        ends = f"{request.end_at:%Y-%m-%d %H:%M} UTC"
+        if key in known:
+            continue
         with transaction.atomic():
-            event = record(
+            record(
                 kind=EventKind.POOL_EXPIRING,
                 key=key,
-                project=request.project,
-                subject=f"{request.project.slug}: pool of request #{request.pk} ends {ends}",
-                body=(
-                    f"The pool of request #{request.pk} ({request.name or request.spec_label} x {request.count}) "
-                    f"ends at {ends}, in about {hours} h; its units are released then. "
-                    f"{project_link(request.project)}"
-                ),
-                payload={"request": request.pk, "end_at": request.end_at.isoformat()},
+                project_id=request.project_id,
+                payload={
+                    "request": request.pk,
+                    "label": request.name or f"{request.spec_label} x {request.count}",
+                    "end": f"{request.end_at:%Y-%m-%d %H:%M}",
+                    "hours": int((request.end_at - now).total_seconds() // 3600),
+                },
                 occurred_at=now,
             )
-        announced += event is not None
+        announced += 1
     return announced
 
 
@@ -325,18 +346,18 @@ def operator_digest(*, now: dt.datetime | None = None) -> Event | None:
         lines += [f"- {e.created_at:%Y-%m-%d %H:%M} {e.subject}" for e in events[:200]]
         if len(events) > 200:
             lines.append(f"... and {len(events) - 200} more (admin: Notifications > Events)")
-    lines.append(link("/admin/notifications/event/"))
+    lines.append(messages.link("/admin/notifications/event/"))
     with transaction.atomic():
-        return record(
+        record(
             kind=EventKind.OPERATOR_DIGEST,
             key=key,
-            project=None,
+            project_id=None,
             subject=f"gpuaas digest: {len(events)} events to {end:%Y-%m-%d %H:%M} UTC",
             body="\n".join(lines),
-            payload={"start": start.isoformat(), "end": end.isoformat(), "counts": dict(by_kind)},
+            payload={"start": start.isoformat(), "end": end.isoformat(), "total": len(events), "counts": dict(by_kind)},
             occurred_at=end,
-            users=list(operators()) if events else [],
         )
+    return Event.objects.get(key=key)
 
 
 def send_again(delivery_ids: list[int]) -> int:

@@ -41,3 +41,9 @@ def operator_digest_task() -> bool:
 def sweep_deliveries_task() -> int:
     """Beat: re-enqueue pending deliveries whose message was lost."""
     return len(services.sweep())
+
+
+@shared_task
+def fan_out_task(key: str) -> int:
+    """After an event's commit: its subject, text and deliveries (services.fan_out; once per event)."""
+    return len(services.fan_out(key))

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "monitoring"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from notification_helpers import DELIVER_TASK, task_name  # noqa: E402
+from notification_helpers import DELIVER_TASK, FAN_OUT_TASK, task_name  # noqa: E402
 
 
 @dataclass
@@ -96,15 +96,22 @@ def team(project, alice, bob, receiver):
 
 @pytest.fixture
 def sent(django_capture_on_commit_callbacks, eager):
-    """sent(action) runs `action` and then, as a commit would, the notifications app's enqueues (only those:
-    the other on-commit work, Kubernetes provisioning, is not this suite's). Returns the action's result."""
+    """sent(action) runs `action` and then, as commits would, the notifications app's enqueues (the fan-out,
+    then the deliveries it enqueues on its own commit; only those: the other on-commit work, Kubernetes
+    provisioning, is not this suite's). Returns the action's result."""
+
+    def ours(callbacks):
+        return [c for c in callbacks if task_name(c) in (FAN_OUT_TASK, DELIVER_TASK)]
 
     def run(action):
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             result = action()
-        for callback in callbacks:
-            if task_name(callback) == DELIVER_TASK:
-                callback()
+        pending = ours(callbacks)
+        while pending:  # the fan-out's own commit enqueues the deliveries
+            with django_capture_on_commit_callbacks(execute=False) as callbacks:
+                for callback in pending:
+                    callback()
+            pending = ours(callbacks)
         return result
 
     return run

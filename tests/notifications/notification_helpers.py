@@ -1,6 +1,7 @@
 """Helpers of the notification tests."""
 
 DELIVER_TASK = "notifications.tasks.deliver_task"
+FAN_OUT_TASK = "notifications.tasks.fan_out_task"
 
 
 def task_name(callback) -> str | None:

@@ -8,7 +8,7 @@ import pytest
 from django.core import mail
 from django.db import transaction
 from django.utils import timezone
-from notification_helpers import DELIVER_TASK, task_name
+from notification_helpers import DELIVER_TASK, FAN_OUT_TASK, task_name
 
 from notifications import services, tasks
 from notifications.choices import DeliveryState, EventKind
@@ -19,10 +19,13 @@ from pools.models import PoolRequest
 pytestmark = pytest.mark.django_db
 
 
-def refuse(project, *, pk=None):
-    """Send pools.signals.request_refused as pools.services.transition does, for a stored request."""
+def refuse(project, *, pk=None, fan_out=True):
+    """Send pools.signals.request_refused as pools.services.transition does, for a stored request, and (as the
+    fan-out task would after commit) write its deliveries."""
     request = PoolRequest.objects.get(pk=pk) if pk else PoolRequest.objects.create(project=project, name="r")
     signals.request_refused.send(sender=PoolRequest, request=request, actor=None, reason="no", at=timezone.now())
+    if fan_out:
+        services.fan_out(f"request_refused:{request.pk}")
     return request
 
 
@@ -39,26 +42,31 @@ def test_nothing_is_enqueued_before_commit_and_nothing_at_all_after_a_rollback(
     team, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        refuse(team["project"])
-        assert Delivery.objects.count() == 4
-        assert mail.outbox == []
+        request = refuse(team["project"], fan_out=False)
+        assert (Event.objects.count(), Delivery.objects.count(), mail.outbox) == (1, 0, [])
+    key = f"request_refused:{request.pk}"
+    assert [(task_name(c), c.args) for c in callbacks] == [(FAN_OUT_TASK, (key,))]
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        services.fan_out(key)
+        assert services.fan_out(key) == []  # once
     assert [(task_name(c), c.args) for c in callbacks] == [
         (DELIVER_TASK, (pk,)) for pk in sorted(Delivery.objects.values_list("pk", flat=True))
     ]
+    assert Delivery.objects.count() == 4 and mail.outbox == []
 
     Delivery.objects.all().delete()
     Event.objects.all().delete()
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         with pytest.raises(RuntimeError):
             with transaction.atomic():
-                refuse(team["project"])
+                refuse(team["project"], fan_out=False)
                 raise RuntimeError("the change rolls back")
     assert (Event.objects.count(), Delivery.objects.count(), callbacks) == (0, 0, [])
 
 
 def test_a_signal_sent_twice_is_recorded_and_delivered_once(team, receiver, sent):
-    request = sent(lambda: refuse(team["project"]))
-    sent(lambda: refuse(team["project"], pk=request.pk))
+    request = sent(lambda: refuse(team["project"], fan_out=False))
+    sent(lambda: refuse(team["project"], pk=request.pk, fan_out=False))
     assert Event.objects.filter(kind=EventKind.REQUEST_REFUSED).count() == 1
     assert Delivery.objects.count() == 4
     assert len(mail.outbox) == 2
@@ -90,7 +98,7 @@ def test_a_claimed_delivery_is_not_sent_by_a_second_worker(team, receiver):
 def test_a_failing_endpoint_is_retried_with_backoff_until_it_answers(team, receiver, sent, settings):
     webhook_only(team)
     receiver.script = [500, 503]  # then 200
-    sent(lambda: refuse(team["project"]))
+    sent(lambda: refuse(team["project"], fan_out=False))
     delivery = Delivery.objects.get()
     assert (delivery.state, delivery.attempts, delivery.last_status) == (DeliveryState.SENT, 3, 200)
     assert len(receiver.at("/json")) == 3
@@ -129,7 +137,7 @@ def test_the_task_retries_a_transient_failure_after_the_backoff(team, receiver, 
 def test_an_endpoint_that_keeps_failing_is_given_up_after_the_last_retry(team, receiver, sent, settings):
     webhook_only(team)
     receiver.script = [500] * 20
-    sent(lambda: refuse(team["project"]))
+    sent(lambda: refuse(team["project"], fan_out=False))
     delivery = Delivery.objects.get()
     tries = settings.NOTIFY_MAX_RETRIES + 1
     assert (delivery.state, delivery.attempts, delivery.last_status) == (DeliveryState.FAILED, tries, 500)
@@ -140,7 +148,7 @@ def test_an_endpoint_that_keeps_failing_is_given_up_after_the_last_retry(team, r
 def test_a_client_error_is_not_retried(team, receiver, sent):
     webhook_only(team)
     receiver.script = [410]
-    sent(lambda: refuse(team["project"]))
+    sent(lambda: refuse(team["project"], fan_out=False))
     delivery = Delivery.objects.get()
     assert (delivery.state, delivery.attempts, delivery.last_status) == (DeliveryState.FAILED, 1, 410)
 
@@ -173,7 +181,7 @@ def test_the_sweep_resends_pending_deliveries_nobody_tried(team, receiver, djang
 def test_an_operator_sends_failed_deliveries_again(team, receiver, sent):
     webhook_only(team)
     receiver.script = [410]
-    sent(lambda: refuse(team["project"]))
+    sent(lambda: refuse(team["project"], fan_out=False))
     delivery = Delivery.objects.get()
     assert delivery.state == DeliveryState.FAILED
     assert sent(lambda: services.send_again([delivery.pk])) == 1
