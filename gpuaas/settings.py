@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "operations",
     "billing",
     "monitoring",
+    "notifications",
     "gpuaas",
 ]
 
@@ -533,6 +534,41 @@ ALLOCATION_ENDING_FORCE_AFTER_S = env_int("ALLOCATION_ENDING_FORCE_AFTER_S", 300
 ALLOCATION_ENDING_SWEEP_S = env_int("ALLOCATION_ENDING_SWEEP_S", WORKFLOW_SWEEP_S, minimum=1)
 
 
+# --- Notifications (docs/notifications.md) -----------------------------------------------------
+# Email through Django's backends: SMTP (EMAIL_HOST, default localhost:25 in production); with DEBUG=1 and no
+# EMAIL_HOST, the console. EMAIL_BACKEND names any other Django backend.
+_EMAIL_HOST = env_str("EMAIL_HOST", "")
+EMAIL_HOST = _EMAIL_HOST or "localhost"
+EMAIL_PORT = env_int("EMAIL_PORT", 587 if _EMAIL_HOST else 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", bool(_EMAIL_HOST))
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.console.EmailBackend"
+    if DEBUG and not _EMAIL_HOST
+    else "django.core.mail.backends.smtp.EmailBackend",
+)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpuaas@localhost")
+# Links in messages point here (e.g. https://gpuaas.example.com); empty: paths only.
+NOTIFY_BASE_URL = env_str("NOTIFY_BASE_URL", "").rstrip("/")
+NOTIFY_WEBHOOK_TIMEOUT_S = env_int("NOTIFY_WEBHOOK_TIMEOUT_S", 10, minimum=1)
+# Retries of a failed delivery: exponential backoff from NOTIFY_RETRY_BACKOFF_S, capped, then failed.
+NOTIFY_MAX_RETRIES = env_int("NOTIFY_MAX_RETRIES", 6, minimum=0)
+NOTIFY_RETRY_BACKOFF_S = env_int("NOTIFY_RETRY_BACKOFF_S", 30, minimum=1)
+NOTIFY_RETRY_BACKOFF_MAX_S = env_int("NOTIFY_RETRY_BACKOFF_MAX_S", 600, minimum=1)
+if NOTIFY_RETRY_BACKOFF_MAX_S >= CELERY_LONGEST_TASK_S * 2:  # a retry's countdown past it is redelivered early
+    raise ConfigurationError("NOTIFY_RETRY_BACKOFF_MAX_S must stay far below the broker visibility timeout")
+# A pool whose end is this close is announced once ("about to expire"); the sweep runs every interval.
+NOTIFY_EXPIRY_WINDOW_H = env_int("NOTIFY_EXPIRY_WINDOW_H", 24, minimum=1)
+NOTIFY_EXPIRY_INTERVAL_S = env_int("NOTIFY_EXPIRY_INTERVAL_S", 300, minimum=10)
+# The operators' digest: one per period (hours), covering the events since the previous one.
+NOTIFY_DIGEST_INTERVAL_H = env_int("NOTIFY_DIGEST_INTERVAL_H", 24, minimum=1)
+# Pending deliveries whose message was lost are sent again after this long without an attempt.
+NOTIFY_SWEEP_S = env_int("NOTIFY_SWEEP_S", 900, minimum=60)
+
+
 # Static beat schedule; `expires` equals the period so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
     "discover-all-clusters": every(DISCOVERY_INTERVAL_S, "capacity.tasks.discover_all_task"),
@@ -553,6 +589,9 @@ CELERY_BEAT_SCHEDULE = {
     # Billing: meter every complete hour (a no-op until one ends); close last month on the 1st.
     "billing-meter-usage": every(BILLING_METER_INTERVAL_S, "billing.tasks.meter_usage_task"),
     "billing-sweep": every(WORKFLOW_SWEEP_S, "billing.tasks.sweep_billing_task"),
+    "notifications-pools-expiring": every(NOTIFY_EXPIRY_INTERVAL_S, "notifications.tasks.announce_expiring_task"),
+    "notifications-digest": every(3600, "notifications.tasks.operator_digest_task"),
+    "notifications-sweep": every(NOTIFY_SWEEP_S, "notifications.tasks.sweep_deliveries_task"),
     "billing-close-month": {
         "task": "billing.tasks.close_month_task",
         "schedule": crontab(minute=30, hour=0, day_of_month=1),

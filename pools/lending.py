@@ -111,9 +111,11 @@ def request_reclaim(loan: Loan, *, reason: str, at: datetime | None = None) -> b
         ):
             return False
         reconcile_project_task.delay_on_commit(loan.borrower_id, Allocation.objects.cluster_id_of(loan.allocation_id))
+        loan.state, loan.reclaim_requested_at, loan.reason = LoanState.RECLAIMING, at, reason[:200]
         evict_after = at + timedelta(seconds=settings.LENDING_RECLAIM_GRACE_S)
         loan_reclaimed.send(
             sender=Loan,
+            loan=loan,
             loan_id=loan.pk,
             borrower_id=loan.borrower_id,
             lender_pool_id=loan.lender_pool_id,

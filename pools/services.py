@@ -21,11 +21,11 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from capacity.choices import Binding
-from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigReconfiguration, NodeCapacity
 from gpuaas.leases import lease_until
 from tenancy.models import Project
 
-from . import ending, specs, topology, units
+from . import ending, signals, specs, topology, units
 from .choices import PoolState, RequestState
 from .exceptions import DomainError, IllegalTransition, InsufficientCapacity
 from .models import Allocation, GpuPool, PoolCluster, PoolRequest, PoolRequestTransition
@@ -89,6 +89,7 @@ def transition(request: PoolRequest, to_state: str, actor=None, reason: str = ""
         PoolRequestTransition.objects.create(
             request=request, from_state=from_state, to_state=to_state, actor=actor, reason=reason, at=now
         )
+        _announce(request, from_state, to_state, actor=actor, reason=reason, at=now)
         if from_state == S.QUEUED and to_state in LOANS_END_ON_LEAVING_QUEUE:
             from . import lending  # cycle: lending imports provisioning, which imports this module
 
@@ -99,6 +100,19 @@ def transition(request: PoolRequest, to_state: str, actor=None, reason: str = ""
     for name, value in fields.items():
         setattr(request, name, value)
     return request
+
+
+def _announce(request: PoolRequest, from_state: str, to_state: str, *, actor, reason: str, at: dt.datetime) -> None:
+    """Send the pools.signals signal of this move, if it is one people are told about (in the caller's transaction)."""
+    if to_state == S.APPROVED:
+        signal = signals.request_started_from_queue if from_state == S.QUEUED else signals.request_approved
+    elif to_state == S.QUEUED:
+        signal = signals.request_queued
+    elif to_state == S.REJECTED:
+        signal = signals.request_refused
+    else:
+        return
+    signal.send(sender=PoolRequest, request=request, actor=actor, reason=reason, at=at)
 
 
 # --- Creating and submitting ---------------------------------------------------------------------
@@ -476,7 +490,7 @@ def pools_awaiting_cleanup(*, older_than_s: int = 300):
     return GpuPool.objects.filter(released_at__lte=cutoff, deprovisioned_at__isnull=True)
 
 
-def rehome_allocations(instance_ids: list[int], *, at: dt.datetime) -> list[str]:
+def rehome_allocations(instance_ids: list[int], *, at: dt.datetime, cause: str | None = None) -> list[str]:
     """Active MIG allocations on destroyed instances (`instance_ids`) move or end, now, in the caller's transaction.
 
     Each moves to a free active instance of the same profile on the same GPU (the one at the same
@@ -485,6 +499,8 @@ def rehome_allocations(instance_ids: list[int], *, at: dt.datetime) -> list[str]
     (the project's statement shows it) and the pool keeps its other units, short of its request
     (GpuPool.shortfall). Never leaves an active allocation on a destroyed instance. Locks the
     allocations in primary-key order (select_for_update). Returns one note per allocation.
+    Each allocation that ends is announced (pools.signals.allocation_ended) with `cause`, or, when None,
+    MIG_CHANGE if a reconfiguration of its node is open and MAINTENANCE otherwise.
     """
     notes: list[str] = []
     with transaction.atomic():
@@ -520,10 +536,24 @@ def rehome_allocations(instance_ids: list[int], *, at: dt.datetime) -> list[str]
             ):
                 _reconcile_after_commit(allocation)
                 ending.announce_ending([allocation.pk], reason=reason, at=at)
+                allocation.released_at, allocation.end_reason = at, reason
+                signals.allocation_ended.send(
+                    sender=Allocation,
+                    allocation=allocation,
+                    cause=cause or _end_cause(allocation),
+                    reason=reason,
+                    at=at,
+                )
             notes.append(f"allocation #{allocation.pk} ended: {reason}")
     for note in notes:
         logger.warning("%s", note)
     return notes
+
+
+def _end_cause(allocation: Allocation) -> str:
+    """MIG_CHANGE while a reconfiguration holds the allocation's node, MAINTENANCE otherwise."""
+    changing = MigReconfiguration.objects.open().filter(node_id=allocation.gpu.node_id).exists()
+    return signals.AllocationEndCause.MIG_CHANGE if changing else signals.AllocationEndCause.MAINTENANCE
 
 
 def _reconcile_after_commit(allocation: Allocation) -> None:

@@ -1,15 +1,21 @@
 """What the pools app announces, for the apps above it to act on (notifications: e-mail, webhooks).
 
 pools sits below monitoring and billing, so it never calls them: it sends these signals inside the
-transaction that made the change, once it is made, and receivers connect in their own AppConfig.ready().
-A receiver must not talk to the outside world itself: it enqueues its work with `delay_on_commit` (or
-`transaction.on_commit`), so a change that is rolled back notifies nobody. No business logic hangs on them:
-pools does its own work first.
+transaction that made the change, after the change is written, and receivers connect in their own
+AppConfig.ready(). A receiver that writes rows writes them in the same transaction (rolled back with it);
+anything it sends out waits for commit (`delay_on_commit` or `transaction.on_commit`), so a change that is
+rolled back notifies nobody. No business logic hangs on them: pools does its own work first.
+
+Every signal is sent with `sender` = the model class of the row it is about.
 """
 
-from __future__ import annotations
-
 from django.dispatch import Signal
+
+# PoolRequest moves (pools.services.transition): kwargs request, actor (a user or None), reason, at.
+request_approved = Signal()  # submitted -> approved (by a person or an auto-approval policy)
+request_queued = Signal()  # submitted -> queued: waiting for capacity
+request_started_from_queue = Signal()  # queued -> approved: capacity freed, approved from the queue
+request_refused = Signal()  # -> rejected (by an operator, or its end came while it waited)
 
 # Units of one project ended (release, expiry, a MIG reconfiguration or anything else that ends an
 # allocation) and enter the "ending" state (pools/ending.py). Sent once per project and cause.
@@ -23,10 +29,22 @@ from django.dispatch import Signal
 #   force_after: datetime       the hard deadline: pods a budget still protects are deleted
 allocation_ending = Signal()
 
-# A lender takes a lent unit back (pools/lending.py): the borrower's grant shrinks at once and its pods on the
-# unit are evicted when the grace period ends. Sent once per loan. kwargs:
+# An allocation ended while its pool goes on (pools.services.rehome_allocations: its MIG instance was
+# destroyed with no equivalent left): kwargs allocation, cause (AllocationEndCause), reason, at.
+allocation_ended = Signal()
+
+# A lender takes a lent unit back (pools.lending.request_reclaim): the borrower's grant shrinks at once and its
+# pods on the unit are evicted when the grace period ends. Sent once per loan. kwargs:
+#   loan: Loan                  the loan, its state already RECLAIMING
 #   loan_id: int, borrower_id: int, lender_pool_id: int, allocation_id: int
 #   reason: str                 why ("a lender pod is Pending for the unit", "the lender asked", ...)
 #   at: datetime                when the reclaim started
 #   evict_after: datetime       at + LENDING_RECLAIM_GRACE_S: the borrower's pods there are evicted then
 loan_reclaimed = Signal()
+
+
+class AllocationEndCause:
+    """Why an allocation ended under its project (the `cause` kwarg of allocation_ended)."""
+
+    MIG_CHANGE = "mig_change"  # a MIG reconfiguration of its node destroyed its instance
+    MAINTENANCE = "maintenance"  # its instance vanished outside a reconfiguration (GPU reset, node maintenance)

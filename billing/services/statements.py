@@ -19,6 +19,7 @@ from gpuaas.leases import crash_point
 from pools.models import GpuPool
 from tenancy.models import Project
 
+from .. import signals
 from ..choices import LineType, RunKind, RunStatus, StatementState
 from ..models import BillingRun, MonthNotEnded, Statement, StatementFinalised, StatementLine, UsageRecord
 from ..periods import month_bounds, month_start, next_month, previous_month
@@ -190,6 +191,8 @@ def finalise_statement(statement: Statement, *, actor=None, now: datetime | None
         )
         if claimed != 1:
             raise StatementFinalised(f"statement {statement.pk} is already finalised")
+        locked.refresh_from_db()
+        signals.statement_finalised.send(sender=Statement, statement=locked, actor=actor)
     statement.refresh_from_db()
     return statement
 

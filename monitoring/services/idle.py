@@ -28,7 +28,7 @@ from django.utils import timezone
 from capacity.choices import SpecKind
 from capacity.mig.catalog import find_product
 from capacity.models import MigProfile
-from monitoring import readers
+from monitoring import readers, signals
 from monitoring.choices import IdleProposal, IdleState
 from monitoring.models import IdleReservation
 from pools import services as pool_services
@@ -110,7 +110,8 @@ def detect_idle(*, now: datetime | None = None) -> dict[str, int]:
             }
             flag = open_flags.pop(allocation.pk, None)
             if flag is None:
-                IdleReservation.objects.create(allocation=allocation, detected_at=now, **values)
+                flag = IdleReservation.objects.create(allocation=allocation, detected_at=now, **values)
+                signals.idle_reservation_flagged.send(sender=IdleReservation, flag=flag)
                 result["flagged"] += 1
             else:
                 IdleReservation.objects.filter(pk=flag.pk).update(**values)

@@ -36,6 +36,7 @@ from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
 from capacity.services.workloads import physical_id
 from pools.models import Allocation
 
+from .. import signals
 from ..choices import TrespassKind
 from ..models import Series, TrespassEvent
 from ..sample_reads import sample_rows
@@ -257,6 +258,9 @@ def detect_trespass(cluster_id: int, *, at: datetime | None = None) -> TrespassR
         ]
         created = TrespassEvent.objects.bulk_create(new, batch_size=1000)
         result.opened = [e.pk for e in created]
+        for event in created:
+            if event.owner_project_id is not None:
+                signals.trespass_opened.send(sender=TrespassEvent, event=event)
         if settings.MONITORING_EVICT_TRESPASS:
             result.evicting = [e.pk for e in created if e.pod_name] + [
                 e.pk for key, e in current.items() if key in wanted and e.pod_name and e.evicted_at is None

@@ -23,6 +23,7 @@ from capacity.models import GPUAAS_CONFIG_PREFIX, MigReconfiguration, NodeCapaci
 from capacity.services import mig_configs
 from pools.models import Allocation
 from pools.services import rehome_allocations
+from pools.signals import AllocationEndCause
 
 from . import commands
 from .outcomes import Advance, ReconfigurationError, Refused, Wait
@@ -410,7 +411,7 @@ def reattach_allocations(reconf: MigReconfiguration) -> list[str]:
         .exclude(mig_instance__state="active")
         .values_list("mig_instance_id", flat=True)
     )
-    notes = rehome_allocations(list(gone), at=timezone.now())
+    notes = rehome_allocations(list(gone), at=timezone.now(), cause=AllocationEndCause.MIG_CHANGE)
     for note in notes:
         audit(reconf, Step.VERIFY, Event.INFO, note)
     return notes

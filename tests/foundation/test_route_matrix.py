@@ -221,6 +221,7 @@ def _world_objects():
         # plain views and the admin's own views, by URL name
         "projects:project": {"own": {"slug": team_a.slug}, "other": {"slug": team_b.slug}},
         "projects:request_new": {"own": {"slug": team_a.slug}, "other": {"slug": team_b.slug}},
+        "projects:notifications": {"own": {"slug": team_a.slug}, "other": {"slug": team_b.slug}},
         "projects:pool": {
             "own": {"slug": team_a.slug, "pk": a_pool.pk},
             "other": {"slug": team_b.slug, "pk": b_pool.pk},

@@ -127,7 +127,7 @@ def test_approve_with_a_cluster_and_reason(api, operator, make_request, fleet, d
     assert response.data["state"] == "provisioning"
     assert response.data["approved_by"] == "operator"
     assert response.data["pool"] is not None
-    assert [(cb.func.__self__.name, cb.args) for cb in callbacks] == [
+    assert [(cb.func.__self__.name, cb.args) for cb in callbacks if cb.func.__self__.name.startswith("pools.")] == [
         ("pools.tasks.provision_pool_task", (response.data["pool"],))
     ]
     pool = api(operator).get(f"/api/v1/pools/{response.data['pool']}/").data
