@@ -47,6 +47,19 @@ def test_mutants_are_one_change_each_in_a_fixed_order_without_the_type_error_ope
     assert sub_add.change == "return end - start if end > start else 0 -> return end + start if end > start else 0"
 
 
+def test_mutants_of_annotations_only_or_that_are_not_python_are_left_out():
+    source = (
+        "from __future__ import annotations\n\n\n"
+        "def later(value: int | None, *, step: int = 1) -> int | None:\n"
+        "    return None if value is None else value + step\n"
+    )
+    mutants = mutation.mutants_of(source)
+
+    # in the signature only the default changes: not `int + None`, `def f(a, +, b)` or `def f(a, /, b)`
+    assert {(m.line, m.operator) for m in mutants if m.line != 5} == {(4, "NumberReplacer")}
+    assert {"ReplaceBinaryOperator_Add_Sub", "ReplaceComparisonOperator_Is_IsNot"} <= {m.operator for m in mutants}
+
+
 def test_equivalent_mutants_are_read_from_the_modules_test_folder(monkeypatch, tmp_path):
     (tmp_path / "tests" / "billing").mkdir(parents=True)
     (tmp_path / "tests" / "billing" / "EQUIVALENT_MUTANTS.md").write_text(
