@@ -291,3 +291,18 @@ def test_a_health_credit_overlapping_a_failed_credit_credits_each_second_once(fl
         Decimal("-1.67"),
     )
     assert statement.total_amount == Decimal("3.75") - Decimal("2.08") - Decimal("1.67")
+
+
+def test_billing_time_starts_at_the_default_cards_epoch(db):
+    """The migration seeds the default card at 2000-01-01 00:00 UTC (billing's EPOCH): seeding again finds it,
+    creates nothing, and usage from that first hour is priced by it."""
+    from datetime import UTC, datetime
+
+    from billing.models import RateCard
+
+    card, created = services.seed_default_card()
+
+    assert (created, card.effective_from) == (False, datetime(2000, 1, 1, tzinfo=UTC))
+    assert services.EPOCH == datetime(2000, 1, 1, tzinfo=UTC)
+    assert RateCard.objects.count() == 1
+    assert PriceBook().card_at(datetime(2000, 1, 1, tzinfo=UTC)) == card
