@@ -361,7 +361,19 @@ def run_mutation_bench(
         correctness("kill_rate", ">=", KILL_RATE_TARGET),
         correctness("unexplained_survivors", "==", 0),
     ],
-    smoke=Smoke(args=("--module", "billing/services/intervals.py", "--sample", "3", "--seed", "8")),
+    # The smoke tries 3 mutants against the pure property tests only, so it fits the smoke's 240 s on a busy machine.
+    smoke=Smoke(
+        args=(
+            "--module",
+            "billing/services/intervals.py",
+            "--sample",
+            "3",
+            "--seed",
+            "8",
+            "--tests",
+            "tests/billing/test_billing_intervals_properties.py",
+        )
+    ),
 )
 def mutation(*, stdout, module: str, sample: int = 0, seed: int = 8, tests: str = "", timeout: float = 0, **_) -> dict:
     return run_mutation_bench(module=module, sample=sample, seed=seed, tests=tests, timeout=timeout, stdout=stdout)
