@@ -276,3 +276,21 @@ def test_line_amounts_are_the_rate_charged_second_by_second(rate, seconds, faile
         assert "health_credit" not in lines
     assert all(line.amount.as_tuple().exponent == -2 for line in lines.values())
     assert _half_up(Fraction(1, 200), 2) == Decimal("0.01") == Decimal("0.005").quantize(Decimal("0.01"), ROUND_HALF_UP)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    full=st.decimals(min_value=Decimal("0.01"), max_value=Decimal("99.99"), places=2),
+    replicas=st.integers(1, 16),
+    licence=st.decimals(min_value=Decimal("0"), max_value=Decimal("1"), places=4),
+)
+def test_derived_prices_split_the_full_gpu_price_by_its_shares(full, replicas, licence):
+    """A full GPU costs its price (no licence), a time-slice replica 1/replicas of it, a vGPU 1/vGPUs plus the
+    licence: the reference is exact Fraction arithmetic rounded half up to 6 places."""
+    from billing.rates import derive_price, spec_key
+
+    assert derive_price(full, spec_key("full", "H100-80GB"), licence=licence) == _half_up(Fraction(full), 6)
+    timeslice = spec_key("timeslice", "H100-80GB", replicas=replicas)
+    assert derive_price(full, timeslice) == _half_up(Fraction(full) / replicas, 6)
+    vgpu = spec_key("vgpu", "H100-80GB", "H100XM-20C", replicas)
+    assert derive_price(full, vgpu, licence=licence) == _half_up(Fraction(full) / replicas + Fraction(licence), 6)
