@@ -51,6 +51,19 @@ test-slow: $(STAMP)
 bench-smoke: $(STAMP)
 	$(PY) manage.py bench smoke
 
+# Mutation score of the money modules (docs/benchmarks.md "mutation"): slow (every mutant is a pytest run), so
+# not part of `make test`; .ci/run runs it when GPUAAS_CI_MUTATION=1. Each module prints its JSON line; one whose
+# kill rate is under 0.9, or with a survivor not listed in its EQUIVALENT_MUTANTS.md, fails the target.
+MUTATION_MODULES ?= billing/services/intervals.py billing/services/clock.py billing/periods.py \
+	billing/services/lines.py billing/services/statements.py billing/rates.py
+MUTATION_SAMPLE ?= 20
+MUTATION_SEED ?= 8
+.PHONY: mutation
+mutation: $(STAMP)
+	@rc=0; for module in $(MUTATION_MODULES); do \
+		$(PY) manage.py bench mutation --module $$module --sample $(MUTATION_SAMPLE) --seed $(MUTATION_SEED) || rc=1; \
+	done; exit $$rc
+
 schema: $(STAMP)
 	DEBUG=1 $(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
 

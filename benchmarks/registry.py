@@ -73,6 +73,7 @@ MODULES = (
     "dedication",
     "poll_cycle",
     "api_schema",
+    "mutation",
     "smoke",
 )
 

@@ -1,0 +1,379 @@
+"""`python manage.py bench mutation --module PATH [--sample N --seed S]`: how many one-change mutants of a module
+the tests that reach it kill.
+
+Built on cosmic-ray (8.7.0), a maintained mutation tool, through its Python API: its operator plugins find every
+place a module can be mutated (`mutation_positions`) and make one mutant at a time (`mutating.mutate_code`,
+parso-based, so the code keeps its formatting and comments). cosmic-ray's own `exec` loop is not used because it
+edits the file in the working tree and runs one fixed test command for every mutant; here each mutant is written
+into a throwaway copy of the project (the working tree is never touched, even if the run is killed) and tried
+against the tests mapped to its module (TESTS_FOR), in a pytest process of its own, so Django's app loading,
+settings and migrations run exactly as in the suite. mutmut 3 was not taken: it rewrites every function of the
+mutated files into trampolines inside a `mutants/` copy and forks one pytest session per mutant, which needs the
+whole suite to run from that copy first to learn which tests reach which function; cosmic-ray fitted first.
+
+Speed: every test process starts from one SQLite test database migrated once per run (a file copy per mutant,
+pytest-django's --reuse-db, benchmarks.mutation_db), so a mutant costs Django's start-up and its tests, not the
+migrations. Tests marked `postgres` or `redis` are skipped there, as on the embedded default.
+
+Outcomes: pytest exit 1 or 2 (a test failed, or the mutant broke import or collection) or a timeout: killed;
+exit 0: survived; any other exit (internal error, usage error, no test collected): an error, which fails the run.
+A survivor listed in the module's test folder's EQUIVALENT_MUTANTS.md (`| path:line | operator | change | reason |`)
+is reported with that reason; one that is not is `unexplained`. Targets: kill_rate >= 0.9 (killed / mutants run,
+equivalents counted as survivors) and no unexplained survivor.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from .registry import Smoke, arg, benchmark
+from .targets import correctness
+
+KILL_RATE_TARGET = 0.9
+
+# The tests that reach each module: the test files that exercise its code, directly or through the services
+# that call it. Kept by hand beside the modules they guard; tests/foundation/test_mutation_bench.py checks that
+# every path exists. `--tests` overrides the map for one run.
+BILLING_METERING = (
+    "tests/billing/test_billing_intervals_properties.py",
+    "tests/billing/test_billing_health_credits.py",
+    "tests/billing/test_billing_failed_provisioning.py",
+    "tests/billing/test_billing_proration.py",
+    "tests/billing/test_billing_month_boundary.py",
+    "tests/billing/test_billing_catch_up.py",
+    "tests/billing/test_billing_multi_cluster.py",
+    "tests/billing/test_billing_statement_lines.py",
+)
+BILLING_STATEMENTS = (
+    "tests/billing/test_billing_statement_lines.py",
+    "tests/billing/test_billing_intervals_properties.py",
+    "tests/billing/test_billing_carry_over.py",
+    "tests/billing/test_billing_unfinished_month.py",
+    "tests/billing/test_billing_health_credits.py",
+    "tests/billing/test_billing_failed_provisioning.py",
+    "tests/billing/test_billing_adjustments.py",
+    "tests/billing/test_billing_finalised_immutable.py",
+    "tests/billing/test_billing_loans.py",
+    "tests/billing/test_billing_showback.py",
+)
+BILLING_RATES = (
+    "tests/billing/test_billing_intervals_properties.py",
+    "tests/billing/test_billing_off_peak.py",
+    "tests/billing/test_billing_rates.py",
+    "tests/billing/test_billing_vgpu_rates.py",
+    "tests/billing/test_billing_rate_change.py",
+    "tests/billing/test_billing_statement_lines.py",
+)
+TESTS_FOR: dict[str, tuple[str, ...]] = {
+    "billing/services/intervals.py": BILLING_METERING,
+    "billing/periods.py": BILLING_METERING,
+    "billing/services/clock.py": BILLING_METERING,
+    "billing/services/metering.py": BILLING_METERING,
+    "billing/measurements.py": BILLING_METERING,
+    "billing/services/lines.py": BILLING_STATEMENTS,
+    "billing/services/statements.py": BILLING_STATEMENTS,
+    "billing/rates.py": BILLING_RATES,
+    "billing/services/rate_cards.py": BILLING_RATES,
+}
+
+# cosmic-ray's core operators, less those that need arguments (VariableReplacer, VariableInserter) and the
+# replacements into bitwise, shift and power operators: on datetimes, Decimals and counts they only raise
+# TypeError, so every one is killed by any test that runs the line and would only inflate the score.
+LEFT_OUT = re.compile(r"_(BitOr|BitAnd|BitXor|LShift|RShift|Pow)$")
+
+IGNORED_IN_COPY = shutil.ignore_patterns(".git", ".venv", "var", "__pycache__", "node_modules", "*.sqlite3*")
+# The run's own environment for the test processes: the embedded defaults, never the caller's database or broker.
+DROPPED_ENV = ("DATABASE_URL", "CELERY_BROKER_URL", "GPUAAS_REQUIRE_SERVICES", "GPUAAS_VAR_DIR", "BENCH_CLONE_DATABASE")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    operator: str  # cosmic-ray's name without the provider, e.g. ReplaceComparisonOperator_Lt_LtE
+    occurrence: int
+    line: int
+    before: str
+    after: str
+    code: str
+
+    def where(self, module: str) -> str:
+        return f"{module}:{self.line}"
+
+    @property
+    def change(self) -> str:
+        return f"{self.before} -> {self.after}"
+
+
+def operators():
+    """(name, instance) for each cosmic-ray operator this benchmark uses."""
+    import cosmic_ray.plugins
+
+    for name in cosmic_ray.plugins.operator_names():
+        cls = cosmic_ray.plugins.get_operator(name)
+        if cls.arguments() or LEFT_OUT.search(name):
+            continue
+        yield name.split("/", 1)[1], cls()
+
+
+def mutants_of(source: str) -> list[Mutant]:
+    """Every one-change mutant cosmic-ray's operators make of `source` that changes what runs, in a fixed order.
+
+    Left out: mutants that are not Python (cosmic-ray also rewrites the `*` of keyword-only parameters, giving
+    `def f(a, +, b)`), the `*` made `/` (the same parameters, passed positionally too), and mutants of
+    annotations only (`int | None` -> `int + None`), which under `from __future__ import annotations` never run:
+    none says anything about the tests."""
+    from cosmic_ray.ast import ast_nodes, get_ast
+    from cosmic_ray.mutating import mutate_code
+
+    original = source.splitlines()
+    runs = _runtime(source)
+    out = []
+    for name, operator in operators():
+        count = sum(1 for node in ast_nodes(get_ast(source)) for _ in operator.mutation_positions(node))
+        for occurrence in range(count):
+            code = mutate_code(source, operator, occurrence)
+            if code is None or _runtime(code) in (None, runs):
+                continue
+            line, before, after = _first_change(original, code.splitlines())
+            out.append(Mutant(name, occurrence, line, before, after, code))
+    return out
+
+
+def _runtime(code: str) -> str | None:
+    """The code's syntax tree without annotations, as text; None if it is not Python."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            node.returns = None
+        elif isinstance(node, ast.arg):
+            node.annotation = None
+        elif isinstance(node, ast.AnnAssign):
+            node.annotation = ast.Constant(None)
+        elif isinstance(node, ast.arguments):  # `*,` made `/,`: the same parameters, only how they may be passed
+            node.args, node.posonlyargs, node.kwonlyargs = node.posonlyargs + node.args + node.kwonlyargs, [], []
+            node.defaults, node.kw_defaults = node.defaults + node.kw_defaults, []
+    return ast.dump(tree)
+
+
+def _first_change(original: list[str], changed: list[str]) -> tuple[int, str, str]:
+    matcher = difflib.SequenceMatcher(a=original, b=changed, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            before = " / ".join(s.strip() for s in original[i1:i2]) or "(nothing)"
+            after = " / ".join(s.strip() for s in changed[j1:j2]) or "(removed)"
+            return i1 + 1, before, after
+    return 0, "", ""
+
+
+def equivalents_file(module: str) -> Path:
+    """The module's test folder's list of equivalent mutants: tests/<app>/EQUIVALENT_MUTANTS.md."""
+    return settings.BASE_DIR / "tests" / Path(module).parts[0] / "EQUIVALENT_MUTANTS.md"
+
+
+ROW = re.compile(
+    r"^\|\s*`?(?P<where>[\w/.]+\.py:\d+)`?\s*\|\s*`?(?P<operator>\w+)`?\s*\|(?P<change>.*?)\|(?P<reason>.*)\|\s*$"
+)
+
+
+def equivalents(module: str) -> dict[tuple[str, str], str]:
+    """(path:line, operator) -> reason, from the module's EQUIVALENT_MUTANTS.md (absent file: none)."""
+    path = equivalents_file(module)
+    if not path.exists():
+        return {}
+    out = {}
+    for text in path.read_text().splitlines():
+        row = ROW.match(text.strip())
+        if row and row["where"].startswith(module + ":"):
+            out[(row["where"], row["operator"])] = row["reason"].strip()
+    return out
+
+
+class Copy:
+    """A throwaway copy of the project, with a migrated SQLite template every test process starts from."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.var = root / "var"
+        self.template = self.var / "mutation-template.sqlite3"
+        self.test_db = self.var / "mutation-test.sqlite3"
+        self.last_output = ""
+
+    def env(self, *, write_bytecode: bool) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+        env.update(DEBUG="1", GPUAAS_VAR_DIR=str(self.var), GPUAAS_MUTATION_TEST_DB=str(self.test_db))
+        if not write_bytecode:  # a mutant written in the same second as the last must never be read from a stale .pyc
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+        return env
+
+    def migrate(self) -> None:
+        self.var.mkdir(exist_ok=True)
+        env = {**self.env(write_bytecode=True), "DATABASE_URL": f"sqlite:///{self.template}"}
+        done = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"migrate failed in the copy: {done.stderr.strip()[-500:]}")
+
+    def pytest(self, tests: list[str], timeout_s: float, *, write_bytecode: bool = False) -> tuple[str, int | None]:
+        """("passed" | "failed" | "timeout" | "error", exit code) of the tests against the copy as it is now."""
+        shutil.copyfile(self.template, self.test_db)
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "benchmarks.mutation_db", "--reuse-db", *tests]
+        try:
+            done = subprocess.run(
+                command,
+                cwd=self.root,
+                env=self.env(write_bytecode=write_bytecode),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return "timeout", None
+        code = done.returncode
+        self.last_output = done.stdout[-2000:] + done.stderr[-2000:]
+        return ("passed" if code == 0 else "failed" if code in (1, 2) else "error"), code
+
+
+def run_mutation_bench(
+    *, module: str, sample: int = 0, seed: int = 8, tests: str = "", timeout: float = 0, stdout=None
+) -> dict:
+    started = time.perf_counter()
+    module = module.removeprefix("./")
+    source_path = settings.BASE_DIR / module
+    if not source_path.is_file() or source_path.suffix != ".py":
+        return {"benchmark": "mutation", "error": f"--module {module}: no such Python file under {settings.BASE_DIR}"}
+    selected = [t.strip() for t in tests.split(",") if t.strip()] or list(TESTS_FOR.get(module, ()))
+    if not selected:
+        known = ", ".join(sorted(TESTS_FOR))
+        return {"benchmark": "mutation", "error": f"no tests mapped to {module}: pass --tests, or map it ({known})"}
+    missing = [t for t in selected if not (settings.BASE_DIR / t.split("::")[0]).exists()]
+    if missing:
+        return {"benchmark": "mutation", "error": f"mapped tests do not exist: {', '.join(missing)}"}
+
+    source = source_path.read_text()
+    population = mutants_of(source)
+    chosen = sorted(random.Random(seed).sample(range(len(population)), min(sample, len(population)))) if sample else []
+    mutants = [population[i] for i in chosen] if sample else population
+
+    def say(text: str) -> None:
+        if stdout is not None:
+            stdout.write(text)
+
+    with tempfile.TemporaryDirectory(prefix="gpuaas-mutation-") as tmp:
+        copy = Copy(Path(tmp) / "project")
+        shutil.copytree(settings.BASE_DIR, copy.root, ignore=IGNORED_IN_COPY, symlinks=True)
+        copy.migrate()
+        target = copy.root / module
+        base_started = time.perf_counter()
+        baseline, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True)
+        baseline_s = time.perf_counter() - base_started
+        if baseline != "passed":
+            return {
+                "benchmark": "mutation",
+                "module": module,
+                "error": f"the mapped tests fail before any mutation (exit {code}): {copy.last_output[-600:]}",
+            }
+        for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+            cached.unlink()
+        per_mutant_s = timeout or max(60.0, 3 * baseline_s)
+        killed, survivors, errors = 0, [], []
+        timeouts = 0
+        for n, mutant in enumerate(mutants, 1):
+            target.write_text(mutant.code)
+            try:
+                outcome, code = copy.pytest(selected, timeout_s=per_mutant_s)
+            finally:
+                target.write_text(source)
+            where = mutant.where(module)
+            if outcome in ("failed", "timeout"):
+                killed += 1
+                timeouts += outcome == "timeout"
+            elif outcome == "passed":
+                survivors.append({"where": where, "operator": mutant.operator, "change": mutant.change})
+            else:
+                errors.append({"where": where, "operator": mutant.operator, "exit": code})
+            say(f"mutation: {n}/{len(mutants)} {outcome} {where} {mutant.operator}: {mutant.change}")
+
+    known = equivalents(module)  # read at the end: reasons written while the run went on count
+    for survivor in survivors:
+        survivor["equivalent"] = known.get((survivor["where"], survivor["operator"]))
+    ran = killed + len(survivors)
+    unexplained = [s for s in survivors if not s["equivalent"]]
+    equivalent = len(survivors) - len(unexplained)
+    return {
+        "benchmark": "mutation",
+        "tool": "cosmic-ray 8.7.0 (operators and mutation; runner: this module)",
+        "module": module,
+        "tests": selected,
+        "seed": seed,
+        "sample": sample,
+        "mutants_possible": len(population),
+        "mutants": ran,
+        "killed": killed,
+        "survived": len(survivors),
+        "timeouts": timeouts,
+        "errors": len(errors),
+        "error_mutants": errors,
+        "kill_rate": round(killed / ran, 4) if ran else None,
+        "kill_rate_without_equivalents": round(killed / (ran - equivalent), 4) if ran - equivalent else None,
+        "equivalent": equivalent,
+        "unexplained_survivors": len(unexplained),
+        "survivors": survivors,
+        "baseline_s": round(baseline_s, 1),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+@benchmark(
+    "mutation",
+    help="Mutation score of one module against the tests that reach it (cosmic-ray operators; docs/benchmarks.md).",
+    arguments=[
+        arg("--module", required=True, help="The module to mutate, a path from the project root."),
+        arg("--sample", type=int, default=0, help="Mutants to draw at random (0: every mutant)."),
+        arg("--seed", type=int, default=8, help="Seed of the draw."),
+        arg("--tests", default="", help="Comma-separated test paths instead of the module's mapped tests."),
+        arg("--timeout", type=float, default=0, help="Seconds one mutant's tests may take (0: 3 x the baseline)."),
+    ],
+    targets=[
+        correctness("mutants", ">=", 1),
+        correctness("errors", "==", 0),
+        correctness("kill_rate", ">=", KILL_RATE_TARGET),
+        correctness("unexplained_survivors", "==", 0),
+    ],
+    # The smoke tries 3 mutants against the pure property tests only, so it fits the smoke's 240 s on a busy machine.
+    smoke=Smoke(
+        args=(
+            "--module",
+            "billing/services/intervals.py",
+            "--sample",
+            "3",
+            "--seed",
+            "8",
+            "--tests",
+            "tests/billing/test_billing_intervals_properties.py",
+        )
+    ),
+)
+def mutation(*, stdout, module: str, sample: int = 0, seed: int = 8, tests: str = "", timeout: float = 0, **_) -> dict:
+    return run_mutation_bench(module=module, sample=sample, seed=seed, tests=tests, timeout=timeout, stdout=stdout)
