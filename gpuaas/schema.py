@@ -119,3 +119,27 @@ def require_decimal_digits(result, generator, request, public):
                 whole, fraction = found.groups()
                 node["pattern"] = rf"^-?(?:\d{{1,{whole}}}(?:\.\d{{0,{fraction}}})?|\.\d{{1,{fraction}}})$"
     return result
+
+
+# Django's and DRF's text fields refuse NUL ("Null characters are not allowed."; PostgreSQL cannot store
+# it): a text schema says so unless an enum, a format or a pattern already narrows it.
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+
+
+def refuse_nul_in_text(result, generator, request, public):
+    """Postprocessing hook (SPECTACULAR_SETTINGS): every free text a client sends (a parameter, a request
+    body, a request component: COMPONENT_SPLIT_REQUEST names them ...Request) takes no NUL character."""
+    sent = [
+        part
+        for methods in result.get("paths", {}).values()
+        for operation in methods.values()
+        if isinstance(operation, dict)
+        for part in (operation.get("parameters"), operation.get("requestBody"))
+        if part
+    ]
+    schemas = result.get("components", {}).get("schemas", {})
+    sent += [schema for name, schema in schemas.items() if name.endswith("Request")]
+    for node in _walk(sent):
+        if node.get("type") == "string" and not {"enum", "format", "pattern"} & set(node):
+            node["pattern"] = NO_NUL_PATTERN
+    return result

@@ -237,6 +237,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "gpuaas.schema.require_decimal_digits",
+        "gpuaas.schema.refuse_nul_in_text",
     ],
     # One OpenAPI enum per choice set, whatever the field is called.
     "ENUM_NAME_OVERRIDES": {

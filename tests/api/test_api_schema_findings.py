@@ -219,3 +219,17 @@ def test_an_empty_query_parameter_is_a_400_not_left_out(operator, url, name):
 
     assert response.status_code == 400
     assert list(response.json()) == [name]
+
+
+def test_free_text_a_client_sends_takes_no_nul(openapi):
+    """Django's and DRF's text fields refuse NUL ("Null characters are not allowed.")."""
+    query = parameter(openapi, "/api/v1/billing/usage/", "project_slug")["pattern"]
+    tags = request_schema(openapi, "/api/v1/pool-requests/", "post")["properties"]["tags"]["items"]["pattern"]
+
+    for pattern in (query, tags):
+        assert not matches(pattern, "a\x00b")
+        assert matches(pattern, "team-a")
+
+
+def test_a_dry_run_says_its_unit_cap(openapi):
+    assert request_schema(openapi, "/api/v1/pool-requests/dry-run/", "post")["properties"]["count"]["maximum"] == 512

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from datetime import time, timedelta
 from pathlib import Path
@@ -83,6 +84,22 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
     ("POST /api/v1/pool-requests/dry-run/", {"start_at", "end_at"}, AHEAD),
     ("POST /api/v1/pool-requests/dry-run/", {"compute_fraction"}, FRACTION),
     *[
+        (f"POST /api/v1/pool-requests/{path}", {"vgpu_type"}, "a vGPU type the cluster's vGPU nodes offer")
+        for path in ["", "forecast/", "dry-run/"]
+    ],
+    *[
+        (f"{method} /api/v1/{path}", {"projects"}, NAMES_NO_OBJECT)
+        for method, path in [
+            ("POST", "auto-approval-policies/"),
+            ("PUT", "auto-approval-policies/{id}/"),
+            ("PATCH", "auto-approval-policies/{id}/"),
+        ]
+    ],
+    *[
+        (f"{method} /api/v1/maintenance-windows/{path}", {"non_field_errors"}, "a weekly window or a one-off one")
+        for method, path in [("POST", ""), ("PUT", "{id}/"), ("PATCH", "{id}/")]
+    ],
+    *[
         (f"{method} /api/v1/{path}", fields, NAMES_NO_OBJECT)
         for method, fields, path in [
             ("POST", {"node"}, "capacity/tier-assignments/"),
@@ -103,6 +120,8 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
             ("POST", {"project"}, "billing/statements/generate/"),
             ("POST", {"username"}, "projects/{id}/members/"),
             ("POST", {"nodes", "gpus"}, "take-offline/"),
+            ("POST", {"cluster"}, "pool-requests/{id}/approve/"),
+            ("POST", {"cluster"}, "pool-requests/{id}/move/"),
         ]
     ],
     ("POST /api/v1/take-offline/", {"non_field_errors"}, "nodes or gpus: at least one of the two lists"),
@@ -377,6 +396,9 @@ def test_every_operation_answers_as_the_schema_says(request, monkeypatch, person
     sent = 0
     operations = [result.ok() for result in api_schema.get_all_operations()]
     assert len(operations) > 50
+    only = env_str("GPUAAS_SCHEMATHESIS_ONLY")  # replaying failures: a regular expression of operation labels
+    if only:
+        operations = [operation for operation in operations if re.search(only, operation.label)]
 
     for operation in operations:
 
