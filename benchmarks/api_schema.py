@@ -124,7 +124,9 @@ def run(*, examples: int, seed: int | None, coverage: bool = False, stdout=None,
         raise RuntimeError(f"the schemathesis test did not report (pytest exit {exit_code}):\n{done.stdout[-4000:]}")
     summary = summarise(lines)
     if stdout is not None and summary["failures"]:
-        stdout.write(done.stdout[-8000:])
+        for line in lines:
+            for message in line.get("messages", []):
+                stdout.write(f"[{line['persona']}] {message}\n\n")
     return {
         "benchmark": "schemathesis",
         "database": lines[0]["database"],

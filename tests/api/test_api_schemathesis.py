@@ -451,6 +451,7 @@ def test_every_operation_answers_as_the_schema_says(request, monkeypatch, person
             "cases": sent,
             "cases_sha256": cases.hexdigest(),
             "failures": failures,
+            "messages": [message[:3000] for message in messages],  # the bench prints these, not the log
         }
         with open(report, "a") as out:
             out.write(json.dumps(line) + "\n")
