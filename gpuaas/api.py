@@ -136,7 +136,8 @@ def _takes_empty(filter_) -> bool:
 
 
 def _whole(value) -> None:
-    if value is not None and value != value.to_integral_value():
+    """An integer as written: "0.0" and "1e3" are numbers the schema's integer does not take."""
+    if value is not None and value.as_tuple().exponent != 0:
         raise ValidationError("Enter a whole number.")
 
 

@@ -124,11 +124,15 @@ def require_decimal_digits(result, generator, request, public):
 # Django's and DRF's text fields refuse NUL ("Null characters are not allowed."; PostgreSQL cannot store
 # it): a text schema says so unless an enum, a format or a pattern already narrows it.
 NO_NUL_PATTERN = "^[^\\u0000]*$"
+# A text that may not be blank: DRF trims whitespace (Python's, which also counts \x1c-\x1f and \x85)
+# before it checks, so "\f" is blank although its length is 1.
+NOT_BLANK_PATTERN = "^[^\\u0000]*[^\\s\\u0000\\u001c-\\u001f\\u0085][^\\u0000]*$"
 
 
 def refuse_nul_in_text(result, generator, request, public):
     """Postprocessing hook (SPECTACULAR_SETTINGS): every free text a client sends (a parameter, a request
-    body, a request component: COMPONENT_SPLIT_REQUEST names them ...Request) takes no NUL character."""
+    body, a request component: COMPONENT_SPLIT_REQUEST names them ...Request) takes no NUL character,
+    and one that may not be blank needs a character that is not whitespace."""
     sent = [
         part
         for methods in result.get("paths", {}).values()
@@ -141,5 +145,5 @@ def refuse_nul_in_text(result, generator, request, public):
     sent += [schema for name, schema in schemas.items() if name.endswith("Request")]
     for node in _walk(sent):
         if node.get("type") == "string" and not {"enum", "format", "pattern"} & set(node):
-            node["pattern"] = NO_NUL_PATTERN
+            node["pattern"] = NOT_BLANK_PATTERN if node.get("minLength", 0) >= 1 else NO_NUL_PATTERN
     return result

@@ -198,7 +198,7 @@ def test_an_empty_value_stays_a_value_where_the_schema_offers_it(operator, opena
     assert client_for(operator).get("/api/v1/mig-layouts/?name=").status_code == 200  # any text
 
 
-@pytest.mark.parametrize("value", ["1.5", "1e-3"])
+@pytest.mark.parametrize("value", ["1.5", "1e-3", "0.0", "1e3"])
 def test_an_integer_filter_takes_whole_numbers_only(operator, value):
     response = client_for(operator).get(f"/api/v1/allocations/?project={value}")
 
@@ -233,3 +233,12 @@ def test_free_text_a_client_sends_takes_no_nul(openapi):
 
 def test_a_dry_run_says_its_unit_cap(openapi):
     assert request_schema(openapi, "/api/v1/pool-requests/dry-run/", "post")["properties"]["count"]["maximum"] == 512
+
+
+def test_a_text_that_may_not_be_blank_needs_more_than_whitespace(openapi):
+    pattern = request_schema(openapi, "/api/v1/auto-approval-policies/", "post")["properties"]["name"]["pattern"]
+
+    for refused in ["\f", "  ", "\x1c", "\x85", "a\x00"]:
+        assert not matches(pattern, refused), repr(refused)
+    for taken in ["a", " nightly ", "x\fy"]:
+        assert matches(pattern, taken), taken

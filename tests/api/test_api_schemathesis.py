@@ -130,7 +130,10 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
         {"product", "layout"},
         "a proposal needs product and gpus, and a layout of the product's MIG profiles",
     ),
-    ("POST /api/v1/capacity/tier-policies/", {"tier"}, "one policy per tier: a second is refused, naming the row"),
+    *[
+        (f"{method} /api/v1/capacity/tier-policies/{path}", {"tier"}, "one policy per tier: a second is refused")
+        for method, path in [("POST", ""), ("PUT", "{id}/"), ("PATCH", "{id}/")]
+    ],
     ("POST /api/v1/billing/statements/{id}/finalise/", {"period"}, "a month is finalised only once it has ended"),
     ("POST /api/v1/billing/runs/", {"period"}, "a month is closed only once it has ended"),
     ("POST /api/v1/billing/statements/{id}/adjust/", {"amount"}, "an adjustment of zero changes nothing"),
