@@ -242,3 +242,10 @@ def test_a_text_that_may_not_be_blank_needs_more_than_whitespace(openapi):
         assert not matches(pattern, refused), repr(refused)
     for taken in ["a", " nightly ", "x\fy"]:
         assert matches(pattern, taken), taken
+
+
+def test_an_empty_string_for_a_related_id_is_a_400_not_null(operator):
+    response = client_for(operator).post("/api/v1/pool-requests/dry-run/", {"cluster": ""}, format="json")
+
+    assert response.status_code == 400
+    assert response.json() == {"cluster": ["Give an id (or null), not an empty string."]}
