@@ -1,11 +1,13 @@
-"""`python manage.py bench schemathesis [--examples N] [--seed S]`: the schema test, longer and randomised.
+"""`python manage.py bench schemathesis [--examples N] [--seed S] [--coverage]`: the schema test, longer
+and randomised.
 
 `make test` runs tests/api/test_api_schemathesis.py derandomised (a fixed seed, 10 examples per
 operation, plus the examples recorded in tests/api/schemathesis-examples/), so the same code always
-gives the same result. This runs the same test with more examples and a seed of its own (random
-unless given; printed, so a failure can be replayed with --seed), on the configured kind of database
-(DATABASE_URL: CI runs it on PostgreSQL), and counts the failing operations by kind (schemathesis'
-check that failed: ServerError, JsonSchemaError, UndefinedStatusCode...) and by persona.
+gives the same result. This runs the same test (every schemathesis check, operator, member and
+anonymous) with more examples (and schemathesis' coverage phase with --coverage) and a seed of its own
+(random unless given; printed, so a failure can be replayed with --seed), on the configured kind of
+database (DATABASE_URL: CI runs it on PostgreSQL), and counts the failing operations by kind (the
+failure of each check, 0 included: ServerError, JsonSchemaError, AcceptedNegativeData...) and persona.
 
 The test runs in a pytest subprocess, in pytest's own throwaway database; it reads the committed
 example database but never writes to it (recording is GPUAAS_SCHEMATHESIS_RECORD=1, which this never
@@ -32,13 +34,36 @@ from .targets import correctness
 TEST = Path("tests") / "api" / "test_api_schemathesis.py"
 
 
+# The failure of each of schemathesis' checks (4.32: schemathesis.checks.CHECKS), counted even at 0.
+KINDS = (
+    "ServerError",  # not_a_server_error
+    "UndefinedStatusCode",  # status_code_conformance
+    "UndefinedContentType",  # content_type_conformance
+    "MissingContentType",
+    "MalformedMediaType",
+    "MissingHeaders",  # response_headers_conformance
+    "JsonSchemaError",  # response_schema_conformance
+    "AcceptedNegativeData",  # negative_data_rejection
+    "RejectedPositiveData",  # positive_data_acceptance
+    "MissingHeaderNotRejected",  # missing_required_header
+    "UnsupportedMethodResponse",  # unsupported_method
+    "AllowHeaderMismatch",  # allow_header_conformance
+    "UseAfterFree",  # use_after_free
+    "EnsureResourceAvailability",  # ensure_resource_availability
+    "IgnoredAuth",  # ignored_auth
+    "ObjectLevelAuthorizationViolation",  # object_level_authorization
+)
+
+
 def summarise(lines: list[dict]) -> dict:
-    """The report lines the test writes (one per persona) as counts: failing operations by kind and persona."""
-    by_kind: Counter[str] = Counter()
+    """The report lines the test writes (one per persona) as counts: failing operations by kind (every
+    kind, 0 included) and persona."""
+    by_kind: Counter[str] = Counter(dict.fromkeys(KINDS, 0))
     by_persona: dict[str, dict[str, int]] = {}
     operations: dict[str, list[str]] = {}
     for line in lines:
-        kinds = Counter(kind for found in line["failures"].values() for kind in found)
+        kinds = Counter(dict.fromkeys(KINDS, 0))
+        kinds.update(kind for found in line["failures"].values() for kind in found)
         by_kind.update(kinds)
         by_persona[line["persona"]] = dict(sorted(kinds.items()))
         for label in line["failures"]:
@@ -57,11 +82,16 @@ def summarise(lines: list[dict]) -> dict:
     [
         arg("--examples", type=int, default=100, help="examples per operation and persona (make test: 10)"),
         arg("--seed", type=int, default=None, help="Hypothesis seed (default: random, printed)"),
+        arg(
+            "--coverage",
+            action="store_true",
+            help="schemathesis' coverage phase too (about 6,000 fixed cases per persona, sent before fuzzing)",
+        ),
     ],
     targets=[correctness("failures", "==", 0)],
     smoke=Smoke(skip="make test runs the same test derandomised (tests/api/test_api_schemathesis.py)"),
 )
-def run(*, examples: int, seed: int | None, stdout=None, **_) -> dict:
+def run(*, examples: int, seed: int | None, coverage: bool = False, stdout=None, **_) -> dict:
     if examples < 1:
         raise SystemExit("--examples must be at least 1")
     if seed is None:
@@ -76,6 +106,7 @@ def run(*, examples: int, seed: int | None, stdout=None, **_) -> dict:
             "GPUAAS_SCHEMATHESIS_EXAMPLES": str(examples),
             "GPUAAS_SCHEMATHESIS_SEED": str(seed),
             "GPUAAS_SCHEMATHESIS_REPORT": str(report),
+            "GPUAAS_SCHEMATHESIS_COVERAGE": "1" if coverage else "0",
         }
         env.pop("GPUAAS_SCHEMATHESIS_RECORD", None)  # the committed example database stays as committed
         started = time.monotonic()
@@ -88,16 +119,19 @@ def run(*, examples: int, seed: int | None, stdout=None, **_) -> dict:
         )
         seconds = round(time.monotonic() - started, 1)
         lines = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
-    if len(lines) < 2:  # one line per persona: the run broke before checking (a collection or fixture error)
+    if len(lines) < 3:  # one line per persona: the run broke before checking (a collection or fixture error)
         exit_code = done.returncode
         raise RuntimeError(f"the schemathesis test did not report (pytest exit {exit_code}):\n{done.stdout[-4000:]}")
     summary = summarise(lines)
     if stdout is not None and summary["failures"]:
-        stdout.write(done.stdout[-8000:])
+        for line in lines:
+            for message in line.get("messages", []):
+                stdout.write(f"[{line['persona']}] {message}\n\n")
     return {
         "benchmark": "schemathesis",
         "database": lines[0]["database"],
         "examples": examples,
+        "coverage": coverage,
         "seed": seed,
         "operations": lines[0]["operations"],
         "cases": {line["persona"]: line["cases"] for line in lines},

@@ -44,6 +44,15 @@ def month_bounds(period: date) -> tuple[datetime, datetime]:
     )
 
 
+# What parse_period takes, as an OpenAPI schema: a month from FIRST_PERIOD to LAST_PERIOD, "YYYY-MM"
+# or its first day "YYYY-MM-01".
+PERIOD_SCHEMA = {
+    "type": "string",
+    "pattern": r"^(19[7-9]\d|[2-8]\d{3}|9[0-8]\d{2}|99[0-8]\d|999[0-8])-(0[1-9]|1[0-2])(-01)?$",
+    "example": "2026-03",
+}
+
+
 def parse_period(text: str) -> date:
     """Parse a month: "2026-03" or "2026-03-01" -> date(2026, 3, 1); ValueError otherwise, and for
     months outside FIRST_PERIOD..LAST_PERIOD (9999-12 has no month after it to end at)."""

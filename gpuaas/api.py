@@ -10,6 +10,7 @@ the database driver refuses with an OverflowError (a 500).
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connections
 from django_filters import filters
@@ -54,7 +55,10 @@ class Pagination(PageNumberPagination):
 
     def get_schema_operation_parameters(self, view):
         parameters = super().get_schema_operation_parameters(view)
-        bounds = {self.page_query_param: {"minimum": 1}, self.page_size_query_param: {"minimum": 1}}
+        bounds = {
+            self.page_query_param: {"minimum": 1, "maximum": BIGINT_RANGE[1]},
+            self.page_size_query_param: {"minimum": 1},
+        }
         bounds[self.page_size_query_param]["maximum"] = self.max_page_size
         for parameter in parameters:
             parameter["schema"].update(bounds.get(parameter["name"], {}))
@@ -81,13 +85,15 @@ def column_range(model, field_name: str, connection) -> tuple[int, int] | None:
 
 class FilterBackend(DjangoFilterBackend):
     """django-filter's backend (settings: DEFAULT_FILTER_BACKENDS), with every number filter bounded
-    to the range of the integer column it compares with on the queryset's database. Out of range is a
-    400 naming the filter, on every FilterSet, declared or generated from `filterset_fields`.
+    to the range of the integer column it compares with on the queryset's database, and whole. Out of
+    range (or 2.5) is a 400 naming the filter, on every FilterSet, declared or generated from
+    `filterset_fields`; so is a value django-filter would otherwise ignore (_refuse_unread_values).
     Model-choice filters need no bound: their primary-key lookup answers "not a valid choice"."""
 
     def get_filterset(self, request, queryset, view):
         filterset = super().get_filterset(request, queryset, view)
         if filterset is not None:
+            _refuse_unread_values(filterset, request.query_params)
             connection = connections[queryset.db]
             for filter_ in filterset.filters.values():
                 if isinstance(filter_, filters.NumberFilter):
@@ -95,6 +101,44 @@ class FilterBackend(DjangoFilterBackend):
                     if bounds is not None:
                         _bound(filter_.field, *bounds)
         return filterset
+
+
+# The spellings of a boolean filter that django-filter reads as true or false; it reads anything else
+# ("5e-324", "yes", "") as "not filtered", answering 200 to a value the schema refuses.
+BOOLEAN_SPELLINGS = frozenset({"true", "false", "True", "False", "1", "0"})
+
+
+def _refuse_unread_values(filterset, params) -> None:
+    """A 400 naming each filter given a value django-filter would silently ignore: an empty value of
+    any filter but a plain text one (for which "" is a value), and a boolean that is not true or false."""
+    errors = {}
+    for name, filter_ in filterset.filters.items():
+        values = params.getlist(name)
+        if not values:
+            continue
+        if isinstance(filter_, filters.BooleanFilter):
+            if any(value not in BOOLEAN_SPELLINGS for value in values):
+                errors[name] = ["Must be true or false."]
+        elif "" in values and not _takes_empty(filter_):
+            errors[name] = ["Give a value, or leave the filter out."]
+    if errors:
+        raise serializers.ValidationError(errors)
+
+
+def _takes_empty(filter_) -> bool:
+    """Whether "" is a value the schema offers for this filter: any text, or a choice named ""."""
+    if type(filter_) is filters.CharFilter:
+        return True
+    choices = filter_.extra.get("choices") or ()
+    if callable(choices):
+        choices = choices()
+    return any(value == "" for value, _label in choices)
+
+
+def _whole(value) -> None:
+    """An integer as written: "0.0" and "1e3" are numbers the schema's integer does not take."""
+    if value is not None and value.as_tuple().exponent != 0:
+        raise ValidationError("Enter a whole number.")
 
 
 def _bound(field, low: int, high: int) -> None:
@@ -106,7 +150,29 @@ def _bound(field, low: int, high: int) -> None:
         or (isinstance(v, MinValueValidator) and v.limit_value <= low)
     ]
     field.validators = [v for v in field.validators if v not in looser]
-    field.validators += [MinValueValidator(low), MaxValueValidator(high)]
+    field.validators += [_whole, MinValueValidator(low), MaxValueValidator(high)]
+
+
+class QuerySerializer(serializers.Serializer):
+    """The parameters of a query string. DRF reads an empty optional field of a form or query string
+    as absent (`?start=` as no start), so a value the schema refuses ("" for a date-time, an integer,
+    a non-blank text) would be answered as if left out: here it is a 400 naming the parameter."""
+
+    def to_internal_value(self, data):
+        errors = {
+            name: [
+                field.error_messages["blank"] if "blank" in field.error_messages else "Give a value, or leave it out."
+            ]
+            for name, field in self.fields.items()
+            if not field.read_only and not getattr(field, "allow_blank", False) and "" in _values(data, name)
+        }
+        if errors:
+            raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
+
+def _values(data, name: str) -> list:
+    return data.getlist(name) if hasattr(data, "getlist") else [data.get(name)]
 
 
 class ApiRootView(APIRootView):

@@ -277,6 +277,15 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Request bodies are documented as JSON only: DRF still parses forms (the browsable API), but a form
+    # cannot carry what the JSON schema says (a null, a number, a nested object), so documenting form
+    # bodies promised requests that are refused.
+    "PARSER_WHITELIST": ["rest_framework.parsers.JSONParser"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gpuaas.schema.require_decimal_digits",
+        "gpuaas.schema.refuse_nul_in_text",
+    ],
     # One OpenAPI enum per choice set, whatever the field is called.
     "ENUM_NAME_OVERRIDES": {
         "SpecKindEnum": "capacity.choices.SpecKind",

@@ -3,7 +3,9 @@
 from importlib import import_module
 
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
+from django.views.defaults import page_not_found
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from .api import router
@@ -41,3 +43,14 @@ urlpatterns = [
     path("api/redoc/", RedocView.as_view(url_name="schema"), name="redoc"),
     path("", include("gpuaas.site_urls")),
 ]
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """A path no route matches: under /api/ the JSON `detail` every API 404 documents (an id holding
+    a `/` or a `.` misses the router's routes), elsewhere Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return page_not_found(request, exception)
+
+
+handler404 = not_found

@@ -1,15 +1,17 @@
 """FilterSets of the billing API. They only narrow what the caller may see already."""
 
 from django_filters import rest_framework as filters
+from drf_spectacular.utils import extend_schema_field
 
 from capacity.api.strict import IsoDateTimeFilter
 from capacity.choices import SpecKind
 
 from ..choices import RunKind, RunStatus, StatementState
 from ..models import BillingRun, RateCard, Statement, UsageRecord
-from ..periods import parse_period
+from ..periods import PERIOD_SCHEMA, parse_period
 
 
+@extend_schema_field(PERIOD_SCHEMA)
 class PeriodFilter(filters.CharFilter):
     """A month as YYYY-MM (or its first day); anything else is a 400 naming the field."""
 

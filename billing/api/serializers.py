@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
@@ -11,7 +12,7 @@ from tenancy.models import Project
 
 from .. import exports
 from ..models import BillingRun, RateCard, RateCardEntry, Statement, StatementLine, UsageRecord
-from ..periods import parse_period
+from ..periods import PERIOD_SCHEMA, parse_period
 
 
 class RateCardEntrySerializer(serializers.ModelSerializer):
@@ -112,6 +113,7 @@ class StatementDetailSerializer(StatementSerializer):
         fields = [*StatementSerializer.Meta.fields, "lines"]
 
 
+@extend_schema_field(PERIOD_SCHEMA)
 class PeriodField(serializers.CharField):
     """A month, "YYYY-MM"."""
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from capacity.api.fields import CatalogProductField, WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, reject_body
 from capacity.models import Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
 from capacity.services import mig_configs, planning
+from gpuaas.api import QuerySerializer
 from gpuaas.scopes import Scope
 
 
@@ -36,6 +38,7 @@ def _model_errors(instance) -> None:
 
 class MigLayoutSerializer(StrictModelSerializer):
     config_name = serializers.CharField(read_only=True)
+    product = CatalogProductField(max_length=MigLayout._meta.get_field("product").max_length)
     gpus = serializers.JSONField(
         help_text='{"all": ["3g.40gb", "3g.40gb"]} or {"0": ["7g.80gb"], "1": null}; null = MIG off.'
     )
@@ -90,12 +93,6 @@ class MigLayoutViewSet(viewsets.ModelViewSet):
 
 
 # --- Maintenance windows and time-slicing --------------------------------------------------------
-
-
-@extend_schema_field({"type": "string", "pattern": r"^\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?$", "example": "02:00:00"})
-class WallClockTimeField(serializers.TimeField):
-    """A time of day without offset ("02:00:00", UTC by convention). OpenAPI's `format: time` is
-    RFC 3339's full-time, which demands an offset that DRF neither writes nor needs: so a pattern."""
 
 
 class MaintenanceWindowSerializer(StrictModelSerializer):
@@ -240,10 +237,10 @@ class CapacityPlanSerializer(serializers.Serializer):
     proposed = ProposedPlanSerializer(allow_null=True)
 
 
-class CapacityPlanQuery(serializers.Serializer):
+class CapacityPlanQuery(QuerySerializer):
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False)
     node_group = serializers.CharField(required=False)
-    product = serializers.CharField(required=False)
+    product = CatalogProductField(required=False)
     gpus = serializers.IntegerField(min_value=0, required=False)
     layout = serializers.CharField(required=False, help_text="Per-GPU layout, e.g. 4g.40gb,3g.40gb")
     replicas = serializers.IntegerField(min_value=2, required=False)
@@ -262,14 +259,7 @@ class CapacityPlanView(APIView):
 
     @extend_schema(
         summary="Effective slots per tier (current and proposed)",
-        parameters=[
-            OpenApiParameter("cluster", int, required=False),
-            OpenApiParameter("node_group", str, required=False),
-            OpenApiParameter("product", str, required=False, description="Proposal: catalog key, e.g. H100-80GB"),
-            OpenApiParameter("gpus", int, required=False, description="Proposal: number of GPUs"),
-            OpenApiParameter("layout", str, required=False, description="Proposal: per-GPU MIG layout"),
-            OpenApiParameter("replicas", int, required=False, description="Proposal: time-slice replicas"),
-        ],
+        parameters=[CapacityPlanQuery],  # its fields' own bounds (replicas >= 2, gpus >= 0)
         responses=CapacityPlanSerializer,
     )
     def get(self, request):

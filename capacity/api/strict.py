@@ -33,19 +33,32 @@ def unknown_fields(serializer: serializers.Serializer, data) -> list[str]:
     return sorted(str(key) for key in data if key not in serializer.fields and key not in NOT_FIELDS)
 
 
+NOT_AN_ID = "Give an id (or null), not an empty string."
+
+
 class StrictFieldsMixin:
     """Mix into a Serializer/ModelSerializer (first base) that takes request bodies."""
 
     def to_internal_value(self, data):
-        unknown = {name: [UNKNOWN_FIELD] for name in unknown_fields(self, data)}
+        refused = {name: [UNKNOWN_FIELD] for name in unknown_fields(self, data)}
+        # DRF reads "" as null for a relation (an HTML form's empty select); in JSON it is a string
+        # where the schema takes an id or null.
+        if isinstance(data, Mapping):
+            refused.update(
+                {
+                    name: [NOT_AN_ID]
+                    for name, field in self.fields.items()
+                    if isinstance(field, serializers.RelatedField) and data.get(name) == ""
+                }
+            )
         try:
             value = super().to_internal_value(data)
         except ValidationError as exc:
-            if unknown and isinstance(exc.detail, Mapping):
-                raise ValidationError({**exc.detail, **unknown}) from None
+            if refused and isinstance(exc.detail, Mapping):
+                raise ValidationError({**exc.detail, **refused}) from None
             raise
-        if unknown:
-            raise ValidationError(unknown)
+        if refused:
+            raise ValidationError(refused)
         return value
 
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from gpuaas.api import QuerySerializer
 from pools.api.serializers import PoolClusterSerializer
 
 from ..choices import RollupLevel
@@ -50,7 +51,7 @@ class SeriesSerializer(serializers.ModelSerializer):
         return "mig" if obj.mig_instance_id else "gpu"
 
 
-class RangeQuerySerializer(serializers.Serializer):
+class RangeQuerySerializer(QuerySerializer):
     """?start=&end= (ISO 8601; default: the last 24 h) and ?step= (auto, raw, 5m, 1h)."""
 
     start = serializers.DateTimeField(required=False)

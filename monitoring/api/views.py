@@ -12,6 +12,7 @@ QuerySet.visible_to(user) decides.
 from __future__ import annotations
 
 from django.db.models import Count, Q
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import viewsets
 from rest_framework.decorators import action
@@ -41,8 +42,8 @@ def allocation_windows(user, series: Series) -> list[readers.Window] | None:
 
 
 RANGE_PARAMETERS = [
-    OpenApiParameter("start", str, description="ISO 8601; default end - 24 h."),
-    OpenApiParameter("end", str, description="ISO 8601; default now."),
+    OpenApiParameter("start", OpenApiTypes.DATETIME, description="ISO 8601; default end - 24 h."),
+    OpenApiParameter("end", OpenApiTypes.DATETIME, description="ISO 8601; default now."),
     OpenApiParameter(
         "step", str, enum=["auto", "raw", "5m", "1h"], description="auto: raw up to 2 h, 5m up to 3 days, 1h beyond."
     ),

@@ -6,14 +6,16 @@ every project's allocations on the units going down), rebalancing capacity.view_
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from capacity.api.fields import CatalogProductField
 from capacity.api.strict import StrictSerializer
 from capacity.mig.catalog import get_product
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
+from gpuaas.api import QuerySerializer
 from gpuaas.scopes import Scope
 from operations import maintenance, rebalancing
 
@@ -68,9 +70,9 @@ class TakeOfflineView(APIView):
         return Response(check.to_dict())
 
 
-class RebalanceQuery(serializers.Serializer):
+class RebalanceQuery(QuerySerializer):
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
-    product = serializers.CharField()
+    product = CatalogProductField()
     days = serializers.IntegerField(min_value=1, max_value=365, default=30)
 
     def validate_product(self, value):
@@ -108,11 +110,7 @@ class RebalanceView(APIView):
 
     @extend_schema(
         summary="Rebalancing proposal",
-        parameters=[
-            OpenApiParameter("cluster", int, required=True),
-            OpenApiParameter("product", str, required=True, description="Catalog key, e.g. H100-80GB"),
-            OpenApiParameter("days", int, required=False, description="Demand period (default 30)"),
-        ],
+        parameters=[RebalanceQuery],  # its fields' own bounds (days 1 to 365, a catalog product)
         responses=RebalanceSerializer,
     )
     def get(self, request):

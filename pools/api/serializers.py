@@ -437,7 +437,12 @@ class DryRunSerializer(StrictSerializer):
         allow_null=True,
     )
     isolation = serializers.ChoiceField(choices=IsolationNeed.choices, required=False, allow_blank=True, default="")
-    count = serializers.IntegerField(min_value=1, default=1)
+    count = serializers.IntegerField(
+        min_value=1,
+        max_value=settings.POOL_REQUEST_MAX_UNITS,  # for the schema; validate() reads the setting as it is now
+        default=1,
+        error_messages={"max_value": TOO_MANY_UNITS},
+    )
     product = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
     start_at = serializers.DateTimeField(required=False, allow_null=True)

@@ -125,9 +125,9 @@ class ProjectViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
     def member(self, request, pk=None, user_id=None):
         project = self._manageable_project()
         user = self._member(project, user_id)
-        serializer = serializers.RoleSerializer(data=request.data)
+        serializer = serializers.RoleSerializer(data=request.data, partial=True)  # PATCH: no role, no change
         serializer.is_valid(raise_exception=True)
-        role = serializer.validated_data["role"]
+        role = serializer.validated_data.get("role", roles.role_of(project, user))
         with transaction.atomic():
             self._keep_an_admin(project, user, role)
             roles.set_role(project, user, role)
