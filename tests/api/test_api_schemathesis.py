@@ -96,7 +96,11 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
         ]
     ],
     *[
-        (f"{method} /api/v1/maintenance-windows/{path}", {"non_field_errors"}, "a weekly window or a one-off one")
+        (
+            f"{method} /api/v1/maintenance-windows/{path}",
+            {"non_field_errors", "weekday", "end_time", "ends_at"},
+            "a weekly window (weekday, start and end together, not empty) or a one-off one (end after start)",
+        )
         for method, path in [("POST", ""), ("PUT", "{id}/"), ("PATCH", "{id}/")]
     ],
     *[
