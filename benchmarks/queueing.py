@@ -10,7 +10,8 @@ copy per policy, under a simulated clock (django.utils.timezone.now is patched t
 - queue: requests wait (`wait_if_full`); one auto-approval policy ("every request") approves the
   queue's head whenever units come free, and the queue is passed over again when a waiting request
   ages (QUEUE_AGED_AFTER_H after it was queued), as the queue's beat would;
-- queue+borrowing: as queue, and idle pools lend their units to the queue (docs/queue.md, Borrowing).
+- queue+borrowing: as queue, every pool opts in to lending (it is off by default), and idle pools lend their
+  units to the queue (docs/queue.md, Borrowing).
   An idle pool (IDLE_SHARE of pools, 2% SM) is flagged by the idle detector MONITORING_IDLE_WINDOW_H
   after it starts (the flag is written as the detector would write it; the metrics behind it are
   not replayed). lend_idle() runs every LENDING_INTERVAL_S and lends flagged units to waiting
@@ -276,6 +277,8 @@ class Replay:
         if self.borrowing:  # its loans ended with the approval (pools.services.transition)
             pool_id = GpuPool.objects.filter(request_id=pk).values_list("pk", flat=True).first()
             self.pool_of[pk] = pool_id
+            # Lending is opt-in per pool (#25); this policy models every project opting in.
+            GpuPool.objects.filter(pk=pool_id).update(lending_enabled=True)
             if arrival.activity == IDLE_ACTIVITY:
                 self.push(at + dt.timedelta(hours=settings.MONITORING_IDLE_WINDOW_H), "flag", pk)
             if arrival.need_back_h is not None:

@@ -144,3 +144,10 @@ def browser_page(chromium, live_server):
     yield page
     context.close()
     assert page.errors == [], page.errors
+
+
+@pytest.fixture
+def page_class():
+    """The Page wrapper itself, for a test that opens several pages: a test module cannot import it from
+    `conftest` by name (several test folders have a conftest module, and the first one imported wins)."""
+    return Page

@@ -27,10 +27,9 @@ def _renewal_is_due(page) -> None:
 
 
 def test_browser_operator_and_member_sign_in_through_the_provider_and_lose_access_with_the_group(
-    chromium, live_server, project, other_project
+    chromium, live_server, project, other_project, page_class
 ):
-    from conftest import Page
-
+    Page = page_class  # noqa: N806 (a class)
     map_groups(project)
     with running_provider() as idp:
         member = Page(chromium.new_context().new_page(), live_server.url)
