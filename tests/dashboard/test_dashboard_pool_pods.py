@@ -64,7 +64,9 @@ def test_the_pods_section_is_a_constant_number_of_queries_in_the_number_of_pods(
     series = Series.objects.get(mig_instance=world.instances["a1-0-3g@0"])
     Sample.objects.create(series=series, ts=timezone.now() - timedelta(seconds=5), sm_active=90.0)  # the raw tail
     client.get(page)  # warm the session and content-type caches
-    with django_assert_max_num_queries(POOL_PAGE_MAX):
+    # +1: with a raw sample there, the monitoring tab's own raw read (PostgreSQL: slots, then samples) is 1 more
+    # than in the shared world the bound is measured on; the pods section's reads are all in the bound
+    with django_assert_max_num_queries(POOL_PAGE_MAX + 1):
         client.get(page)
     with CaptureQueriesContext(connection) as one:
         assert len(client.get(page).context["pods"]) == 1
