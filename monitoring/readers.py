@@ -146,17 +146,8 @@ def window_stats(series_ids: list[int], start: datetime, end: datetime) -> dict[
     split = max(start, min(end, done)) if done else start
     acc: dict[int, dict] = defaultdict(lambda: defaultdict(float))
 
-    def add(sid, n, sm_n, sm_avg, sm_max, util_n, util_avg, mem_max, power_n, power_avg):
-        a = acc[sid]
-        a["n"] += n or 0
-        for key, count, avg in (("sm", sm_n, sm_avg), ("util", util_n, util_avg), ("power", power_n, power_avg)):
-            if avg is not None and count:
-                a[f"{key}_sum"] += avg * count
-                a[f"{key}_n"] += count
-        if sm_max is not None:
-            a["sm_max"] = max(a.get("sm_max", sm_max), sm_max)
-        if mem_max is not None:
-            a["mem_max"] = max(a.get("mem_max", mem_max), mem_max)
+    def add(sid, *figures):
+        _add(acc[sid], *figures)
 
     if split > start:
         rollups = (
@@ -201,21 +192,77 @@ def window_stats(series_ids: list[int], start: datetime, end: datetime) -> dict[
             )
             for row in cursor.fetchall():
                 add(*(plain_number(v) for v in row))
-    result = {}
-    for sid in series_ids:
-        a = acc.get(sid)
-        if not a:
-            result[sid] = Stats()
-            continue
-        result[sid] = Stats(
-            samples=int(a["n"]),
-            sm_active_avg=a["sm_sum"] / a["sm_n"] if a.get("sm_n") else None,
-            sm_active_max=a.get("sm_max"),
-            gpu_util_avg=a["util_sum"] / a["util_n"] if a.get("util_n") else None,
-            mem_used_max=int(a["mem_max"]) if a.get("mem_max") is not None else None,
-            power_w_avg=a["power_sum"] / a["power_n"] if a.get("power_n") else None,
-        )
-    return result
+    return {sid: _stats(acc.get(sid)) for sid in series_ids}
+
+
+def _add(a: dict, n, sm_n, sm_avg, sm_max, util_n, util_avg, mem_max, power_n, power_avg) -> None:
+    """Fold one rollup row or one group of raw samples into a series' running aggregates."""
+    a["n"] += n or 0
+    for key, count, avg in (("sm", sm_n, sm_avg), ("util", util_n, util_avg), ("power", power_n, power_avg)):
+        if avg is not None and count:
+            a[f"{key}_sum"] += avg * count
+            a[f"{key}_n"] += count
+    if sm_max is not None:
+        a["sm_max"] = max(a.get("sm_max", sm_max), sm_max)
+    if mem_max is not None:
+        a["mem_max"] = max(a.get("mem_max", mem_max), mem_max)
+
+
+def _stats(a: dict | None) -> Stats:
+    if not a:
+        return Stats()
+    return Stats(
+        samples=int(a["n"]),
+        sm_active_avg=a["sm_sum"] / a["sm_n"] if a.get("sm_n") else None,
+        sm_active_max=a.get("sm_max"),
+        gpu_util_avg=a["util_sum"] / a["util_n"] if a.get("util_n") else None,
+        mem_used_max=int(a["mem_max"]) if a.get("mem_max") is not None else None,
+        power_w_avg=a["power_sum"] / a["power_n"] if a.get("power_n") else None,
+    )
+
+
+def windows_stats(windows: dict) -> dict:
+    """window_stats for many (series id, start, end) windows at once, keyed as given: a constant number of reads.
+
+    The 5-minute rollups of all the windows' series over their union come back in one read (per chunk of
+    series) and the raw samples after the last finished rollup in one more; each window then takes the rollup
+    buckets from floor(start) up to the finished point and the raw samples after it, as window_stats does.
+    """
+    windows = {key: w for key, w in windows.items() if w[2] > w[1]}
+    if not windows:
+        return {}
+    series_ids = sorted({sid for sid, _, _ in windows.values()})
+    done = RollupRun.finished_until(RollupLevel.FIVE_MINUTES)
+    splits = {key: max(lo, min(hi, done)) if done else lo for key, (_, lo, hi) in windows.items()}
+    by_series: dict[int, list] = defaultdict(list)
+    for key, (sid, _, _) in windows.items():
+        by_series[sid].append(key)
+    acc: dict = defaultdict(lambda: defaultdict(float))
+    rolled = [key for key, (_, lo, _) in windows.items() if splits[key] > lo]
+    if rolled:
+        lo_all = floor(min(windows[k][1] for k in rolled), BUCKET["5m"])
+        hi_all = max(splits[k] for k in rolled)
+        fields = ("series_id", "bucket", "samples", "sm_active_avg", "sm_active_max", "gpu_util_avg")
+        fields += ("mem_used_mib_max", "power_w_avg")
+        for chunk in _chunks(series_ids):
+            rows = Rollup5m.objects.filter(series_id__in=chunk, bucket__gte=lo_all, bucket__lt=hi_all)
+            for sid, bucket, n, sm_avg, sm_max, util_avg, mem_max, power_avg in rows.values_list(*fields):
+                for key in by_series[sid]:
+                    if floor(windows[key][1], BUCKET["5m"]) <= bucket < splits[key]:
+                        counts = [n if v is not None else 0 for v in (sm_avg, util_avg, power_avg)]
+                        _add(acc[key], n, counts[0], sm_avg, sm_max, counts[1], util_avg, mem_max, counts[2], power_avg)
+    raw = [key for key, (_, _, hi) in windows.items() if hi > splits[key]]
+    if raw:
+        lo_all, hi_all = min(splits[k] for k in raw), max(windows[k][2] for k in raw)
+        for sid, ts, sm, util, mem, power in sample_rows(
+            series_ids, lo_all, hi_all, ("sm_active", "gpu_util", "mem_used_mib", "power_w")
+        ):
+            sm, util, mem, power = (plain_number(v) for v in (sm, util, mem, power))
+            for key in by_series[sid]:
+                if splits[key] <= ts < windows[key][2]:
+                    ones = [1 if v is not None else 0 for v in (sm, util, power)]
+                    _add(acc[key], 1, ones[0], sm, sm, ones[1], util, mem, ones[2], power)
+    return {key: _stats(acc.get(key)) for key in windows}
 
 
 def _counted(field: str):
@@ -290,7 +337,7 @@ def pool_pods(pool, start: datetime, end: datetime, *, limit: int = POOL_PODS_MA
     pod) that the pool held; "how hard" is each unit's SM activity and memory over the part of the range when
     both the pod ran and the pool held the unit (window_stats: rollups plus the raw tail). Time-slice replicas
     share their GPU's series, which is operator-only: they are listed without figures. Newest pods first, at
-    most `limit` (one window_stats read per unit of each pod).
+    most `limit`; a constant number of reads whatever the number of pods (windows_stats).
     """
     allocations = list(
         Allocation.objects.filter(pool=pool, allocated_at__lt=end)
@@ -313,27 +360,31 @@ def pool_pods(pool, start: datetime, end: datetime, *, limit: int = POOL_PODS_MA
         held = [units[uuid] for uuid in dict.fromkeys(physical_id(d) for d in workload.device_ids) if uuid in units]
         if not held:
             continue
-        pod_units = [_pod_unit(workload, a, series.get(a.pk), start, end) for a in held]
-        found.append({"workload": workload, "units": pod_units})
+        found.append((workload, held))
         if len(found) >= limit:
             break
+    windows = {}
+    for workload, held in found:
+        for allocation in held:
+            if series.get(allocation.pk) is not None:
+                lo = max(start, workload.started_at, allocation.allocated_at)
+                hi = min(end, workload.ended_at or end, allocation.released_at or end)
+                windows[(workload.pk, allocation.pk)] = (series[allocation.pk], lo, hi)
+    stats = windows_stats(windows)
     return [
         {
-            "namespace": f["workload"].namespace,
-            "pod": f["workload"].pod_name,
-            "resource": f["workload"].resource_name,
-            "started_at": f["workload"].started_at,
-            "ended_at": f["workload"].ended_at,
-            "units": f["units"],
+            "namespace": workload.namespace,
+            "pod": workload.pod_name,
+            "resource": workload.resource_name,
+            "started_at": workload.started_at,
+            "ended_at": workload.ended_at,
+            "units": [_pod_unit(a, stats.get((workload.pk, a.pk))) for a in held],
         }
-        for f in found
+        for workload, held in found
     ]
 
 
-def _pod_unit(workload, allocation: Allocation, series_id: int | None, start: datetime, end: datetime) -> dict:
-    lo = max(start, workload.started_at, allocation.allocated_at)
-    hi = min(end, workload.ended_at or end, allocation.released_at or end)
-    stats = window_stats([series_id], lo, hi).get(series_id) if series_id is not None and hi > lo else None
+def _pod_unit(allocation: Allocation, stats: Stats | None) -> dict:
     return {
         "allocation": allocation.pk,
         "kind": allocation.kind,

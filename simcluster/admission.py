@@ -1,13 +1,16 @@
-"""gpuaas's ValidatingAdmissionPolicy (deploy/admission-policy.yaml) as kube-apiserver applies it: the shipped
-manifest is read and its CEL evaluated as written, through the CEL library behind simcluster/cel.py.
+"""gpuaas's ValidatingAdmissionPolicies (deploy/admission-policy.yaml, the DRA claims policy, and
+deploy/admission-policy-borrowed.yaml, the borrowed-pods policy) as kube-apiserver applies them: the shipped
+manifests are read and their CEL evaluated as written, through the CEL library behind simcluster/cel.py.
 
 Knob: `ClusterSettings.admission_policy = True` (scenario key `admission_policy: true`; the "dra" scenario sets
 it, as a cluster installed by docs/deploying.md has it). Then every create, update and delete of an object the
 policy's `matchConstraints.resourceRules` name (and the binding's `matchResources`, when it has any) runs its
 `variables` and `validations` with kube-apiserver's variables: `object` and `oldObject` (null on CREATE and
 DELETE respectively), `request` (kind, resource, name, namespace, operation, `userInfo.username` and
-`groups`), `namespaceObject` and `params` (null: the policy has no paramKind). What the policy says is all the
-simulator enforces; nothing about claims or templates is written here in Python.
+`groups`), `namespaceObject` and `params` (null: the policies have no paramKind); the binding's
+`matchResources.namespaceSelector` is matched against the namespace's labels (the borrowed-pods policy binds to
+namespaces labelled gpuaas.io/borrowing=only). What the policies say is all the simulator enforces; nothing
+about claims, templates or borrowed pods is written here in Python.
 
 Validating admission runs after the object's own validation, so a malformed object still gets its 422 first.
 The refusal has kube-apiserver's shape (k8s.io/apiserver pkg/admission/plugin/policy/validating/dispatcher.go):
@@ -35,6 +38,9 @@ import yaml
 from . import cel
 
 MANIFEST = Path(__file__).resolve().parents[1] / "deploy" / "admission-policy.yaml"
+# The borrowed-units policy: in a namespace labelled gpuaas.io/borrowing=only, a GPU pod needs the borrowed
+# PriorityClass (docs/queue.md, Borrowing). Evaluated as written, like the one above.
+BORROWED_MANIFEST = MANIFEST.parent / "admission-policy-borrowed.yaml"
 # kube-controller-manager's controllers, each with its own ServiceAccount (--use-service-account-credentials).
 CLAIM_CONTROLLER = "system:serviceaccount:kube-system:resource-claim-controller"
 NAMESPACE_CONTROLLER = "system:serviceaccount:kube-system:namespace-controller"
@@ -130,12 +136,27 @@ def parse(documents: list[dict]) -> Policy:
 
 
 @functools.cache
+def load(manifest: Path) -> Policy:
+    """A policy manifest of deploy/, read once per process from the source tree (the image leaves deploy/ out:
+    a simulated cluster with the policies on runs from a checkout, as `make demo` and the tests do)."""
+    if not manifest.exists():
+        raise RuntimeError(f"admission_policy needs {manifest} (a source checkout): it is not there")
+    return parse(list(yaml.safe_load_all(manifest.read_text())))
+
+
 def shipped() -> Policy:
-    """deploy/admission-policy.yaml, read once per process from the source tree (the image leaves deploy/ out:
-    a simulated cluster with the policy on runs from a checkout, as `make demo` and the tests do)."""
-    if not MANIFEST.exists():
-        raise RuntimeError(f"admission_policy needs {MANIFEST} (a source checkout): it is not there")
-    return parse(list(yaml.safe_load_all(MANIFEST.read_text())))
+    """deploy/admission-policy.yaml: the DRA claims policy."""
+    return load(MANIFEST)
+
+
+def borrowed() -> Policy:
+    """deploy/admission-policy-borrowed.yaml: the borrowed-pods policy."""
+    return load(BORROWED_MANIFEST)
+
+
+def policies() -> tuple[Policy, ...]:
+    """Every policy deploy/ ships, in the order kube-apiserver's answer names the first that denies."""
+    return (shipped(), borrowed())
 
 
 def selects(selector: dict | None, labels: dict) -> bool:
@@ -228,16 +249,21 @@ def decide(
 def admit(
     cluster, user: str, operation: str, plural: str, namespace: str | None, obj: dict | None, old: dict | None = None
 ) -> None:
-    """Raise kube-apiserver's refusal if the shipped policy denies this request; return otherwise."""
-    from .kube import KINDS, ApiError
+    """Raise kube-apiserver's refusal if a shipped policy denies this request; return otherwise."""
+    from .kube import KINDS
 
     kind = KINDS.get(plural)
     if not cluster.settings.admission_policy or kind is None:
         return
     group, _, version = kind.api_version.rpartition("/")
-    policy = shipped()
-    if not policy.matches(group, version, operation, plural):
-        return
+    for policy in policies():
+        if policy.matches(group, version, operation, plural):
+            _admit(cluster, policy, user, operation, group, version, kind, plural, namespace, obj, old)
+
+
+def _admit(cluster, policy, user, operation, group, version, kind, plural, namespace, obj, old) -> None:
+    from .kube import ApiError
+
     ns = cluster.namespaces.get(namespace or "")
     name = ((obj or old or {}).get("metadata") or {}).get("name") or ""
     denied = decide(

@@ -30,7 +30,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from . import admission, borrowed, disruption, dra, gpuoperator, scheduler
+from . import admission, disruption, dra, gpuoperator, scheduler
 from .state import Cluster, Node, Record
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -1029,7 +1029,6 @@ class ClusterApi:
         if problems:
             raise invalid(kind.kind, str(name or ""), problems)
         admission.admit(self.cluster, self.user, "CREATE", plural, namespace, obj)
-        borrowed.admit(self.cluster, plural, namespace, obj)
         store = self._store(plural)
         key = self._key(kind, namespace, name)
         if key in store:

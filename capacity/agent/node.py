@@ -19,7 +19,9 @@ from . import protocol
 def read_metrics(cluster: str, node: str, *, api_url: str, slot: int) -> dict:
     """One signed metrics report of `node` for poll slot `slot` (epoch seconds).
 
-    An NVML failure is reported too (body.error), so the control plane records the failed poll.
+    An NVML failure is reported too (body.error), so the control plane records the failed poll. The kubelet's
+    PodResources `List` is read too (one local call) and only its fingerprint sent (body.pods): the control plane
+    learns within one poll that a pod started or stopped on a GPU of this node (monitoring.services.reports).
     """
     started = time.monotonic()
     readings, error = None, ""
@@ -27,7 +29,9 @@ def read_metrics(cluster: str, node: str, *, api_url: str, slot: int) -> dict:
         readings = nvml.node_metrics(api_url, node, gpm_interval_s=settings.MONITORING_GPM_INTERVAL_MS / 1000)
     except nvml.NvmlError as exc:
         error = str(exc)
-    body = protocol.metrics_body(readings, error=error, elapsed_ms=int((time.monotonic() - started) * 1000))
+    pods = podresources.pods_digest(podresources.read_node(api_url, node, allocatable=False))
+    elapsed_ms = int((time.monotonic() - started) * 1000)
+    body = protocol.metrics_body(readings, error=error, elapsed_ms=elapsed_ms, pods=pods)
     return protocol.sign(protocol.KIND_METRICS, cluster, node, slot, body)
 
 

@@ -94,8 +94,15 @@ def verify(report: Any, *, own: bool = False) -> dict:
 # --- readings <-> JSON ------------------------------------------------------------------------------
 
 
-def metrics_body(readings: list[nvml.GpuMetrics] | None, *, error: str = "", elapsed_ms: int = 0) -> dict:
-    return {"error": error, "ms": elapsed_ms, "gpus": [_plain(r) for r in readings or []]}
+def metrics_body(
+    readings: list[nvml.GpuMetrics] | None, *, error: str = "", elapsed_ms: int = 0, pods: str | None = None
+) -> dict:
+    """`pods`: the kubelet's pod -> device set as podresources.pods_digest fingerprints it (left out when the
+    kubelet could not be asked)."""
+    body = {"error": error, "ms": elapsed_ms, "gpus": [_plain(r) for r in readings or []]}
+    if pods is not None:
+        body["pods"] = pods
+    return body
 
 
 def _plain(value: Any) -> Any:
@@ -153,10 +160,15 @@ def _gpu(data: Any) -> nvml.GpuMetrics:
     return _build(nvml.GpuMetrics, data, {"mig": _mig, "processes": _process, "xids": _xid})
 
 
+_METRICS_KEYS = ({"error", "ms", "gpus"}, {"error", "ms", "gpus", "pods"})
+
+
 def metrics_from_body(body: Any) -> tuple[list[nvml.GpuMetrics], str, int]:
     """(readings, error, elapsed_ms) of a metrics report's body; BadReport if it is not what an agent sends."""
-    if not isinstance(body, dict) or set(body) != {"error", "ms", "gpus"} or not isinstance(body["gpus"], list):
-        raise BadReport("metrics body must be {error, ms, gpus}")
+    if not isinstance(body, dict) or set(body) not in _METRICS_KEYS or not isinstance(body["gpus"], list):
+        raise BadReport("metrics body must be {error, ms, gpus[, pods]}")
+    if not isinstance(body.get("pods", ""), str):
+        raise BadReport("metrics body: pods must be a string")
     if not isinstance(body["ms"], int) or not isinstance(body["error"], str):
         raise BadReport("metrics body: ms must be an integer and error a string")
     return [_gpu(g) for g in body["gpus"]], body["error"], body["ms"]

@@ -87,6 +87,13 @@ class NodeCapacity(models.Model):
         help_text="When the node agent read the NVML inventory its GPU and MIG rows show (the agent's clock).",
     )
     # db_default: discovery inserts nodes with its own column list, which leaves this one out.
+    pods_digest = models.CharField(
+        max_length=32,
+        blank=True,
+        db_default="",
+        editable=False,
+        help_text="The kubelet's pod -> device set as the latest metrics poll fingerprinted it (PodResources List).",
+    )
     inventory_error = models.CharField(
         max_length=500,
         blank=True,

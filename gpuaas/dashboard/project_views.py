@@ -122,7 +122,8 @@ def _scoped_pool(user, slug: str, pk: int) -> GpuPool:
 @require_GET
 @member_required
 def pool_detail(request, slug: str, pk: int):
-    """A pool's card with two tabs: Allocation (its units by node) and Monitoring (SM activity and power)."""
+    """A pool's card with two tabs: Allocation (its units by node) and Monitoring (SM activity and power, and
+    which of the project's pods used which unit over the last 3 hours)."""
     pool = _scoped_pool(request.user, slug, pk)
     (card,) = projects.pool_cards(GpuPool.objects.filter(pk=pool.pk))
     return render(
@@ -134,6 +135,7 @@ def pool_detail(request, slug: str, pk: int):
             "card": card,
             "allocation": projects.pool_allocations(pool),
             "series": sources.pool_series(pool),
+            "pods": sources.pool_pods(pool),
         },
     )
 

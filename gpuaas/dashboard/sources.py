@@ -450,6 +450,16 @@ def _held_through(bucket, held) -> bool:
     return bucket >= held_from and (held_until is None or bucket + BUCKET <= held_until)
 
 
+def pool_pods(pool) -> list[dict]:
+    """Which of the project's pods used which of the pool's units over the series window, and how hard.
+
+    monitoring.readers.pool_pods, the same rows the monitoring API's pool detail gives as "pods": only the
+    pool's project's pods, a constant number of queries whatever their number.
+    """
+    now = timezone.now()
+    return readers.pool_pods(pool, now - SERIES_WINDOW, now)
+
+
 def pool_series(pool) -> dict:
     """The pool's SM activity and power per 5-minute bucket over the last 3 hours. A handful of queries.
 

@@ -11,6 +11,13 @@ upsert of the collectors. A redelivered report writes nothing twice: samples are
 
 The ingest worker (monitoring/ingest_worker.py) calls this with a batch from the broker; `poll_node`
 calls it with the one report it just read in-process (embedded demo, tests): one path either way.
+
+A report also carries the fingerprint of its node's pod -> device set (the kubelet's PodResources `List`,
+body.pods). Where it differs from the node's stored one (NodeCapacity.pods_digest), a pod started or stopped
+on a GPU there: the new fingerprint is stored (one UPDATE for the batch) and, after commit, one discovery of
+that node's cluster is queued, which mirrors the pod and has the node's agent read its devices: the trespass
+check at the next poll sees it (within one poll, not one discovery interval). Nodes whose set did not change
+cost a string comparison; a node's first fingerprint is only stored.
 """
 
 from __future__ import annotations
@@ -21,13 +28,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db import transaction
+from django.db.models import Case, Q, Value, When
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.agent import node as agent
 from capacity.agent import protocol
 from capacity.models import GpuCapacity, MigInstance, NodeCapacity
+from capacity.tasks import queue_discovery
 from monitoring.choices import MetricSource
 from monitoring.models import Collector
 
@@ -92,9 +101,33 @@ def ingest_reports(reports: list, *, window: bool = True) -> IngestOutcome:
     for ts, batch in sorted(by_slot.items()):
         outcome.samples += _write(ts, [reading for reading, _ in batch])
     _record_collectors([pair for batch in by_slot.values() for pair in batch])
+    _note_pod_changes(accepted, nodes)
     for reason in outcome.refused:
         logger.warning("node agent report refused: %s", reason)
     return outcome
+
+
+def _note_pod_changes(accepted: list, nodes: dict[tuple[str, str], NodeCapacity]) -> list[int]:
+    """Store the nodes' new pod -> device fingerprints; queue one discovery per cluster where one changed
+    (after commit). Returns the clusters queued."""
+    digests: dict[int, str] = {}
+    clusters: set[int] = set()
+    for report, *_ in accepted:
+        node = nodes.get((report["cluster"], report["node"]))
+        digest = report["body"].get("pods")
+        if node is None or digest is None or digest == node.pods_digest:
+            continue
+        digests[node.pk] = digest
+        if node.pods_digest:  # a first fingerprint says nothing changed
+            clusters.add(node.cluster_id)
+        node.pods_digest = digest
+    if digests:
+        NodeCapacity.objects.filter(pk__in=digests).update(
+            pods_digest=Case(*(When(pk=pk, then=Value(d)) for pk, d in digests.items()), default="pods_digest")
+        )
+    for cluster_id in sorted(clusters):
+        transaction.on_commit(lambda cluster_id=cluster_id: queue_discovery(cluster_id))
+    return sorted(clusters)
 
 
 def _accepted(reports: list, outcome: IngestOutcome, *, window: bool) -> list[tuple[dict, list, str, int]]:

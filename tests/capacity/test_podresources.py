@@ -251,3 +251,49 @@ def test_members_see_which_of_their_pods_used_which_unit_and_how_hard(sim, nlp, 
     outsider = APIClient()
     outsider.force_authenticate(charlie)
     assert outsider.get(f"/api/v1/monitoring/pools/{pool.pk}/", {"start": start}).status_code == 404
+
+
+def test_a_trespass_is_seen_at_the_next_poll_not_the_next_discovery(
+    sim, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The metrics poll reads PodResources `List` and sends its fingerprint; a changed one queues the cluster's
+    discovery at once, so the next trespass check (one poll later) has the pod: exactly one event."""
+    import json
+    import urllib.request
+
+    from monitoring.models import TrespassEvent
+    from monitoring.services import reports
+    from monitoring.services.reports import poll_node
+    from monitoring.services.trespass import detect_trespass
+
+    discover(sim)
+    cluster_id = sim.clusters["prod"].pk
+    node = NodeCapacity.objects.get(name="prod-h100-full-02")
+    queued = []
+    monkeypatch.setattr(reports, "queue_discovery", queued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        poll_node(node.pk)  # the node's first fingerprint: stored, nothing queued
+        poll_node(node.pk)  # unchanged: nothing queued
+    node.refresh_from_db()
+    assert node.pods_digest and queued == []
+
+    url = sim.server.cluster_url("prod") + "/sim/v1/faults"
+    body = json.dumps({"fault": "trespass", "node": node.name, "pod": "miner"}).encode()
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        injected = json.loads(response.read())
+    with django_capture_on_commit_callbacks(execute=True):
+        poll_node(node.pk)
+    assert queued == [cluster_id]  # one discovery, queued by the poll that saw the new pod
+    assert not WorkloadProfile.objects.filter(pod_name="miner").exists()  # the last discovery did not see it
+
+    discover(sim)  # what the queued discover_cluster_task runs (the node agent's inventory inline here)
+    detect_trespass(cluster_id)
+    (event,) = TrespassEvent.objects.filter(namespace="intruder")
+    assert (event.kind, event.pod_name, event.gpu.uuid) == ("unallocated_pod", "miner", injected["devices"][0])
+    with django_capture_on_commit_callbacks(execute=True):
+        poll_node(node.pk)  # the set is as stored now: nothing more queued
+    discover(sim)  # the periodic discovery afterwards: the same pod, the same event
+    detect_trespass(cluster_id)
+    assert queued == [cluster_id]
+    assert list(TrespassEvent.objects.filter(namespace="intruder").values_list("pk", "ended_at")) == [(event.pk, None)]

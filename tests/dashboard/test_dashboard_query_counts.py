@@ -19,8 +19,10 @@ CLUSTER_MAX = 21
 # pools' held units (their shares of a GPU).
 PROJECT_LIST_MAX = 14
 # 10 of them read the monitoring tab's series (monitoring.readers), 4 of those the raw samples after the last
-# finished rollup; 1 reads the pool's clusters, 1 its held units (their shares of a GPU).
-POOL_PAGE_MAX = 20
+# finished rollup; 1 reads the pool's clusters, 1 its held units (their shares of a GPU). The pods section
+# (monitoring.readers.pool_pods) adds up to 7 whatever the number of pods: the pool's units, their series, the
+# rollup progress, the project's pods, their units' rollups and the raw samples after them (2 on PostgreSQL).
+POOL_PAGE_MAX = 27
 # The readers add queries for the raw samples after the last finished 5-minute rollup, when there are any:
 # the world is built with its fresh sample a bucket back, so that tail is there on every run (the worst case),
 # and a slow run cannot cross a bucket boundary half-way through.

@@ -21,6 +21,7 @@ plugin announced: GPU UUIDs, MIG UUIDs, and `<uuid>::<n>` for a time-slice repli
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -102,8 +103,11 @@ def _channel(path: str) -> grpc.Channel:
     return grpc.insecure_channel(f"unix:{path}")
 
 
-def read_node(api_url: str, node_name: str, *, timeout_s: float | None = None) -> PodResourcesReading:
-    """The node's pods with NVIDIA devices and its allocatable NVIDIA devices; failures are values."""
+def read_node(
+    api_url: str, node_name: str, *, timeout_s: float | None = None, allocatable: bool = True
+) -> PodResourcesReading:
+    """The node's pods with NVIDIA devices and (unless allocatable=False: `List` only, the metrics poll's read)
+    its allocatable NVIDIA devices; failures are values."""
     path = socket_for(api_url, node_name)
     timeout = settings.PODRESOURCES_TIMEOUT_S if timeout_s is None else timeout_s
     reading = PodResourcesReading(socket=path)
@@ -133,9 +137,11 @@ def read_node(api_url: str, node_name: str, *, timeout_s: float | None = None) -
                 devices.setdefault(resource, []).extend(ids)
         if devices:
             reading.pods.append(PodDevices(namespace=pod.namespace, name=pod.name, devices=devices))
+    if not allocatable:
+        return reading
     try:
-        allocatable = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=timeout)
-        reading.allocatable = _nvidia(allocatable.devices)
+        answer = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=timeout)
+        reading.allocatable = _nvidia(answer.devices)
     except grpc.RpcError as exc:
         reading.warnings.append(f"GetAllocatableResources: {_rpc_error(exc, path)}")
     return reading
@@ -149,3 +155,14 @@ def _rpc_error(exc: grpc.RpcError, path: str) -> str:
     if code == grpc.StatusCode.UNAVAILABLE and "ermission denied" in (details or ""):
         return f"{ERROR_DENIED}: {path}"
     return f"{code.name if code else 'error'}: {details}"
+
+
+def pods_digest(reading: PodResourcesReading) -> str | None:
+    """A short fingerprint of which pod holds which NVIDIA devices (None when the kubelet could not be asked):
+    the metrics poll sends it, so the control plane learns a node's pod -> device set changed without the set."""
+    if reading.error:
+        return None
+    pairs = sorted(
+        (p.namespace, p.name, resource, sorted(ids)) for p in reading.pods for resource, ids in p.devices.items()
+    )
+    return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()[:32]
