@@ -12,6 +12,8 @@ from rest_framework import serializers
 
 from capacity.api.strict import StrictFieldsMixin
 
+from .api import BIGINT_RANGE, FilterBackend, column_range
+
 
 class ErrorSerializer(serializers.Serializer):
     """What DRF answers for 401, 403, 404 and 429."""
@@ -59,8 +61,6 @@ class ApiAutoSchema(AutoSchema):
     def _get_filter_parameters(self):
         """Integer filters say the range FilterBackend enforces (the column's on this database): a
         value outside it is a 400, so the schema must not offer it."""
-        from .api import BIGINT_RANGE, FilterBackend, column_range
-
         parameters = super()._get_filter_parameters()
         bounds: dict[str, tuple[int, int]] = {}
         filtered = any(issubclass(backend, FilterBackend) for backend in self.get_filter_backends())

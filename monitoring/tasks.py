@@ -127,6 +127,12 @@ def detect_trespass_task(cluster_id: int, slot: int | None = None) -> dict | Non
     return None if result is None else result.summary()
 
 
+def queue_trespass_check(sender, cluster_id: int, **kwargs) -> None:
+    """capacity.signals.workloads_attributed: a pod's devices changed, so check the cluster now (after commit),
+    not at the next poll: a new trespasser shows within the poll whose read saw it (docs/monitoring.md)."""
+    transaction.on_commit(lambda: detect_trespass_task.delay(cluster_id))
+
+
 @shared_task(acks_late=True)
 def evict_trespass_task(event_id: int) -> str:
     """Evict a trespassing pod through the Eviction API (MONITORING_EVICT_TRESPASS)."""

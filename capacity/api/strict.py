@@ -34,6 +34,7 @@ def unknown_fields(serializer: serializers.Serializer, data) -> list[str]:
 
 
 NOT_AN_ID = "Give an id (or null), not an empty string."
+NOT_A_STRING = "Not a valid string."
 
 
 class StrictFieldsMixin:
@@ -49,6 +50,19 @@ class StrictFieldsMixin:
                     name: [NOT_AN_ID]
                     for name, field in self.fields.items()
                     if isinstance(field, serializers.RelatedField) and data.get(name) == ""
+                }
+            )
+            # DRF's CharField takes a number and stores its text ({"name": 1e16} becomes "1e+16"); the schema
+            # says string, so a number, list or object there is refused.
+            refused.update(
+                {
+                    name: [NOT_A_STRING]
+                    for name, field in self.fields.items()
+                    if isinstance(field, serializers.CharField)
+                    and not field.read_only
+                    and name in data
+                    and data[name] is not None
+                    and not isinstance(data[name], str)
                 }
             )
         try:

@@ -36,6 +36,7 @@ from django.db import transaction
 from django.db.models import Case, Value, When
 from django.utils import timezone
 
+from capacity import signals
 from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml, podresources
 from capacity.agent import node as agent
@@ -507,3 +508,4 @@ def _attribute_workloads(cluster_id: int, held: dict[str, podresources.PodResour
     if updates:
         WorkloadProfile.objects.bulk_update(updates, ["device_ids", "gpu", "mig_instance"], batch_size=500)
         result.workloads_attributed = len(updates)
+        signals.workloads_attributed.send(sender=WorkloadProfile, cluster_id=cluster_id, count=len(updates))

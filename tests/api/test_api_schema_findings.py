@@ -249,3 +249,13 @@ def test_an_empty_string_for_a_related_id_is_a_400_not_null(operator):
 
     assert response.status_code == 400
     assert response.json() == {"cluster": ["Give an id (or null), not an empty string."]}
+
+
+def test_a_number_where_the_schema_says_string_is_a_400_not_stored_as_text(operator):
+    """Schemathesis (ST201): DRF's CharField stored {"name": -1.02e16} as the text "-1.020804021792441e+16"."""
+    response = client_for(operator).post(
+        "/api/v1/auto-approval-policies/", {"name": -1.020804021792441e16, "max_units": 4}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert response.json() == {"name": ["Not a valid string."]}

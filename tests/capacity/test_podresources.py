@@ -297,3 +297,33 @@ def test_a_trespass_is_seen_at_the_next_poll_not_the_next_discovery(
     detect_trespass(cluster_id)
     assert queued == [cluster_id]
     assert list(TrespassEvent.objects.filter(namespace="intruder").values_list("pk", "ended_at")) == [(event.pk, None)]
+
+
+def test_new_devices_from_the_kubelet_queue_a_trespass_check_at_once(
+    sim, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Attribution that changes a pod's devices checks the cluster for trespass after commit (monitoring connects
+    capacity.signals.workloads_attributed), so the event does not wait for the next poll's check; attribution
+    that changes nothing queues nothing."""
+    import json
+    import urllib.request
+
+    from monitoring import tasks
+
+    checks = []
+    monkeypatch.setattr(tasks.detect_trespass_task, "delay", checks.append)
+    cluster_id = sim.clusters["prod"].pk
+    with django_capture_on_commit_callbacks(execute=True):
+        discover(sim)  # the demo's own pods get their devices: one check
+    assert checks == [cluster_id]
+    with django_capture_on_commit_callbacks(execute=True):
+        discover(sim)  # nothing changed: no check
+    assert checks == [cluster_id]
+
+    url = sim.server.cluster_url("prod") + "/sim/v1/faults"
+    body = json.dumps({"fault": "trespass", "node": "prod-h100-full-02", "pod": "miner"}).encode()
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request).close()
+    with django_capture_on_commit_callbacks(execute=True):
+        discover(sim)  # the queued discovery: the miner's device attributed, the cluster checked at once
+    assert checks == [cluster_id, cluster_id]

@@ -44,8 +44,9 @@ def pod(sim, namespace: str, name: str) -> dict | None:
 
 
 def mirror(sim) -> None:
-    """One discovery poll: the workload mirror (WorkloadProfile) follows the simulator's pods."""
-    assert discover_cluster(sim.clusters["prod"].pk, inventory="none").run.status == "succeeded"
+    """One discovery poll: the workload mirror (WorkloadProfile) follows the simulator's pods, their devices read
+    from the nodes' kubelets (PodResources, inline here as the node agents' inventories would)."""
+    assert discover_cluster(sim.clusters["prod"].pk, inventory="inline").run.status == "succeeded"
 
 
 @pytest.fixture
