@@ -159,9 +159,8 @@ def reset_sequences(models) -> None:
     with connection.cursor() as cursor:
         for model in models:
             table = model._meta.db_table
-            cursor.execute(
-                f"SELECT setval(pg_get_serial_sequence('\"{table}\"', 'id'), (SELECT COALESCE(MAX(id), 1) FROM \"{table}\"))"
-            )
+            highest = f'(SELECT COALESCE(MAX(id), 1) FROM "{table}")'
+            cursor.execute(f"SELECT setval(pg_get_serial_sequence('\"{table}\"', 'id'), {highest})")
 
 
 def analyze(models) -> None:
@@ -623,8 +622,10 @@ def grow(fleet: Fleet, to: float, *, stdout=None) -> dict[str, int]:
             if pooled:
                 pid = base["pool"] + k // 4
                 ended = created + dt.timedelta(days=1)
-                pools.append((pid, project, base["request"] + k, fleet.cluster_ids[0], f"pool-{pid}", "training", "full", "released",
-                              created, created, ended))  # fmt: skip
+                pools.append(
+                    (pid, project, base["request"] + k, fleet.cluster_ids[0], f"pool-{pid}", "training", "full",
+                     "released", created, created, ended)
+                )  # fmt: skip
                 gpu = fleet.gpu_ids[k % len(fleet.gpu_ids)]
                 allocations.append(
                     (base["allocation"] + k // 4, pid, project, "full", 0, "nvidia.com/gpu", "H100-80GB", "", 7, gpu,
@@ -649,6 +650,7 @@ def grow(fleet: Fleet, to: float, *, stdout=None) -> dict[str, int]:
 
 
 _ALL = (
-    Project, Group, get_user_model(), get_user_model().groups.through, Cluster, NodeCapacity, GpuCapacity, MigInstance, PoolRequest, GpuPool,
-    Allocation, QueueEntry, UsageRecord, Statement, TrespassEvent, ProjectGroupObjectPermission,
+    Project, Group, get_user_model(), get_user_model().groups.through, Cluster, NodeCapacity, GpuCapacity,
+    MigInstance, PoolRequest, GpuPool, Allocation, QueueEntry, UsageRecord, Statement, TrespassEvent,
+    ProjectGroupObjectPermission,
 )  # fmt: skip
