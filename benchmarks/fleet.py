@@ -20,11 +20,14 @@ sees rows of its own on every list.
 from __future__ import annotations
 
 import importlib
+import json
 import statistics
 import time
 from unittest import mock
 
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -35,6 +38,15 @@ from .pools import bench_database
 from .registry import Smoke, arg, benchmark
 from .targets import correctness, performance
 
+TABLES = {  # the table each list pages through
+    "pools": "pools_gpupool",
+    "pool_requests": "pools_poolrequest",
+    "allocations": "pools_allocation",
+    "statements": "billing_statement",
+    "usage": "billing_usagerecord",
+    "queue": "pools_poolrequest",
+    "trespass": "monitoring_trespassevent",
+}
 LISTS = {
     "pools": "/api/v1/pools/",
     "pool_requests": "/api/v1/pool-requests/",
@@ -56,6 +68,27 @@ HELPERS = ("fleet_billing", "fleet_screens", "fleet_control")
 
 def _rows(body) -> list[dict]:
     return body if isinstance(body, list) else body.get("results", [])
+
+
+def _nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def starts_from_projects(sql: str, table: str) -> bool:
+    """EXPLAIN: every scan of `table` in the query searches an index by a project column (as
+    tests/foundation/test_member_list_plans.py pins on a smaller world)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+        (raw,) = cursor.fetchone()
+    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+    for node in _nodes(plan):
+        if node.get("Relation Name") == table:
+            conditions = " ".join(n.get("Index Cond", "") for n in _nodes(node))
+            if "project_id" not in conditions:
+                return False
+    return True
 
 
 def _foreign(row: dict, allowed: set[str]) -> bool:
@@ -94,7 +127,8 @@ def measure_lists(
                     if spent > budget_s and len(times) >= min(MIN_TRIES, tries):
                         break
                     started = time.perf_counter()
-                    response = client.get(path, {"page_size": PAGE})
+                    with CaptureQueriesContext(connection) as captured:
+                        response = client.get(path, {"page_size": PAGE})
                     elapsed = (time.perf_counter() - started) * 1000
                     spent += elapsed / 1000
                     if response.status_code != 200:
@@ -107,6 +141,10 @@ def measure_lists(
                 figures[f"{name}_{persona}_tries"] = len(times)
                 if persona == "member":
                     foreign += sum(1 for r in rows if _foreign(r, allowed))
+                    reading = [q["sql"] for q in captured if f'FROM "{TABLES[name]}"' in q["sql"]]
+                    figures[f"{name}_member_plan_from_projects"] = all(
+                        starts_from_projects(sql, TABLES[name]) for sql in reading
+                    )
     figures["foreign_rows"] = foreign
     return figures
 
@@ -134,6 +172,8 @@ def _verdicts(small: dict, full: dict) -> dict:
                 f"{name}_growth_ratio_target": GROWTH,
                 f"{name}_growth_ratio_met": growth is not None and growth <= GROWTH,
                 f"{name}_member_rows": full[f"{name}_member_rows"],
+                # EXPLAIN of the member's page at the full world: reached through the project index.
+                f"{name}_member_plan_from_projects_met": full[f"{name}_member_plan_from_projects"],
                 f"{name}_tries": [full[f"{name}_member_tries"], full[f"{name}_superuser_tries"]],
             }
         )
