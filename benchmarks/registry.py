@@ -74,6 +74,7 @@ MODULES = (
     "poll_cycle",
     "api_schema",
     "mutation",
+    "fleet",
     "smoke",
 )
 

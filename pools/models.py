@@ -491,8 +491,11 @@ class AllocationQuerySet(models.QuerySet):
         return self.filter(vacated_at__isnull=True)
 
     def annotate_busy(self):
-        """`busy`: a workload runs on the unit (in_use(), read per row)."""
-        return self.annotate(busy=models.Exists(Allocation.objects.in_use().filter(pk=models.OuterRef("pk"))))
+        """`busy`: a workload runs on the unit (in_use_condition(), read per row).
+
+        The condition itself, not EXISTS(in_use() of the same row): PostgreSQL turns that self-join into
+        one hashed subplan over every allocation of the fleet, whatever page is read (bench fleet)."""
+        return self.annotate(busy=models.ExpressionWrapper(self.in_use_condition(), output_field=models.BooleanField()))
 
     def counted(self, *by: str) -> dict[tuple, tuple[int, Fraction]]:
         """{values of `by`: (units, GPUs)}: the units and their shares of a GPU (capacity.mig.share.held_share),
@@ -511,7 +514,12 @@ class AllocationQuerySet(models.QuerySet):
         return self.filter(pk=allocation_id).values_list("gpu__node__cluster_id", flat=True).get()
 
     def in_use(self):
-        """Units with a running workload on them (the seed's "In Use" profiles), by the device the pod really got.
+        """Units with a running workload on them (in_use_condition())."""
+        return self.filter(self.in_use_condition())
+
+    def in_use_condition(self) -> Q:
+        """The condition "a running workload is on this unit" (the seed's "In Use" profiles), by the device
+        the pod really got.
 
         The device plugin, not gpuaas, picks which device of a resource a pod gets, so "in use" follows
         the pod's device (WorkloadProfile's GPU or MIG instance, from the kubelet's PodResources, DRA claims or
@@ -544,7 +552,7 @@ class AllocationQuerySet(models.QuerySet):
             ),
             {"gpu__node": models.OuterRef("gpu__node"), "resource_name": models.OuterRef("resource_name")},
         )
-        return self.filter(by_device | (Q(kind=SpecKind.TIMESLICE) & Q(replicas)) | Q(unresolved))
+        return by_device | (Q(kind=SpecKind.TIMESLICE) & Q(replicas)) | Q(unresolved)
 
     @staticmethod
     def _first_n(workloads, where: dict):
