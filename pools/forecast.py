@@ -369,36 +369,60 @@ def _quantile(values: list[dt.datetime | None], q: float) -> dt.datetime | None:
 class Units:
     """Free units by node in one draw, taken as approval takes them (pools/topology.py, pools/units.py): a
     multi-GPU whole-GPU request on the one node with the fewest left over, anything else from the
-    lowest node id up. Specs that need no single node are counted on one place (node 0)."""
+    lowest node id up. Specs that need no single node are counted on one place (node 0).
+
+    A draw takes and gives units thousands of times over a fleet's nodes: per node, the nodes are also kept
+    by their free count (`_by_free`: count -> node ids, sorted), so the best fit is found among the few
+    counts a node can have instead of scanning every node at every step."""
 
     def __init__(self, free: dict[int, int], per_node: bool):
         self.free = dict(sorted(free.items()))
         self.total = sum(self.free.values())
         self.per_node = per_node
+        self._by_free: dict[int, list[int]] = defaultdict(list)
+        if per_node:
+            for node, n in self.free.items():  # in node order: each list is sorted
+                if n > 0:
+                    self._by_free[n].append(node)
 
     def copy(self) -> Units:
-        return Units(self.free, self.per_node)
+        other = Units.__new__(Units)
+        other.free, other.total, other.per_node = dict(self.free), self.total, self.per_node
+        other._by_free = defaultdict(list, {n: list(nodes) for n, nodes in self._by_free.items() if nodes})
+        return other
+
+    def _set(self, node: int, n: int) -> None:
+        if self.per_node:
+            old = self.free.get(node, 0)
+            if old > 0:
+                nodes = self._by_free[old]
+                del nodes[bisect.bisect_left(nodes, node)]
+            if n > 0:
+                bisect.insort(self._by_free[n], node)
+        self.free[node] = n
 
     def take(self, count: int) -> tuple[tuple[int, int], ...] | None:
         """The (node, units) taken for a request of `count`, or None (nothing taken) when it does not fit."""
         if self.per_node and count > 1:
-            fitting = [(n, node) for node, n in self.free.items() if n >= count]
+            fitting = sorted(n for n, nodes in self._by_free.items() if n >= count and nodes)
             if not fitting:
                 return None
-            _, node = min(fitting)
+            node = self._by_free[fitting[0]][0]  # the fewest left over, then the lowest node id
             taken = ((node, count),)
         elif self.total < count:
             return None
         else:
             taken, left = [], count
             for node, n in self.free.items():
-                if n and left:
+                if not left:
+                    break
+                if n:
                     k = min(n, left)
                     taken.append((node, k))
                     left -= k
             taken = tuple(taken)
         for node, k in taken:
-            self.free[node] -= k
+            self._set(node, self.free[node] - k)
         self.total -= count
         return taken
 
@@ -406,14 +430,14 @@ class Units:
         new = False
         for node, k in nodes:
             new = new or node not in self.free
-            self.free[node] = self.free.get(node, 0) + k
+            self._set(node, self.free.get(node, 0) + k)
             self.total += k
         if new:  # keep the first-fit order: by node id, as approval takes them
             self.free = dict(sorted(self.free.items()))
 
     def fits(self, count: int) -> bool:
         if self.per_node and count > 1:
-            return any(n >= count for n in self.free.values())
+            return any(nodes for n, nodes in self._by_free.items() if n >= count)
         return self.total >= count
 
 
