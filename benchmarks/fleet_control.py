@@ -288,11 +288,12 @@ def _spec_requests(project, user) -> list[PoolRequest]:
     ]
 
 
-def _most_free(project, user) -> tuple[PoolRequest, int]:
-    best, most = None, -1
+def _most_free(project, user) -> tuple[PoolRequest, dict[int, int]]:
+    """The spec with the most free units in the fleet, and its free units per cluster."""
+    best, most = None, {}
     for request in _spec_requests(project, user):
-        free = units.usable_free(request, units.free_by_cluster(request))
-        if free > most:
+        free = units.free_by_cluster(request)
+        if best is None or sum(free.values()) > sum(most.values()):
             best, most = request, free
     if best is None:
         raise RuntimeError("the database holds no GPU: build a fleet world first (bench fleet, or build_world())")
@@ -314,7 +315,8 @@ def measure_approval(project, user, operator) -> dict:
     approval, floor = statistics.median(times), statistics.median(floors)
     return {
         **_figure("approval_ms", approval, floor, ms=True),
-        "approval_free_units": free,
+        "approval_free_units": sum(free.values()),
+        "approval_free_units_one_cluster": units.usable_free(template, free),
         "approval_spec": units.unit_label(template),
         "approval_queries": max(queries),
     }
@@ -381,7 +383,7 @@ def _create_queue(n: int, user) -> list[QueueEntry]:
     return entries
 
 
-def measure_queue(n: int, user) -> dict:
+def measure_queue(n: int, user, *, forecast_samples: int = FORECAST_SAMPLES) -> dict:
     with rolled_back(), mock.patch.object(services, "enqueue_provisioning"):
         entries = _create_queue(n, user)
         if connection.vendor == "postgresql":
@@ -396,20 +398,25 @@ def measure_queue(n: int, user) -> dict:
         passed = {}
         pass_s = _timed(lambda: passed.update(result=queue.process()))
         result = passed["result"]
-        step = max(1, len(entries) // FORECAST_SAMPLES)
-        sample = [e.request for e in entries[::step][:FORECAST_SAMPLES]]
+        step = max(1, len(entries) // max(1, forecast_samples))
+        sample = [e.request for e in entries[::step][:forecast_samples]]
         forecasts, floors = [], []
         for request in sample:
             request.refresh_from_db()
             floors.append(_timed(lambda r=request: units.read_free(r)))
             forecasts.append(_timed(lambda r=request: forecast.estimate_start(r)))
-    worst, worst_floor = max(forecasts), max(floors)
-    return {
+    figures = {
         "queue_waiting": len(entries),
         **_figure("queue_pass_s", pass_s, floor_s),
         "queue_approved": len(result.approved),
         "queue_flagged": len(result.flagged),
         "queue_blocked": len(result.blocked),
+    }
+    if not forecasts:
+        return figures
+    worst, worst_floor = max(forecasts), max(floors)
+    return {
+        **figures,
         **_figure("forecast_ms", worst, worst_floor, ms=True),
         "forecast_p50_ms": _ms(statistics.median(forecasts)),
         "forecast_samples": len(forecasts),
@@ -463,8 +470,9 @@ def measure_discovery(scale: float) -> dict:
 # --- All of it -----------------------------------------------------------------------------------
 
 
-def measure(scale: float = 1.0, *, discovery: bool = True) -> dict:
-    """Every control-plane figure against the fleet world in the database; see the module docstring."""
+def measure(scale: float = 1.0, *, discovery: bool = True, forecast_samples: int = FORECAST_SAMPLES) -> dict:
+    """Every control-plane figure against the fleet world in the database; see the module docstring.
+    `discovery=False` or `forecast_samples=0` leave those figures out (a quicker look)."""
     project = Project.objects.order_by("pk").first()
     if project is None:
         raise RuntimeError("the database holds no project: build a fleet world first (bench fleet, or build_world())")
@@ -475,7 +483,8 @@ def measure(scale: float = 1.0, *, discovery: bool = True) -> dict:
     try:
         result: dict = {"scale": scale, "database": connection.vendor}
         result.update(measure_approval(project, user, operator))
-        result.update(measure_queue(max(10, round(QUEUE_WAITING * scale)), user))
+        waiting = max(10, round(QUEUE_WAITING * scale))
+        result.update(measure_queue(waiting, user, forecast_samples=forecast_samples))
         if discovery:
             result.update(measure_discovery(scale))
     finally:

@@ -33,6 +33,7 @@ import heapq
 import random
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from django.conf import settings
 from django.db.models import Count, Min
@@ -341,7 +342,7 @@ def arrivals(request: PoolRequest, *, now: dt.datetime, moved: bool = False) -> 
     return Arrivals(len(samples) / span_h, samples)
 
 
-def _remaining_h(holder: Holder, rng: random.Random) -> float:
+def _remaining_h(holder: Holder, rng: random.Random | None) -> float:
     if holder.history is None:
         return max(settings.QUEUE_FORECAST_DEFAULT_HOLD_H - holder.held_h, settings.QUEUE_FORECAST_OVERDUE_H)
     return holder.history.remaining(holder.held_h, rng)
@@ -476,10 +477,8 @@ class Timeline:
         # How many in the queue fall behind when this request is aged: counted, not re-read at every step, as a
         # draw runs thousands of steps over a queue that grows with arrivals (O(n) a step made draws quadratic).
         leaving = sum(w.leaves_at is not None for w in queue)
-        releases = [
-            (h.end_at if h.end_at is not None else self.now + _remaining_h(h, rng) * hour, i, h.nodes)
-            for i, h in enumerate(self.holders)
-        ]
+        fixed, drawn = self._holder_releases
+        releases = fixed + [(self.now + h.history.remaining(h.held_h, rng) * hour, i, h.nodes) for i, h in drawn]
         heapq.heapify(releases)
         seq = len(releases)
         arrival = self.coming.next_after(self.now, rng)
@@ -530,6 +529,21 @@ class Timeline:
                     queue.append(Waiting(sample.count, sample.project_id, sample.workload, hold_h=sample.hold_h))
                 arrival = self.coming.next_after(t, rng)
             # else the queue's order moved (joining, leaving): the next pass serves it
+
+    @cached_property
+    def _holder_releases(self) -> tuple[list[tuple], list[tuple[int, Holder]]]:
+        """The holders' releases that are the same in every draw (an end date, or the default hold), as heap
+        entries, and the holders whose release each draw draws from their hold history, in holder order (so
+        the draws take the same random numbers in the same order as when every holder was read each draw)."""
+        hour, fixed, drawn = dt.timedelta(hours=1), [], []
+        for i, h in enumerate(self.holders):
+            if h.end_at is not None:
+                fixed.append((h.end_at, i, h.nodes))
+            elif h.history is None:
+                fixed.append((self.now + _remaining_h(h, None) * hour, i, h.nodes))
+            else:
+                drawn.append((i, h))
+        return fixed, drawn
 
     def _ranks_ahead(self, sample: Arrival, t: dt.datetime) -> bool:
         return sample.ahead and not (sample.by_share and self.aged_at is not None and t >= self.aged_at)
