@@ -33,6 +33,7 @@ import heapq
 import random
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from django.conf import settings
 from django.db.models import Count, Min
@@ -341,7 +342,7 @@ def arrivals(request: PoolRequest, *, now: dt.datetime, moved: bool = False) -> 
     return Arrivals(len(samples) / span_h, samples)
 
 
-def _remaining_h(holder: Holder, rng: random.Random) -> float:
+def _remaining_h(holder: Holder, rng: random.Random | None) -> float:
     if holder.history is None:
         return max(settings.QUEUE_FORECAST_DEFAULT_HOLD_H - holder.held_h, settings.QUEUE_FORECAST_OVERDUE_H)
     return holder.history.remaining(holder.held_h, rng)
@@ -369,36 +370,60 @@ def _quantile(values: list[dt.datetime | None], q: float) -> dt.datetime | None:
 class Units:
     """Free units by node in one draw, taken as approval takes them (pools/topology.py, pools/units.py): a
     multi-GPU whole-GPU request on the one node with the fewest left over, anything else from the
-    lowest node id up. Specs that need no single node are counted on one place (node 0)."""
+    lowest node id up. Specs that need no single node are counted on one place (node 0).
+
+    A draw takes and gives units thousands of times over a fleet's nodes: per node, the nodes are also kept
+    by their free count (`_by_free`: count -> node ids, sorted), so the best fit is found among the few
+    counts a node can have instead of scanning every node at every step."""
 
     def __init__(self, free: dict[int, int], per_node: bool):
         self.free = dict(sorted(free.items()))
         self.total = sum(self.free.values())
         self.per_node = per_node
+        self._by_free: dict[int, list[int]] = defaultdict(list)
+        if per_node:
+            for node, n in self.free.items():  # in node order: each list is sorted
+                if n > 0:
+                    self._by_free[n].append(node)
 
     def copy(self) -> Units:
-        return Units(self.free, self.per_node)
+        other = Units.__new__(Units)
+        other.free, other.total, other.per_node = dict(self.free), self.total, self.per_node
+        other._by_free = defaultdict(list, {n: list(nodes) for n, nodes in self._by_free.items() if nodes})
+        return other
+
+    def _set(self, node: int, n: int) -> None:
+        if self.per_node:
+            old = self.free.get(node, 0)
+            if old > 0:
+                nodes = self._by_free[old]
+                del nodes[bisect.bisect_left(nodes, node)]
+            if n > 0:
+                bisect.insort(self._by_free[n], node)
+        self.free[node] = n
 
     def take(self, count: int) -> tuple[tuple[int, int], ...] | None:
         """The (node, units) taken for a request of `count`, or None (nothing taken) when it does not fit."""
         if self.per_node and count > 1:
-            fitting = [(n, node) for node, n in self.free.items() if n >= count]
+            fitting = sorted(n for n, nodes in self._by_free.items() if n >= count and nodes)
             if not fitting:
                 return None
-            _, node = min(fitting)
+            node = self._by_free[fitting[0]][0]  # the fewest left over, then the lowest node id
             taken = ((node, count),)
         elif self.total < count:
             return None
         else:
             taken, left = [], count
             for node, n in self.free.items():
-                if n and left:
+                if not left:
+                    break
+                if n:
                     k = min(n, left)
                     taken.append((node, k))
                     left -= k
             taken = tuple(taken)
         for node, k in taken:
-            self.free[node] -= k
+            self._set(node, self.free[node] - k)
         self.total -= count
         return taken
 
@@ -406,14 +431,14 @@ class Units:
         new = False
         for node, k in nodes:
             new = new or node not in self.free
-            self.free[node] = self.free.get(node, 0) + k
+            self._set(node, self.free.get(node, 0) + k)
             self.total += k
         if new:  # keep the first-fit order: by node id, as approval takes them
             self.free = dict(sorted(self.free.items()))
 
     def fits(self, count: int) -> bool:
         if self.per_node and count > 1:
-            return any(n >= count for n in self.free.values())
+            return any(nodes for n, nodes in self._by_free.items() if n >= count)
         return self.total >= count
 
 
@@ -452,10 +477,8 @@ class Timeline:
         # How many in the queue fall behind when this request is aged: counted, not re-read at every step, as a
         # draw runs thousands of steps over a queue that grows with arrivals (O(n) a step made draws quadratic).
         leaving = sum(w.leaves_at is not None for w in queue)
-        releases = [
-            (h.end_at if h.end_at is not None else self.now + _remaining_h(h, rng) * hour, i, h.nodes)
-            for i, h in enumerate(self.holders)
-        ]
+        fixed, drawn = self._holder_releases
+        releases = fixed + [(self.now + h.history.remaining(h.held_h, rng) * hour, i, h.nodes) for i, h in drawn]
         heapq.heapify(releases)
         seq = len(releases)
         arrival = self.coming.next_after(self.now, rng)
@@ -506,6 +529,21 @@ class Timeline:
                     queue.append(Waiting(sample.count, sample.project_id, sample.workload, hold_h=sample.hold_h))
                 arrival = self.coming.next_after(t, rng)
             # else the queue's order moved (joining, leaving): the next pass serves it
+
+    @cached_property
+    def _holder_releases(self) -> tuple[list[tuple], list[tuple[int, Holder]]]:
+        """The holders' releases that are the same in every draw (an end date, or the default hold), as heap
+        entries, and the holders whose release each draw draws from their hold history, in holder order (so
+        the draws take the same random numbers in the same order as when every holder was read each draw)."""
+        hour, fixed, drawn = dt.timedelta(hours=1), [], []
+        for i, h in enumerate(self.holders):
+            if h.end_at is not None:
+                fixed.append((h.end_at, i, h.nodes))
+            elif h.history is None:
+                fixed.append((self.now + _remaining_h(h, None) * hour, i, h.nodes))
+            else:
+                drawn.append((i, h))
+        return fixed, drawn
 
     def _ranks_ahead(self, sample: Arrival, t: dt.datetime) -> bool:
         return sample.ahead and not (sample.by_share and self.aged_at is not None and t >= self.aged_at)
