@@ -20,7 +20,8 @@ it measures a first cycle (every process's first poll of every node), steady one
   lateness window is written, so this is 0 unless a poll was dropped unstarted or a report vanished);
   lost_past_lateness: samples of reports that arrived after the window, dropped and counted by the ingest on
   their node's collector (Collector.late_dropped_samples); the top-level `lost` is the sum over all cycles;
-- cycle_s: the steady cycle's fan-out to its last sample committed (target: within the poll period);
+- cycle_s: the steady cycle's fan-out to its last sample committed, or, for a cycle left incomplete, to its
+  verdict (target: within the poll period);
 - floor_s / ratio_to_floor: the same rows written in-process in one `ingest_samples` call (one COPY),
   and cycle_s over it;
 - samples: rows the cycle wrote; expected: units of the present nodes (GPUs + active MIG instances);
@@ -352,7 +353,7 @@ def run_cycle(
                 phases["agents_s"] = time.monotonic() - started
                 for worker in pause[0].workers:
                     worker.send_signal(signal.SIGCONT)
-        count, last, last_change = 0, -1, started
+        count, last, last_change = 0, -1, started  # last_change: when the count last moved
         resumed = stall is None
         while time.monotonic() - started < limit:
             now = time.monotonic()
@@ -384,7 +385,8 @@ def run_cycle(
         if not resumed:
             for worker in stall[0].workers:
                 worker.send_signal(signal.SIGCONT)
-        cycle_s = (last_change if count < expected else time.monotonic()) - started
+        # An incomplete cycle lasted until its verdict (nothing more could come, or the window closed).
+        cycle_s = time.monotonic() - started
     if meter is not None:
         meter.sample()
     if pause is not None:
