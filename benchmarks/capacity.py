@@ -25,11 +25,13 @@ import statistics
 import tempfile
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from capacity.adapters import nvml
 from capacity.adapters.kubernetes import KubernetesClient
@@ -44,6 +46,7 @@ from capacity.models import (
 )
 from capacity.services.discovery import INVENTORY_NONE, discover_cluster, is_gpu_node
 from capacity.services.inventory import reconcile_inventory
+from monitoring.models import Sample
 from simcluster import SimServer, library_for_node, load_scenario
 from simcluster.state import SimState
 
@@ -70,12 +73,21 @@ def unique_name(prefix: str, *parts: object) -> str:
     return "-".join([f"{prefix}{uuid.uuid4().hex[:12]}", *map(str, parts)])
 
 
-def _delete_bench_clusters() -> int:
-    """Remove every earlier benchmark cluster with its rows."""
+# A benchmark cluster older than this was left by a run that crashed or was killed; a younger one may belong
+# to a run still in progress (two runs at once, on one database) and is never touched by another run.
+STALE_AFTER = timedelta(hours=2)
 
-    clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
+
+def stale_bench_clusters(prefix: str):
+    """The clusters named with `prefix` that earlier runs left behind (created more than STALE_AFTER ago)."""
+    return Cluster.objects.filter(name__startswith=prefix, created_at__lt=timezone.now() - STALE_AFTER)
+
+
+def delete_bench_clusters(clusters) -> int:
+    """Remove benchmark clusters with their rows (samples first: their series key has no constraint); how many."""
+    Sample.objects.filter(series__gpu__node__cluster__in=clusters).delete()
     delete_cluster_rows(clusters)
-    return clusters.delete()[0]
+    return clusters.delete()[1].get(Cluster._meta.label, 0)
 
 
 def snapshot_nvml(api_url: str, node_name: str):
@@ -164,10 +176,11 @@ def _resync(cluster_id: int) -> tuple[float, int]:
 def run_discovery_bench(
     *, stdout, nodes: int, gpus_per_node: int, small_nodes: int, repeat: int, first_repeat: int
 ) -> dict:
-    removed = _delete_bench_clusters()
+    removed = delete_bench_clusters(stale_bench_clusters(BENCH_PREFIX))
+    big = small = None
     with tempfile.TemporaryDirectory() as tmp:
         stdout.write(
-            f"building the scale scenario: {nodes} + {small_nodes} nodes ({removed} old bench clusters removed)"
+            f"building the scale scenario: {nodes} + {small_nodes} nodes ({removed} stale bench clusters removed)"
         )
         big_server, big_config = _serve(nodes, gpus_per_node, Path(tmp))
         # Its own seed: at sizes whose node names coincide, the two clusters would share GPU UUIDs.
@@ -219,5 +232,5 @@ def run_discovery_bench(
             gc.unfreeze()
             big_server.stop()
             small_server.stop()
-            _delete_bench_clusters()
+            delete_bench_clusters(Cluster.objects.filter(pk__in=[c.pk for c in (big, small) if c is not None]))
     return result

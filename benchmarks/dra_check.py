@@ -51,6 +51,7 @@ from simcluster.kube import ApiError, ClusterApi
 from simcluster.state import SimState
 from tenancy.models import Project
 
+from .capacity import unique_name
 from .pools import bench_database
 from .registry import Smoke, arg, benchmark
 from .targets import correctness
@@ -100,7 +101,7 @@ def _world(nodes: int, projects: int, seed: int, workdir: Path, admission_policy
     state.cluster("dra").settings.admission_policy = admission_policy
     server = SimServer(state).start()
     path = server.write_kubeconfigs(workdir)["dra"]
-    name = f"bench-dra-{seed}-{int(time.time() * 1000) % 10**9}"
+    name = unique_name("bench-dra-", seed)
     cluster, _ = register_cluster(name, path)
     with override_settings(NVML_LIBRARY="benchmarks.capacity.snapshot_nvml"):
         run = discover_cluster(cluster.pk, inventory="inline").run

@@ -35,18 +35,16 @@ from operations import reconfiguration as rc
 from operations.reconfiguration.commands import record_result
 from simcluster import SimServer, SimState, gpuoperator
 
-from .capacity import delete_cluster_rows
+from .capacity import delete_bench_clusters, stale_bench_clusters, unique_name
 from .registry import Smoke, arg, benchmark
 from .targets import correctness
 
 BENCH_PREFIX = "bench-reconfig-"
 
 
-def _delete_bench_clusters() -> None:
-    clusters = Cluster.objects.filter(name__startswith=BENCH_PREFIX)
+def _delete_bench_clusters(clusters) -> None:
     MigReconfiguration.objects.filter(cluster__in=clusters).delete()  # steps cascade
-    delete_cluster_rows(clusters)
-    clusters.delete()
+    delete_bench_clusters(clusters)
 
 
 def _build(name: str, nodes: int, gpus_per_node: int):
@@ -65,8 +63,8 @@ def _build(name: str, nodes: int, gpus_per_node: int):
 
 
 def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -> dict:
-    _delete_bench_clusters()
-    name = f"{BENCH_PREFIX}{nodes}-{backend}"
+    _delete_bench_clusters(stale_bench_clusters(BENCH_PREFIX))
+    name = unique_name(BENCH_PREFIX, nodes, backend)
     # The steps are called here, one after the other: nothing goes to the broker.
     no_broker = mock.patch("operations.tasks.enqueue_reconfiguration_step")
     no_broker.start()
@@ -125,7 +123,7 @@ def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -
             patch.stop()
         no_broker.stop()
         server.stop()
-        _delete_bench_clusters()
+        _delete_bench_clusters(Cluster.objects.filter(name=name))
     return {
         "benchmark": "mig-reconfigure",
         "database": connection.vendor,

@@ -680,7 +680,7 @@ if GPUAAS_ROLE == "node-agent" and not DEBUG and not (AGENT_NODE_KEY or env_str(
 # The ingest worker (`manage.py ingest-worker`): reports per transaction, how long a partial batch
 # waits for more, and when a killed ingest worker's unacknowledged batch is delivered again (Redis).
 AGENT_INGEST_BATCH = env_int("AGENT_INGEST_BATCH", 500, minimum=1)
-AGENT_INGEST_LINGER_MS = env_int("AGENT_INGEST_LINGER_MS", 200, minimum=0)
+AGENT_INGEST_LINGER_MS = env_int("AGENT_INGEST_LINGER_MS", 1000, minimum=0)
 AGENT_INGEST_VISIBILITY_S = env_int("AGENT_INGEST_VISIBILITY_S", 60, minimum=5)
 KUBERNETES_TIMEOUT_S = env_int("KUBERNETES_TIMEOUT_S", 10, minimum=1)
 KUBERNETES_RETRIES = env_int("KUBERNETES_RETRIES", 4, minimum=0)

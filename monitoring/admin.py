@@ -400,7 +400,16 @@ def _by_bucket(points: list[dict], end) -> list[dict | None]:
 
 @admin.register(Collector)
 class CollectorAdmin(ReadOnlyAdmin):
-    list_display = ["target", "cluster", "source", "last_success_at", "last_attempt_at", "last_samples", "ok"]
+    list_display = [
+        "target",
+        "cluster",
+        "source",
+        "last_success_at",
+        "last_attempt_at",
+        "last_samples",
+        "late_dropped_samples",
+        "ok",
+    ]
     list_filter = ["source", "cluster"]
     list_select_related = ["cluster"]
     search_fields = ["target", "last_error"]

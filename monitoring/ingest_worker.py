@@ -126,6 +126,7 @@ class IngestWorker:
                 outcome.results.update(one.results)
                 outcome.samples += one.samples
                 outcome.refused += one.refused
+                outcome.late_dropped_samples += one.late_dropped_samples
         crash_point("ingest.committed")  # fault tests: written but not acknowledged
         self._ack([message for _, message in batch])
         self.batches += 1

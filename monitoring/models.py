@@ -304,6 +304,11 @@ class Collector(models.Model):
     last_samples = models.PositiveIntegerField(default=0)
     last_duration_ms = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
+    late_dropped_samples = models.PositiveBigIntegerField(
+        default=0,
+        help_text="Samples of this node's reports that arrived past MONITORING_ROLLUP_LATENESS_S and were dropped"
+        " (cumulative).",
+    )
 
     class Meta:
         ordering = ["cluster_id", "source", "target"]

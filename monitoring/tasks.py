@@ -4,12 +4,15 @@ poll_metrics_task (beat, every METRICS_INTERVAL_S) fans out one read per NVML no
 own queue (node.<cluster>.<node>: its agent, which has no database, reads the local GPUs and
 publishes a signed report on the ingest queue; capacity/agent/), and one DCGM scrape per cluster
 that runs an exporter. Each carries the poll's slot time, so a redelivered or duplicated message
-writes the same keys again (ignored). Messages expire after one period: a late poll is useless.
-The reports are written by the ingest worker (`manage.py ingest-worker`, monitoring/ingest_worker.py).
+writes the same keys again (ignored). A read expires after one period: one its agent has not started by
+then is dropped (the next period's read replaces it), one started is finished and its report published.
+The reports are written by the ingest worker (`manage.py ingest-worker`, monitoring/ingest_worker.py), late
+ones too while their slot is within MONITORING_ROLLUP_LATENESS_S (monitoring/services/reports.py).
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
 from celery import shared_task
@@ -17,6 +20,7 @@ from django.conf import settings
 from django.db import transaction
 
 from capacity.adapters import kubernetes as kube
+from capacity.agent import transport
 from capacity.agent.tasks import read_node_metrics_task
 from capacity.models import Cluster, NodeCapacity
 from gpuaas.celery import node_queue
@@ -30,6 +34,8 @@ from monitoring.services.retention import prune
 from monitoring.services.rollups import run_rollups
 from monitoring.services.timeslice import evict_over_share
 from monitoring.services.trespass import detect_trespass, evict_trespasser
+
+logger = logging.getLogger(__name__)
 
 
 def _slot_time(slot: int | None) -> datetime | None:
@@ -77,7 +83,15 @@ def repoll_missing_task(slot: int) -> int:
     visibility timeout, far past its expiry). A node whose read is merely slow is read twice; its second
     report writes nothing new (insert-or-ignore). The reads expire with the period. Returns how many nodes
     were asked again.
+
+    Not while ingest is behind (at least AGENT_INGEST_BATCH reports queued): the missing nodes' reports are
+    then most likely in that queue, and reading them again would only lengthen it (an overrun would feed on
+    itself). A read that died with its agent is then not asked again this period; the next period reads it.
     """
+    waiting = transport.backlog()
+    if waiting is not None and waiting >= settings.AGENT_INGEST_BATCH:
+        logger.warning("re-poll of slot %s skipped: %d reports wait on the ingest queue", slot, waiting)
+        return 0
     nodes = missing_nodes(_slot_time(slot))
     send_reads(nodes, slot, expires=settings.METRICS_INTERVAL_S - settings.METRICS_REPOLL_AFTER_S)
     return len(nodes)

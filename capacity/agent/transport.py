@@ -45,6 +45,15 @@ def connection() -> Connection:
     return conn
 
 
+def backlog() -> int | None:
+    """Reports waiting on the ingest queue (not yet taken by an ingest worker); None where the broker cannot say
+    cheaply (only Redis is asked: LLEN)."""
+    if not is_redis():
+        return None
+    with app.connection_for_write() as conn:
+        return conn.default_channel.client.llen(INGEST_QUEUE)
+
+
 def publish(report: dict) -> None:
     """Publish one report on the ingest queue (declared on first use; retried on connection errors)."""
     with app.producer_pool.acquire(block=True) as producer:

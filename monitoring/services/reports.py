@@ -2,9 +2,12 @@
 
 A report (capacity/agent/protocol.py) says which node it is from and is signed with that node's key;
 `ingest_reports` refuses any report whose signature does not match the node it names, whose node is
-not a present node of that cluster, whose slot lies in the future or is older than
-MONITORING_ROLLUP_LATENESS_S (the rollups have passed it). Accepted reports are mapped to rows
-(collect.map_nvml) and written together: per poll slot one bulk insert-or-ignore of every node's
+not a present node of that cluster, or whose slot lies in the future. A report that arrives after its poll
+period is still written while its slot is within MONITORING_ROLLUP_LATENESS_S of now: every later rollup run
+re-rolls the 5-minute buckets from its watermark minus that margin, so the late samples reach the rollups.
+A report whose slot is older than that is dropped, and the samples it carried are counted on its node's
+collector (`Collector.late_dropped_samples`), so what was lost to lateness is visible. Accepted reports are
+mapped to rows (collect.map_nvml) and written together: per poll slot one bulk insert-or-ignore of every node's
 samples (one COPY on PostgreSQL), one health pass, the time-sliced nodes' share checks, and one
 upsert of the collectors. A redelivered report writes nothing twice: samples are keyed by
 (ts, series), health events by (unit, rule), collectors by (cluster, source, target).
@@ -29,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, Q, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
@@ -54,9 +57,15 @@ class IngestOutcome:
     results: dict[int, CollectResult] = field(default_factory=dict)
     samples: int = 0
     refused: list[str] = field(default_factory=list)
+    late_dropped_samples: int = 0  # units in reports past MONITORING_ROLLUP_LATENESS_S (dropped, counted)
 
     def summary(self) -> dict:
-        return {"nodes": len(self.results), "samples": self.samples, "refused": len(self.refused)}
+        return {
+            "nodes": len(self.results),
+            "samples": self.samples,
+            "refused": len(self.refused),
+            "late_dropped_samples": self.late_dropped_samples,
+        }
 
 
 def poll_node(node_id: int, *, at: datetime | None = None) -> CollectResult | None:
@@ -80,10 +89,14 @@ def ingest_reports(reports: list, *, window: bool = True) -> IngestOutcome:
     `window=False` skips the slot-window check (only for a report this process has just read itself).
     """
     outcome = IngestOutcome()
-    accepted = _accepted(reports, outcome, window=window)
-    if not accepted:
+    accepted, late = _accepted(reports, outcome, window=window)
+    if not accepted and not late:
         return outcome
-    nodes = _present_nodes({(r["cluster"], r["node"]) for r, *_ in accepted})
+    nodes = _present_nodes({(r["cluster"], r["node"]) for r, *_ in accepted + late})
+    _record_late(late, nodes, outcome)
+    if not accepted:
+        _log_refused(outcome)
+        return outcome
     gpus, instances = _units(nodes.values())
     by_slot: dict[datetime, list[tuple[NodeReading, int]]] = defaultdict(list)
     for report, readings, error, elapsed_ms in accepted:
@@ -102,9 +115,43 @@ def ingest_reports(reports: list, *, window: bool = True) -> IngestOutcome:
         outcome.samples += _write(ts, [reading for reading, _ in batch])
     _record_collectors([pair for batch in by_slot.values() for pair in batch])
     _note_pod_changes(accepted, nodes)
+    _log_refused(outcome)
+    return outcome
+
+
+def _log_refused(outcome: IngestOutcome) -> None:
     for reason in outcome.refused:
         logger.warning("node agent report refused: %s", reason)
-    return outcome
+
+
+def _record_late(late: list, nodes: dict[tuple[str, str], NodeCapacity], outcome: IngestOutcome) -> None:
+    """Count the samples of reports past the lateness window on their nodes' collectors (created if missing):
+    one UPDATE per distinct count (a fleet has few), never per node. Reports of unknown nodes count nothing."""
+    by_node: dict[int, int] = defaultdict(int)
+    for report, readings, *_ in late:
+        node = nodes.get((report["cluster"], report["node"]))
+        if node is None:
+            continue
+        units = sum(1 + len(r.mig) for r in readings if not r.lost)
+        by_node[node.pk] += units
+        outcome.late_dropped_samples += units
+    if not by_node:
+        return
+    present = {n.pk: n for n in nodes.values()}
+    Collector.objects.bulk_create(
+        [
+            Collector(cluster_id=present[pk].cluster_id, node_id=pk, source=MetricSource.NVML, target=present[pk].name)
+            for pk in sorted(by_node)
+        ],
+        ignore_conflicts=True,
+    )
+    by_count: dict[int, list[int]] = defaultdict(list)
+    for pk, units in by_node.items():
+        by_count[units].append(pk)
+    for units, pks in sorted(by_count.items()):
+        Collector.objects.filter(source=MetricSource.NVML, node_id__in=sorted(pks)).update(
+            late_dropped_samples=F("late_dropped_samples") + units
+        )
 
 
 def _note_pod_changes(accepted: list, nodes: dict[tuple[str, str], NodeCapacity]) -> list[int]:
@@ -130,27 +177,38 @@ def _note_pod_changes(accepted: list, nodes: dict[tuple[str, str], NodeCapacity]
     return sorted(clusters)
 
 
-def _accepted(reports: list, outcome: IngestOutcome, *, window: bool) -> list[tuple[dict, list, str, int]]:
-    """(report, readings, error, elapsed_ms) of each report with a valid signature, a slot in the window and
-    a well-formed body; the others noted in outcome.refused."""
+Checked = tuple[dict, list, str, int]  # (report, readings, error, elapsed_ms)
+
+
+def _accepted(reports: list, outcome: IngestOutcome, *, window: bool) -> tuple[list[Checked], list[Checked]]:
+    """(accepted, late): the reports with a valid signature, a well-formed body and a slot in the window, and
+    those whose slot is older than MONITORING_ROLLUP_LATENESS_S (dropped; the caller counts them). Both kinds
+    of refusal are noted in outcome.refused."""
     now = timezone.now()
     newest = poll_slot(now).timestamp() + settings.METRICS_INTERVAL_S
     oldest = (now - timedelta(seconds=settings.MONITORING_ROLLUP_LATENESS_S)).timestamp()
-    accepted = []
+    accepted, late = [], []
     for report in reports:
         try:
             protocol.verify(report)
             if report["kind"] != protocol.KIND_METRICS:
                 raise protocol.BadReport(f"kind {report['kind']!r} is not ingested here")
-            if window and not oldest <= report["slot"] <= newest:
-                raise protocol.BadReport(f"slot {report['slot']} is outside the accepted window")
+            if window and report["slot"] > newest:
+                raise protocol.BadReport(f"slot {report['slot']} is in the future")
             readings, error, elapsed_ms = protocol.metrics_from_body(report["body"])
         except protocol.BadReport as exc:
             who = f"{report.get('cluster')}/{report.get('node')}" if isinstance(report, dict) else "?"
             outcome.refused.append(f"{who}: {exc}")
             continue
+        if window and report["slot"] < oldest:
+            outcome.refused.append(
+                f"{report['cluster']}/{report['node']}: slot {report['slot']} is past the lateness window"
+                f" (MONITORING_ROLLUP_LATENESS_S={settings.MONITORING_ROLLUP_LATENESS_S})"
+            )
+            late.append((report, readings, error, elapsed_ms))
+            continue
         accepted.append((report, readings, error, elapsed_ms))
-    return accepted
+    return accepted, late
 
 
 def _present_nodes(names: set[tuple[str, str]]) -> dict[tuple[str, str], NodeCapacity]:

@@ -91,8 +91,8 @@ def test_tampered_stale_or_malformed_reports_are_refused(sim):
     outcome = reports.ingest_reports([tampered, stale, future, unknown_node, "junk", {"v": 1}])
     assert [reason.split(": ", 1)[1] for reason in outcome.refused] == [
         f"signature does not match node {sim.name}/h100-01",
-        f"slot {slot - 3600} is outside the accepted window",
-        f"slot {slot + 3600} is outside the accepted window",
+        f"slot {slot - 3600} is past the lateness window (MONITORING_ROLLUP_LATENESS_S=600)",
+        f"slot {slot + 3600} is in the future",
         "not a report object",
         "not a report object",
         "not a present node of that cluster",

@@ -53,6 +53,23 @@ def test_the_repoll_asks_again_only_the_nodes_that_have_not_reported(fleet, sett
     assert kwargs == {"queue": "node.c1.gpu-node-02", "expires": 30 - settings.METRICS_REPOLL_AFTER_S}
 
 
+def test_the_repoll_is_skipped_while_ingest_is_a_batch_behind(fleet, settings):
+    settings.METRICS_INTERVAL_S, settings.AGENT_INGEST_BATCH = 30, 500
+    slot = int(poll_slot().timestamp())
+    with (
+        mock.patch.object(tasks.read_node_metrics_task, "apply_async") as poll,
+        mock.patch.object(tasks.transport, "backlog", return_value=500),
+    ):
+        assert tasks.repoll_missing_task(slot) == 0  # the missing node's report is likely in that queue
+    assert poll.call_count == 0
+    with (
+        mock.patch.object(tasks.read_node_metrics_task, "apply_async") as poll,
+        mock.patch.object(tasks.transport, "backlog", return_value=499),
+    ):
+        assert tasks.repoll_missing_task(slot) == 1
+    assert poll.call_count == 1
+
+
 def test_a_scrape_without_an_exporter_does_nothing(fleet):
     assert tasks.scrape_dcgm_task(fleet.cluster.pk) is None  # no exporter configured
 
