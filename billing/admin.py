@@ -322,7 +322,7 @@ class UsageRecordAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
         "energy_kwh",
     ]
     list_filter = ["kind", "product"]
-    list_select_related = ["project", "pool"]
+    list_select_related = ["project", "pool__project"]  # the pool's name is project/pool
     search_fields = ["project__slug", "pool__name"]
 
     @admin.display(description="spec")
