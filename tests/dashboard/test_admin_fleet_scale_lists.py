@@ -131,3 +131,16 @@ def test_postgresql_counts_exactly_below_the_threshold(client, operator, world):
     paginator = response.context_data["cl"].paginator
     assert (paginator.estimated, paginator.count) == (False, GpuCapacity.objects.count())
     assert _counts_table(sql, GpuCapacity._meta.db_table)
+
+
+@pytest.mark.postgres
+def test_the_approval_queue_pages_from_its_index(world):
+    """The pool-request changelist's PENDING_FIRST order is PoolRequest's expression index, so a page reads
+    its rows from it instead of sorting every request (the planner is told to avoid sorting to show it can)."""
+    from pools.models import PENDING_FIRST, PoolRequest
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_sort = off")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    plan = PoolRequest.objects.order_by(*PENDING_FIRST)[:100].explain()
+    assert "pools_request_pending_first" in plan and "Sort" not in plan
