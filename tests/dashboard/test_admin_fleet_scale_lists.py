@@ -144,3 +144,15 @@ def test_the_approval_queue_pages_from_its_index(world):
         cursor.execute("SET LOCAL enable_seqscan = off")
     plan = PoolRequest.objects.order_by(*PENDING_FIRST)[:100].explain()
     assert "pools_request_pending_first" in plan and "Sort" not in plan
+
+
+@pytest.mark.postgres
+def test_the_trespass_list_pages_from_its_index(world):
+    """TrespassEvent's default order (newest first) has its own index, so a page does not sort every event."""
+    from monitoring.models import TrespassEvent
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_sort = off")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    plan = TrespassEvent.objects.all()[:100].explain()
+    assert "monitoring_trespass_recent" in plan and "Sort" not in plan
