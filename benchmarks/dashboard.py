@@ -27,11 +27,14 @@ CLUSTER = "bench-dashboard"
 LAYOUT = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))
 
 
-def _build(nodes: int) -> None:
-    cluster = Cluster.objects.create(name=CLUSTER, kubeconfig_path="/dev/null", status="ok")
+def _build(nodes: int, cluster_name: str = CLUSTER) -> Cluster:
+    """Cluster `cluster_name` of `nodes` nodes x 8 H100s (the layout above), its pool, allocations and workloads.
+
+    benchmarks.fleet_screens builds its fleet world with it, one call per cluster."""
+    cluster = Cluster.objects.create(name=cluster_name, kubeconfig_path="/dev/null", status="ok")
     project, _ = Project.objects.get_or_create(slug="bench", defaults={"name": "Bench", "namespace": "bench"})
-    request = PoolRequest.objects.create(project=project, name="bench", count=1, state="active")
-    pool = GpuPool.objects.create(project=project, request=request, cluster=cluster, name="bench", state="active")
+    request = PoolRequest.objects.create(project=project, name=cluster_name, count=1, state="active")
+    pool = GpuPool.objects.create(project=project, request=request, cluster=cluster, name=cluster_name, state="active")
     profiles = {p.name: p for p in MigProfile.objects.filter(product="H100-80GB")}
     placements = {(p.profile.name, p.start): p for p in profiles["1g.10gb"].valid_placements.all()}
     for name in ("2g.20gb", "3g.40gb"):
@@ -46,7 +49,7 @@ def _build(nodes: int) -> None:
         GpuCapacity(
             node=node,
             index=g,
-            uuid=f"GPU-bench-{node.name}-{g}",
+            uuid=f"GPU-{cluster_name}-{node.name}-{g}" if cluster_name != CLUSTER else f"GPU-bench-{node.name}-{g}",
             product="NVIDIA H100 80GB HBM3",
             catalog_product="H100-80GB",
             mig_mode_current=n % 2 == 0,
@@ -87,7 +90,7 @@ def _build(nodes: int) -> None:
             cluster=cluster,
             namespace="bench",
             pod_name=f"pod-{k}",
-            pod_uid=f"uid-bench-{k}",
+            pod_uid=f"uid-{cluster_name}-{k}",
             node=gpu.node,
             gpu=gpu,
             mig_instance=instance,
@@ -96,6 +99,7 @@ def _build(nodes: int) -> None:
         )
         for k, (gpu, instance) in enumerate(held[::2])
     )
+    return cluster
 
 
 def _timed(fn, repeat: int) -> tuple[float, int]:

@@ -67,6 +67,7 @@ MODULES = (
     "billing",
     "monitoring",
     "dashboard",
+    "fleet_screens",
     "demo_soak",
     "dra_check",
     "queueing",

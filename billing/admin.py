@@ -10,16 +10,16 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.paginator import Paginator
-from django.db.models import Count
+from django.db.models import Count, IntegerField, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
-from django.utils.functional import cached_property
 
+from gpuaas.admin_paging import FleetScaleAdminMixin
 from tenancy.roles import operator_can
 
-from . import backends, charts, exports, services
+from . import charts, exports, services
 from .choices import RunKind, StatementState
 from .models import (
     BillingRun,
@@ -189,7 +189,7 @@ class AdjustmentInline(admin.TabularInline):
 
 
 @admin.register(Statement)
-class StatementAdmin(admin.ModelAdmin):
+class StatementAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     list_display = [
         "project",
         "month",
@@ -214,7 +214,11 @@ class StatementAdmin(admin.ModelAdmin):
     ordering = ["-period", "project__slug"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(line_count=Count("lines"))
+        # A correlated subquery, not a JOIN: joining and grouping every statement's lines before the page
+        # is cut reads all of a fleet's lines; this counts the shown statements' lines only.
+        lines = StatementLine.objects.filter(statement=OuterRef("pk")).order_by().values("statement")
+        count = Subquery(lines.annotate(n=Count("pk")).values("n"), output_field=IntegerField())
+        return super().get_queryset(request).annotate(line_count=Coalesce(count, 0))
 
     @admin.display(description="month", ordering="period")
     def month(self, obj):
@@ -283,8 +287,8 @@ class StatementAdmin(admin.ModelAdmin):
 
     @admin.action(description="Export selected as CSV", permissions=["view"])
     def export_csv(self, request, queryset):
-        statements = list(exports.statements_for_export(queryset))
-        response = HttpResponse(exports.to_csv(statements), content_type="text/csv; charset=utf-8")
+        statements = exports.statements_for_export(queryset)
+        response = StreamingHttpResponse(exports.iter_csv(statements), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="{exports.filename(statements, "csv")}"'
         return response
 
@@ -301,21 +305,8 @@ class StatementAdmin(admin.ModelAdmin):
 # --- Usage records ----------------------------------------------------------------------------------
 
 
-class EstimatedCountPaginator(Paginator):
-    """An unfiltered changelist uses the database's row estimate (PostgreSQL) instead of COUNT(*) over millions."""
-
-    @cached_property
-    def count(self):
-        query = getattr(self.object_list, "query", None)
-        if query is not None and not query.where:
-            estimate = backends.estimated_rows(UsageRecord._meta.db_table)
-            if estimate is not None and estimate > 10000:
-                return estimate
-        return super().count
-
-
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
+class UsageRecordAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     list_display = [
         "hour",
         "project",
@@ -331,10 +322,8 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "energy_kwh",
     ]
     list_filter = ["kind", "product"]
-    list_select_related = ["project", "pool"]
+    list_select_related = ["project", "pool__project"]  # the pool's name is project/pool
     search_fields = ["project__slug", "pool__name"]
-    paginator = EstimatedCountPaginator
-    show_full_result_count = False
 
     @admin.display(description="spec")
     def spec(self, obj):

@@ -1,9 +1,16 @@
-"""Statement exports, CSV and JSON, shared by the API and the admin: one row per statement line."""
+"""Statement exports, CSV and JSON, shared by the API and the admin: one row per statement line.
+
+The CSV is streamed (StreamingHttpResponse over iter_csv): lines are read from the database
+CSV_CHUNK_ROWS at a time with QuerySet.iterator(), written and sent, so a fleet's month of statements
+never sits in memory as a file or as model instances.
+"""
 
 from __future__ import annotations
 
-import io
+from collections.abc import Iterator
 from decimal import Decimal
+
+from django.db.models import prefetch_related_objects
 
 from .csvsafe import SafeDictWriter
 from .models import Statement, StatementLine
@@ -50,8 +57,9 @@ NUMERIC_COLUMNS = frozenset(
 
 
 def statements_for_export(queryset):
-    """The statements with what an export reads, in a stable order (project, period)."""
-    return queryset.select_related("project").prefetch_related("lines__pool").order_by("project__slug", "period", "pk")
+    """The statements with their project, in a stable order (project, period). Their lines are read by
+    iter_csv (streamed) or to_json (prefetched), not here."""
+    return queryset.select_related("project").order_by("project__slug", "period", "pk")
 
 
 def _text(value) -> str:
@@ -89,19 +97,44 @@ def line_row(statement: Statement, line: StatementLine) -> dict[str, str]:
     }
 
 
-def to_csv(statements) -> str:
-    """CSV text: a header, then every line of every statement (empty cell = not applicable / not measured).
+CSV_CHUNK_ROWS = 2000
+
+
+class _Echo:
+    """A file whose write() hands the text back, so the csv writer's rows can be yielded (Django's docs)."""
+
+    def write(self, text: str) -> str:
+        return text
+
+
+def csv_lines(statements) -> Iterator[StatementLine]:
+    """Every line of the `statements` queryset with its statement and project, in export order (project,
+    period, statement, then the lines' own order), read CSV_CHUNK_ROWS at a time."""
+    return (
+        StatementLine.objects.filter(statement__in=statements.order_by().values("pk"))
+        .select_related("statement__project", "pool")
+        .order_by("statement__project__slug", "statement__period", *StatementLine._meta.ordering)
+        .iterator(chunk_size=CSV_CHUNK_ROWS)
+    )
+
+
+def iter_csv(statements) -> Iterator[str]:
+    """CSV text in pieces: the header, then every line of every statement, CSV_CHUNK_ROWS rows a piece
+    (empty cell = not applicable / not measured). `statements` is a queryset.
 
     Text cells that a spreadsheet would run as a formula (a pool named "=..." or a reason "+...")
     are prefixed with a single quote (billing.csvsafe); numeric columns stay numbers.
     """
-    out = io.StringIO()
-    writer = SafeDictWriter(out, fieldnames=CSV_COLUMNS, numeric=NUMERIC_COLUMNS)
-    writer.writeheader()
-    for statement in statements:
-        for line in statement.lines.all():
-            writer.writerow(line_row(statement, line))
-    return out.getvalue()
+    writer = SafeDictWriter(_Echo(), fieldnames=CSV_COLUMNS, numeric=NUMERIC_COLUMNS)
+    yield writer.writeheader()
+    rows: list[str] = []
+    for line in csv_lines(statements):
+        rows.append(writer.writerow(line_row(line.statement, line)))
+        if len(rows) == CSV_CHUNK_ROWS:
+            yield "".join(rows)
+            rows = []
+    if rows:
+        yield "".join(rows)
 
 
 def _money(value) -> str | None:
@@ -110,6 +143,8 @@ def _money(value) -> str | None:
 
 def to_json(statements) -> list[dict]:
     """JSON-ready statements with totals and lines; money as decimal strings (never floats)."""
+    statements = list(statements)
+    prefetch_related_objects(statements, "lines__pool")
     result = []
     for s in statements:
         result.append(
@@ -138,8 +173,11 @@ def to_json(statements) -> list[dict]:
     return result
 
 
-def filename(statements: list[Statement], extension: str) -> str:
-    if len(statements) == 1:
-        s = statements[0]
+def filename(statements, extension: str) -> str:
+    """`statement-<project>-<month>.<ext>` for one statement, `statements.<ext>` otherwise (a list or a
+    queryset: at most two are read)."""
+    first = list(statements[:2])
+    if len(first) == 1:
+        s = first[0]
         return f"statement-{s.project.slug}-{s.period:%Y-%m}.{extension}"
     return f"statements.{extension}"

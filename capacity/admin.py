@@ -17,6 +17,8 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
+from gpuaas.admin_paging import FleetScaleAdminMixin
+
 from . import tiers
 from .adapters import kubernetes as kube
 from .choices import MigInstanceState
@@ -176,7 +178,7 @@ class ClusterAdmin(admin.ModelAdmin):
 
 
 @admin.register(DiscoveryRun)
-class DiscoveryRunAdmin(ReadOnlyAdmin):
+class DiscoveryRunAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = [
         "cluster",
         "status",
@@ -190,7 +192,6 @@ class DiscoveryRunAdmin(ReadOnlyAdmin):
     list_filter = ["status", "cluster"]
     list_select_related = ["cluster"]
     search_fields = ["cluster__name", "error"]
-    show_full_result_count = False
 
     @admin.display(description="error")
     def short_error(self, obj):
@@ -249,7 +250,7 @@ class NodeStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(NodeCapacity)
-class NodeCapacityAdmin(PictureFieldsetMixin, ReadOnlyAdmin):
+class NodeCapacityAdmin(FleetScaleAdminMixin, PictureFieldsetMixin, ReadOnlyAdmin):
     list_display = [
         "name",
         "cluster",
@@ -269,7 +270,6 @@ class NodeCapacityAdmin(PictureFieldsetMixin, ReadOnlyAdmin):
     list_filter = [NodeStateFilter, "cluster", "gpu_product", "tier", "mig_strategy", "node_group"]
     list_select_related = ["cluster"]
     search_fields = ["name", "gpu_product", "node_group"]
-    show_full_result_count = False
     inlines = [SpecInline, GpuInline]
 
     def get_queryset(self, request):
@@ -317,7 +317,7 @@ class NodeCapacityAdmin(PictureFieldsetMixin, ReadOnlyAdmin):
 
 
 @admin.register(GpuCapacity)
-class GpuCapacityAdmin(PictureFieldsetMixin, ReadOnlyAdmin):
+class GpuCapacityAdmin(FleetScaleAdminMixin, PictureFieldsetMixin, ReadOnlyAdmin):
     list_display = [
         "uuid",
         "node",
@@ -339,7 +339,6 @@ class GpuCapacityAdmin(PictureFieldsetMixin, ReadOnlyAdmin):
     ]
     list_select_related = ["node__cluster"]
     search_fields = ["uuid", "serial", "node__name", "pci_bus_id"]
-    show_full_result_count = False
     picture_field, picture_label = "mig_layout_picture", "MIG layout"
 
     @admin.display(description="MIG layout")
@@ -363,12 +362,11 @@ class MigPlacementAdmin(ReadOnlyAdmin):
 
 
 @admin.register(MigInstance)
-class MigInstanceAdmin(ReadOnlyAdmin):
+class MigInstanceAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = ["uuid", "profile", "node", "gpu", "placement_start", "placement_size", "gi_id", "ci_id", "state"]
     list_filter = ["state", "gpu__node__cluster", "profile__product", "profile__name"]
     list_select_related = ["profile", "gpu__node__cluster"]
     search_fields = ["uuid", "gpu__uuid", "gpu__node__name"]
-    show_full_result_count = False
 
     @admin.display(description="node", ordering="gpu__node__name")
     def node(self, obj):
@@ -376,16 +374,15 @@ class MigInstanceAdmin(ReadOnlyAdmin):
 
 
 @admin.register(SpecAndCount)
-class SpecAndCountAdmin(ReadOnlyAdmin):
+class SpecAndCountAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = ["node", "kind", "product", "profile_name", "resource_name", "count", "allocatable", "replicas"]
     list_filter = ["kind", "product", "profile_name", "node__cluster", "node__tier"]
     list_select_related = ["node__cluster"]
     search_fields = ["node__name", "resource_name"]
-    show_full_result_count = False
 
 
 @admin.register(WorkloadProfile)
-class WorkloadProfileAdmin(ReadOnlyAdmin):
+class WorkloadProfileAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = [
         "pod_name",
         "namespace",
@@ -401,7 +398,6 @@ class WorkloadProfileAdmin(ReadOnlyAdmin):
     list_filter = ["cluster", "resource_name", "project", ("ended_at", admin.EmptyFieldListFilter)]
     list_select_related = ["cluster", "node__cluster", "project", "gpu", "mig_instance__profile"]
     search_fields = ["pod_name", "namespace", "pod_uid"]
-    show_full_result_count = False
 
     @admin.display(description="device")
     def device(self, obj):

@@ -129,6 +129,11 @@ IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 if IS_POSTGRES:
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("CONN_MAX_AGE", 60, minimum=0)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("CONN_HEALTH_CHECKS", True)
+    # PostgreSQL's JIT compiles any plan above jit_above_cost: the dashboard's count over 300,000 units spent
+    # 7.8 of its 14.7 s compiling (docs/dashboard.md). gpuaas runs no query long enough to repay it.
+    if not env_bool("PG_JIT", False):
+        options = DATABASES["default"].setdefault("OPTIONS", {})
+        options["options"] = f"{options.get('options', '')} -c jit=off".strip()
 else:
     # WAL and IMMEDIATE transactions let the demo's web server, worker and beat share one file.
     DATABASES["default"].setdefault("OPTIONS", {}).update(

@@ -13,6 +13,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from gpuaas.admin_paging import FleetScaleAdminMixin
 from gpuaas.admin_permissions import OperatorActionsMixin
 
 from . import readers
@@ -72,7 +73,7 @@ class OpenFilter(admin.SimpleListFilter):
 
 
 @admin.register(HealthEvent)
-class HealthEventAdmin(ReadOnlyAdmin):
+class HealthEventAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = [
         "opened_at",
         "level_badge",
@@ -118,7 +119,7 @@ class HealthEventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(IdleReservation)
-class IdleReservationAdmin(ReadOnlyAdmin):
+class IdleReservationAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = [
         "detected_at",
         "project",
@@ -169,7 +170,7 @@ class IdleReservationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(ShareViolation)
-class ShareViolationAdmin(ReadOnlyAdmin):
+class ShareViolationAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = [
         "first_seen_at",
         "namespace",
@@ -213,7 +214,7 @@ class TrespassOpenFilter(admin.SimpleListFilter):
 
 
 @admin.register(TrespassEvent)
-class TrespassEventAdmin(ReadOnlyAdmin):
+class TrespassEventAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = [
         "started_at",
         "kind",
@@ -284,7 +285,7 @@ def _fmt(value, unit: str = "", digits: int = 1) -> str:
 
 
 @admin.register(Series)
-class SeriesAdmin(ReadOnlyAdmin):
+class SeriesAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
     list_display = ["id", "unit", "cluster", "kind", "source", "sm_active", "power", "memory", "temperature", "seen"]
     list_filter = [KindFilter, "source", ("gpu__node__cluster", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["gpu__node__cluster", "mig_instance__profile"]

@@ -585,6 +585,8 @@ class TrespassEvent(models.Model):
         indexes = [
             models.Index(fields=["ended_at", "-started_at"], name="monitoring_trespass_open"),
             models.Index(fields=["project", "started_at"], name="monitoring_trespass_project"),
+            # The admin's list (Meta.ordering) pages newest first: without it every page sorts every event.
+            models.Index(fields=["-started_at", "-id"], name="monitoring_trespass_recent"),
         ]
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from capacity.models import Cluster
+from gpuaas.admin_paging import FleetScaleAdminMixin
 from tenancy import roles
 
 from . import lending, queue, services
@@ -140,7 +141,7 @@ class PoolClusterFilter(admin.SimpleListFilter):
 
 
 @admin.register(PoolRequest)
-class PoolRequestAdmin(admin.ModelAdmin):
+class PoolRequestAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     """The approval queue: submitted requests first, then the rest, newest first."""
 
     list_display = [
@@ -398,7 +399,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
 
 
 @admin.register(Allocation)
-class AllocationAdmin(admin.ModelAdmin):
+class AllocationAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     list_display = [
         "id",
         "pool",
@@ -475,7 +476,7 @@ class LoanAdmin(admin.ModelAdmin):
 
 
 @admin.register(Eviction)
-class EvictionAdmin(admin.ModelAdmin):
+class EvictionAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     """The audit of every eviction gpuaas made when a reservation or a loan ended: read-only (pools/ending.py)."""
 
     list_display = ["at", "namespace", "pod_name", "outcome", "allocation", "loan", "project", "reason"]

@@ -51,6 +51,12 @@ PENDING_FIRST = (
     "-created_at",
     "-id",
 )
+# The same order as an index's expressions (PoolRequest.Meta.indexes).
+PENDING_FIRST_INDEX = (
+    models.Case(models.When(state=RequestState.SUBMITTED, then=0), default=1),
+    models.F("created_at").desc(),
+    models.F("id").desc(),
+)
 PRIORITY_BY_WORKLOAD = {
     WorkloadType.INFERENCE: PriorityClass.PRODUCTION,
     WorkloadType.TRAINING: PriorityClass.PRODUCTION,
@@ -141,6 +147,9 @@ class PoolRequest(models.Model):
             models.Index(fields=["project", "state"], name="pools_request_project_state"),
             models.Index(fields=["-created_at", "-id"], name="pools_request_recent"),
             models.Index(fields=["state", "end_at"], name="pools_request_state_end"),
+            # The admin's approval queue pages in PENDING_FIRST order: without this index every page sorts
+            # all requests (a million of them at fleet scale, seconds); with it, it reads its 100 rows.
+            models.Index(*PENDING_FIRST_INDEX, name="pools_request_pending_first"),
         ]
 
     def __str__(self) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from django.db.models import Prefetch
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, status, viewsets
@@ -54,14 +54,14 @@ EXPORT_RESPONSES = {
 }
 
 
-def export_response(statements, fmt: str) -> HttpResponse:
-    statements = list(statements)
+def export_response(statements, fmt: str) -> HttpResponseBase:
+    """The `statements` queryset as JSON, or as CSV streamed (billing.exports.iter_csv)."""
     if fmt == "json":
-        body = json.dumps(exports.to_json(statements), indent=2)
+        body = json.dumps(exports.to_json(list(statements)), indent=2)
         response = HttpResponse(body, content_type="application/json")
         extension = "json"
     elif fmt == "csv":
-        response = HttpResponse(exports.to_csv(statements), content_type="text/csv; charset=utf-8")
+        response = StreamingHttpResponse(exports.iter_csv(statements), content_type="text/csv; charset=utf-8")
         extension = "csv"
     else:
         raise exceptions.ValidationError({"fmt": ['Use "csv" or "json".']})

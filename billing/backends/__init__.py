@@ -12,4 +12,3 @@ from . import postgresql, sqlite
 _backend = postgresql if connection.vendor == "postgresql" else sqlite
 
 insert_usage_records = _backend.insert_usage_records
-estimated_rows = _backend.estimated_rows

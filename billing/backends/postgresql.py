@@ -1,4 +1,4 @@
-"""PostgreSQL: usage records in one INSERT ... SELECT FROM unnest(...) per chunk, row counts from the planner."""
+"""PostgreSQL: usage records in one INSERT ... SELECT FROM unnest(...) per chunk."""
 
 from __future__ import annotations
 
@@ -40,11 +40,3 @@ def insert_usage_records(columns: tuple[str, ...], rows: list[tuple]) -> None:
         for start in range(0, len(rows), CHUNK):
             chunk = rows[start : start + CHUNK]
             cursor.execute(sql, [list(column) for column in zip(*chunk, strict=True)])
-
-
-def estimated_rows(table: str) -> int | None:
-    """The planner's row estimate of `table` (pg_class.reltuples), instead of COUNT(*) over millions."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [table])
-        row = cursor.fetchone()
-    return row[0] if row else None

@@ -1,4 +1,4 @@
-"""SQLite (development and some tests): the ORM's own statements; no row estimates."""
+"""SQLite (development and some tests): the ORM's own statements."""
 
 from __future__ import annotations
 
@@ -12,7 +12,3 @@ def insert_usage_records(columns: tuple[str, ...], rows: list[tuple]) -> None:
         batch_size=2000,
         ignore_conflicts=True,
     )
-
-
-def estimated_rows(table: str) -> int | None:
-    return None

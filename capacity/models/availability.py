@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Case, CharField, Exists, Q, Value, When
+from django.db.models import BooleanField, Case, CharField, Exists, ExpressionWrapper, Q, Value, When
 
 from ..choices import Availability, GpuHealth
 
@@ -55,3 +55,29 @@ def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q, end
     ]
     whens += [When(~ok, then=Value(state)) for state, ok in conditions.items() if ok]
     return Case(*whens, default=Value(Availability.FREE), output_field=CharField())
+
+
+def fleet_forms(model, unit: str, running, busy_devices: frozenset[str]) -> tuple[Q, Q, Q]:
+    """(reserved, in_use, ending) of every unit of `model` as uncorrelated `pk IN (subquery)` terms.
+
+    The same rows as the EXISTS forms the querysets use, written so that PostgreSQL hashes each subquery
+    once (a hashed SubPlan) instead of probing an index per unit: what a count over all 300,000 units of a
+    fleet needs (the dashboard's 15 s became a fraction of a second). `unit` is the allocations' and
+    workloads' column naming the unit ("mig_instance" or "gpu"); `running` the running workloads. A whole GPU
+    is held by allocations without a MIG instance (as the querysets' _reserved and _ending). NULLs are
+    filtered out of each subquery, so a NOT IN never turns unknown.
+    """
+    column = f"{unit}_id"
+    whole = {"mig_instance__isnull": True} if unit == "gpu" else {}
+
+    def held(queryset, **extra) -> Q:
+        return Q(pk__in=queryset.filter(**{f"{unit}__isnull": False}, **extra).values(column))
+
+    in_use = held(running)
+    if busy_devices:
+        in_use |= Q(uuid__in=sorted(busy_devices))
+    return held(active_allocations(model), **whole), in_use, held(ending_allocations(model), **whole)
+
+
+def as_boolean(condition: Q) -> ExpressionWrapper:
+    return ExpressionWrapper(condition, output_field=BooleanField())

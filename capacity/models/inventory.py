@@ -13,8 +13,10 @@ from ..choices import Availability, GpuHealth, MigInstanceState, MigStrategy, Ti
 from .availability import (
     USABLE_HEALTH,
     active_allocations,
+    as_boolean,
     availability_case,
     ending_allocations,
+    fleet_forms,
     holding_allocations,
     host_conditions,
 )
@@ -178,13 +180,21 @@ class GpuCapacityQuerySet(models.QuerySet):
         in_use = Q(Exists(WorkloadProfile.objects.running().filter(gpu=OuterRef("pk"))))
         return in_use | Q(uuid__in=sorted(busy_devices)) if busy_devices else in_use
 
-    def annotate_availability(self, busy_devices: frozenset[str] | None = None):
+    def annotate_availability(self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False):
         """`availability` (choices.Availability) of each GPU as a whole-GPU unit, and `reserved` (held).
 
         Meaningful for GPUs with MIG off (units()); a MIG GPU's units are its instances. `reserved` is
         true whenever an active allocation holds the unit, also when it is in use.
         `busy_devices`: WorkloadProfile.objects.running().multi_device_uuids(), when the caller has it.
+        `fleet`: for a count over every GPU (the dashboard), the same availability with hashed subqueries
+        (availability.fleet_forms) instead of a probe per row.
         """
+        if fleet:
+            if busy_devices is None:
+                busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+            reserved, in_use, ending = fleet_forms(self.model, "gpu", WorkloadProfile.objects.running(), busy_devices)
+            availability = availability_case(self._unit_conditions(), reserved, in_use, ending)
+            return self.annotate(availability=availability, reserved=as_boolean(reserved))
         reserved = self._reserved()
         availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices), self._ending())
         return self.annotate(availability=availability, reserved=reserved)

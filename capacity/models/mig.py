@@ -8,7 +8,14 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from ..choices import Availability, MigInstanceState
-from .availability import active_allocations, availability_case, ending_allocations, host_conditions
+from .availability import (
+    active_allocations,
+    as_boolean,
+    availability_case,
+    ending_allocations,
+    fleet_forms,
+    host_conditions,
+)
 from .inventory import GpuCapacity
 from .tiers import admitted_q
 from .workloads import WorkloadProfile
@@ -87,8 +94,19 @@ class MigInstanceQuerySet(models.QuerySet):
         in_use = Q(Exists(WorkloadProfile.objects.running().filter(mig_instance=OuterRef("pk"))))
         return in_use | Q(uuid__in=sorted(busy_devices)) if busy_devices else in_use
 
-    def annotate_availability(self, busy_devices: frozenset[str] | None = None):
-        """Present instances with `availability` and `reserved`, as GpuCapacityQuerySet.annotate_availability()."""
+    def annotate_availability(self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False):
+        """Present instances with `availability` and `reserved`, as GpuCapacityQuerySet.annotate_availability().
+
+        `fleet`: for a count over every instance (the dashboard), the same availability written with hashed
+        subqueries (availability.fleet_forms) instead of a probe per row."""
+        if fleet:
+            if busy_devices is None:
+                busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+            reserved, in_use, ending = fleet_forms(
+                self.model, "mig_instance", WorkloadProfile.objects.running(), busy_devices
+            )
+            availability = availability_case(self._unit_conditions(), reserved, in_use, ending)
+            return self.present().annotate(availability=availability, reserved=as_boolean(reserved))
         reserved = self._reserved()
         availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices), self._ending())
         return self.present().annotate(availability=availability, reserved=reserved)

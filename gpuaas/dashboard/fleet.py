@@ -47,8 +47,9 @@ def unit_groups(cluster_ids: list[int] | None = None, busy_devices: frozenset[st
     """
     if busy_devices is None:
         busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
-    mig = MigInstance.objects.annotate_availability(busy_devices)
-    full = GpuCapacity.objects.units().annotate_availability(busy_devices)
+    # fleet=True: hashed subqueries, not a probe per unit, as this reads every unit (capacity.models.availability).
+    mig = MigInstance.objects.annotate_availability(busy_devices, fleet=True)
+    full = GpuCapacity.objects.units().annotate_availability(busy_devices, fleet=True)
     if cluster_ids is not None:
         mig = mig.filter(gpu__node__cluster_id__in=cluster_ids)
         full = full.filter(node__cluster_id__in=cluster_ids)

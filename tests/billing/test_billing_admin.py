@@ -38,7 +38,8 @@ def test_finalise_action_and_csv_export(client, operator, statement):
     exported = client.post(url, {"action": "export_csv", "_selected_action": [statement.pk]})
     assert exported["Content-Type"] == "text/csv; charset=utf-8"
     assert (
-        exported.content.decode()
+        exported.getvalue()
+        .decode()
         .splitlines()[1]
         .startswith(f'"team-a","2026-03",{statement.pk},"finalised","EUR","usage",')
     )

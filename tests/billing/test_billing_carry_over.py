@@ -160,7 +160,7 @@ def test_carry_over_appears_in_the_csv_export(project, allocate, march_finalised
     _late_march_probe(project, allocate)
     april = services.generate_statement(project, month("2026-04"))
 
-    text = exports.to_csv(exports.statements_for_export(Statement.objects.filter(pk=april.pk)))
+    text = "".join(exports.iter_csv(exports.statements_for_export(Statement.objects.filter(pk=april.pk))))
     rows = list(csv.DictReader(io.StringIO(text)))
     assert [(r["line_type"], r["usage_period"], r["description"][:25], r["amount"]) for r in rows] == [
         ("usage", "", "pool-2: H100-80GB full GP", "5.00"),

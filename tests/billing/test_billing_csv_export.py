@@ -39,7 +39,7 @@ def test_statement_csv_line_by_line(project, allocate, bob, operator):
     assert response["Content-Type"] == "text/csv; charset=utf-8"
     assert response["Content-Disposition"] == 'attachment; filename="statement-team-a-2026-03.csv"'
     s = Statement.objects.get().pk
-    content = response.content.decode()
+    content = response.getvalue().decode()
     assert content.endswith("\r\n") and "\n" not in content.replace("\r\n", "")  # RFC 4180 line endings
     rows = content.split("\r\n")[:-1]
     head = STATEMENT.format(s=s)

@@ -96,7 +96,7 @@ def test_api_csv_neutralises_member_text_and_keeps_negative_amounts(hostile_stat
     client.force_authenticate(bob)
     response = client.get(f"/api/v1/billing/statements/{hostile_statement.pk}/download/?fmt=csv")
 
-    rows = _cells(response.content)
+    rows = _cells(response.getvalue())
     assert response.status_code == 200
     assert [(r["line_type"], r["pool"], r["description"], r["amount"], r["reason"]) for r in rows] == [
         (
@@ -116,7 +116,7 @@ def test_admin_csv_export_is_neutralised_too(hostile_statement, client, operator
     url = reverse("admin:billing_statement_changelist")
     exported = client.post(url, {"action": "export_csv", "_selected_action": [hostile_statement.pk]})
 
-    rows = _cells(exported.content)
+    rows = _cells(exported.getvalue())
     assert [(r["pool"][:2], r["amount"], r["reason"][:2]) for r in rows] == [
         ("'=", "2.50", ""),
         ("", "-12.50", "'+"),
@@ -132,7 +132,7 @@ def test_a_line_break_inside_a_name_stays_in_its_cell(project, allocate, bob):
     statement = services.generate_statement(project, month("2026-03"))
     client = APIClient()
     client.force_authenticate(bob)
-    content = client.get(f"/api/v1/billing/statements/{statement.pk}/download/?fmt=csv").content.decode()
+    content = client.get(f"/api/v1/billing/statements/{statement.pk}/download/?fmt=csv").getvalue().decode()
 
     physical = content.split("\r\n")
     assert len(physical) == 3 and physical[-1] == ""  # header, one line, nothing else

@@ -41,7 +41,7 @@ def test_member_of_a_gets_404_for_b(statements, bob, other_project):
     client = client_for(bob)
     assert client.get(f"/api/v1/billing/statements/{theirs.pk}/").status_code == 404
     assert client.get(f"/api/v1/billing/statements/{theirs.pk}/download/?fmt=csv").status_code == 404
-    assert client.get(f"/api/v1/billing/statements/export/?project={other_project.pk}").content.decode() == (
+    assert client.get(f"/api/v1/billing/statements/export/?project={other_project.pk}").getvalue().decode() == (
         '"project","period","statement","state","currency","line_type","pool","kind","product","profile_name",'
         '"replicas","description","hourly_rate","hours","amount","used_amount","idle_amount","unmeasured_amount",'
         '"sm_activity","energy_kwh","reason","usage_period"\r\n'
