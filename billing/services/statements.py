@@ -79,7 +79,7 @@ def generate_statements(period: date, *, project_ids: list[int] | None = None) -
     _refresh_credits_for(period, project_ids, sources)
     with transaction.atomic():
         records = billable_records(period, project_ids=project_ids, sources=sources)
-        rows = statement_rows(records, period, carries=bool(sources))
+        rows = statement_rows(records, period, carried=list(sources))
         wanted = {row["project_id"] for row in rows} | event_projects(period, project_ids=project_ids)
         wanted |= loan_projects(period, project_ids)
         if project_ids is not None:
@@ -185,7 +185,7 @@ def finalise_statement(statement: Statement, *, actor=None, now: datetime | None
         sources = carry_sources(period, project_ids=[project_id])
         billable_records(period, project_ids=[project_id], sources=sources).update(billed_on=locked.pk)
         billed = UsageRecord.objects.filter(billed_scope(period, [project_id], sources), billed_on=locked.pk)
-        _rewrite_lines({project_id: locked}, statement_rows(billed, period, carries=bool(sources)), period)
+        _rewrite_lines({project_id: locked}, statement_rows(billed, period, carried=list(sources)), period)
         claimed = Statement.objects.filter(pk=locked.pk, state=StatementState.DRAFT).update(
             state=StatementState.FINALISED, finalised_at=timezone.now(), finalised_by=actor
         )
