@@ -57,10 +57,12 @@ BILLING_METERING = (
     "tests/billing/test_billing_multi_cluster.py",
     "tests/billing/test_billing_statement_lines.py",
 )
-# Metering also writes the showback figures (catch_up_measurements) and owns the watermark row.
-BILLING_METERING_OWN = BILLING_METERING + (
-    "tests/billing/test_billing_showback.py",
+# Metering also writes the showback figures (catch_up_measurements) and owns the watermark row. Its own tests go
+# first: pytest runs with -x, so a mutant they kill stops there instead of after the whole map.
+BILLING_METERING_OWN = (
     "tests/billing/test_billing_metering_watermark.py",
+    "tests/billing/test_billing_showback.py",
+    *BILLING_METERING,
 )
 BILLING_STATEMENTS = (
     "tests/billing/test_billing_statement_lines.py",
