@@ -149,3 +149,20 @@ def test_two_failures_before_a_successful_retry_are_both_credited(project, alloc
         2700,
         0,
     ]
+
+
+def test_billing_time_begins_at_the_default_cards_epoch_and_seeding_it_again_adds_no_card(db):
+    """The migration seeds the default card at the start of billing time (services.EPOCH, 2000-01-01 UTC), where a
+    never-delivered request's credit also starts; `billing seed` and the demo world seed it again and must find
+    that card, not add a second one."""
+    from datetime import UTC, datetime
+
+    from billing.models import RateCard
+
+    before = list(RateCard.objects.values_list("pk", "effective_from"))
+    assert [when for _, when in before] == [datetime(2000, 1, 1, tzinfo=UTC)]
+
+    card, created = services.seed_default_card()
+
+    assert (card.pk, created) == (before[0][0], False)
+    assert list(RateCard.objects.values_list("pk", "effective_from")) == before
