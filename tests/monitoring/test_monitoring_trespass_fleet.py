@@ -374,3 +374,16 @@ def test_foreign_seconds_are_clipped_to_the_window_and_keyed_per_unit(world):
     }
     assert foreign_seconds(units, start, end) == {"2g": 300 + 600, "full": 60, "a100": 3600}
     assert foreign_seconds({}, start, end) == {}
+
+
+def test_a_last_sample_exactly_two_intervals_old_still_counts(world, settings):
+    """The newest sample must be of this poll or the last: one exactly two intervals old is the last poll's."""
+    settings.MONITORING_TRESPASS_POLLS = 2
+    settings.METRICS_INTERVAL_S = 30
+    now = timezone.now().replace(microsecond=0)
+    for k in (75, 60):
+        write(series_of(world.mig_gpu, world.mig_2g), now - timedelta(seconds=k), sm_active=90.0, mem_used_mib=0)
+    for k in (76, 61):
+        write(series_of(world.full), now - timedelta(seconds=k), sm_active=90.0, mem_used_mib=0)  # a second late
+
+    assert [f.unit for f in trespass.find(world.east, at=now)] == [(9201, 7302)]
