@@ -387,3 +387,16 @@ def test_a_last_sample_exactly_two_intervals_old_still_counts(world, settings):
         write(series_of(world.full), now - timedelta(seconds=k), sm_active=90.0, mem_used_mib=0)  # a second late
 
     assert [f.unit for f in trespass.find(world.east, at=now)] == [(9201, 7302)]
+
+
+def test_freshness_is_judged_on_the_newest_sample_not_the_oldest(world, settings):
+    """Four busy polls in a row, the newest of this poll: the oldest is 90 s old, which is no reason to wait."""
+    settings.MONITORING_TRESPASS_POLLS = 4
+    settings.METRICS_INTERVAL_S = 30
+    now = timezone.now().replace(microsecond=0)
+    for k in (90, 60, 30, 0):
+        write(series_of(world.mig_gpu, world.mig_1g), now - timedelta(seconds=k), sm_active=50.0, mem_used_mib=0)
+
+    assert [(f.kind, f.unit, f.sm_active) for f in trespass.find(world.east, at=now)] == [
+        ("unallocated_activity", (9201, 7303), 50.0)
+    ]
