@@ -12,11 +12,11 @@ from django.utils import timezone
 from monitoring_helpers import allocate, series_of, write
 
 from capacity.adapters import kubernetes as kube
+from capacity.choices import SpecKind
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity, WorkloadProfile
 from monitoring.models import TrespassEvent
 from monitoring.services import trespass
 from monitoring.services.trespass import detect_trespass, evict_trespasser, foreign_seconds
-from capacity.choices import SpecKind
 from pools.models import Allocation
 from tenancy.models import Project
 
