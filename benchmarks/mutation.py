@@ -92,6 +92,47 @@ CAPACITY_AVAILABILITY = (
     "tests/pools/test_ending.py",
     "tests/capacity/test_demo_availability.py",
 )
+# Dedication and safety (#32): trespass and attribution, lending and reclaim, MIG layout and reconfiguration steps,
+# the queue order and forecast.
+TRESPASS = (
+    "tests/monitoring/test_monitoring_trespass_fleet.py",
+    "tests/monitoring/test_monitoring_trespass.py",
+    "tests/monitoring/test_monitoring_trespass_activity.py",
+    "tests/monitoring/test_monitoring_trespass_visibility.py",
+    "tests/monitoring/test_monitoring_trespass_billing.py",
+    "tests/capacity/test_podresources.py",
+)
+ATTRIBUTION = (
+    "tests/capacity/test_podresources.py",
+    "tests/capacity/test_discovery_inventory.py",
+    "tests/capacity/test_discovery_workloads.py",
+)
+LENDING = (
+    "tests/pools/test_lending.py",
+    "tests/pools/test_lending_dra.py",
+    "tests/pools/test_lending_idle.py",
+    "tests/pools/test_borrowers.py",
+    "tests/pools/test_best_effort.py",
+    "tests/pools/test_loans_enforced.py",
+)
+MIG_LAYOUT = (
+    "tests/capacity/test_mig_layout.py",
+    "tests/capacity/test_mig_planner.py",
+)
+RECONFIGURATION_STEPS = (
+    "tests/capacity/test_reconfig_operator_backend.py",
+    "tests/capacity/test_reconfig_agent_backend.py",
+    "tests/capacity/test_reconfig_failures.py",
+    "tests/capacity/test_reconfig_reattach.py",
+    "tests/capacity/test_reconfig_refusals.py",
+    "tests/capacity/test_reconfig_timeslicing.py",
+    "tests/capacity/test_reconfig_unkind_operator.py",
+)
+QUEUE = (
+    "tests/pools/test_queue_order_fleet.py",
+    "tests/pools/test_queue.py",
+    "tests/pools/test_forecast.py",
+)
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
     "billing/periods.py": BILLING_METERING,
@@ -103,6 +144,14 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/rates.py": BILLING_RATES,
     "billing/services/rate_cards.py": BILLING_RATES,
     "capacity/models/availability.py": CAPACITY_AVAILABILITY,
+    "monitoring/services/trespass.py": TRESPASS,
+    "capacity/services/inventory.py": ATTRIBUTION,
+    "pools/lending.py": LENDING,
+    "monitoring/services/lending.py": LENDING,
+    "capacity/mig/layout.py": MIG_LAYOUT,
+    "operations/reconfiguration/steps.py": RECONFIGURATION_STEPS,
+    "pools/queue_order.py": QUEUE,
+    "pools/forecast.py": QUEUE,
 }
 
 # cosmic-ray's core operators, less those that need arguments (VariableReplacer, VariableInserter) and the
