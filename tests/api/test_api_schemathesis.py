@@ -51,7 +51,7 @@ from schemathesis.generation.overrides import Override
 from schemathesis.openapi.checks import RejectedPositiveData
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from gpuaas.env import env_bool, env_int, env_str
+from gpuaas.env import env_bool, env_int, env_list, env_str
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
 from dashboard_world import add_signals, build_world  # noqa: E402
@@ -158,6 +158,12 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
         "POST /api/v1/mig-reconfigurations/",
         {"per_gpu", "named"},
         "a layout's MIG profiles (and a named mig-parted config) must fit the node's GPUs",
+    ),
+    (
+        "POST /api/v1/mig-reconfigurations/",
+        {"non_field_errors"},
+        "exactly one of layout, named and per_gpu (null and empty count as not given), for a node whose GPUs"
+        " gpuaas knows and that can take it: a cross-field rule and the state of the world",
     ),
     *[
         (f"GET /api/v1/{path}", {"start", "end"}, "a time range: start before end, at most the range a read allows")
@@ -381,6 +387,9 @@ def test_every_operation_answers_as_the_schema_says(request, monkeypatch, person
     from gpuaas.access import AnonThrottle, UserThrottle
     from tenancy.models import ApiToken
 
+    if persona not in env_list("GPUAAS_SCHEMATHESIS_PERSONAS", PERSONAS):  # bench schemathesis --persona
+        pytest.skip(f"GPUAAS_SCHEMATHESIS_PERSONAS leaves {persona} out")
+
     # Thousands of requests a minute: the throttles still run, at rates these never reach.
     monkeypatch.setattr(AnonThrottle, "rate", "1000000/minute", raising=False)
     monkeypatch.setattr(UserThrottle, "rate", "1000000/minute", raising=False)
@@ -481,6 +490,20 @@ def test_a_domain_refusal_excuses_a_400_naming_only_its_fields():
     assert not refused_for_a_domain_reason(label, _Answer(400, {}))
     assert not refused_for_a_domain_reason(label, _Answer(409, {"project": ["x"]}))
     assert not refused_for_a_domain_reason("POST /api/v1/tokens/", _Answer(400, {"project": ["x"]}))
+
+
+def test_a_reconfiguration_naming_only_its_node_is_a_documented_refusal(operator, ids):
+    """The 75-example run (issue #31): {"node": 1}, schema-valid, is refused (non_field_errors: exactly one
+    of layout, named and per_gpu), which a schema of optional, nullable properties cannot state."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(operator)
+    response = client.post("/api/v1/mig-reconfigurations/", {"node": ids["capacity/nodes"]}, format="json")
+
+    assert response.status_code == 400
+    assert response.json() == {"non_field_errors": ["give exactly one of a layout, a named config or per-GPU profiles"]}
+    assert refused_for_a_domain_reason("POST /api/v1/mig-reconfigurations/", response)
 
 
 def test_every_check_schemathesis_has_runs():
