@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
 import sys
 from datetime import time, timedelta
 from pathlib import Path
@@ -380,15 +381,21 @@ def test_the_seed_and_the_recorded_examples_hold(tmp_path):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == recorded  # read-only
 
 
-@pytest.mark.parametrize("persona", PERSONAS)
+def selected_personas() -> list[str]:
+    """The personas GPUAAS_SCHEMATHESIS_PERSONAS names (bench schemathesis --persona), in PERSONAS' order;
+    all three unless it is set."""
+    named = env_list("GPUAAS_SCHEMATHESIS_PERSONAS", PERSONAS)
+    if unknown := set(named) - set(PERSONAS):
+        raise ValueError(f"GPUAAS_SCHEMATHESIS_PERSONAS: no persona {', '.join(sorted(unknown))} (of {PERSONAS})")
+    return [persona for persona in PERSONAS if persona in named]
+
+
+@pytest.mark.parametrize("persona", selected_personas())
 def test_every_operation_answers_as_the_schema_says(request, monkeypatch, persona, api_schema, ids):
     from django.db import connection
 
     from gpuaas.access import AnonThrottle, UserThrottle
     from tenancy.models import ApiToken
-
-    if persona not in env_list("GPUAAS_SCHEMATHESIS_PERSONAS", PERSONAS):  # bench schemathesis --persona
-        pytest.skip(f"GPUAAS_SCHEMATHESIS_PERSONAS leaves {persona} out")
 
     # Thousands of requests a minute: the throttles still run, at rates these never reach.
     monkeypatch.setattr(AnonThrottle, "rate", "1000000/minute", raising=False)
@@ -530,3 +537,48 @@ def test_the_bench_counts_every_kind_for_every_persona():
     assert summary["failures_by_kind"] == {kind: int(kind == "JsonSchemaError") for kind in sorted(KINDS)}
     assert summary["failures_by_persona"]["bob"] == dict.fromkeys(sorted(KINDS), 0)
     assert summary["failing_operations"] == {"GET /api/v1/pools/": ["operator"]}
+
+
+def test_the_bench_runs_the_personas_and_operations_it_is_given(monkeypatch, tmp_path):
+    """--persona and --operations reach the test (GPUAAS_SCHEMATHESIS_PERSONAS, GPUAAS_SCHEMATHESIS_ONLY),
+    and one report line per persona run is enough."""
+    from benchmarks import api_schema
+
+    seen = {}
+
+    def fake_pytest(command, *, env, **_):
+        seen.update(env)
+        with open(env["GPUAAS_SCHEMATHESIS_REPORT"], "a") as out:
+            for persona in env["GPUAAS_SCHEMATHESIS_PERSONAS"].split(","):
+                line = {"persona": persona, "database": "sqlite", "operations": 1, "cases": 3, "failures": {}}
+                out.write(json.dumps(line) + "\n")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(api_schema.subprocess, "run", fake_pytest)
+    result = api_schema.run(examples=5, seed=7, persona=["anonymous", "operator"], operations="POST /api/v1/tokens/$")
+
+    assert (seen["GPUAAS_SCHEMATHESIS_PERSONAS"], seen["GPUAAS_SCHEMATHESIS_ONLY"]) == (
+        "operator,anonymous",
+        "POST /api/v1/tokens/$",
+    )
+    assert (result["personas"], result["only"], result["failures"]) == (
+        ["operator", "anonymous"],
+        "POST /api/v1/tokens/$",
+        0,
+    )
+    assert result["cases"] == {"operator": 3, "anonymous": 3}
+
+    api_schema.run(examples=5, seed=7)
+    assert (seen["GPUAAS_SCHEMATHESIS_PERSONAS"], seen["GPUAAS_SCHEMATHESIS_ONLY"]) == ("operator,bob,anonymous", "")
+    with pytest.raises(SystemExit, match="not a regular expression"):
+        api_schema.run(examples=5, seed=7, operations="(")
+
+
+def test_the_personas_run_are_those_the_bench_names(monkeypatch):
+    monkeypatch.delenv("GPUAAS_SCHEMATHESIS_PERSONAS", raising=False)
+    assert selected_personas() == ["operator", "bob", "anonymous"]
+    monkeypatch.setenv("GPUAAS_SCHEMATHESIS_PERSONAS", "anonymous,bob")
+    assert selected_personas() == ["bob", "anonymous"]
+    monkeypatch.setenv("GPUAAS_SCHEMATHESIS_PERSONAS", "bob,alice")
+    with pytest.raises(ValueError, match="alice"):
+        selected_personas()
