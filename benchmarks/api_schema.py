@@ -1,5 +1,5 @@
-"""`python manage.py bench schemathesis [--examples N] [--seed S] [--coverage]`: the schema test, longer
-and randomised.
+"""`python manage.py bench schemathesis [--examples N] [--seed S] [--coverage] [--persona P] [--operations RE]`:
+the schema test, longer and randomised.
 
 `make test` runs tests/api/test_api_schemathesis.py derandomised (a fixed seed, 10 examples per
 operation, plus the examples recorded in tests/api/schemathesis-examples/), so the same code always
@@ -11,7 +11,9 @@ failure of each check, 0 included: ServerError, JsonSchemaError, AcceptedNegativ
 
 The test runs in a pytest subprocess, in pytest's own throwaway database; it reads the committed
 example database but never writes to it (recording is GPUAAS_SCHEMATHESIS_RECORD=1, which this never
-sets). Needs the source checkout: the test lives in tests/, which the image does not ship.
+sets). --persona and --operations run a part of it (some personas, the operations whose label matches a
+regular expression), to replay a failure or iterate on a fix quickly. Needs the source checkout: the test
+lives in tests/, which the image does not ship.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,7 @@ from .registry import Smoke, arg, benchmark
 from .targets import correctness
 
 TEST = Path("tests") / "api" / "test_api_schemathesis.py"
+PERSONAS = ("operator", "bob", "anonymous")  # bob: a member of team-a
 
 
 # The failure of each of schemathesis' checks (4.32: schemathesis.checks.CHECKS), counted even at 0.
@@ -87,13 +91,39 @@ def summarise(lines: list[dict]) -> dict:
             action="store_true",
             help="schemathesis' coverage phase too (about 6,000 fixed cases per persona, sent before fuzzing)",
         ),
+        arg(
+            "--persona",
+            action="append",
+            choices=PERSONAS,
+            default=None,
+            help="only this persona (repeat for several; default: all three; bob is a member of team-a)",
+        ),
+        arg(
+            "--operations",
+            default="",
+            help="only the operations whose label matches this regular expression (e.g. 'POST /api/v1/tokens/')",
+        ),
     ],
     targets=[correctness("failures", "==", 0)],
     smoke=Smoke(skip="make test runs the same test derandomised (tests/api/test_api_schemathesis.py)"),
 )
-def run(*, examples: int, seed: int | None, coverage: bool = False, stdout=None, **_) -> dict:
+def run(
+    *,
+    examples: int,
+    seed: int | None,
+    coverage: bool = False,
+    persona: list[str] | None = None,
+    operations: str = "",
+    stdout=None,
+    **_,
+) -> dict:
     if examples < 1:
         raise SystemExit("--examples must be at least 1")
+    try:
+        re.compile(operations)
+    except re.error as exc:
+        raise SystemExit(f"--operations is not a regular expression: {exc}") from None
+    personas = [name for name in PERSONAS if name in (persona or PERSONAS)]
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     base = Path(settings.BASE_DIR)
@@ -107,6 +137,8 @@ def run(*, examples: int, seed: int | None, coverage: bool = False, stdout=None,
             "GPUAAS_SCHEMATHESIS_SEED": str(seed),
             "GPUAAS_SCHEMATHESIS_REPORT": str(report),
             "GPUAAS_SCHEMATHESIS_COVERAGE": "1" if coverage else "0",
+            "GPUAAS_SCHEMATHESIS_PERSONAS": ",".join(personas),
+            "GPUAAS_SCHEMATHESIS_ONLY": operations,
         }
         env.pop("GPUAAS_SCHEMATHESIS_RECORD", None)  # the committed example database stays as committed
         started = time.monotonic()
@@ -119,7 +151,7 @@ def run(*, examples: int, seed: int | None, coverage: bool = False, stdout=None,
         )
         seconds = round(time.monotonic() - started, 1)
         lines = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
-    if len(lines) < 3:  # one line per persona: the run broke before checking (a collection or fixture error)
+    if len(lines) < len(personas):  # one per persona: the run broke before checking (a collection or fixture error)
         exit_code = done.returncode
         raise RuntimeError(f"the schemathesis test did not report (pytest exit {exit_code}):\n{done.stdout[-4000:]}")
     summary = summarise(lines)
@@ -133,6 +165,8 @@ def run(*, examples: int, seed: int | None, coverage: bool = False, stdout=None,
         "examples": examples,
         "coverage": coverage,
         "seed": seed,
+        "personas": personas,
+        "only": operations or None,
         "operations": lines[0]["operations"],
         "cases": {line["persona"]: line["cases"] for line in lines},
         **summary,

@@ -60,7 +60,10 @@ class RangeQuerySerializer(QuerySerializer):
 
     def validate(self, attrs):
         end = attrs.get("end") or timezone.now()
-        start = attrs.get("start") or end - timedelta(hours=24)
+        try:
+            start = attrs.get("start") or end - timedelta(hours=24)
+        except OverflowError:  # an end within a day of 0001-01-01: the default start would come before it
+            raise serializers.ValidationError({"end": "too early to read the day before it; give start."}) from None
         if start >= end:
             raise serializers.ValidationError({"start": "start must be before end."})
         if end - start > MAX_RANGE:

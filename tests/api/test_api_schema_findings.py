@@ -259,3 +259,11 @@ def test_a_number_where_the_schema_says_string_is_a_400_not_stored_as_text(opera
 
     assert response.status_code == 400
     assert response.json() == {"name": ["Not a valid string."]}
+
+
+def test_an_end_on_the_first_day_of_year_one_is_a_400_not_a_500(operator):
+    """The 75-example run (issue #31, seed 1829429731): the default start, end - 24 h, overflowed."""
+    response = client_for(operator).get("/api/v1/monitoring/pools/?end=0001-01-01T00:09:06Z")
+
+    assert response.status_code == 400
+    assert response.json() == {"end": ["too early to read the day before it; give start."]}

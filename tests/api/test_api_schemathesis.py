@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
 import sys
 from datetime import time, timedelta
 from pathlib import Path
@@ -51,7 +52,7 @@ from schemathesis.generation.overrides import Override
 from schemathesis.openapi.checks import RejectedPositiveData
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from gpuaas.env import env_bool, env_int, env_str
+from gpuaas.env import env_bool, env_int, env_list, env_str
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
 from dashboard_world import add_signals, build_world  # noqa: E402
@@ -158,6 +159,12 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
         "POST /api/v1/mig-reconfigurations/",
         {"per_gpu", "named"},
         "a layout's MIG profiles (and a named mig-parted config) must fit the node's GPUs",
+    ),
+    (
+        "POST /api/v1/mig-reconfigurations/",
+        {"non_field_errors"},
+        "exactly one of layout, named and per_gpu (null and empty count as not given), for a node whose GPUs"
+        " gpuaas knows and that can take it: a cross-field rule and the state of the world",
     ),
     *[
         (f"GET /api/v1/{path}", {"start", "end"}, "a time range: start before end, at most the range a read allows")
@@ -374,7 +381,16 @@ def test_the_seed_and_the_recorded_examples_hold(tmp_path):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == recorded  # read-only
 
 
-@pytest.mark.parametrize("persona", PERSONAS)
+def selected_personas() -> list[str]:
+    """The personas GPUAAS_SCHEMATHESIS_PERSONAS names (bench schemathesis --persona), in PERSONAS' order;
+    all three unless it is set."""
+    named = env_list("GPUAAS_SCHEMATHESIS_PERSONAS", PERSONAS)
+    if unknown := set(named) - set(PERSONAS):
+        raise ValueError(f"GPUAAS_SCHEMATHESIS_PERSONAS: no persona {', '.join(sorted(unknown))} (of {PERSONAS})")
+    return [persona for persona in PERSONAS if persona in named]
+
+
+@pytest.mark.parametrize("persona", selected_personas())
 def test_every_operation_answers_as_the_schema_says(request, monkeypatch, persona, api_schema, ids):
     from django.db import connection
 
@@ -483,6 +499,20 @@ def test_a_domain_refusal_excuses_a_400_naming_only_its_fields():
     assert not refused_for_a_domain_reason("POST /api/v1/tokens/", _Answer(400, {"project": ["x"]}))
 
 
+def test_a_reconfiguration_naming_only_its_node_is_a_documented_refusal(operator, ids):
+    """The 75-example run (issue #31): {"node": 1}, schema-valid, is refused (non_field_errors: exactly one
+    of layout, named and per_gpu), which a schema of optional, nullable properties cannot state."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(operator)
+    response = client.post("/api/v1/mig-reconfigurations/", {"node": ids["capacity/nodes"]}, format="json")
+
+    assert response.status_code == 400
+    assert response.json() == {"non_field_errors": ["give exactly one of a layout, a named config or per-GPU profiles"]}
+    assert refused_for_a_domain_reason("POST /api/v1/mig-reconfigurations/", response)
+
+
 def test_every_check_schemathesis_has_runs():
     from schemathesis.checks import load_all_checks
 
@@ -507,3 +537,48 @@ def test_the_bench_counts_every_kind_for_every_persona():
     assert summary["failures_by_kind"] == {kind: int(kind == "JsonSchemaError") for kind in sorted(KINDS)}
     assert summary["failures_by_persona"]["bob"] == dict.fromkeys(sorted(KINDS), 0)
     assert summary["failing_operations"] == {"GET /api/v1/pools/": ["operator"]}
+
+
+def test_the_bench_runs_the_personas_and_operations_it_is_given(monkeypatch, tmp_path):
+    """--persona and --operations reach the test (GPUAAS_SCHEMATHESIS_PERSONAS, GPUAAS_SCHEMATHESIS_ONLY),
+    and one report line per persona run is enough."""
+    from benchmarks import api_schema
+
+    seen = {}
+
+    def fake_pytest(command, *, env, **_):
+        seen.update(env)
+        with open(env["GPUAAS_SCHEMATHESIS_REPORT"], "a") as out:
+            for persona in env["GPUAAS_SCHEMATHESIS_PERSONAS"].split(","):
+                line = {"persona": persona, "database": "sqlite", "operations": 1, "cases": 3, "failures": {}}
+                out.write(json.dumps(line) + "\n")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(api_schema.subprocess, "run", fake_pytest)
+    result = api_schema.run(examples=5, seed=7, persona=["anonymous", "operator"], operations="POST /api/v1/tokens/$")
+
+    assert (seen["GPUAAS_SCHEMATHESIS_PERSONAS"], seen["GPUAAS_SCHEMATHESIS_ONLY"]) == (
+        "operator,anonymous",
+        "POST /api/v1/tokens/$",
+    )
+    assert (result["personas"], result["only"], result["failures"]) == (
+        ["operator", "anonymous"],
+        "POST /api/v1/tokens/$",
+        0,
+    )
+    assert result["cases"] == {"operator": 3, "anonymous": 3}
+
+    api_schema.run(examples=5, seed=7)
+    assert (seen["GPUAAS_SCHEMATHESIS_PERSONAS"], seen["GPUAAS_SCHEMATHESIS_ONLY"]) == ("operator,bob,anonymous", "")
+    with pytest.raises(SystemExit, match="not a regular expression"):
+        api_schema.run(examples=5, seed=7, operations="(")
+
+
+def test_the_personas_run_are_those_the_bench_names(monkeypatch):
+    monkeypatch.delenv("GPUAAS_SCHEMATHESIS_PERSONAS", raising=False)
+    assert selected_personas() == ["operator", "bob", "anonymous"]
+    monkeypatch.setenv("GPUAAS_SCHEMATHESIS_PERSONAS", "anonymous,bob")
+    assert selected_personas() == ["bob", "anonymous"]
+    monkeypatch.setenv("GPUAAS_SCHEMATHESIS_PERSONAS", "bob,alice")
+    with pytest.raises(ValueError, match="alice"):
+        selected_personas()
