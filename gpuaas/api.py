@@ -16,6 +16,7 @@ from django.db import connections
 from django_filters import filters
 from django_filters.rest_framework import DjangoFilterBackend
 from django_filters.utils import get_model_field
+from rest_framework import filters as drf_filters
 from rest_framework import serializers
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.routers import APIRootView, DefaultRouter
@@ -151,6 +152,16 @@ def _bound(field, low: int, high: int) -> None:
     ]
     field.validators = [v for v in field.validators if v not in looser]
     field.validators += [_whole, MinValueValidator(low), MaxValueValidator(high)]
+
+
+class OrderingFilter(drf_filters.OrderingFilter):
+    """DRF's ordering filter, refusing what the schema refuses: every text parameter takes no NUL character
+    (gpuaas.schema.NO_NUL_PATTERN), and DRF would silently ignore such an ordering and answer 200."""
+
+    def get_ordering(self, request, queryset, view):
+        if any("\x00" in value for value in request.query_params.getlist(self.ordering_param)):
+            raise serializers.ValidationError({self.ordering_param: ["Null characters are not allowed."]})
+        return super().get_ordering(request, queryset, view)
 
 
 class QuerySerializer(serializers.Serializer):

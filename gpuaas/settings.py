@@ -260,7 +260,7 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [
         "gpuaas.api.FilterBackend",  # integer filters bounded to their column's range
-        "rest_framework.filters.OrderingFilter",
+        "gpuaas.api.OrderingFilter",  # DRF's, with a NUL character refused as the schema says
     ],
     "DEFAULT_THROTTLE_CLASSES": [
         "gpuaas.access.AnonThrottle",  # per client address behind the ingress (TRUSTED_PROXY_COUNT)

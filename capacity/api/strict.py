@@ -35,6 +35,7 @@ def unknown_fields(serializer: serializers.Serializer, data) -> list[str]:
 
 NOT_AN_ID = "Give an id (or null), not an empty string."
 NOT_A_STRING = "Not a valid string."
+NOT_A_BOOLEAN = "Must be true or false."
 
 
 class StrictFieldsMixin:
@@ -65,6 +66,20 @@ class StrictFieldsMixin:
                     and not isinstance(data[name], str)
                 }
             )
+            # DRF's BooleanField also takes 0, 1, "yes" and "on"; a JSON body's boolean is true or false (an
+            # HTML form's fields are text, so only parsed JSON is held to it).
+            if not hasattr(data, "getlist"):
+                refused.update(
+                    {
+                        name: [NOT_A_BOOLEAN]
+                        for name, field in self.fields.items()
+                        if isinstance(field, serializers.BooleanField)
+                        and not field.read_only
+                        and name in data
+                        and not isinstance(data[name], bool)
+                        and not (data[name] is None and field.allow_null)
+                    }
+                )
         try:
             value = super().to_internal_value(data)
         except ValidationError as exc:

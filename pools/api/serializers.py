@@ -809,7 +809,7 @@ class NewApiTokenSerializer(ApiTokenSerializer):
         return token.plain_key
 
 
-class LendingSerializer(serializers.Serializer):
+class LendingSerializer(StrictSerializer):
     """Opt a pool in or out of lending its idle units (docs/queue.md, Borrowing)."""
 
     lending_enabled = serializers.BooleanField()

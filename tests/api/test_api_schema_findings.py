@@ -267,3 +267,25 @@ def test_an_end_on_the_first_day_of_year_one_is_a_400_not_a_500(operator):
 
     assert response.status_code == 400
     assert response.json() == {"end": ["too early to read the day before it; give start."]}
+
+
+def test_an_ordering_with_a_nul_character_is_a_400_not_ignored(operator, project):
+    """The 75-example run (issue #31): every text parameter's schema refuses NUL, yet DRF's ordering filter
+    dropped such an ordering and answered 200 (here on a project's members, an action without a list)."""
+    for url in (f"/api/v1/projects/{project.pk}/members/", "/api/v1/pools/"):
+        response = client_for(operator).get(url, {"ordering": "name\x00x"})
+
+        assert response.status_code == 400, url
+        assert response.json() == {"ordering": ["Null characters are not allowed."]}
+    assert client_for(operator).get("/api/v1/pools/", {"ordering": "-id"}).status_code == 200
+
+
+def test_a_json_boolean_is_true_or_false_not_a_number(operator, project):
+    """The 75-example run (issue #31): {"lending_enabled": 0} was taken as false. Strict serializers now hold
+    every JSON boolean to true or false; an HTML form's "on" stays the browsable API's business."""
+    response = client_for(operator).post(
+        "/api/v1/pool-requests/dry-run/", {"project": project.pk, "vm": 0}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["vm"] == ["Must be true or false."]

@@ -146,6 +146,13 @@ def test_only_the_lenders_admins_and_operators_toggle_lending(sim, make_request,
     pool.refresh_from_db()
     assert pool.lending_enabled is False  # nothing changed
     assert api(alice).post(url, {"lending_enabled": "maybe"}, format="json").status_code == 400
+    # Schemathesis, 75 examples (issue #31): DRF's BooleanField took 0 and "yes" where the schema says boolean.
+    for not_a_boolean in (0, 1, "true", "yes", None):
+        response = api(alice).post(url, {"lending_enabled": not_a_boolean}, format="json")
+        assert response.status_code == 400, not_a_boolean
+        assert "lending_enabled" in response.json()
+    pool.refresh_from_db()
+    assert pool.lending_enabled is False
     response = api(alice).post(url, {"lending_enabled": True}, format="json")
     assert response.status_code == 200
     assert response.data["lending_enabled"] is True
