@@ -197,7 +197,7 @@ def test_every_member_list_starts_from_the_members_projects():
 
 
 @pytest.mark.django_db
-def test_in_projects_of_keeps_the_rows_of_the_users_projects_in_one_query():
+def test_in_projects_of_keeps_the_rows_of_the_users_projects():
     User = get_user_model()
     member = User.objects.create_user("member")
     projects = [Project.objects.create(name=f"P{i}", slug=f"p{i}", namespace=f"p{i}") for i in range(3)]
@@ -206,12 +206,14 @@ def test_in_projects_of_keeps_the_rows_of_the_users_projects_in_one_query():
     for project in projects:
         PoolRequest.objects.create(project=project, product="H100-80GB", count=1)
 
-    mine = PoolRequest.objects.filter(roles.in_projects_of(member))
+    with CaptureQueriesContext(connection) as reading:
+        mine = PoolRequest.objects.filter(roles.in_projects_of(member))
+    assert len(reading) == 1  # the member's project ids, read before the list
     with CaptureQueriesContext(connection) as captured:
         assert sorted(mine.values_list("project_id", flat=True)) == [projects[0].pk, projects[1].pk]
     assert len(captured) == 1
-    if connection.vendor == "postgresql":
-        assert "= ANY(ARRAY(" in captured[0]["sql"]
+    if connection.vendor == "postgresql":  # the ids are constants the planner can count, not a subquery
+        assert "= ANY('{" in captured[0]["sql"] and "permission" not in captured[0]["sql"]
     assert not Project.objects.filter(roles.in_projects_of(User.objects.create_user("nobody"), "pk")).exists()
     assert roles.in_projects_of(User.objects.create_superuser("root", "", "x")) is None  # operators: every row
 
