@@ -289,16 +289,16 @@ class InProjectIds(Lookup):
 _REQUEST: ContextVar[object | None] = ContextVar("gpuaas_request", default=None)
 
 
-def _request_started(**kwargs) -> None:
+def request_began(**kwargs) -> None:
     _REQUEST.set(object())
 
 
-def _request_finished(**kwargs) -> None:
+def request_ended(**kwargs) -> None:
     _REQUEST.set(None)
 
 
-request_started.connect(_request_started, dispatch_uid="tenancy.roles.request_started")
-request_finished.connect(_request_finished, dispatch_uid="tenancy.roles.request_finished")
+request_started.connect(request_began, dispatch_uid="tenancy.roles.request_started")
+request_finished.connect(request_ended, dispatch_uid="tenancy.roles.request_finished")
 
 
 def project_ids_of(user, perm: str = "view_project") -> list[int] | None:

@@ -1,9 +1,12 @@
-"""tenancy.roles.project_ids_of: a member's project ids are read once per request, and afresh in the next one."""
+"""tenancy.roles.project_ids_of: a member's project ids are read once per request, and afresh in the next one.
+
+roles.request_began/request_ended are what Django's request_started/request_finished signals call; sent here
+directly because sending request_started itself would also close the test's database connection.
+"""
 
 from __future__ import annotations
 
 import pytest
-from django.core.signals import request_finished, request_started
 from rest_framework.test import APIClient
 
 from pools.models import PoolRequest
@@ -14,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_one_request_reads_the_ids_once_per_perm(bob, project, django_assert_num_queries):
-    request_started.send(sender=None)
+    roles.request_began()
     try:
         with django_assert_num_queries(1):
             assert roles.project_ids_of(bob) == [project.pk]
@@ -24,20 +27,20 @@ def test_one_request_reads_the_ids_once_per_perm(bob, project, django_assert_num
             assert roles.project_ids_of(bob, "manage_members") == []
             assert roles.project_ids_of(bob, "manage_members") == []
     finally:
-        request_finished.send(sender=None)
+        roles.request_ended()
 
 
 def test_the_next_request_reads_again_even_with_the_same_user_object(bob, project, django_assert_num_queries):
-    request_started.send(sender=None)
+    roles.request_began()
     assert roles.project_ids_of(bob) == [project.pk]
-    request_finished.send(sender=None)
+    roles.request_ended()
     roles.set_role(project, bob, None)
-    request_started.send(sender=None)
+    roles.request_began()
     try:
         with django_assert_num_queries(1):
             assert roles.project_ids_of(bob) == []
     finally:
-        request_finished.send(sender=None)
+        roles.request_ended()
 
 
 def test_outside_a_request_nothing_is_kept(bob, project, django_assert_num_queries):
