@@ -6,9 +6,12 @@ their own: they are scoped with `project__in=projects_for(user)`, one subquery, 
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 from django.contrib.auth.models import Group
+from django.core.signals import request_finished, request_started
 from django.db import transaction
-from django.db.models import F, Lookup, QuerySet, Subquery
+from django.db.models import F, Lookup, QuerySet
 from guardian.shortcuts import assign_perm
 
 from .choices import Role
@@ -257,14 +260,16 @@ def mapped_groups_exist(groups) -> bool:
 
 
 class InProjectIds(Lookup):
-    """`column IN (subquery of project ids)`; on PostgreSQL `column = ANY(ARRAY(subquery))`.
+    """`column IN (the user's project ids)`, the ids as literals: on PostgreSQL `column = ANY(%s)`, one array.
 
-    PostgreSQL estimates `IN (subquery)` from the averages of the whole column and, with thousands of
-    projects, joins whole tables before it filters (bench api: 86 ms for a member's page of 50). As an
-    array the subquery runs once first (an InitPlan) and the planner counts on a handful of ids, so a
-    member's list starts with an index scan of their own projects' rows and costs the same however much
-    history other projects have (tests/foundation/test_member_list_plans.py pins those plans). Still one
-    query per list: no round trip to read the ids first.
+    The ids are read first (project_ids_of: one short query, once per request) rather than inlined as a
+    subquery. With a subquery, even as `= ANY(ARRAY(subquery))` (an InitPlan), PostgreSQL cannot see how
+    many ids there are: it assumes a fixed fraction of the table and, for a list ordered by creation,
+    walks the whole `created_at DESC` index filtering rows, which is slowest exactly for members of old
+    projects (issue 28: a member's page of 50 pool requests took seconds at a million requests). With the
+    ids as an array of constants it estimates from the column statistics, starts from an index scan of
+    those projects' rows and sorts the few hundred it finds (tests/foundation/test_member_list_plans.py
+    pins those plans). An empty list matches nothing.
     """
 
     lookup_name = "in_project_ids"  # used directly (in_projects_of), never registered on a field
@@ -272,20 +277,61 @@ class InProjectIds(Lookup):
 
     def as_sql(self, compiler, connection):
         lhs, lhs_params = self.process_lhs(compiler, connection)
-        rhs, rhs_params = compiler.compile(self.rhs)
-        return f"{lhs} IN {rhs}", (*lhs_params, *rhs_params)
+        if not self.rhs:
+            return "1 = 0", ()
+        return f"{lhs} IN ({', '.join(['%s'] * len(self.rhs))})", (*lhs_params, *self.rhs)
 
     def as_postgresql(self, compiler, connection):
         lhs, lhs_params = self.process_lhs(compiler, connection)
-        rhs, rhs_params = compiler.compile(self.rhs)
-        return f"{lhs} = ANY(ARRAY{rhs})", (*lhs_params, *rhs_params)
+        return f"{lhs} = ANY(%s)", (*lhs_params, list(self.rhs))
+
+
+_REQUEST: ContextVar[object | None] = ContextVar("gpuaas_request", default=None)
+
+
+def request_began(**kwargs) -> None:
+    _REQUEST.set(object())
+
+
+def request_ended(**kwargs) -> None:
+    _REQUEST.set(None)
+
+
+request_started.connect(request_began, dispatch_uid="tenancy.roles.request_started")
+request_finished.connect(request_ended, dispatch_uid="tenancy.roles.request_finished")
+
+
+def project_ids_of(user, perm: str = "view_project") -> list[int] | None:
+    """project_ids_for(user, perm) read into a sorted list; None for operators who see every project.
+
+    Inside a request the list is kept on the user object, per perm, so every list and subquery of the
+    request reads it once. It is stamped with the request it was read in (a token set at Django's
+    request_started signal, cleared at request_finished): a user object reused by a later request (the
+    test client's force_authenticate does that) reads again, so a role removed takes effect on the next
+    request. Outside a request (tasks, commands, shells) nothing is kept: each call reads.
+    """
+    request = _REQUEST.get()
+    cache = getattr(user, "_project_ids_cache", None) if request is not None else None
+    if cache is not None and cache[0] is request and perm in cache[1]:
+        return cache[1][perm]
+    ids = project_ids_for(user, perm)
+    if ids is not None:
+        signed_in = user is not None and user.is_authenticated and user.is_active
+        ids = sorted(row["content_object_id"] for row in ids) if signed_in else []
+    if request is not None and user is not None and user.is_authenticated:
+        if cache is None or cache[0] is not request:
+            cache = (request, {})
+            user._project_ids_cache = cache
+        cache[1][perm] = ids
+    return ids
 
 
 def in_projects_of(user, column: str = "project_id", perm: str = "view_project") -> InProjectIds | None:
     """The condition "`column` is one of the projects on which `user` holds `perm`"; None for operators.
 
     `column` is a path to a project id (`project_id`, `allocation__project_id`). For scoping big tables:
-    `queryset.filter(condition)`, or inside Q(...) | Q(...).
+    `queryset.filter(condition)`, or inside Q(...) | Q(...). The ids come from project_ids_of (read once
+    per request, then literals in the SQL).
     """
-    ids = project_ids_for(user, perm)
-    return None if ids is None else InProjectIds(F(column), Subquery(ids))
+    ids = project_ids_of(user, perm)
+    return None if ids is None else InProjectIds(F(column), ids)

@@ -37,6 +37,11 @@ MEMBER_PROJECTS = 3
 REQUESTS_PER_MEMBER_PROJECT = 30  # the member's history fills more than a page of 50
 RELEASED_POOLS_PER_OTHER_PROJECT = 5  # others' history: released requests and their pools
 BIG = 1000  # a history table with more rows than this is never read whole by a member's list
+# ... except a table joined to the member's rows: with the project ids as literals the planner knows it has
+# about a hundred of them, and at this world's size hashing a joined table of ~20,000 rows (3 ms) is cheaper
+# than a hundred index probes. At fleet size it probes (bench fleet, issue 28); a table this big read whole
+# would still fail.
+JOINED_BIG = 100_000
 # Tables that grow with history (every project's requests, pools, units, hours, months, events). Users
 # and projects are the fleet itself: with 3,000 of them a hash join may still read them whole.
 HISTORY = {
@@ -159,7 +164,8 @@ def _plan_problems(sql: str, table: str, sizes: dict[str, int]) -> list[str]:
         relation = node.get("Relation Name")
         if relation is None:
             continue
-        if node["Node Type"] == "Seq Scan" and relation in HISTORY and sizes.get(relation, 0) > BIG:
+        whole = BIG if relation == table else JOINED_BIG
+        if node["Node Type"] == "Seq Scan" and relation in HISTORY and sizes.get(relation, 0) > whole:
             problems.append(f"Seq Scan on {relation} ({sizes[relation]} rows)")
         if relation == table and "project_id" not in _conditions(node):
             problems.append(f"{node['Node Type']} on {table} without a project index condition: {node}")
@@ -197,7 +203,7 @@ def test_every_member_list_starts_from_the_members_projects():
 
 
 @pytest.mark.django_db
-def test_in_projects_of_keeps_the_rows_of_the_users_projects_in_one_query():
+def test_in_projects_of_keeps_the_rows_of_the_users_projects():
     User = get_user_model()
     member = User.objects.create_user("member")
     projects = [Project.objects.create(name=f"P{i}", slug=f"p{i}", namespace=f"p{i}") for i in range(3)]
@@ -206,12 +212,14 @@ def test_in_projects_of_keeps_the_rows_of_the_users_projects_in_one_query():
     for project in projects:
         PoolRequest.objects.create(project=project, product="H100-80GB", count=1)
 
-    mine = PoolRequest.objects.filter(roles.in_projects_of(member))
+    with CaptureQueriesContext(connection) as reading:
+        mine = PoolRequest.objects.filter(roles.in_projects_of(member))
+    assert len(reading) == 1  # the member's project ids, read before the list
     with CaptureQueriesContext(connection) as captured:
         assert sorted(mine.values_list("project_id", flat=True)) == [projects[0].pk, projects[1].pk]
     assert len(captured) == 1
-    if connection.vendor == "postgresql":
-        assert "= ANY(ARRAY(" in captured[0]["sql"]
+    if connection.vendor == "postgresql":  # the ids are constants the planner can count, not a subquery
+        assert "= ANY('{" in captured[0]["sql"] and "permission" not in captured[0]["sql"]
     assert not Project.objects.filter(roles.in_projects_of(User.objects.create_user("nobody"), "pk")).exists()
     assert roles.in_projects_of(User.objects.create_superuser("root", "", "x")) is None  # operators: every row
 

@@ -81,10 +81,10 @@ def token_client(bob):
     return client
 
 
-# token lookup, COUNT(*), the page (joins and annotations inside); projects: the same three;
-# pools: two more, the page's clusters (PoolCluster with units held, prefetched) and its held units (their shares
-# of a GPU, prefetched).
-EXPECTED = {"/api/v1/pool-requests/": 3, "/api/v1/allocations/": 3, "/api/v1/pools/": 5, "/api/v1/projects/": 3}
+# token lookup, the caller's project ids (tenancy.roles.project_ids_of: read once per request, then literals),
+# COUNT(*), the page (joins and annotations inside); projects: the same four; pools: two more, the page's
+# clusters (PoolCluster with units held, prefetched) and its held units (their shares of a GPU, prefetched).
+EXPECTED = {"/api/v1/pool-requests/": 4, "/api/v1/allocations/": 4, "/api/v1/pools/": 6, "/api/v1/projects/": 4}
 
 
 @pytest.mark.parametrize("url", list(EXPECTED))
