@@ -13,11 +13,14 @@ pytestmark = pytest.mark.django_db
 # Measured on this world; the point is they do not move when the fleet grows (checked below).
 # 2 of them read the session and the user; a multi-device pod adds up to 2 (resolving its device UUIDs);
 # 1 (2 on the node view: its tiles' labels and the rules listed) reads the tier profile policies.
-OVERVIEW_MAX = 22  # 1 of them sums the held units' shares of a GPU (Allocation.objects.counted)
+# 1 sums the held units' shares of a GPU (Allocation.objects.counted); 1 reads the rate cards the month's
+# showback is priced with (billing.services.lines groups usage by card, then prices each card once).
+OVERVIEW_MAX = 23
 CLUSTER_MAX = 21
 # 2 of them read the trespass panel, 1 the pools' clusters (units per cluster), 1 best-effort requests, 1 the
-# pools' held units (their shares of a GPU).
-PROJECT_LIST_MAX = 14
+# pools' held units (their shares of a GPU), 1 the member's project ids (tenancy.roles.project_ids_of: read once
+# per request, then literals in every list's SQL).
+PROJECT_LIST_MAX = 15
 # 10 of them read the monitoring tab's series (monitoring.readers), 4 of those the raw samples after the last
 # finished rollup; 1 reads the pool's clusters, 1 its held units (their shares of a GPU). The pods section
 # (monitoring.readers.pool_pods) adds up to 7 whatever the number of pods: the pool's units, their series, the
