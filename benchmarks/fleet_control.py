@@ -81,11 +81,14 @@ def _ms(seconds: float) -> float:
 
 
 def _figure(name: str, value: float, floor: float, *, ms: bool = False) -> dict:
-    """`name`, `name_floor` and `name_ratio` (in ms when `ms`, else seconds)."""
+    """`name`, `name_floor` and `name_ratio` (in ms when `ms`, else seconds). The ratio is that of the figures
+    as printed, so a reader who divides the two numbers of the line gets it (a floor of a few milliseconds
+    printed to 3 decimals in seconds would otherwise disagree with the ratio by more than its rounding)."""
     shown = _ms if ms else (lambda s: round(s, 3))
+    value, floor = shown(value), shown(floor)
     return {
-        name: shown(value),
-        f"{name}_floor": shown(floor),
+        name: value,
+        f"{name}_floor": floor,
         f"{name}_ratio": round(value / floor, 2) if floor else None,
     }
 
