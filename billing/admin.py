@@ -17,6 +17,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 
 from gpuaas.admin_paging import FleetScaleAdminMixin
+from gpuaas.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 from tenancy.roles import operator_can
 
 from . import charts, exports, services
@@ -132,7 +133,7 @@ class RateCardAdmin(admin.ModelAdmin):
 # --- Statements -----------------------------------------------------------------------------------
 
 
-class StatementLineInline(admin.TabularInline):
+class StatementLineInline(ReadOnlyInline):
     model = StatementLine
     fk_name = "statement"
     verbose_name_plural = "lines"
@@ -150,15 +151,9 @@ class StatementLineInline(admin.TabularInline):
         "reason",
         "created_by",
     ]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("created_by")
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
     def has_change_permission(self, request, obj=None):
         return False
@@ -306,7 +301,7 @@ class StatementAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
+class UsageRecordAdmin(ReadOnlyAdminMixin, FleetScaleAdminMixin, admin.ModelAdmin):
     list_display = [
         "hour",
         "project",
@@ -332,15 +327,6 @@ class UsageRecordAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     @admin.display(description="reserved")
     def reserved(self, obj):
         return f"{obj.reserved_amount:.4f}"
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 # --- Runs -------------------------------------------------------------------------------------------
@@ -421,7 +407,7 @@ class BillingRunAdmin(admin.ModelAdmin):
 
 
 @admin.register(MeteringWatermark)
-class MeteringWatermarkAdmin(admin.ModelAdmin):
+class MeteringWatermarkAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Where metering stands: every hour before metered_until has been metered."""
 
     list_display = ["metered_until", "updated_at", "behind"]
@@ -430,12 +416,3 @@ class MeteringWatermarkAdmin(admin.ModelAdmin):
     @admin.display(description="hours behind")
     def behind(self, obj):
         return max(0, int((floor_hour(timezone.now()) - obj.metered_until).total_seconds() // 3600))
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

@@ -18,6 +18,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from gpuaas.admin_paging import FleetScaleAdminMixin
+from gpuaas.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 
 from . import tiers
 from .adapters import kubernetes as kube
@@ -47,17 +48,8 @@ from .services import tiers as tier_services
 from .tasks import queue_discovery
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Mirror of cluster state: viewable, never edited by hand."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 def _count(queryset, group_by: str):
@@ -198,27 +190,15 @@ class DiscoveryRunAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
         return (obj.error[:80] + "…") if len(obj.error) > 80 else obj.error
 
 
-class GpuInline(admin.TabularInline):
+class GpuInline(ReadOnlyInline):
     model = GpuCapacity
     fields = ["index", "uuid", "product", "memory_mib", "mig_mode_current", "health", "lost_at"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
     show_change_link = True
 
-    def has_add_permission(self, request, obj=None):
-        return False
 
-
-class SpecInline(admin.TabularInline):
+class SpecInline(ReadOnlyInline):
     model = SpecAndCount
     fields = ["resource_name", "kind", "product", "profile_name", "count", "allocatable", "replicas"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 class NodeStateFilter(admin.SimpleListFilter):

@@ -8,6 +8,8 @@ return False from has_change_permission so that no form edits their rows; their 
 
 from __future__ import annotations
 
+from django.contrib import admin
+
 from tenancy.roles import operator_can
 
 
@@ -17,3 +19,33 @@ class OperatorActionsMixin:
     def has_operate_permission(self, request) -> bool:
         opts = self.opts
         return operator_can(request.user, f"{opts.app_label}.change_{opts.model_name}")
+
+
+class ReadOnlyAdminMixin:
+    """A console (or inline) that shows rows and never edits them: no add, change or delete form.
+
+    For audit trails and mirrors of cluster state, which change only through services and actions.
+    `obj=None` on add keeps the one signature valid for ModelAdmin and InlineModelAdmin alike.
+    """
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """An inline audit or mirror under its parent: every listed field shown, none added, edited or deleted."""
+
+    extra = 0
+    can_delete = False
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from gpuaas.admin_paging import FleetScaleAdminMixin
-from gpuaas.admin_permissions import OperatorActionsMixin
+from gpuaas.admin_permissions import OperatorActionsMixin, ReadOnlyAdminMixin
 
 from . import readers
 from .buckets import BUCKET, floor
@@ -37,15 +37,8 @@ from .tasks import evict_over_share_task, evict_trespass_task
 LEVEL_COLOURS = {HealthLevel.NORMAL: "#2e7d32", HealthLevel.WARNING: "#ef6c00", HealthLevel.CRITICAL: "#c62828"}
 
 
-class ReadOnlyAdmin(OperatorActionsMixin, admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+class ReadOnlyAdmin(ReadOnlyAdminMixin, OperatorActionsMixin, admin.ModelAdmin):
+    """Health events and metrics: recorded by the collectors, acted on through actions, never edited."""
 
 
 def _unit(gpu, mig_instance) -> str:

@@ -6,20 +6,16 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 
+from gpuaas.admin_permissions import ReadOnlyInline
+
 from . import services
 from .choices import PROJECT_KINDS
 from .models import Delivery, Event, Preference, WebhookEndpoint
 
 
-class DeliveryInline(admin.TabularInline):
+class DeliveryInline(ReadOnlyInline):
     model = Delivery
-    extra = 0
     fields = ["channel", "address", "state", "attempts", "last_status", "last_error", "sent_at"]
-    readonly_fields = fields
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Event)

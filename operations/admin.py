@@ -39,7 +39,7 @@ from capacity.models import (
     NodeCapacity,
 )
 from capacity.services import mig_configs, planning
-from gpuaas.admin_permissions import OperatorActionsMixin
+from gpuaas.admin_permissions import OperatorActionsMixin, ReadOnlyInline
 from tenancy.roles import require_operator_perms
 
 from . import maintenance, rebalancing
@@ -118,16 +118,10 @@ class ReconfigureForm(forms.Form):
         return data
 
 
-class StepInline(admin.TabularInline):
+class StepInline(ReadOnlyInline):
     model = MigReconfigurationStep
     fields = ["at", "step", "event", "message", "task_id", "actor"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
     ordering = ["at", "id"]
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
     def has_change_permission(self, request, obj=None):
         return False

@@ -16,6 +16,7 @@ from django.utils.html import format_html
 
 from capacity.models import Cluster
 from gpuaas.admin_paging import FleetScaleAdminMixin
+from gpuaas.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 from tenancy import roles
 
 from . import lending, queue, services
@@ -83,15 +84,9 @@ def run_with_reason(model_admin, request, queryset, *, verb: str, title: str, ru
 # --- The approval queue --------------------------------------------------------------------------
 
 
-class TransitionInline(admin.TabularInline):
+class TransitionInline(ReadOnlyInline):
     model = PoolRequestTransition
     fields = ["at", "from_state", "to_state", "actor", "reason"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -244,33 +239,21 @@ class PoolRequestAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
 # --- Pools and allocations -----------------------------------------------------------------------
 
 
-class AllocationInline(admin.TabularInline):
+class AllocationInline(ReadOnlyInline):
     model = Allocation
     fields = ["kind", "product", "profile_name", "gpu", "mig_instance", "replica", "allocated_at", "released_at"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
     show_change_link = True
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("gpu__node__cluster", "mig_instance__profile")
 
 
-class PoolClusterInline(admin.TabularInline):
+class PoolClusterInline(ReadOnlyInline):
     """The clusters a pool holds units on, with each one's units now and its provisioning there."""
 
     model = PoolCluster
     fields = ["cluster", "units_held", "units", "state", "provisioned_at", "deprovisioned_at", "reconciled_at", "error"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
     verbose_name_plural = "Clusters"
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
     def get_queryset(self, request):
         return super().get_queryset(request).with_units().select_related("cluster")
@@ -439,7 +422,7 @@ class AllocationAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Loan)
-class LoanAdmin(admin.ModelAdmin):
+class LoanAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Lent units: read-only; loans are made by the lending beat and end through reclaim (pools/lending.py)."""
 
     list_display = [
@@ -465,18 +448,9 @@ class LoanAdmin(admin.ModelAdmin):
     ]
     search_fields = ["borrower__slug", "lender_pool__name", "lender_pool__project__slug"]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(Eviction)
-class EvictionAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
+class EvictionAdmin(ReadOnlyAdminMixin, FleetScaleAdminMixin, admin.ModelAdmin):
     """The audit of every eviction gpuaas made when a reservation or a loan ended: read-only (pools/ending.py)."""
 
     list_display = ["at", "namespace", "pod_name", "outcome", "allocation", "loan", "project", "reason"]
@@ -485,33 +459,15 @@ class EvictionAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     search_fields = ["namespace", "pod_name", "project__slug"]
     date_hierarchy = "at"
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(BestEffortRequest)
-class BestEffortRequestAdmin(admin.ModelAdmin):
+class BestEffortRequestAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Best-effort requests: read-only; projects make and end them through the API, lend_idle serves them."""
 
     list_display = ["pk", "project", "spec_kind", "product", "profile_name", "count", "until", "state", "created_at"]
     list_filter = ["state", "spec_kind"]
     list_select_related = ["project"]
     search_fields = ["project__slug", "product", "profile_name"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 from . import queue_admin  # noqa: E402, F401  the queue's own admin pages (policies, entries, weights)

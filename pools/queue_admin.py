@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from gpuaas.admin_permissions import ReadOnlyInline
 from tenancy import roles
 
 from . import forecast, queue
@@ -74,16 +75,10 @@ class OnLoanFilter(admin.SimpleListFilter):
         return queryset
 
 
-class QueueEventInline(admin.TabularInline):
+class QueueEventInline(ReadOnlyInline):
     model = QueueEvent
     fk_name = "request"
     fields = ["action", "actor", "policy", "detail", "at"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(QueueEntry)
