@@ -140,14 +140,7 @@ class StatementLineInline(ReadOnlyInline):
     fields = [
         "line_type",
         "description",
-        "hourly_rate",
-        "hours",
-        "amount",
-        "used_amount",
-        "idle_amount",
-        "unmeasured_amount",
-        "sm_activity",
-        "energy_kwh",
+        *StatementLine.FIGURE_FIELDS,
         "reason",
         "created_by",
     ]

@@ -23,19 +23,8 @@ CSV_COLUMNS = [
     "currency",
     "line_type",
     "pool",
-    "kind",
-    "product",
-    "profile_name",
-    "replicas",
-    "description",
-    "hourly_rate",
-    "hours",
-    "amount",
-    "used_amount",
-    "idle_amount",
-    "unmeasured_amount",
-    "sm_activity",
-    "energy_kwh",
+    *StatementLine.SPEC_FIELDS,
+    *StatementLine.FIGURE_FIELDS,
     "reason",
     "usage_period",
 ]
@@ -44,14 +33,7 @@ NUMERIC_COLUMNS = frozenset(
     {
         "statement",
         "replicas",
-        "hourly_rate",
-        "hours",
-        "amount",
-        "used_amount",
-        "idle_amount",
-        "unmeasured_amount",
-        "sm_activity",
-        "energy_kwh",
+        *StatementLine.FIGURE_FIELDS,
     }
 )
 

@@ -390,6 +390,20 @@ LINE_ORDER = {
 class StatementLine(models.Model):
     """A line of a statement: reserved usage or a credit per pool, spec and rate; or an operator's adjustment."""
 
+    # What a line says it cost, in order: the admin's inline, the API's serializer and the CSV export.
+    FIGURE_FIELDS = (
+        "hourly_rate",
+        "hours",
+        "amount",
+        "used_amount",
+        "idle_amount",
+        "unmeasured_amount",
+        "sm_activity",
+        "energy_kwh",
+    )
+    # What it was for: the spec of a usage or credit line.
+    SPEC_FIELDS = ("kind", "product", "profile_name", "replicas", "description")
+
     statement = models.ForeignKey(Statement, on_delete=models.CASCADE, related_name="lines")
     line_type = models.CharField(max_length=16, choices=LineType)
     position = models.PositiveSmallIntegerField(
