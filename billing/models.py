@@ -20,6 +20,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from capacity.choices import SpecKind
+from gpuaas.api import DomainConflict
 
 from .choices import LineType, RunKind, RunStatus, StatementState
 from .periods import month_bounds
@@ -37,8 +38,8 @@ def default_vgpu_licence() -> Decimal:
     return Decimal(settings.BILLING_VGPU_LICENCE_HOURLY)
 
 
-class StatementFinalised(Exception):
-    """A finalised statement (or one of its lines) was asked to change."""
+class StatementFinalised(DomainConflict):
+    """A finalised statement (or one of its lines) was asked to change (the API answers 409)."""
 
 
 class MonthNotEnded(ValueError):

@@ -16,12 +16,44 @@ from django.db import connections
 from django_filters import filters
 from django_filters.rest_framework import DjangoFilterBackend
 from django_filters.utils import get_model_field
+from rest_framework import exceptions, serializers, status
 from rest_framework import filters as drf_filters
-from rest_framework import serializers
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.response import Response
 from rest_framework.routers import APIRootView, DefaultRouter
+from rest_framework.views import exception_handler as drf_exception_handler
 
 from .scopes import Scope
+
+
+class Conflict(exceptions.APIException):
+    """409: the object's state does not allow this (a view's own refusal, with its message)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The object's state does not allow this."
+    default_code = "conflict"
+
+
+class DomainConflict(Exception):
+    """A refusal by a workflow's rules (its state, or capacity short): the API answers 409.
+
+    Apps subclass it for their domain errors (pools.exceptions.DomainError, billing's
+    StatementFinalised, a reconfiguration's IllegalTransition), so services raise what they mean and no
+    view translates it; `detail` adds typed fields to the body (counts stay numbers).
+    """
+
+    def __init__(self, message: str, *, detail: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or {}
+
+
+def exception_handler(exc, context):
+    """DRF's handler, with a DomainConflict as a 409 `{"detail": message, **detail}` (settings EXCEPTION_HANDLER)."""
+    if isinstance(exc, DomainConflict):
+        return Response({"detail": exc.message, **exc.detail}, status=status.HTTP_409_CONFLICT)
+    return drf_exception_handler(exc, context)
+
 
 # The widest integer column of any supported database (SQLite's INTEGER, PostgreSQL's bigint).
 BIGINT_RANGE = (-(2**63), 2**63 - 1)

@@ -257,6 +257,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gpuaas.permissions.DeclaredScope"],  # refuses a view that declares no scope
     "DEFAULT_PAGINATION_CLASS": "gpuaas.api.Pagination",
+    "EXCEPTION_HANDLER": "gpuaas.api.exception_handler",  # domain refusals (DomainConflict) are 409s
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [
         "gpuaas.api.FilterBackend",  # integer filters bounded to their column's range

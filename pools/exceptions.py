@@ -1,15 +1,12 @@
-"""Domain errors of the pools workflow. The API maps them to HTTP statuses (pools/api/views.py)."""
+"""Domain errors of the pools workflow: each is a DomainConflict, which the API answers as a 409."""
 
 from __future__ import annotations
 
+from gpuaas.api import DomainConflict
 
-class DomainError(Exception):
-    """A request the workflow refuses in its current state (HTTP 409)."""
 
-    def __init__(self, message: str, *, detail: dict | None = None):
-        super().__init__(message)
-        self.message = message
-        self.detail = detail or {}
+class DomainError(DomainConflict):
+    """A request the workflow refuses in its current state (HTTP 409 with `detail`, gpuaas.api)."""
 
 
 class IllegalTransition(DomainError):

@@ -19,6 +19,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.api.strict import reject_body
+from gpuaas.api import Conflict
 from gpuaas.permissions import ProjectScopedQuerysetMixin
 from gpuaas.scopes import Scope
 
@@ -29,18 +30,10 @@ from ..models import (
     RateCard,
     RateCardEntry,
     Statement,
-    StatementFinalised,
     StatementLine,
     UsageRecord,
 )
 from . import filters, serializers
-
-
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "A finalised statement never changes."
-    default_code = "conflict"
-
 
 CONFLICT = OpenApiResponse(serializers.StatementConflictSerializer, description="The statement is finalised.")
 FMT = OpenApiParameter(
@@ -176,8 +169,6 @@ class StatementViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet
         reject_body(request)
         try:
             services.finalise_statement(statement, actor=request.user)
-        except StatementFinalised as exc:
-            raise Conflict(str(exc)) from None
         except MonthNotEnded as exc:
             raise exceptions.ValidationError({"period": [str(exc)]}) from None
         return Response(self._detail(statement))

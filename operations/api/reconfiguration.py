@@ -20,15 +20,10 @@ from rest_framework.response import Response
 from capacity.api.strict import StrictSerializer, reject_body
 from capacity.choices import ReconfigurationBackend
 from capacity.models import FORCE_PERMISSION, MigLayout, MigReconfiguration, MigReconfigurationStep, NodeCapacity
+from gpuaas.api import Conflict
 from gpuaas.scopes import Scope
 from operations import reconfiguration as rc
 from tenancy.roles import operator_can
-
-
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The reconfiguration's state does not allow this."
-    default_code = "conflict"
 
 
 class ReconfigurationConflictSerializer(serializers.Serializer):
@@ -208,7 +203,7 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
             raise exceptions.PermissionDenied(f"Forcing a reconfiguration needs the {FORCE_PERMISSION} permission.")
         try:
             reconf = rc.create_from(data, actor=request.user)
-        except (rc.Refused, rc.IllegalTransition) as exc:
+        except rc.Refused as exc:
             raise Conflict(str(exc)) from None
         except rc.ReconfigurationError as exc:
             raise serializers.ValidationError({"non_field_errors": [str(exc)]}) from None
@@ -217,10 +212,7 @@ class MigReconfigurationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelV
     def _transition(self, service):
         reconf = self.get_object()
         reject_body(self.request)
-        try:
-            result = service(reconf, actor=self.request.user)
-        except rc.IllegalTransition as exc:
-            raise Conflict(str(exc)) from None
+        result = service(reconf, actor=self.request.user)
         return Response(self.get_serializer(result).data)
 
     @extend_schema(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuaas.api import DomainConflict
+
 
 class ReconfigurationError(Exception):
     """A step failed; the reconfiguration stops in state failed with this message."""
@@ -17,7 +19,7 @@ class Refused(ReconfigurationError):
     """The check refused: allocated GPUs without drain, or outside a maintenance window without force."""
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(DomainConflict):
     """The operation does not apply in the current state (API: 409)."""
 
 

@@ -22,7 +22,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.api.strict import reject_body
-from gpuaas.api import usernames_only
+from gpuaas.api import Conflict, usernames_only
 from gpuaas.permissions import OwnUserQuerysetMixin, ProjectScopedQuerysetMixin
 from gpuaas.scopes import Scope
 from tenancy import roles
@@ -30,7 +30,6 @@ from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project
 
 from .. import forecast, lending, queue, queue_order, services
-from ..exceptions import DomainError
 from ..models import Allocation, BestEffortRequest, GpuPool, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy
 from . import filters, serializers
@@ -41,21 +40,6 @@ def validated_body(request, serializer_class=serializers.ReasonSerializer) -> di
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
-
-
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The object's state does not allow this."
-    default_code = "conflict"
-
-
-class DomainErrorsAs409:
-    """Map workflow refusals (IllegalTransition, InsufficientCapacity, ...) to 409 with their detail."""
-
-    def handle_exception(self, exc):
-        if isinstance(exc, DomainError):  # typed detail (counts stay numbers), so not via APIException
-            return Response({"detail": exc.message, **exc.detail}, status=status.HTTP_409_CONFLICT)
-        return super().handle_exception(exc)
 
 
 def require_project_perm(user, project_id: int, perm: str, message: str) -> None:
@@ -173,7 +157,6 @@ class ProjectViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
     ),
 )
 class PoolRequestViewSet(
-    DomainErrorsAs409,
     ProjectScopedQuerysetMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -395,7 +378,7 @@ class PoolRequestViewSet(
     partial_update=extend_schema(summary="Change part of an auto-approval policy (operators)"),
     destroy=extend_schema(summary="Delete an auto-approval policy (operators); one that approved requests is kept"),
 )
-class AutoApprovalPolicyViewSet(DomainErrorsAs409, viewsets.ModelViewSet):
+class AutoApprovalPolicyViewSet(viewsets.ModelViewSet):
     """Rules under which requests are approved without a person (pools/policies.py)."""
 
     queryset = AutoApprovalPolicy.objects.prefetch_related("projects").order_by("name", "id")
@@ -417,7 +400,7 @@ class AutoApprovalPolicyViewSet(DomainErrorsAs409, viewsets.ModelViewSet):
     list=extend_schema(summary="GPU pools of my projects, with their cards"),
     retrieve=extend_schema(summary="One GPU pool and its card"),
 )
-class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
+class GpuPoolViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
     queryset = GpuPool.objects.select_related("project", "cluster", "request")
     serializer_class = serializers.GpuPoolSerializer
     filterset_class = filters.GpuPoolFilter
@@ -475,7 +458,6 @@ class GpuPoolViewSet(DomainErrorsAs409, ProjectScopedQuerysetMixin, viewsets.Rea
     create=extend_schema(summary="Ask for best-effort units of a spec (project members)"),
 )
 class BestEffortRequestViewSet(
-    DomainErrorsAs409,
     ProjectScopedQuerysetMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
