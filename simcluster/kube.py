@@ -30,6 +30,10 @@ import json
 import re
 from dataclasses import dataclass
 
+import json_merge_patch
+import jsonpatch
+import jsonpointer
+
 from . import admission, disruption, dra, gpuoperator, scheduler
 from .state import Cluster, Node, Record
 
@@ -357,87 +361,29 @@ def fields_match(selectors, obj: dict) -> bool:
 
 
 def merge_patch(target: object, patch: object) -> object:
-    """RFC 7386 JSON merge patch: objects merge recursively, null deletes, the rest replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+    """RFC 7386 JSON merge patch (json-merge-patch): objects merge recursively, null deletes, the rest replaces.
+
+    The library merges into its first argument and shares the patch's values, so both are copied.
+    """
+    return json_merge_patch.merge(copy.deepcopy(target), copy.deepcopy(patch))
 
 
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise bad_request(f"invalid JSON pointer {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+_REJECTED = "the server rejected our request due to an error in our request"
 
 
 def json_patch(target: dict, operations: list) -> dict:
-    """RFC 6902 JSON patch (add, remove, replace, test, copy, move)."""
+    """RFC 6902 JSON patch (jsonpatch), one operation at a time so that a failed `test` names its path as
+    kube-apiserver does; an operation that does not apply is its 422, the patch as a whole changes nothing."""
     doc = copy.deepcopy(target)
-
-    def parent_of(parts: list[str]):
-        node = doc
-        for p in parts[:-1]:
-            node = node[int(p)] if isinstance(node, list) else node[p]
-        return node
-
-    def get(parts: list[str]):
-        node = doc
-        for p in parts:
-            node = node[int(p)] if isinstance(node, list) else node[p]
-        return node
-
-    def add(parts: list[str], value):
-        parent = parent_of(parts)
-        last = parts[-1]
-        if isinstance(parent, list):
-            parent.insert(len(parent) if last == "-" else int(last), value)
-        else:
-            parent[last] = value
-
-    def remove(parts: list[str]):
-        parent = parent_of(parts)
-        last = parts[-1]
-        if isinstance(parent, list):
-            return parent.pop(int(last))
-        return parent.pop(last)
-
     for op in operations:
         try:
-            kind, parts = op["op"], _pointer(op["path"])
-            if kind == "add":
-                add(parts, copy.deepcopy(op["value"]))
-            elif kind == "remove":
-                remove(parts)
-            elif kind == "replace":
-                remove(parts)
-                add(parts, copy.deepcopy(op["value"]))
-            elif kind == "test":
-                if get(parts) != op["value"]:
-                    raise ApiError(
-                        422,
-                        "Invalid",
-                        f"the server rejected our request due to an error in our request: "
-                        f"testing value {op['path']} failed",
-                    )
-            elif kind in ("copy", "move"):
-                source = _pointer(op["from"])
-                value = copy.deepcopy(get(source))
-                if kind == "move":
-                    remove(source)
-                add(parts, value)
-            else:
-                raise bad_request(f"Unexpected kind: {kind}")
-        except (KeyError, IndexError, ValueError, TypeError) as exc:
-            if isinstance(exc, ApiError):
-                raise
-            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {exc}")
+            doc = jsonpatch.apply_patch(doc, [op], in_place=True)
+        except jsonpatch.JsonPatchTestFailed:
+            raise ApiError(422, "Invalid", f"{_REJECTED}: testing value {op['path']} failed") from None
+        except jsonpatch.InvalidJsonPatch as exc:
+            raise bad_request(str(exc)) from None
+        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, KeyError, IndexError, TypeError) as exc:
+            raise ApiError(422, "Invalid", f"{_REJECTED}: {exc}") from None
     return doc
 
 
