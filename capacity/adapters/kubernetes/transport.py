@@ -1,7 +1,8 @@
 """The client's transport: one ApiClient per cluster, every call with a timeout, retries and paging.
 
 Retries (settings.KUBERNETES_RETRIES) on 429 (honouring Retry-After), 5xx, timeouts and connection
-errors, with exponential backoff and jitter. Responses are read with `_preload_content=False` and
+errors, with exponential backoff and jitter, through tenacity (the policy is ours: what is retried, and
+how long to wait; the loop, stop and sleep are the library's). Responses are read with `_preload_content=False` and
 parsed as JSON here (the client's model deserialisation costs more than the HTTP). A failure on any
 page fails the whole list; an expired continue token (410) restarts the list once.
 """
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Self
 
+import tenacity
 import urllib3
 from django.conf import settings
 from kubernetes import client as k8s
@@ -44,6 +46,15 @@ USER_AGENT = "gpuaas"
 def backoff_sleep(seconds: float) -> None:
     """How the client waits between retries (tests replace it to record the waits)."""
     time.sleep(seconds)
+
+
+class _Retryable(Exception):
+    """A failure worth another try (429, 5xx, timeouts, connection errors): `error` is raised if none is left."""
+
+    def __init__(self, error: KubernetesError, retry_after: float | None = None):
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
 
 
 class Transport:
@@ -80,56 +91,68 @@ class Transport:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _backoff(self, attempt: int) -> float:
-        return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt) * (0.5 + random.random() / 2)
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        """The server's Retry-After where it gave one, else exponential backoff with jitter."""
+        retry_after = state.outcome.exception().retry_after
+        if retry_after is not None:
+            return retry_after
+        return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (state.attempt_number - 1)) * (0.5 + random.random() / 2)
 
     def _call(self, method: Callable, *args, retry_429: bool = True, **kwargs) -> dict:
-        """Call one generated CoreV1Api method with retries; the response body parsed as JSON."""
+        """Call one generated CoreV1Api method with retries (tenacity); the response body parsed as JSON."""
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.retries + 1),
+            wait=self._wait,
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            sleep=self.sleep,
+            before_sleep=lambda state: logger.info(
+                "%s; retry %d/%d in %.2f s",
+                state.outcome.exception().error,
+                state.attempt_number,
+                self.retries,
+                state.upcoming_sleep,
+            ),
+            reraise=True,
+        )
+        try:
+            return retrying(self._attempt, method, args, kwargs, retry_429)
+        except _Retryable as exc:
+            raise exc.error from None
+
+    def _attempt(self, method: Callable, args: tuple, kwargs: dict, retry_429: bool) -> dict:
+        """One call: the parsed body, a KubernetesError that no retry would mend, or _Retryable."""
         what = method.__name__
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+        try:
+            response = method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
             try:
-                response = method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-                try:
-                    data = response.data
-                finally:
-                    response.release_conn()
-                return json.loads(data) if data else {}
-            except ApiException as exc:
-                status = exc.status or 0
-                message = f"{what} on {self.host}: {api_exception_message(exc)}"
-                if status == 0:  # the client's own wrapper around transport errors (TLS)
-                    error: KubernetesError = Unavailable(message, status=None, reason=str(exc.reason))
-                    delay = self._backoff(attempt)
-                elif status in _RETRY_STATUSES and (status != 429 or retry_429):
-                    error = error_for(status, message, str(exc.reason or ""))
-                    retry_after = retry_after_s(exc) if status in (429, 503) else None
-                    if retry_after is not None and retry_after > RETRY_AFTER_MAX_S:
-                        raise Unavailable(
-                            f"{message} (Retry-After {retry_after:g} s is longer than {RETRY_AFTER_MAX_S:g} s)",
-                            status=status,
-                        ) from None
-                    delay = retry_after if retry_after is not None else self._backoff(attempt)
-                else:
-                    raise error_for(status, message, str(exc.reason or "")) from None
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                # NewConnectionError subclasses ConnectTimeoutError in urllib3: test it first.
-                timed_out = isinstance(exc, urllib3.exceptions.TimeoutError) and not isinstance(
-                    exc, urllib3.exceptions.NewConnectionError
-                )
-                kind = "timed out" if timed_out else "connection failed"
-                error = Unavailable(f"{what} on {self.host}: {kind}: {exc}")
-                delay = self._backoff(attempt)
-            except ValueError as exc:  # unparseable JSON or ApiValueError
-                if isinstance(exc, ApiValueError):
-                    raise Invalid(f"{what}: {exc}") from None
-                error = Unavailable(f"{what} on {self.host}: response is not JSON: {exc}")
-                delay = self._backoff(attempt)
-            if last:
-                raise error
-            logger.info("%s; retry %d/%d in %.2f s", error, attempt + 1, self.retries, delay)
-            self.sleep(delay)
-        raise AssertionError("unreachable")
+                data = response.data
+            finally:
+                response.release_conn()
+            return json.loads(data) if data else {}
+        except ApiException as exc:
+            status = exc.status or 0
+            message = f"{what} on {self.host}: {api_exception_message(exc)}"
+            if status == 0:  # the client's own wrapper around transport errors (TLS)
+                raise _Retryable(Unavailable(message, status=None, reason=str(exc.reason))) from None
+            if status not in _RETRY_STATUSES or (status == 429 and not retry_429):
+                raise error_for(status, message, str(exc.reason or "")) from None
+            retry_after = retry_after_s(exc) if status in (429, 503) else None
+            if retry_after is not None and retry_after > RETRY_AFTER_MAX_S:
+                raise Unavailable(
+                    f"{message} (Retry-After {retry_after:g} s is longer than {RETRY_AFTER_MAX_S:g} s)", status=status
+                ) from None
+            raise _Retryable(error_for(status, message, str(exc.reason or "")), retry_after) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # NewConnectionError subclasses ConnectTimeoutError in urllib3: test it first.
+            timed_out = isinstance(exc, urllib3.exceptions.TimeoutError) and not isinstance(
+                exc, urllib3.exceptions.NewConnectionError
+            )
+            kind = "timed out" if timed_out else "connection failed"
+            raise _Retryable(Unavailable(f"{what} on {self.host}: {kind}: {exc}")) from None
+        except ValueError as exc:  # unparseable JSON or ApiValueError
+            if isinstance(exc, ApiValueError):
+                raise Invalid(f"{what}: {exc}") from None
+            raise _Retryable(Unavailable(f"{what} on {self.host}: response is not JSON: {exc}")) from None
 
     def _list(self, method: Callable, *args, **kwargs) -> list[dict]:
         """Every item of a paged list; any failure fails the whole list, 410 restarts it once."""
