@@ -59,7 +59,8 @@ def validate(vmi: dict) -> list[tuple[str, str]]:
             problems.append(
                 (
                     f"spec.domain.devices.gpus[{i}].deviceName",
-                    f"Invalid value: GPU {gpu.get('deviceName')} is not permitted in permittedHostDevices configuration",
+                    f"Invalid value: GPU {gpu.get('deviceName')} is not permitted in permittedHostDevices "
+                    "configuration",
                 )
             )
     return problems

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from gpuaas.celery import node_queue
 
-from ..vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL
 from ..choices import Availability, GpuHealth, MigInstanceState, MigStrategy, Tier
+from ..vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL
 from .availability import (
     USABLE_HEALTH,
     active_allocations,

@@ -47,7 +47,7 @@ class WorkloadProfile(models.Model):
         max_length=253,
         blank=True,
         default="",
-        help_text="The KubeVirt VirtualMachineInstance the pod (its virt-launcher) runs; empty for a container workload.",
+        help_text="The KubeVirt VirtualMachineInstance the pod (its virt-launcher) runs; empty for a container.",
     )
     resource_name = models.CharField(max_length=100)
     count = models.PositiveSmallIntegerField(default=1)

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
 # KubeVirt runs each VirtualMachineInstance in a virt-launcher pod, which requests the VM's devices
-# (spec.domain.devices.gpus[].deviceName) as extended resources; the pod carries the label kubevirt.io=virt-launcher
-# and names its VMI in the annotation kubevirt.io/domain (kubevirt/kubevirt staging/src/kubevirt.io/api/core/v1/types.go:
-# AppLabel, DomainAnnotation, CreatedByLabel = the VMI's uid).
+# (spec.domain.devices.gpus[].deviceName) as extended resources; the pod carries the label
+# kubevirt.io=virt-launcher and names its VMI in the annotation kubevirt.io/domain (kubevirt/kubevirt
+# staging/src/kubevirt.io/api/core/v1/types.go: AppLabel, DomainAnnotation, CreatedByLabel = the VMI's uid).
 KUBEVIRT_APP_LABEL = "kubevirt.io"
 VIRT_LAUNCHER = "virt-launcher"
 VMI_DOMAIN_ANNOTATION = "kubevirt.io/domain"
