@@ -12,7 +12,7 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, viewsets
+from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
@@ -273,7 +273,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(
         summary="Set a vm-vgpu node's vGPU type (device manager ConfigMap + nvidia.com/vgpu.config label)",
         request=VgpuConfigSerializer,
-        responses={200: VgpuConfigChangeSerializer},
+        responses={200: VgpuConfigChangeSerializer, 503: None},
     )
     @action(detail=True, methods=["post"], url_path="vgpu-config")
     def vgpu_config(self, request, pk=None):
@@ -284,6 +284,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
             change = vgpu.set_vgpu_config(node, body.validated_data["vgpu_type"])
         except vgpu.VgpuConfigError as exc:
             raise ValidationError({exc.field: [str(exc)]}) from exc
+        except vgpu.ClusterRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
         return Response(VgpuConfigChangeSerializer(change).data)
 
 

@@ -46,6 +46,10 @@ class VgpuConfigError(ValueError):
         self.field = field
 
 
+class ClusterRefused(RuntimeError):
+    """The cluster's API did not take the change (unreachable, forbidden, conflict): nothing recorded here."""
+
+
 @dataclass(frozen=True)
 class VgpuConfigChange:
     node: str
@@ -102,7 +106,8 @@ def set_vgpu_config(node: NodeCapacity, vgpu_type: str, *, client: kube.Kubernet
 
     Locking: the cluster row (FOR NO KEY UPDATE, the capacity services' contract) then the node row FOR UPDATE,
     for the whole call, so two changes of one node are serialised against each other and against discovery. Idempotent:
-    the same type again writes nothing. Kubernetes errors propagate (KubernetesError) and change nothing here.
+    the same type again writes nothing. A Kubernetes error becomes ClusterRefused and changes nothing here (the
+    ConfigMap may have been written: it is idempotent and names every type, so a retry is safe).
     """
     with transaction.atomic():
         Cluster.objects.select_for_update(no_key=True).filter(pk=node.cluster_id).values_list("pk").get()
@@ -139,11 +144,16 @@ def set_vgpu_config(node: NodeCapacity, vgpu_type: str, *, client: kube.Kubernet
             write_device_manager_config(k)
             k.patch_node_labels(node.name, {VGPU_CONFIG_LABEL: vgpu_type})
 
-        if client is None:
-            with mig_configs.client_for(node.cluster) as own:
-                run(own)
-        else:
-            run(client)
+        try:
+            if client is None:
+                with mig_configs.client_for(node.cluster) as own:
+                    run(own)
+            else:
+                run(client)
+        except kube.KubernetesError as exc:
+            raise ClusterRefused(
+                f"cluster {node.cluster.name} refused the change: {type(exc).__name__}: {exc}"
+            ) from exc
         labels = dict(node.labels or {}, **{VGPU_CONFIG_LABEL: vgpu_type})
         NodeCapacity.objects.filter(pk=node.pk).update(labels=labels)
     return VgpuConfigChange(node.name, vgpu_type, changed=True)

@@ -240,3 +240,13 @@ def test_the_same_type_again_writes_nothing(sim, api, operator):
     node = _vm_vgpu_node(sim, "H100XM-20C")
     response = _set_type(api, operator, node, "H100XM-20C")
     assert response.data["changed"] is False
+
+
+def test_a_cluster_that_refuses_the_label_is_a_503_and_nothing_is_recorded(sim, api, operator):
+    node = _vm_vgpu_node(sim, "H100XM-20C")
+    sim.state.faults.api_error(1, status=500, path_prefix=f"/api/v1/nodes/{NODE}", method="PATCH")
+    response = _set_type(api, operator, node, "H100XM-40C")
+    assert response.status_code == 503
+    assert response.json()["detail"].startswith("cluster prod refused the change: ")
+    node.refresh_from_db()
+    assert node.vgpu_config == "H100XM-20C"
