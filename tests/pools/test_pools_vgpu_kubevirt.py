@@ -20,6 +20,8 @@ from django.utils import timezone
 from billing import services as billing
 from billing.models import StatementLine
 from billing.services.rate_cards import seed_default_card
+from capacity.adapters.kubernetes import api_url_for
+from capacity.adapters.nvml import node_vgpus
 from capacity.models import NodeCapacity, SpecAndCount, WorkloadProfile
 from capacity.services.discovery import discover_cluster
 from pools import services
@@ -139,6 +141,13 @@ def test_a_vgpu_pool_goes_from_request_to_a_running_vm_to_a_statement_line(sim, 
     assert (row.namespace, row.vmi_name, row.project_id, row.node_id) == ("team-a", "notebook-vm", project.pk, node.pk)
     assert row.pod_name.startswith("virt-launcher-notebook-vm-")
     assert str(row) == "team-a/notebook-vm (VM, nvidia.com/NVIDIA_H100XM-20C)"
+
+    # The host side: NVML's vGPU calls name the VM's vGPU (its mdev id, the device the plugin gave the pod) and
+    # its utilisation.
+    (reading,) = node_vgpus(api_url_for(sim.clusters["prod"]), NODE)
+    assert (reading.vgpu_type, reading.gpu_uuid) == ("H100XM-20C", row.gpu.uuid)
+    assert reading.mdev_uuid in row.device_ids
+    assert 0 < reading.sm_util_pct <= 100 and reading.fb_used_mib > 0
 
     # Metered and billed per type, licence included.
     start = timezone.now().replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=3)
