@@ -9,6 +9,7 @@ serves every cluster of a SimState, each under its own path prefix:
 Simulator endpoints live beside the API under the same prefix:
 
     GET  /version, /api, /apis, /api/v1    discovery, as a real server answers it
+    /apis/kubevirt.io/v1/...virtualmachineinstances   KubeVirt VMIs (simcluster/kubevirt.py)
     GET  ...?watch=true                    JSON-line watch events (BOOKMARK, 410 Gone), see docs/simcluster.md
     GET  /sim/v1/info                      clusters, nodes, sim time
     GET  /sim/v1/faults | POST | DELETE    list / inject (`{"fault": ...}`) / reset faults
@@ -33,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import dcgm, dra, driver, kube, nvml, podresources, rbac
+from . import dcgm, dra, driver, kube, kubevirt, nvml, podresources, rbac
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
@@ -201,6 +202,9 @@ class _Handler(BaseHTTPRequestHandler):
         if segments[:3] == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
             self._dra(method, api, segments[3:], query)
             return
+        if segments[:3] == ["apis", kubevirt.GROUP, "v1"]:
+            self._kubevirt(method, api, segments[3:], query)
+            return
         if (
             segments[:3] == ["apis", SCHEDULING_GROUP, "v1"]
             and len(segments) in (4, 5)
@@ -260,6 +264,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._resource(method, api, rest[0], None, rest[1] if len(rest) == 2 else None, query)
             return
         raise not_found
+
+    def _kubevirt(self, method: str, api: kube.ClusterApi, rest: list[str], query: dict) -> None:
+        """/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances[/name] and the all-namespaces list."""
+        plural = kubevirt.PLURAL
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] == plural and len(rest) <= 4:
+            self._resource(method, api, plural, rest[1], rest[3] if len(rest) == 4 else None, query)
+            return
+        if rest == [plural] and method == "GET":
+            self._resource(method, api, plural, None, None, query)
+            return
+        raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
 
     def _resource(
         self, method: str, api: kube.ClusterApi, plural: str, namespace: str | None, name: str | None, query: dict
@@ -492,12 +507,35 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
         "versions": [{"groupVersion": f"{SCHEDULING_GROUP}/v1", "version": "v1"}],
         "preferredVersion": {"groupVersion": f"{SCHEDULING_GROUP}/v1", "version": "v1"},
     }
+    kubevirt_group = {
+        "name": kubevirt.GROUP,
+        "versions": [{"groupVersion": kubevirt.API_VERSION, "version": "v1"}],
+        "preferredVersion": {"groupVersion": kubevirt.API_VERSION, "version": "v1"},
+    }
     if segments == ["apis"]:
         # policy/v1 is served only as the pods/eviction subresource, so no group is listed for it.
         return {
             "kind": "APIGroupList",
             "apiVersion": "v1",
-            "groups": [scheduling_group, *([dra_group] if cluster.settings.dra else [])],
+            "groups": [scheduling_group, *([dra_group] if cluster.settings.dra else []), kubevirt_group],
+        }
+    if segments == ["apis", kubevirt.GROUP]:
+        return {"kind": "APIGroup", "apiVersion": "v1", **kubevirt_group}
+    if segments == ["apis", kubevirt.GROUP, "v1"]:
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": kubevirt.API_VERSION,
+            "resources": [
+                {
+                    "name": kubevirt.PLURAL,
+                    "singularName": "virtualmachineinstance",
+                    "namespaced": True,
+                    "kind": "VirtualMachineInstance",
+                    "shortNames": ["vmi", "vmis"],
+                    "verbs": _READ_WRITE,
+                }
+            ],
         }
     if segments == ["apis", SCHEDULING_GROUP]:
         return {"kind": "APIGroup", "apiVersion": "v1", **scheduling_group}

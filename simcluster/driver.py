@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from . import gpuoperator, scheduler
+from . import gpuoperator, scheduler, vgpudm
 from .hardware import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_IN_USE,
@@ -63,6 +63,7 @@ def _cuda_int(version: str) -> int:
 
 def node_snapshot(cluster: Cluster, node: Node) -> dict:
     processes = scheduler.processes(cluster, node)
+    vgpu_type = vgpudm.applied_type(node)
     gpus = []
     for gpu in node.gpus:
         procs = [p for p in processes if p["gpu"] == gpu.index]
@@ -124,6 +125,12 @@ def node_snapshot(cluster: Cluster, node: Node) -> dict:
                     for p in procs
                 ],
                 "instances": instances,
+                # A vm-vgpu node: the vGPUs VMs hold on this GPU (simcluster.vgpudm), as the vGPU manager counts them.
+                "vgpus": [
+                    {"mdev": p["device"], "type": vgpu_type, "sm_util": p["sm_util"], "fb_used_bytes": p["used_bytes"]}
+                    for p in procs
+                    if vgpudm.VGPU_DEVICE_MARK in p["device"]
+                ],
             }
         )
     settings = cluster.settings

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING
 import yaml
 
 from capacity.mig.catalog import Product, Profile, mig_parted_entries
-from capacity.vgpu import VGPU_CONFIG_LABEL, VGPU_TYPES, VM_VGPU, WORKLOAD_CONFIG_LABEL
+from capacity.vgpu import VGPU_TYPES, VM_VGPU, WORKLOAD_CONFIG_LABEL
 
-from . import dra
+from . import dra, vgpudm
 from .hardware import HardwareError, plan_layout
 from .state import Cluster, MigJob, Node, Sharing
 
@@ -356,12 +356,13 @@ def advertised_devices(node: Node) -> dict[str, list[tuple[str, bool]]]:
 
 def _vgpu_devices(node: Node) -> dict[str, list[tuple[str, bool]]] | None:
     """A vm-vgpu node (nvidia.com/gpu.workload.config=vm-vgpu): the vGPU device manager carves every GPU
-    into the vGPUs of the type nvidia.com/vgpu.config names, and the sandbox device plugin advertises them
+    into the vGPUs of the type nvidia.com/vgpu.config names (once applied: simcluster.vgpudm), and the sandbox
+    device plugin advertises them
     as nvidia.com/NVIDIA_<type> (no nvidia.com/gpu). None for any other node."""
     labels = node.labels or {}
     if labels.get(WORKLOAD_CONFIG_LABEL) != VM_VGPU:
         return None
-    vgpu = VGPU_TYPES.get(labels.get(VGPU_CONFIG_LABEL, ""))
+    vgpu = VGPU_TYPES.get(vgpudm.applied_type(node))
     if vgpu is None:
         return {}
     return {
@@ -570,6 +571,7 @@ def on_node_labels_changed(cluster: Cluster, node: Node, old: dict[str, str]) ->
     wanted = node.labels.get(MIG_CONFIG_LABEL)
     if wanted and wanted != old.get(MIG_CONFIG_LABEL) and node.gpus:
         request_mig_config(cluster, node, wanted)
+    vgpudm.on_label_changed(cluster, node, old)
 
 
 def on_configmap_changed(cluster: Cluster, namespace: str, name: str) -> None:
@@ -627,11 +629,15 @@ def _finish(cluster: Cluster, node: Node, ok: bool, message: str) -> None:
 
 
 def run_due_jobs(cluster: Cluster, now: float, *, force: bool) -> int:
-    """Run the pending MIG jobs that are due (all with force); returns how many ran.
+    """Run the pending MIG jobs, and the vGPU device manager's (simcluster.vgpudm), that are due (all with force);
+    returns how many ran.
 
     A job whose config changes a GPU's MIG mode first passes through `rebooting` (with
     SimState.mig_mode_reboot) and applies one mig_manager_delay later, after the "reboot"."""
-    ran = 0
+    recreated = vgpudm.run_due(cluster, now, force=force)
+    for node in recreated:
+        refresh_node(cluster, node)
+    ran = len(recreated)
     for node in list(cluster.nodes.values()):
         job = node.mig_job
         if job is None or not (force or job.due <= now):

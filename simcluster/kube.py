@@ -34,7 +34,7 @@ import json_merge_patch
 import jsonpatch
 import jsonpointer
 
-from . import admission, disruption, dra, gpuoperator, scheduler
+from . import admission, disruption, dra, gpuoperator, kubevirt, scheduler
 from .state import Cluster, Node, Record
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -321,6 +321,10 @@ FIELD_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
     "poddisruptionbudgets": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
     "resourceclaims": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
     "resourceclaimtemplates": {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")},
+    "virtualmachineinstances": {
+        "metadata.name": ("metadata", "name"),
+        "metadata.namespace": ("metadata", "namespace"),
+    },
 }
 
 
@@ -735,6 +739,7 @@ KINDS["priorityclasses"] = Kind("priorityclasses", "PriorityClass", False, "subd
 KINDS["poddisruptionbudgets"] = Kind(
     "poddisruptionbudgets", "PodDisruptionBudget", True, "subdomain", True, disruption.API_VERSION
 )
+KINDS[kubevirt.PLURAL] = Kind(kubevirt.PLURAL, "VirtualMachineInstance", True, "subdomain", True, kubevirt.API_VERSION)
 DRA_PLURALS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
 
 
@@ -773,6 +778,8 @@ class ClusterApi:
     def render(self, plural: str, record: Record) -> bytes:
         if plural == "resourcequotas":
             return _DUMPS(scheduler.render_quota(self.cluster, record.obj)).encode()
+        if plural == kubevirt.PLURAL:  # status follows the launcher pod: computed on read
+            return _DUMPS(kubevirt.render(self.cluster, record.obj)).encode()
         if record.raw is None:
             record.raw = _DUMPS(record.obj).encode()
         return record.raw
@@ -990,7 +997,7 @@ class ClusterApi:
             obj["status"] = {"phase": "Active"}
         elif plural == "pods":
             scheduler.admit_pod(self.cluster, obj)
-        elif plural in ("resourcequotas", "resourceclaims"):
+        elif plural in ("resourcequotas", "resourceclaims", kubevirt.PLURAL):
             obj.pop("status", None)
         meta["resourceVersion"] = self.cluster.bump()
         record = Record(obj)
@@ -998,6 +1005,8 @@ class ClusterApi:
         self.cluster.record_event("ADDED", plural, key, self.render(plural, record))
         if plural == "pods":
             scheduler.on_pod_created(self.cluster, record)
+        elif plural == kubevirt.PLURAL:
+            kubevirt.on_created(self, record)
         elif plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
         elif plural in ("deviceclasses", "resourceclaimtemplates") or (
@@ -1034,6 +1043,8 @@ class ClusterApi:
             return dra.validate(plural, obj)
         if plural == "poddisruptionbudgets":
             return disruption.validate(obj)
+        if plural == kubevirt.PLURAL:
+            return kubevirt.validate(obj)
         if plural == "priorityclasses":
             value = obj.get("value")
             if not isinstance(value, int) or isinstance(value, bool) or value > 1_000_000_000:
@@ -1110,7 +1121,7 @@ class ClusterApi:
             new["spec"] = old.get("spec")
         if plural in ("namespaces", "pods", "resourceclaims"):
             new["status"] = old.get("status")  # status belongs to the controllers (and the sim)
-        if plural == "resourcequotas":
+        if plural in ("resourcequotas", kubevirt.PLURAL):
             new.pop("status", None)  # computed on read
         meta["resourceVersion"] = self.cluster.bump()
         record.obj = new
@@ -1191,6 +1202,8 @@ class ClusterApi:
         self._forget(plural, key)
         if plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
+        elif plural == kubevirt.PLURAL:
+            kubevirt.on_deleted(self, obj)
         elif plural == "resourceclaims":
             scheduler.retry_pending(self.cluster)  # its devices are free again (a pod still running keeps its own)
         if kind.delete_returns_object:
@@ -1214,7 +1227,14 @@ class ClusterApi:
                     self.cluster, admission.NAMESPACE_CONTROLLER, "DELETE", "resourceclaimtemplates", namespace, None,
                     record.obj,
                 )  # fmt: skip
-        for plural in ("pods", "configmaps", "resourcequotas", "resourceclaims", "resourceclaimtemplates"):
+        for plural in (
+            "pods",
+            "configmaps",
+            "resourcequotas",
+            "resourceclaims",
+            "resourceclaimtemplates",
+            kubevirt.PLURAL,
+        ):
             for key in [k for k in self._store(plural) if k[0] == namespace]:
                 if plural == "pods":
                     scheduler.remove_pod(self.cluster, key)

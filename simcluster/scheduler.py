@@ -669,6 +669,7 @@ def processes(cluster: Cluster, node: Node) -> list[dict]:
                 "sm_util": _sm_util(record, fraction, replicas),
                 "pod": f"{key[0]}/{key[1]}",
                 "pod_uid": record.obj["metadata"]["uid"],
+                "device": device_id,
             }
         )
     return result

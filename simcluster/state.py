@@ -141,6 +141,11 @@ class Node:
     known_resources: set[str] = field(default_factory=set)
     assigned: dict[str, tuple[str, str]] = field(default_factory=dict)  # device id -> pod key
     mig_job: MigJob | None = None
+    # The vGPU device manager (simcluster.vgpudm): the type it applied (None: the scenario's label stands),
+    # its pending job (MigJob.config is the nvidia.com/vgpu.config value) and its last outcome.
+    vgpu_type: str | None = None
+    vgpu_job: MigJob | None = None
+    vgpu_message: str = ""
     device_plugin_pod: str | None = None  # its DaemonSet pod's name (SimState.device_plugin_restart)
     mig_message: str = ""  # outcome of the last MIG manager run (shown by /sim/v1/info)
     pod_resources: str = "ok"  # the kubelet PodResources socket: ok, missing, denied, old-kubelet (podresources.py)
@@ -194,6 +199,9 @@ class Cluster:
         self.priorityclasses: dict[str, Record] = {}
         # policy/v1: PodDisruptionBudgets by key; the eviction subresource honours them (simcluster.disruption).
         self.poddisruptionbudgets: dict[tuple[str, str], Record] = {}
+        # kubevirt.io/v1 VirtualMachineInstances by key (simcluster.kubevirt); launcher pods refused, by VMI uid.
+        self.virtualmachineinstances: dict[tuple[str, str], Record] = {}
+        self.vmi_errors: dict[str, str] = {}
         self._dra_held: tuple[int, dict[str, set[str]]] | None = None  # simcluster.dra.held_devices' cache
         # ConfigMap name -> [(time.monotonic() it reaches the MIG manager's mounted copy, config.yaml text)]:
         # kubelet's delayed refresh of a mounted ConfigMap (gpuoperator.mounted_config_text).

@@ -1,4 +1,5 @@
-"""Read-only capacity API for operators: clusters, discovery runs, GPU nodes, GPUs and offered specs.
+"""Capacity API for operators: clusters, discovery runs, GPU nodes, GPUs and offered specs (read-only), and
+one write, a vm-vgpu node's vGPU type (capacity.services.vgpu).
 
 What discovery mirrors from the clusters. Operators only (staff holding the model's view permission):
 these are shared hardware facts, not one project's objects, so anyone else gets 403. Lists are
@@ -11,12 +12,14 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, viewsets
+from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from capacity.choices import MigInstanceState, SpecKind, Tier
 from capacity.models import Cluster, DiscoveryRun, GpuCapacity, MigInstance, NodeCapacity, SpecAndCount
+from capacity.services import vgpu
 from gpuaas.scopes import Scope
 
 
@@ -92,6 +95,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "mig_strategy",
             "mig_config",
             "mig_config_state",
+            "vgpu_config",
+            "vgpu_config_state",
             "timeslice_replicas",
             "ready",
             "cordoned",
@@ -235,11 +240,22 @@ class DiscoveryRunViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = DiscoveryRun.objects.select_related("cluster").order_by("-started_at", "-id")
 
 
+class VgpuConfigSerializer(serializers.Serializer):
+    vgpu_type = serializers.CharField(max_length=32, help_text="A catalog vGPU type of the node's GPU: H100XM-20C.")
+
+
+class VgpuConfigChangeSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    vgpu_type = serializers.CharField()
+    changed = serializers.BooleanField(help_text="False when the node's label already named this type.")
+
+
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     """GPU nodes (gone ones included; filter gone=false for the present fleet)."""
 
     serializer_class = NodeSerializer
     scope = Scope.OPERATOR
+    operator_perms = {"vgpu_config": ("capacity.change_nodecapacity",)}
     filterset_class = NodeFilter
     ordering_fields = ["name", "gpu_product", "tier"]
 
@@ -253,6 +269,24 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
             .annotate(_gpus=_count(gpus, "node"), _migs=_count(migs, "gpu__node"))
             .order_by("cluster__name", "name")
         )
+
+    @extend_schema(
+        summary="Set a vm-vgpu node's vGPU type (device manager ConfigMap + nvidia.com/vgpu.config label)",
+        request=VgpuConfigSerializer,
+        responses={200: VgpuConfigChangeSerializer, 503: None},
+    )
+    @action(detail=True, methods=["post"], url_path="vgpu-config")
+    def vgpu_config(self, request, pk=None):
+        node = self.get_object()
+        body = VgpuConfigSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            change = vgpu.set_vgpu_config(node, body.validated_data["vgpu_type"])
+        except vgpu.VgpuConfigError as exc:
+            raise ValidationError({exc.field: [str(exc)]}) from exc
+        except vgpu.ClusterRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response(VgpuConfigChangeSerializer(change).data)
 
 
 class GpuViewSet(viewsets.ReadOnlyModelViewSet):

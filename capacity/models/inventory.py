@@ -10,6 +10,7 @@ from django.utils import timezone
 from gpuaas.celery import node_queue
 
 from ..choices import Availability, GpuHealth, MigInstanceState, MigStrategy, Tier
+from ..vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL
 from .availability import (
     USABLE_HEALTH,
     active_allocations,
@@ -121,6 +122,16 @@ class NodeCapacity(models.Model):
     @property
     def queue(self) -> str:
         return node_queue(self.cluster.name, self.name)
+
+    @property
+    def vgpu_config(self) -> str:
+        """The vGPU type the node's nvidia.com/vgpu.config label asks the vGPU device manager for ("" if none)."""
+        return (self.labels or {}).get(VGPU_CONFIG_LABEL, "")
+
+    @property
+    def vgpu_config_state(self) -> str:
+        """The device manager's progress on it (nvidia.com/vgpu.config.state): pending, success, failed or ""."""
+        return (self.labels or {}).get(VGPU_CONFIG_STATE_LABEL, "")
 
     @property
     def is_gone(self) -> bool:

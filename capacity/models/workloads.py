@@ -1,4 +1,5 @@
-"""Running workloads: which pod runs on which GPU or MIG instance (the seed's Profile)."""
+"""Running workloads: which pod runs on which GPU or MIG instance (the seed's Profile); a KubeVirt VM is the
+virt-launcher pod that holds its vGPU, named by `vmi_name`."""
 
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ class WorkloadProfile(models.Model):
         "capacity.MigInstance", null=True, blank=True, on_delete=models.PROTECT, related_name="workloads"
     )
     device_ids = models.JSONField(default=list, blank=True)
+    vmi_name = models.CharField(
+        max_length=253,
+        blank=True,
+        default="",
+        help_text="The KubeVirt VirtualMachineInstance the pod (its virt-launcher) runs; empty for a container.",
+    )
     resource_name = models.CharField(max_length=100)
     count = models.PositiveSmallIntegerField(default=1)
     project = models.ForeignKey(
@@ -63,4 +70,6 @@ class WorkloadProfile(models.Model):
         indexes = [models.Index(fields=["cluster", "ended_at"], name="capacity_workload_running")]
 
     def __str__(self) -> str:
+        if self.vmi_name:
+            return f"{self.namespace}/{self.vmi_name} (VM, {self.resource_name})"
         return f"{self.namespace}/{self.pod_name} ({self.resource_name})"

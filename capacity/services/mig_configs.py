@@ -242,7 +242,9 @@ def time_slicing_document(policy) -> dict:
     }
 
 
-def _merge_write(client: kube.KubernetesClient, namespace: str, name: str, ours: dict[str, str], prefix: str) -> None:
+def merge_config_map_keys(
+    client: kube.KubernetesClient, namespace: str, name: str, ours: dict[str, str], prefix: str
+) -> None:
     """Replace the keys starting with `prefix` by `ours`, keep every other key; optimistic retries."""
     for _ in range(WRITE_ATTEMPTS):
         try:
@@ -280,7 +282,7 @@ def apply_time_slicing(cluster, *, client: kube.KubernetesClient | None = None) 
     nodes = list(NodeCapacity.objects.present().filter(cluster=cluster).order_by("name"))
 
     def run(k: kube.KubernetesClient) -> dict:
-        _merge_write(k, operator_namespace(), time_slicing_configmap(), ours, GPUAAS_CONFIG_PREFIX)
+        merge_config_map_keys(k, operator_namespace(), time_slicing_configmap(), ours, GPUAAS_CONFIG_PREFIX)
         labelled = unlabelled = 0
         for node in nodes:
             policy = by_group.get(node.node_group) or by_group.get("")

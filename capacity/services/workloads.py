@@ -1,6 +1,8 @@
 """Workload tracking, the seed's "Profile": which pod runs on which GPU or MIG instance.
 
-Every pod that requests an nvidia.com/* resource becomes one WorkloadProfile row per resource:
+Every pod that requests an nvidia.com/* resource becomes one WorkloadProfile row per resource (a KubeVirt
+VirtualMachineInstance too: its virt-launcher pod requests the VM's vGPU, `nvidia.com/NVIDIA_<type>`, and the
+row names the VMI in `vmi_name`, from the pod's kubevirt.io/domain annotation):
 node, resource, count, project (the tenancy.Project whose namespace the pod runs in, kept current
 on every discovery: a pod found before its namespace became a project's is attributed the next
 time), and the devices it was given. Under the device plugin the devices come from the kubelet's
@@ -39,7 +41,17 @@ if TYPE_CHECKING:
     from .discovery import DraView
 
 RESOURCE_PREFIX = "nvidia.com/"
-_UPDATE_FIELDS = ["namespace", "pod_name", "node_id", "gpu_id", "mig_instance_id", "device_ids", "count", "project_id"]
+_UPDATE_FIELDS = [
+    "namespace",
+    "pod_name",
+    "vmi_name",
+    "node_id",
+    "gpu_id",
+    "mig_instance_id",
+    "device_ids",
+    "count",
+    "project_id",
+]
 
 
 @dataclass
@@ -220,6 +232,7 @@ def _row(cluster, pod: kube.Pod, resource: str, node_id, gpu_id, mig_id, ids: li
         "namespace": pod.namespace,
         "pod_name": pod.name,
         "pod_uid": pod.uid,
+        "vmi_name": pod.vmi[:253],
         "resource_name": resource,
         "node_id": node_id,
         "gpu_id": gpu_id,

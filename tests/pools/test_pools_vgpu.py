@@ -36,6 +36,25 @@ def test_vgpu_types_have_the_real_names_and_counts():
     assert vgpu_type_for_resource("nvidia.com/gpu") is None
 
 
+def test_h100_16c_and_the_h200_types_are_the_device_managers():
+    """NVIDIA/vgpu-device-manager examples/config-example.yaml: H100XM-16C: 5, H200X-141C: 1 ... H200X-4C: 32."""
+    assert VGPU_TYPES["H100XM-16C"].max_per_gpu == 5
+    h200 = {t.name: (t.framebuffer_gb, t.max_per_gpu) for t in VGPU_TYPES.values() if t.product == "H200-141GB"}
+    assert h200 == {
+        "H200X-141C": (141, 1),
+        "H200X-70C": (70, 2),
+        "H200X-35C": (35, 4),
+        "H200X-28C": (28, 5),
+        "H200X-17C": (17, 8),
+        "H200X-14C": (14, 10),
+        "H200X-8C": (8, 16),
+        "H200X-7C": (7, 20),
+        "H200X-4C": (4, 32),
+    }
+    assert VGPU_TYPES["H200-35C"].product == "H200-141GB-NVL"
+    assert vgpu_type_for_resource("nvidia.com/NVIDIA_H200X-35C").max_per_gpu == 4
+
+
 def test_discovery_inventories_vgpu_types_per_node():
     node = vgpu_node(**{"H100XM-20C": 32})
     specs = node_specs(node, node_values(node))

@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
+# KubeVirt runs each VirtualMachineInstance in a virt-launcher pod, which requests the VM's devices
+# (spec.domain.devices.gpus[].deviceName) as extended resources; the pod carries the label
+# kubevirt.io=virt-launcher and names its VMI in the annotation kubevirt.io/domain (kubevirt/kubevirt
+# staging/src/kubevirt.io/api/core/v1/types.go: AppLabel, DomainAnnotation, CreatedByLabel = the VMI's uid).
+KUBEVIRT_APP_LABEL = "kubevirt.io"
+VIRT_LAUNCHER = "virt-launcher"
+VMI_DOMAIN_ANNOTATION = "kubevirt.io/domain"
+VMI_CREATED_BY_LABEL = "kubevirt.io/created-by"
 
 
 @dataclass(slots=True)
@@ -43,6 +51,13 @@ class Pod:
     @property
     def pending(self) -> bool:
         return self.phase == "Pending" and not self.deleted
+
+    @property
+    def vmi(self) -> str:
+        """The KubeVirt VirtualMachineInstance this pod runs, when it is a virt-launcher pod; "" otherwise."""
+        if self.labels.get(KUBEVIRT_APP_LABEL) != VIRT_LAUNCHER:
+            return ""
+        return self.annotations.get(VMI_DOMAIN_ANNOTATION, "")
 
     @property
     def finished(self) -> bool:

@@ -8,7 +8,8 @@ The only code in gpuaas that imports pynvml. Split by job:
   GpuIsLost -> the GPU is reported "lost" and nothing else about it is trusted);
 - inventory: `node_inventory()` for discovery (GPUs, MIG devices with placements, processes);
 - layout: `apply_gpu_layout()` for MIG reconfiguration;
-- metrics: `node_metrics()` for monitoring (counters, GPM SM activity, XID events).
+- metrics: `node_metrics()` for monitoring (counters, GPM SM activity, XID events);
+- vgpu: `node_vgpus()` on vm-vgpu hosts (active vGPUs, type, mdev UUID, framebuffer, per-vGPU utilisation).
 
 Everything is returned as plain dataclasses; nothing outside this package touches NVML handles.
 """
@@ -26,6 +27,7 @@ from .inventory import (
 from .layout import LayoutError, apply_gpu_layout
 from .metrics import GpuMetrics, MigMetrics, XidEvent, forget_xid_watchers, node_metrics
 from .sessions import GpuLost, NvmlError, NvmlSession, load_library, local_pynvml, pod_uid_from_cgroup, session
+from .vgpu import VgpuMetrics, node_vgpus, read_vgpus
 
 __all__ = [
     "HEALTH_LOST",
@@ -40,6 +42,7 @@ __all__ = [
     "NvmlError",
     "NvmlSession",
     "ProcessInfo",
+    "VgpuMetrics",
     "XidEvent",
     "apply_gpu_layout",
     "forget_xid_watchers",
@@ -48,6 +51,8 @@ __all__ = [
     "local_pynvml",
     "node_inventory",
     "node_metrics",
+    "node_vgpus",
     "pod_uid_from_cgroup",
+    "read_vgpus",
     "session",
 ]
