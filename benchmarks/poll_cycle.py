@@ -37,6 +37,11 @@ it measures a first cycle (every process's first poll of every node), steady one
   polling). CPU time does not depend on how busy the machine is, wall time does: size from these;
 - with --kill-agent: agent 0 is SIGKILLed once a quarter of the samples are in and restarted (as
   its DaemonSet would); the next cycle is measured too (next_cycle_*);
+- with --kill-ingest: ingest worker 0 is SIGKILLed in the first cycle while it holds reports it took and has not
+  acknowledged (mid-batch), and restarted; another worker claims them after AGENT_INGEST_VISIBILITY_S, and they
+  are written (the re-poll may read the node again first); the run then waits for the claim
+  (in_flight_at_end: reports still unacknowledged, target 0) and counts lost and duplicated again over every
+  cycle: lost == 0, duplicated == 0 say nothing was lost or written twice;
 - --lateness S: MONITORING_ROLLUP_LATENESS_S for this run's ingest workers (and the cycles' wait), to see
   lost_past_lateness counted without waiting ten minutes (--stall-ingest above it).
 
@@ -48,6 +53,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +68,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.db.models import Count, Sum
 
+from capacity.agent import transport
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from capacity.services.discovery import INVENTORY_NONE, discover_cluster
 from capacity.services.inventory import reconcile_inventory
@@ -270,8 +277,9 @@ def wait_for_slot_boundary(period: int) -> datetime:
 
 
 def ingest_queue_length() -> int:
-    with app.connection_for_write() as conn:
-        return conn.default_channel.client.llen("ingest")
+    """Reports on the ingest stream not yet acknowledged (waiting, or delivered to a worker: a stopped worker
+    blocked in XREADGROUP is still handed entries by Redis)."""
+    return transport.in_flight()
 
 
 SETTLE_S = 5.0  # after the period: no new sample and nothing queued for this long ends a cycle
@@ -279,14 +287,20 @@ SETTLE_S = 5.0  # after the period: no new sample and nothing queued for this lo
 
 def queued(node_queues: list[str]) -> int:
     """Messages waiting on these node queues and reports waiting on (or taken from, not acknowledged) the ingest
-    queue, in one round trip."""
+    stream, in one round trip."""
     with app.connection_for_write() as conn:
-        client = conn.default_channel.client
-        pipe = client.pipeline()
-        for name in [*node_queues, "ingest"]:
+        pipe = conn.default_channel.client.pipeline()
+        for name in node_queues:
             pipe.llen(name)
-        pipe.hlen("ingest_unacked")
+        pipe.xlen(transport.STREAM_KEY)
         return sum(pipe.execute())
+
+
+def holds_reports(worker: subprocess.Popen) -> bool:
+    """Whether this ingest worker has taken reports it has not acknowledged yet (mid-batch)."""
+    summary = transport.client().xpending(transport.STREAM_KEY, transport.GROUP)
+    name = f"{socket.gethostname()}-{worker.pid}".encode()
+    return any(c["name"] == name and c["pending"] for c in summary.get("consumers") or [])
 
 
 def late_dropped(cluster: Cluster) -> int:
@@ -346,7 +360,7 @@ def run_cycle(
             poll_metrics_task()  # autocommit: the fan-out is sent at once (on_commit)
         if pause is not None:
             try:
-                want = pause[1] - len(pause[0].workers)  # a stopped worker's pending BRPOP still takes one each
+                want = pause[1]
                 while ingest_queue_length() < want and time.monotonic() - started < limit:
                     time.sleep(0.05)
             finally:
@@ -465,6 +479,11 @@ def wait_ready(fleet: PollFleet, *, timeout_s: float) -> None:
         arg("--workers", type=int, default=2, help="ingest-worker processes"),
         arg("--threads", type=int, default=8, help="threads per agent process (concurrent node reads)"),
         arg("--kill-agent", action="store_true", help="SIGKILL agent 0 mid-cycle and restart it"),
+        arg(
+            "--kill-ingest",
+            action="store_true",
+            help="SIGKILL ingest worker 0 mid-batch (reports taken, not acknowledged) in the first cycle, restart it",
+        ),
         arg("--cycles", type=int, default=2, help="end-to-end cycles: the first, then steady ones (median: cycle_s)"),
         arg(
             "--stall-ingest",
@@ -497,6 +516,7 @@ def wait_ready(fleet: PollFleet, *, timeout_s: float) -> None:
         correctness("duplicated", "==", 0),
         correctness("db_connections_max", "<=", 20),
         correctness("next_cycle_lost", "==", 0, when=lambda r: "next_cycle_lost" in r),
+        correctness("in_flight_at_end", "==", 0, when=lambda r: "in_flight_at_end" in r),
         performance("cycle_s", "<=", "period_s"),
         performance("ingest_cpu_ms_per_report", "<=", 2),
     ],
@@ -514,6 +534,7 @@ def run_poll_cycle(
     workers: int,
     threads: int,
     kill_agent: bool,
+    kill_ingest: bool,
     cycles: int,
     stall_ingest: float,
     period: int | None,
@@ -572,10 +593,15 @@ def run_poll_cycle(
             meter = CpuMeter(fleet, reads=len(names))
 
             def kill_once(count: int) -> None:
-                if kill_agent and not killed and count >= expected // 4:
+                if kill_agent and "exit" not in killed and count >= expected // 4:
                     meter.sample()  # the killed agent's CPU up to its death
                     killed["exit"] = fleet.kill(fleet.agents[0])
                     killed["at_samples"] = count
+                    fleet.replace_dead()
+                if kill_ingest and "ingest_exit" not in killed and count and holds_reports(fleet.workers[0]):
+                    meter.sample()
+                    killed["ingest_exit"] = fleet.kill(fleet.workers[0])
+                    killed["ingest_at_samples"] = count
                     fleet.replace_dead()
 
             for n in range(0 if phased_only else max(1, cycles)):
@@ -585,7 +611,7 @@ def run_poll_cycle(
             if stall_ingest and not phased_only:
                 runs.append(("overrun", cycle(stall=(fleet, stall_ingest), meter=meter)))
                 stdout.write(f"# overrun cycle (ingest stalled {stall_ingest} s): {_short(runs[-1][1])}")
-            if kill_agent:
+            if kill_agent or kill_ingest:
                 wait_ready(fleet, timeout_s=300)
             # The same cycle in two phases: ingest workers paused (SIGSTOP) until every report is queued.
             split = cycle(pause=(fleet, len(names)), meter=meter)
@@ -636,6 +662,19 @@ def run_poll_cycle(
                     "killed_at_samples": killed.get("at_samples"),
                     "next_cycle_samples": split["samples"],
                     "next_cycle_lost": split["lost"],
+                }
+            if kill_ingest:
+                # The killed worker's batch is claimed by another after the visibility timeout: wait for it, then
+                # count again (a claimed report written twice would show here).
+                deadline = time.monotonic() + settings.AGENT_INGEST_VISIBILITY_S + 2 * SETTLE_S
+                while transport.in_flight() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                result |= {
+                    "killed_ingest_exit": killed.get("ingest_exit"),
+                    "killed_ingest_at_samples": killed.get("ingest_at_samples"),
+                    "in_flight_at_end": transport.in_flight(),
+                    "duplicated": sum(duplicated(cluster, r["ts"]) for r in everything),
+                    "lost": sum(expected - written(cluster, r["ts"]) - r["lost_past_lateness"] for r in everything),
                 }
             return result
         finally:

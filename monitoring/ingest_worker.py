@@ -6,9 +6,9 @@ per poll slot), and acknowledges the messages only after that commit. A worker k
 acknowledges leaves its batch unacknowledged; the broker delivers it again after
 AGENT_INGEST_VISIBILITY_S (Redis) and the second write changes nothing.
 
-On Redis the batch is taken in one round trip (`transport.RedisBatches`: a script pops up to the batch
-and files each message under kombu's unacknowledged keys, exactly as kombu's own consumer does one
-message at a time) and acknowledged in one; kombu's restore puts back what a dead worker left.
+On Redis the queue is a stream read through one consumer group (`transport.RedisBatches`): a batch is one
+XREADGROUP (blocking while idle) and its acknowledgement one XACK + XDEL; each worker process is its own
+consumer, and what a dead one left unacknowledged is claimed (XAUTOCLAIM) after the visibility timeout.
 Other brokers (the embedded demo's) go through a plain kombu consumer (prefetch = the batch).
 A batch that raises is retried report by report, so one bad report cannot hold back the others;
 a report that still raises is logged and dropped (it would fail again on every delivery).
@@ -34,7 +34,7 @@ from .services.reports import IngestOutcome, ingest_reports
 
 logger = logging.getLogger(__name__)
 
-_IDLE_POLL_S = 0.05  # how often an idle (or lingering) Redis worker looks at the queue again
+_IDLE_BLOCK_MS = 1000  # how long an idle Redis worker waits in XREADGROUP before it looks at stop()
 
 
 class IngestWorker:
@@ -60,15 +60,15 @@ class IngestWorker:
         if threading.current_thread() is threading.main_thread():  # else the thread's owner calls stop()
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
+        if transport.is_redis():
+            source = transport.RedisBatches()
+            self._ack = source.ack
+            while not self.stopping and (max_batches is None or self.batches < max_batches):
+                self._take(source)
+                if self.pending:
+                    self.flush()
+            return
         with transport.connection() as conn:
-            if transport.is_redis():
-                source = transport.RedisBatches(conn)
-                self._ack = source.ack
-                while not self.stopping and (max_batches is None or self.batches < max_batches):
-                    self._take(source)
-                    if self.pending:
-                        self.flush()
-                return
             with conn.Consumer(transport.queue, callbacks=[self._received], accept=["json"]) as consumer:
                 consumer.qos(prefetch_count=self.batch)
                 while not self.stopping and (max_batches is None or self.batches < max_batches):
@@ -78,23 +78,23 @@ class IngestWorker:
 
     def _take(self, source: transport.RedisBatches) -> None:
         """Redis: take what is queued, up to the batch, until it is full or the linger after the first report
-        has passed; while idle, look again shortly. First, put back what dead workers left unacknowledged
-        (at most once a second, busy or idle)."""
-        source.restore_expired()
+        has passed. While idle, wait in Redis (XREADGROUP BLOCK) up to _IDLE_BLOCK_MS, then go back to run()
+        (it checks max_batches and stopping)."""
         first_at = None
         while len(self.pending) < self.batch and not self.stopping:
-            taken = source.take(self.batch - len(self.pending))
-            self.pending += taken
-            if self.pending and first_at is None:
-                first_at = time.monotonic()
-            if first_at is not None and (
-                len(self.pending) >= self.batch or time.monotonic() - first_at >= self.linger_s
-            ):
-                return
-            if not taken:
-                time.sleep(_IDLE_POLL_S if first_at is None else min(_IDLE_POLL_S, self.linger_s))
             if first_at is None:
-                return  # back to run(): it checks max_batches and stopping
+                block_ms = _IDLE_BLOCK_MS
+            else:
+                left_s = self.linger_s - (time.monotonic() - first_at)
+                if left_s <= 0:
+                    return
+                block_ms = max(1, int(left_s * 1000))  # never 0: BLOCK 0 waits forever
+            taken = source.take(self.batch - len(self.pending), block_ms=block_ms)
+            if not taken:
+                return
+            self.pending += taken
+            if first_at is None:
+                first_at = time.monotonic()
 
     def _fill(self, conn) -> None:
         """Drain messages until the batch is full, or the linger after the first one has passed."""

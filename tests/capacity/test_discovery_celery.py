@@ -5,7 +5,7 @@ import time
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from capacity.agent.transport import INGEST_QUEUE
+from capacity.agent import transport
 from capacity.models import DiscoveryRun, GpuCapacity, NodeCapacity
 from capacity.tasks import discover_cluster_task
 from gpuaas.celery import app, node_queue
@@ -24,6 +24,7 @@ def purge(queues):
     with app.connection_for_write() as conn:
         for queue in queues:
             conn.default_channel.queue_purge(queue)
+    transport.purge()
 
 
 def wait_for(condition, timeout=30.0):
@@ -38,10 +39,10 @@ def wait_for(condition, timeout=30.0):
 def test_discovery_then_node_inventory_through_the_broker(simcluster):
     sim = simcluster("demo")
     dev = sim.register("dev")["dev"]
-    queues = ["discovery", *(node_queue("dev", n) for n in NODES), INGEST_QUEUE]
+    queues = ["discovery", *(node_queue("dev", n) for n in NODES)]
     purge(queues)
     try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=queues[:-1], shutdown_timeout=10):
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=queues, shutdown_timeout=10):
             discover_cluster_task.delay(dev.pk)
             # The agents' two signed reports, written by one batch of the ingest worker.
             IngestWorker(batch=2, linger_ms=5000).run(max_batches=1)

@@ -11,7 +11,7 @@ import pytest
 from django.db import connections
 from reconfig_sim import node_row, start_sim
 
-from capacity.agent.transport import INGEST_QUEUE
+from capacity.agent import transport
 from monitoring.ingest_worker import IngestWorker
 from operations import reconfiguration as rc
 
@@ -53,8 +53,9 @@ def test_a_real_worker_runs_the_whole_workflow(tmp_path, settings, backend):
     consumer = threading.Thread(target=consume, args=(ingest,))
     try:
         with app.connection_for_write() as connection:
-            for queue in [*queues, INGEST_QUEUE]:
+            for queue in queues:
                 connection.default_channel.queue_purge(queue)
+        transport.purge()
         consumer.start()
         with start_worker(
             app, pool="threads", concurrency=2, queues=queues, perform_ping_check=False, shutdown_timeout=10

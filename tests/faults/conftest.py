@@ -192,13 +192,13 @@ class Ingest(_Restarted):
 @pytest.fixture
 def ingest(tmp_path):
     """An ingest worker (started by the test's loop with ensure_running), killed and its queue purged at the end."""
-    from capacity.agent.transport import INGEST_QUEUE
+    from capacity.agent import transport
 
-    purge([INGEST_QUEUE])
+    transport.purge()
     worker = Ingest(tmp_path)
     yield worker
     worker.stop()
-    purge([INGEST_QUEUE])
+    transport.purge()
 
 
 def drive(workers: Workers, done, *sweeps) -> bool:

@@ -27,7 +27,7 @@ from benchmarks.poll_cycle import (
     wait_ready,
     written,
 )
-from capacity.agent.transport import INGEST_QUEUE
+from capacity.agent import transport
 from capacity.models import Cluster, NodeCapacity
 from monitoring.models import Collector, Sample
 
@@ -37,11 +37,8 @@ PERIOD_S = 10
 
 
 def _purge_ingest(queues: list[str]) -> None:
-    from gpuaas.celery import app
-
     purge(queues)
-    with app.connection_for_write() as connection:
-        connection.default_channel.client.delete("ingest_unacked", "ingest_unacked_index", "ingest_unacked_mutex")
+    transport.purge()
 
 
 def test_agents_and_ingest_workers_killed_mid_cycle_lose_nothing_in_the_next_cycle(tmp_path, settings):
@@ -55,7 +52,7 @@ def test_agents_and_ingest_workers_killed_mid_cycle_lose_nothing_in_the_next_cyc
             NodeCapacity.objects.present().filter(cluster=cluster).order_by("name").values_list("cluster__name", "name")
         )
         queues = split_queues(names, 3)
-        _purge_ingest([q for share in queues for q in share] + [INGEST_QUEUE])
+        _purge_ingest([q for share in queues for q in share])
         markers = tmp_path / "crashed"
         markers.mkdir()
         fleet = PollFleet(
@@ -100,4 +97,4 @@ def test_agents_and_ingest_workers_killed_mid_cycle_lose_nothing_in_the_next_cyc
         if fleet is not None:
             fleet.stop()
         server.stop()
-        _purge_ingest([INGEST_QUEUE])
+        _purge_ingest([])

@@ -48,7 +48,11 @@ def test_each_backend_seam_offers_the_same_functions_on_both_databases(app):
 
 @pytest.mark.parametrize(
     ("library", "adapter"),
-    [("pynvml", "capacity/adapters/nvml/"), ("kubernetes", "capacity/adapters/kubernetes/")],
+    [
+        ("pynvml", "capacity/adapters/nvml/"),
+        ("kubernetes", "capacity/adapters/kubernetes/"),
+        ("redis", "capacity/agent/transport.py"),  # the ingest stream; Celery's own Redis use goes through kombu
+    ],
 )
 def test_only_the_adapter_imports_its_library(library, adapter):
     importers = set()

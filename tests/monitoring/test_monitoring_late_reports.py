@@ -125,8 +125,7 @@ def test_a_read_not_started_within_its_period_is_dropped_and_a_started_one_is_fi
 @pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 def test_the_ingest_worker_stores_a_late_report_once_and_counts_one_past_lateness(sim, settings):
-    with transport.connection() as conn:
-        conn.default_channel.client.delete(transport.INGEST_QUEUE, "ingest_unacked", "ingest_unacked_index")
+    transport.purge()
     late = _read(sim, "h100-01", age_s=5 * settings.METRICS_INTERVAL_S)
     past = _read(sim, "a100-01", age_s=settings.MONITORING_ROLLUP_LATENESS_S + 60)
     for report in (late, past, late):  # the late one delivered twice
