@@ -33,13 +33,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import dcgm, dra, driver, kube, nvml, podresources, rbac
+import yaml
+
+from . import dcgm, dra, driver, fieldmanager, kube, nvml, podresources, rbac
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
 _JSON = "application/json"
 _CLUSTER_PREFIX = re.compile(r"^/clusters/([^/]+)(/.*)?$")
-_NAMESPACED = ("pods", "configmaps", "resourcequotas")
+_NAMESPACED = ("pods", "configmaps", "resourcequotas", "serviceaccounts")
+_APPLY = "application/apply-patch+yaml"
+# Groups whose kinds are stored only (kube.STORED_ONLY): group -> (version, {plural: namespaced}).
+_STORED_GROUPS = {
+    "apps": ("v1", {"daemonsets": True}),
+    "rbac.authorization.k8s.io": ("v1", {"clusterroles": False, "clusterrolebindings": False}),
+    "admissionregistration.k8s.io": (
+        "v1",
+        {"validatingadmissionpolicies": False, "validatingadmissionpolicybindings": False},
+    ),
+}
 _DRA_NAMESPACED = ("resourceclaims", "resourceclaimtemplates")
 _DRA_CLUSTER = ("resourceslices", "deviceclasses")
 SCHEDULING_GROUP = "scheduling.k8s.io"
@@ -131,8 +143,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._raw_body:
             return None
         try:
+            if self.headers.get("Content-Type", "").split(";")[0].strip().lower() == _APPLY:
+                return yaml.safe_load(self._raw_body)  # YAML, of which JSON is a subset
             return json.loads(self._raw_body)
-        except ValueError:
+        except (ValueError, yaml.YAMLError):
             raise kube.bad_request(
                 "the body of the request was in an unknown format - accepted media types "
                 "include: application/json, application/yaml"
@@ -197,7 +211,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         # One token, gpuaas's: its requests are its ServiceAccount's (the user RBAC names, admission reads).
         role = cluster.state.api.role
-        api = kube.ClusterApi(cluster, user=role.user if role is not None else rbac.DEFAULT_USER)
+        api = kube.ClusterApi(
+            cluster,
+            user=role.user if role is not None else rbac.DEFAULT_USER,
+            manager=fieldmanager.manager_from((query.get("fieldManager") or [""])[-1], self.headers.get("User-Agent")),
+            dry_run=_dry_run(query),
+        )
+        if len(segments) >= 4 and segments[0] == "apis" and _STORED_GROUPS.get(segments[1], ("",))[0] == segments[2]:
+            self._stored(method, api, _STORED_GROUPS[segments[1]][1], segments[3:], query)
+            return
         if segments[:3] == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
             self._dra(method, api, segments[3:], query)
             return
@@ -261,6 +283,21 @@ class _Handler(BaseHTTPRequestHandler):
             return
         raise not_found
 
+    def _stored(self, method: str, api: kube.ClusterApi, plurals: dict[str, bool], rest: list[str], query) -> None:
+        """/apis/<group>/<version>/[namespaces/{ns}/]{plural}[/name] of a stored-only kind."""
+        not_found = kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        if len(rest) >= 3 and rest[0] == "namespaces" and plurals.get(rest[2]) and len(rest) <= 4:
+            self._resource(method, api, rest[2], rest[1], rest[3] if len(rest) == 4 else None, query)
+            return
+        if rest and rest[0] in plurals and len(rest) <= 2 and (len(rest) == 1 or not plurals[rest[0]]):
+            if len(rest) == 1 and plurals[rest[0]] and method != "GET":
+                raise kube.ApiError(
+                    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                )
+            self._resource(method, api, rest[0], None, rest[1] if len(rest) == 2 else None, query)
+            return
+        raise not_found
+
     def _resource(
         self, method: str, api: kube.ClusterApi, plural: str, namespace: str | None, name: str | None, query: dict
     ) -> None:
@@ -291,6 +328,16 @@ class _Handler(BaseHTTPRequestHandler):
             payload = self._body()
             with lock:
                 body = api.replace(plural, namespace, name, payload)
+        elif method == "PATCH" and self.headers.get("Content-Type", "").split(";")[0].strip().lower() == _APPLY:
+            payload = self._body()
+            force = (query.get("force") or ["false"])[-1].lower() in ("1", "true")
+            if not (query.get("fieldManager") or [""])[-1]:
+                required = [("fieldManager", "Required value: is required for apply patch")]
+                raise kube.invalid("PatchOptions", "", required)
+            with lock:
+                code, body = api.apply(plural, namespace, name, payload, force=force)
+            self._send(code, body)
+            return
         elif method == "PATCH":
             payload = self._body()
             with lock:
@@ -429,6 +476,14 @@ class _Handler(BaseHTTPRequestHandler):
         raise kube.ApiError(404, "NotFound", f"no simulator endpoint {method} {path}", {})
 
 
+def _dry_run(query: dict) -> bool:
+    """`dryRun=All` (the only value kube-apiserver accepts)."""
+    values = query.get("dryRun") or []
+    if any(v != "All" for v in values):
+        raise kube.bad_request(f'dryRun: Unsupported value: {values[-1]!r}: supported values: "All"')
+    return bool(values)
+
+
 def _grace_period(query: dict, body) -> int | None:
     """gracePeriodSeconds of a DELETE: the query parameter, else the DeleteOptions body."""
     values = query.get("gracePeriodSeconds")
@@ -450,6 +505,7 @@ _RESOURCES = (
     ("pods", "Pod", True, _READ_WRITE),
     ("pods/eviction", "Eviction", True, ["create"]),
     ("resourcequotas", "ResourceQuota", True, _READ_WRITE),
+    ("serviceaccounts", "ServiceAccount", True, _READ_WRITE),
 )
 _DRA_RESOURCES = (
     ("deviceclasses", "DeviceClass", False, _READ_WRITE),
@@ -492,12 +548,42 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
         "versions": [{"groupVersion": f"{SCHEDULING_GROUP}/v1", "version": "v1"}],
         "preferredVersion": {"groupVersion": f"{SCHEDULING_GROUP}/v1", "version": "v1"},
     }
+    stored_groups = {
+        group: {
+            "name": group,
+            "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
+            "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version},
+        }
+        for group, (version, _) in _STORED_GROUPS.items()
+    }
     if segments == ["apis"]:
         # policy/v1 is served only as the pods/eviction subresource, so no group is listed for it.
         return {
             "kind": "APIGroupList",
             "apiVersion": "v1",
-            "groups": [scheduling_group, *([dra_group] if cluster.settings.dra else [])],
+            "groups": [scheduling_group, *stored_groups.values(), *([dra_group] if cluster.settings.dra else [])],
+        }
+    if len(segments) in (2, 3) and segments[0] == "apis" and segments[1] in stored_groups:
+        group = stored_groups[segments[1]]
+        if len(segments) == 2:
+            return {"kind": "APIGroup", "apiVersion": "v1", **group}
+        version, plurals = _STORED_GROUPS[segments[1]]
+        if segments[2] != version:
+            return None
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{segments[1]}/{version}",
+            "resources": [
+                {
+                    "name": plural,
+                    "singularName": kube.KINDS[plural].kind.lower(),
+                    "namespaced": namespaced,
+                    "kind": kube.KINDS[plural].kind,
+                    "verbs": _READ_WRITE,
+                }
+                for plural, namespaced in plurals.items()
+            ],
         }
     if segments == ["apis", SCHEDULING_GROUP]:
         return {"kind": "APIGroup", "apiVersion": "v1", **scheduling_group}

@@ -194,6 +194,14 @@ class Cluster:
         self.priorityclasses: dict[str, Record] = {}
         # policy/v1: PodDisruptionBudgets by key; the eviction subresource honours them (simcluster.disruption).
         self.poddisruptionbudgets: dict[tuple[str, str], Record] = {}
+        # Stored only (what onboarding applies): ServiceAccounts, DaemonSets (no pods are made from them), RBAC
+        # and ValidatingAdmissionPolicies (admission enforces deploy/'s policies, simcluster.admission).
+        self.serviceaccounts: dict[tuple[str, str], Record] = {}
+        self.daemonsets: dict[tuple[str, str], Record] = {}
+        self.clusterroles: dict[str, Record] = {}
+        self.clusterrolebindings: dict[str, Record] = {}
+        self.validatingadmissionpolicies: dict[str, Record] = {}
+        self.validatingadmissionpolicybindings: dict[str, Record] = {}
         self._dra_held: tuple[int, dict[str, set[str]]] | None = None  # simcluster.dra.held_devices' cache
         # ConfigMap name -> [(time.monotonic() it reaches the MIG manager's mounted copy, config.yaml text)]:
         # kubelet's delayed refresh of a mounted ConfigMap (gpuoperator.mounted_config_text).
