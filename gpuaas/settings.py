@@ -311,6 +311,8 @@ SPECTACULAR_SETTINGS = {
         "LineTypeEnum": "billing.choices.LineType",
         "BillingRunKindEnum": "billing.choices.RunKind",
         "BillingRunStatusEnum": "billing.choices.RunStatus",
+        "OnboardingStatusEnum": "capacity.choices.OnboardingStatus",
+        "ClusterStatusEnum": "capacity.choices.ClusterStatus",
     },
 }
 

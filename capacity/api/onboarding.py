@@ -3,8 +3,8 @@
 POST /api/v1/capacity/clusters/{id}/onboard/?dry_run=1 answers the diff (nothing written anywhere); POST without
 dry_run applies it (capacity.services.onboarding) and answers what each object did and the audit row's id.
 `force=1` takes over fields another field manager owns. Operators holding capacity.change_cluster only. A
-cluster that refuses or cannot be reached answers 409 (a field-manager conflict: retry with force=1 after
-reading it) or 502, with the cluster's message naming the object.
+field-manager conflict (retry with force=1 after reading it) or a registration whose kubeconfig cannot be used
+answers 409; a cluster that refuses otherwise or cannot be reached 502; each with a message naming the object.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ class OnboardActionMixin:
                 row = onboarding.onboard_cluster(cluster, actor=request.user, force=force)
                 changes = row.changes
         except onboarding.OnboardingError as exc:
-            code = status.HTTP_409_CONFLICT if exc.status == 409 else status.HTTP_502_BAD_GATEWAY
+            conflict = exc.status == 409 or exc.credentials  # the cluster's fields, or its registration's state
+            code = status.HTTP_409_CONFLICT if conflict else status.HTTP_502_BAD_GATEWAY
             return Response({"detail": str(exc)}, status=code)
         body = {"dry_run": dry_run, "onboarding": row.pk if row else None, "objects": [c.as_dict() for c in changes]}
         return Response(OnboardResultSerializer(body).data)

@@ -55,11 +55,13 @@ _SERVER_META = {"uid", "resourceVersion", "generation", "creationTimestamp", "ma
 
 class OnboardingError(Exception):
     """The cluster refused or could not be asked; the message says which object and why. `status`: the cluster's
-    HTTP status (409: a field another manager owns), None when there was no answer."""
+    HTTP status (409: a field another manager owns), None when there was no answer. `credentials`: the cluster's
+    registered kubeconfig cannot be used (fix the registration, not the cluster)."""
 
-    def __init__(self, message: str, *, status: int | None = None):
+    def __init__(self, message: str, *, status: int | None = None, credentials: bool = False):
         super().__init__(message)
         self.status = status
+        self.credentials = credentials
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,9 @@ def _client(cluster: Cluster, client):
     try:
         return kube.KubernetesClient.for_cluster(cluster, user_agent=kube.ONBOARDING_USER_AGENT)
     except kube.KubernetesError as exc:
-        raise OnboardingError(f"cluster {cluster.name}: {exc}", status=exc.status) from None
+        raise OnboardingError(
+            f"cluster {cluster.name}: its kubeconfig cannot be used: {exc}", status=exc.status, credentials=True
+        ) from None
 
 
 def plan_onboarding(cluster: Cluster, *, force: bool = False, client=None) -> list[ObjectChange]:

@@ -210,6 +210,16 @@ def test_api_conflict_is_409_and_an_unreachable_cluster_502(sim, cluster, operat
     assert ClusterOnboarding.objects.count() == 1
 
 
+def test_api_a_registration_without_usable_credentials_is_409(db, operator):
+    from capacity.models import Cluster
+
+    cluster = Cluster.objects.create(name="lost", kubeconfig_path="/nonexistent/kubeconfig")
+    answer = api(operator).post(f"/api/v1/capacity/clusters/{cluster.pk}/onboard/?dry_run=1")
+    assert answer.status_code == 409
+    assert answer.json()["detail"].startswith("cluster lost: its kubeconfig cannot be used: ")
+    assert not ClusterOnboarding.objects.exists()
+
+
 def test_api_refuses_non_operators_and_bad_flags(sim, cluster, alice, staff_nobody, operator):
     url = f"/api/v1/capacity/clusters/{cluster.pk}/onboard/"
     for user in (alice, staff_nobody):
