@@ -310,7 +310,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 with lock:
                     body = api.list(plural, namespace, params)
-                self._send(200, body)
+                self._send(200, _as_table(body) if self._wants_table() else body)
                 return
             if method == "POST":
                 payload = self._body()
@@ -324,6 +324,8 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             with lock:
                 body = api.get(plural, namespace, name)
+            if self._wants_table():
+                body = _as_table(body)
         elif method == "PUT":
             payload = self._body()
             with lock:
@@ -351,6 +353,10 @@ class _Handler(BaseHTTPRequestHandler):
                 405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
             )
         self._send(200, body)
+
+    def _wants_table(self) -> bool:
+        """kubectl get asks for `application/json;as=Table;v=v1;g=meta.k8s.io` (server-side printing)."""
+        return "as=Table" in (self.headers.get("Accept") or "")
 
     def _watch(self, api: kube.ClusterApi, plural: str, namespace: str | None, params: kube.ListParams) -> None:
         """Stream watch events as JSON lines in a chunked 200 answer, as kube-apiserver does: from the
@@ -474,6 +480,41 @@ class _Handler(BaseHTTPRequestHandler):
             except driver.NodeGone:
                 raise kube.not_found("nodes", node_name) from None
         raise kube.ApiError(404, "NotFound", f"no simulator endpoint {method} {path}", {})
+
+
+_TABLE_COLUMNS = [
+    {"name": "Name", "type": "string", "format": "name", "description": "Name of the object.", "priority": 0},
+    {"name": "Created At", "type": "date", "format": "", "description": "When it was created.", "priority": 0},
+]
+
+
+def _as_table(body: bytes) -> bytes:
+    """A list or object as a meta.k8s.io/v1 Table with kube-apiserver's default columns (Name, Created At: its
+    default table convertor for kinds without their own printer), each row carrying the object's metadata."""
+    obj = json.loads(body)
+    items = obj.get("items") if "items" in obj else [obj]
+    list_meta = (
+        obj.get("metadata") or {} if "items" in obj else {"resourceVersion": obj["metadata"].get("resourceVersion")}
+    )
+    rows = [
+        {
+            "cells": [item["metadata"].get("name", ""), item["metadata"].get("creationTimestamp")],
+            "object": {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": {k: v for k, v in item["metadata"].items() if k != "managedFields"},
+            },
+        }
+        for item in items or ()
+    ]
+    table = {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_meta,
+        "columnDefinitions": _TABLE_COLUMNS,
+        "rows": rows,
+    }
+    return json.dumps(table, separators=(",", ":")).encode()
 
 
 def _dry_run(query: dict) -> bool:

@@ -254,6 +254,20 @@ def test_admin_shows_the_diff_then_applies(sim, cluster, client, staff_operator)
     assert "last applied" in change
 
 
+def test_admin_previews_the_forced_diff_of_a_conflict(sim, cluster, client, staff_operator, operator):
+    onboarding.onboard_cluster(cluster, actor=operator)
+    hand_edit_image(sim, "mine:1")
+    client.force_login(staff_operator)
+    url = f"/admin/capacity/cluster/{cluster.pk}/onboard/"
+    refused = client.get(url).content.decode()
+    assert "The cluster refused: DaemonSet gpuaas-agent/gpuaas-node-agent:" in refused
+    assert "kubectl-edit" in refused
+    forced = client.get(url, {"force": "on"}).content.decode()
+    assert "1 object(s) to create or change" in forced
+    assert "<code>spec.template.spec.containers</code>" in forced
+    assert ClusterOnboarding.objects.count() == 1  # previews write nothing
+
+
 def test_admin_shows_the_clusters_refusal(sim, cluster, client, staff_operator):
     client.force_login(staff_operator)
     sim.server.stop()

@@ -199,3 +199,12 @@ def test_kubectl_apply_server_side(kubeconfigs, tmp_path):
     assert forced.returncode == 0, forced.stderr
     got = kubectl("get", "daemonset", "agent", "-o", "json")
     assert json.loads(got.stdout)["spec"]["template"]["spec"]["containers"][0]["image"] == "agent:2"
+    # kubectl get prints the server's Table (kube-apiserver's default columns for a kind without a printer).
+    table = kubectl("get", "daemonsets")
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()
+    assert header.split() == ["NAME", "CREATED", "AT"]
+    assert row.split()[0] == "agent"
+    nodes = kubectl("get", "nodes")
+    assert nodes.stdout.splitlines()[0].split() == ["NAME", "CREATED", "AT"]
+    assert len(nodes.stdout.splitlines()) > 1
