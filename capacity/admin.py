@@ -22,12 +22,14 @@ from gpuaas.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 
 from . import tiers
 from .adapters import kubernetes as kube
+from .admin_onboarding import OnboardingAdminMixin
 from .choices import MigInstanceState
 from .mig.catalog import PRODUCTS
 from .mig.layout import validate_layout
 from .mig_picture import gpu_layout_html, gpu_picture, legend_html, node_pictures
 from .models import (
     Cluster,
+    ClusterOnboarding,
     DiscoveryRun,
     GpuCapacity,
     MaintenanceWindow,
@@ -111,7 +113,7 @@ class ClusterForm(forms.ModelForm):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(OnboardingAdminMixin, admin.ModelAdmin):
     form = ClusterForm
     list_display = [
         "name",
@@ -125,7 +127,16 @@ class ClusterAdmin(admin.ModelAdmin):
     ]
     list_filter = ["status", "binding"]
     search_fields = ["name", "api_endpoint"]
-    readonly_fields = ["status", "binding", "last_discovery_at", "last_success_at", "last_error", "created_at"]
+    readonly_fields = [
+        "status",
+        "binding",
+        "last_discovery_at",
+        "last_success_at",
+        "last_error",
+        "created_at",
+        "onboarding_link",
+        "agent_health_table",
+    ]
     fields = [
         "name",
         "api_endpoint",
@@ -167,6 +178,15 @@ class ClusterAdmin(admin.ModelAdmin):
             request,
             ngettext("%d cluster queued for discovery.", "%d clusters queued for discovery.", len(ids)) % len(ids),
         )
+
+
+@admin.register(ClusterOnboarding)
+class ClusterOnboardingAdmin(ReadOnlyAdmin):
+    """The onboarding audit: who applied what into which cluster, and the cluster's error when it failed."""
+
+    list_display = ["cluster", "status", "actor", "force", "started_at", "finished_at", "error"]
+    list_filter = ["status", "cluster"]
+    list_select_related = ["cluster", "actor"]
 
 
 @admin.register(DiscoveryRun)

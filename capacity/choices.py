@@ -129,3 +129,16 @@ class ReconfigurationEvent(models.TextChoices):
     ROLLBACK = "rollback", "Roll-back started"
     CANCELLED = "cancelled", "Cancelled"
     INFO = "info", "Note"
+
+
+class OnboardingStatus(models.TextChoices):
+    APPLIED = "applied", "Applied"
+    FAILED = "failed", "Failed"
+
+
+class AgentHealth(models.TextChoices):
+    """A node agent's health from its latest report (NodeCapacity.agent_health)."""
+
+    OK = "ok", "OK"
+    STALE = "stale", "Stale"
+    NEVER = "never", "Never reported"

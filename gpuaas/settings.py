@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+import tomllib
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from .env import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# The release, from pyproject.toml (in the image too): node agents report it, the cluster page shows it.
+GPUAAS_VERSION = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
 VAR_DIR = Path(env_str("GPUAAS_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
@@ -308,6 +311,8 @@ SPECTACULAR_SETTINGS = {
         "LineTypeEnum": "billing.choices.LineType",
         "BillingRunKindEnum": "billing.choices.RunKind",
         "BillingRunStatusEnum": "billing.choices.RunStatus",
+        "OnboardingStatusEnum": "capacity.choices.OnboardingStatus",
+        "ClusterStatusEnum": "capacity.choices.ClusterStatus",
     },
 }
 
@@ -429,6 +434,9 @@ METRICS_INTERVAL_S = env_int("METRICS_INTERVAL_S", 30, minimum=5)
 # Seconds into a poll period when the nodes without a report for it are asked once more (an agent that
 # died mid-read loses its messages until Redis's visibility timeout, an hour, long after they expired).
 METRICS_REPOLL_AFTER_S = env_int("METRICS_REPOLL_AFTER_S", METRICS_INTERVAL_S * 2 // 3, minimum=1)
+# A node agent with no report accepted for three of its periods (metrics polls, or discovery's inventory reads
+# where a DCGM exporter gives the metrics) shows as stale on the cluster page (NodeCapacity.agent_health).
+AGENT_STALE_AFTER_S = 3 * max(METRICS_INTERVAL_S, DISCOVERY_INTERVAL_S)
 if METRICS_REPOLL_AFTER_S >= METRICS_INTERVAL_S:
     raise ConfigurationError(
         "METRICS_REPOLL_AFTER_S must be below METRICS_INTERVAL_S (the re-poll is within the period)"

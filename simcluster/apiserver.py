@@ -34,13 +34,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import dcgm, dra, driver, kube, kubevirt, nvml, podresources, rbac
+import yaml
+
+from . import dcgm, dra, driver, fieldmanager, kube, kubevirt, nvml, podresources, rbac
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
 _JSON = "application/json"
 _CLUSTER_PREFIX = re.compile(r"^/clusters/([^/]+)(/.*)?$")
-_NAMESPACED = ("pods", "configmaps", "resourcequotas")
+_NAMESPACED = ("pods", "configmaps", "resourcequotas", "serviceaccounts")
+_APPLY = "application/apply-patch+yaml"
+# Groups whose kinds are stored only (kube.STORED_ONLY): group -> (version, {plural: namespaced}).
+_STORED_GROUPS = {
+    "apps": ("v1", {"daemonsets": True}),
+    "rbac.authorization.k8s.io": ("v1", {"clusterroles": False, "clusterrolebindings": False}),
+    "admissionregistration.k8s.io": (
+        "v1",
+        {"validatingadmissionpolicies": False, "validatingadmissionpolicybindings": False},
+    ),
+}
 _DRA_NAMESPACED = ("resourceclaims", "resourceclaimtemplates")
 _DRA_CLUSTER = ("resourceslices", "deviceclasses")
 SCHEDULING_GROUP = "scheduling.k8s.io"
@@ -132,8 +144,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._raw_body:
             return None
         try:
+            if self.headers.get("Content-Type", "").split(";")[0].strip().lower() == _APPLY:
+                return yaml.safe_load(self._raw_body)  # YAML, of which JSON is a subset
             return json.loads(self._raw_body)
-        except ValueError:
+        except (ValueError, yaml.YAMLError):
             raise kube.bad_request(
                 "the body of the request was in an unknown format - accepted media types "
                 "include: application/json, application/yaml"
@@ -198,7 +212,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         # One token, gpuaas's: its requests are its ServiceAccount's (the user RBAC names, admission reads).
         role = cluster.state.api.role
-        api = kube.ClusterApi(cluster, user=role.user if role is not None else rbac.DEFAULT_USER)
+        api = kube.ClusterApi(
+            cluster,
+            user=role.user if role is not None else rbac.DEFAULT_USER,
+            manager=fieldmanager.manager_from((query.get("fieldManager") or [""])[-1], self.headers.get("User-Agent")),
+            dry_run=_dry_run(query),
+        )
+        if len(segments) >= 4 and segments[0] == "apis" and _STORED_GROUPS.get(segments[1], ("",))[0] == segments[2]:
+            self._stored(method, api, _STORED_GROUPS[segments[1]][1], segments[3:], query)
+            return
         if segments[:3] == ["apis", dra.GROUP, "v1"] and cluster.settings.dra:
             self._dra(method, api, segments[3:], query)
             return
@@ -276,6 +298,21 @@ class _Handler(BaseHTTPRequestHandler):
             return
         raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
 
+    def _stored(self, method: str, api: kube.ClusterApi, plurals: dict[str, bool], rest: list[str], query) -> None:
+        """/apis/<group>/<version>/[namespaces/{ns}/]{plural}[/name] of a stored-only kind."""
+        not_found = kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        if len(rest) >= 3 and rest[0] == "namespaces" and plurals.get(rest[2]) and len(rest) <= 4:
+            self._resource(method, api, rest[2], rest[1], rest[3] if len(rest) == 4 else None, query)
+            return
+        if rest and rest[0] in plurals and len(rest) <= 2 and (len(rest) == 1 or not plurals[rest[0]]):
+            if len(rest) == 1 and plurals[rest[0]] and method != "GET":
+                raise kube.ApiError(
+                    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                )
+            self._resource(method, api, rest[0], None, rest[1] if len(rest) == 2 else None, query)
+            return
+        raise not_found
+
     def _resource(
         self, method: str, api: kube.ClusterApi, plural: str, namespace: str | None, name: str | None, query: dict
     ) -> None:
@@ -288,7 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 with lock:
                     body = api.list(plural, namespace, params)
-                self._send(200, body)
+                self._send(200, _as_table(body) if self._wants_table() else body)
                 return
             if method == "POST":
                 payload = self._body()
@@ -302,10 +339,22 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             with lock:
                 body = api.get(plural, namespace, name)
+            if self._wants_table():
+                body = _as_table(body)
         elif method == "PUT":
             payload = self._body()
             with lock:
                 body = api.replace(plural, namespace, name, payload)
+        elif method == "PATCH" and self.headers.get("Content-Type", "").split(";")[0].strip().lower() == _APPLY:
+            payload = self._body()
+            force = (query.get("force") or ["false"])[-1].lower() in ("1", "true")
+            if not (query.get("fieldManager") or [""])[-1]:
+                required = [("fieldManager", "Required value: is required for apply patch")]
+                raise kube.invalid("PatchOptions", "", required)
+            with lock:
+                code, body = api.apply(plural, namespace, name, payload, force=force)
+            self._send(code, body)
+            return
         elif method == "PATCH":
             payload = self._body()
             with lock:
@@ -319,6 +368,10 @@ class _Handler(BaseHTTPRequestHandler):
                 405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
             )
         self._send(200, body)
+
+    def _wants_table(self) -> bool:
+        """kubectl get asks for `application/json;as=Table;v=v1;g=meta.k8s.io` (server-side printing)."""
+        return "as=Table" in (self.headers.get("Accept") or "")
 
     def _watch(self, api: kube.ClusterApi, plural: str, namespace: str | None, params: kube.ListParams) -> None:
         """Stream watch events as JSON lines in a chunked 200 answer, as kube-apiserver does: from the
@@ -444,6 +497,49 @@ class _Handler(BaseHTTPRequestHandler):
         raise kube.ApiError(404, "NotFound", f"no simulator endpoint {method} {path}", {})
 
 
+_TABLE_COLUMNS = [
+    {"name": "Name", "type": "string", "format": "name", "description": "Name of the object.", "priority": 0},
+    {"name": "Created At", "type": "date", "format": "", "description": "When it was created.", "priority": 0},
+]
+
+
+def _as_table(body: bytes) -> bytes:
+    """A list or object as a meta.k8s.io/v1 Table with kube-apiserver's default columns (Name, Created At: its
+    default table convertor for kinds without their own printer), each row carrying the object's metadata."""
+    obj = json.loads(body)
+    items = obj.get("items") if "items" in obj else [obj]
+    list_meta = (
+        obj.get("metadata") or {} if "items" in obj else {"resourceVersion": obj["metadata"].get("resourceVersion")}
+    )
+    rows = [
+        {
+            "cells": [item["metadata"].get("name", ""), item["metadata"].get("creationTimestamp")],
+            "object": {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": {k: v for k, v in item["metadata"].items() if k != "managedFields"},
+            },
+        }
+        for item in items or ()
+    ]
+    table = {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_meta,
+        "columnDefinitions": _TABLE_COLUMNS,
+        "rows": rows,
+    }
+    return json.dumps(table, separators=(",", ":")).encode()
+
+
+def _dry_run(query: dict) -> bool:
+    """`dryRun=All` (the only value kube-apiserver accepts)."""
+    values = query.get("dryRun") or []
+    if any(v != "All" for v in values):
+        raise kube.bad_request(f'dryRun: Unsupported value: {values[-1]!r}: supported values: "All"')
+    return bool(values)
+
+
 def _grace_period(query: dict, body) -> int | None:
     """gracePeriodSeconds of a DELETE: the query parameter, else the DeleteOptions body."""
     values = query.get("gracePeriodSeconds")
@@ -465,6 +561,7 @@ _RESOURCES = (
     ("pods", "Pod", True, _READ_WRITE),
     ("pods/eviction", "Eviction", True, ["create"]),
     ("resourcequotas", "ResourceQuota", True, _READ_WRITE),
+    ("serviceaccounts", "ServiceAccount", True, _READ_WRITE),
 )
 _DRA_RESOURCES = (
     ("deviceclasses", "DeviceClass", False, _READ_WRITE),
@@ -512,12 +609,25 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
         "versions": [{"groupVersion": kubevirt.API_VERSION, "version": "v1"}],
         "preferredVersion": {"groupVersion": kubevirt.API_VERSION, "version": "v1"},
     }
+    stored_groups = {
+        group: {
+            "name": group,
+            "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
+            "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version},
+        }
+        for group, (version, _) in _STORED_GROUPS.items()
+    }
     if segments == ["apis"]:
         # policy/v1 is served only as the pods/eviction subresource, so no group is listed for it.
         return {
             "kind": "APIGroupList",
             "apiVersion": "v1",
-            "groups": [scheduling_group, *([dra_group] if cluster.settings.dra else []), kubevirt_group],
+            "groups": [
+                scheduling_group,
+                *stored_groups.values(),
+                *([dra_group] if cluster.settings.dra else []),
+                kubevirt_group,
+            ],
         }
     if segments == ["apis", kubevirt.GROUP]:
         return {"kind": "APIGroup", "apiVersion": "v1", **kubevirt_group}
@@ -535,6 +645,28 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
                     "shortNames": ["vmi", "vmis"],
                     "verbs": _READ_WRITE,
                 }
+            ],
+        }
+    if len(segments) in (2, 3) and segments[0] == "apis" and segments[1] in stored_groups:
+        group = stored_groups[segments[1]]
+        if len(segments) == 2:
+            return {"kind": "APIGroup", "apiVersion": "v1", **group}
+        version, plurals = _STORED_GROUPS[segments[1]]
+        if segments[2] != version:
+            return None
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{segments[1]}/{version}",
+            "resources": [
+                {
+                    "name": plural,
+                    "singularName": kube.KINDS[plural].kind.lower(),
+                    "namespaced": namespaced,
+                    "kind": kube.KINDS[plural].kind,
+                    "verbs": _READ_WRITE,
+                }
+                for plural, namespaced in plurals.items()
             ],
         }
     if segments == ["apis", SCHEDULING_GROUP]:

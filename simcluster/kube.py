@@ -3,7 +3,8 @@
 `ClusterApi` answers list/get/create/replace/patch/delete for nodes, namespaces, pods,
 configmaps and resourcequotas the way kube-apiserver does: resourceVersion on every
 write, uid/creationTimestamp on create, label and field selectors, limit/continue paging
-with an opaque token, JSON merge / strategic merge / JSON patch, and real-shaped `Status`
+with an opaque token, JSON merge / strategic merge / JSON patch, server-side apply with managedFields and
+`dryRun=All` (simcluster.fieldmanager), and real-shaped `Status`
 errors (404 NotFound, 409 AlreadyExists/Conflict, 422 Invalid, 403 Forbidden, 400
 BadRequest, 410 Expired).
 
@@ -34,7 +35,7 @@ import json_merge_patch
 import jsonpatch
 import jsonpointer
 
-from . import admission, disruption, dra, gpuoperator, kubevirt, scheduler
+from . import admission, disruption, dra, fieldmanager, gpuoperator, kubevirt, scheduler
 from .state import Cluster, Node, Record
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -480,8 +481,6 @@ def apply_patch(target: dict, body: object, content_type: str) -> dict:
         if ctype == "application/strategic-merge-patch+json":
             return strategic_merge_patch(target, body)
         return merge_patch(target, body)
-    if ctype == "application/apply-patch+yaml":
-        raise ApiError(415, "UnsupportedMediaType", "server-side apply is not supported by simcluster")
     raise ApiError(
         415,
         "UnsupportedMediaType",
@@ -740,6 +739,23 @@ KINDS["poddisruptionbudgets"] = Kind(
     "poddisruptionbudgets", "PodDisruptionBudget", True, "subdomain", True, disruption.API_VERSION
 )
 KINDS[kubevirt.PLURAL] = Kind(kubevirt.PLURAL, "VirtualMachineInstance", True, "subdomain", True, kubevirt.API_VERSION)
+_RBAC = "rbac.authorization.k8s.io/v1"
+_ADMISSION = "admissionregistration.k8s.io/v1"
+STORED_ONLY = {
+    "serviceaccounts": Kind("serviceaccounts", "ServiceAccount", True, "subdomain", True),
+    "daemonsets": Kind("daemonsets", "DaemonSet", True, "subdomain", True, "apps/v1"),
+    "clusterroles": Kind("clusterroles", "ClusterRole", False, "subdomain", False, _RBAC),
+    "clusterrolebindings": Kind("clusterrolebindings", "ClusterRoleBinding", False, "subdomain", False, _RBAC),
+    "validatingadmissionpolicies": Kind(
+        "validatingadmissionpolicies", "ValidatingAdmissionPolicy", False, "subdomain", True, _ADMISSION
+    ),
+    "validatingadmissionpolicybindings": Kind(
+        "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", False, "subdomain", True, _ADMISSION
+    ),
+}
+KINDS.update(STORED_ONLY)
+# Writers whose fields are not tracked (metadata.managedFields): the simulator's own controllers' hot paths.
+_UNMANAGED = ("nodes", "pods")
 DRA_PLURALS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
 
 
@@ -752,9 +768,13 @@ class ClusterApi:
     name, which admission (simcluster.admission) reads: the HTTP server passes gpuaas's ServiceAccount, the
     simulated controllers their own."""
 
-    def __init__(self, cluster: Cluster, *, user: str = ADMIN_USER):
+    def __init__(self, cluster: Cluster, *, user: str = ADMIN_USER, manager: str = "", dry_run: bool = False):
         self.cluster = cluster
         self.user = user
+        # The request's field manager (`fieldManager`, else from its User-Agent) and `dryRun=All`.
+        self.manager = manager or user
+        self.dry_run = dry_run
+        self._managed: list[dict] | None = None  # an apply's managedFields, for the create or update it makes
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -995,10 +1015,13 @@ class ClusterApi:
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
-        elif plural == "pods":
+        elif plural == "pods" and not self.dry_run:
             scheduler.admit_pod(self.cluster, obj)
         elif plural in ("resourcequotas", "resourceclaims", kubevirt.PLURAL):
             obj.pop("status", None)
+        self._set_managed_fields(plural, None, obj)
+        if self.dry_run:
+            return 201, self.render(plural, Record(obj))
         meta["resourceVersion"] = self.cluster.bump()
         record = Record(obj)
         store[key] = record
@@ -1123,6 +1146,10 @@ class ClusterApi:
             new["status"] = old.get("status")  # status belongs to the controllers (and the sim)
         if plural in ("resourcequotas", kubevirt.PLURAL):
             new.pop("status", None)  # computed on read
+        self._set_managed_fields(plural, old, new)
+        if self.dry_run:
+            meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            return self.render(plural, Record(new))
         meta["resourceVersion"] = self.cluster.bump()
         record.obj = new
         record.raw = None
@@ -1130,6 +1157,51 @@ class ClusterApi:
         if plural == "configmaps":
             gpuoperator.on_configmap_changed(self.cluster, namespace, name)
         return self.render(plural, record)
+
+    def _set_managed_fields(self, plural: str, old: dict | None, new: dict) -> None:
+        """metadata.managedFields after this write: an apply's own, else the writer's changes as "Update"."""
+        meta = new["metadata"]
+        if self._managed is not None:
+            meta["managedFields"] = self._managed
+        elif plural in _UNMANAGED:
+            meta.pop("managedFields", None)
+        else:
+            at = self.cluster.state.timestamp()
+            meta["managedFields"] = fieldmanager.record_update(old, new, self.manager, at, KINDS[plural].api_version)
+        if not meta.get("managedFields", True):
+            meta.pop("managedFields")
+
+    def apply(self, plural: str, namespace: str | None, name: str, body: object, *, force: bool) -> tuple[int, bytes]:
+        """Server-side apply (simcluster.fieldmanager): create the object when missing, else merge `body` into it
+        as `self.manager`; 409 on another manager's field unless `force`. An apply that changes nothing writes
+        nothing (same resourceVersion), as kube-apiserver answers it."""
+        if plural == "nodes":
+            raise ApiError(415, "UnsupportedMediaType", "simcluster does not server-side apply nodes; patch them")
+        kind = KINDS[plural]
+        if not isinstance(body, dict):
+            raise bad_request("the body of the request must be an object")
+        if body.get("kind") != kind.kind or body.get("apiVersion") != kind.api_version:
+            raise bad_request(
+                f"apply of {body.get('apiVersion')}/{body.get('kind')} does not match {kind.api_version}/{kind.kind}"
+            )
+        meta = body.get("metadata") or {}
+        if meta.get("name") != name:
+            raise bad_request(f"the name of the object ({meta.get('name')}) does not match the URL's ({name})")
+        if kind.namespaced and meta.get("namespace") not in (None, namespace):
+            raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        record = self._store(plural).get(self._key(kind, namespace, name))
+        current = copy.deepcopy(record.obj) if record is not None else None
+        at = self.cluster.state.timestamp()
+        merged, managed = fieldmanager.apply(
+            current, body, self.manager, force=force, at=at, kind=kind.kind, api_version=kind.api_version
+        )
+        self._managed = managed
+        if current is None:
+            return self.create(plural, namespace, merged)
+        before = current["metadata"].get("managedFields") or []
+        if _without_managed(merged) == _without_managed(current) and _untimed(managed) == _untimed(before):
+            return 200, self.render(plural, record)
+        return 200, self._update(plural, namespace, name, merged)
 
     def _update_node(self, node: Node, new: dict) -> bytes:
         """Replace what a client may change on a node: labels, annotations, taints, unschedulable."""
@@ -1256,6 +1328,14 @@ class ClusterApi:
         return 201, _DUMPS(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         ).encode()
+
+
+def _without_managed(obj: dict) -> dict:
+    return {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
+
+
+def _untimed(managed: list[dict]) -> list[dict]:
+    return [{k: v for k, v in entry.items() if k != "time"} for entry in managed]
 
 
 def _fixed_pod_spec(spec: dict) -> dict:

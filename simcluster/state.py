@@ -202,6 +202,14 @@ class Cluster:
         # kubevirt.io/v1 VirtualMachineInstances by key (simcluster.kubevirt); launcher pods refused, by VMI uid.
         self.virtualmachineinstances: dict[tuple[str, str], Record] = {}
         self.vmi_errors: dict[str, str] = {}
+        # Stored only (what onboarding applies): ServiceAccounts, DaemonSets (no pods are made from them), RBAC
+        # and ValidatingAdmissionPolicies (admission enforces deploy/'s policies, simcluster.admission).
+        self.serviceaccounts: dict[tuple[str, str], Record] = {}
+        self.daemonsets: dict[tuple[str, str], Record] = {}
+        self.clusterroles: dict[str, Record] = {}
+        self.clusterrolebindings: dict[str, Record] = {}
+        self.validatingadmissionpolicies: dict[str, Record] = {}
+        self.validatingadmissionpolicybindings: dict[str, Record] = {}
         self._dra_held: tuple[int, dict[str, set[str]]] | None = None  # simcluster.dra.held_devices' cache
         # ConfigMap name -> [(time.monotonic() it reaches the MIG manager's mounted copy, config.yaml text)]:
         # kubelet's delayed refresh of a mounted ConfigMap (gpuoperator.mounted_config_text).

@@ -32,6 +32,17 @@ KIND_MIG_COMMAND = "mig-command"
 KIND_MIG_RESULT = "mig-result"
 
 
+def agent_version() -> str:
+    """The release this agent runs (settings.GPUAAS_VERSION), sent in every report's body as `agent`."""
+    return settings.GPUAAS_VERSION
+
+
+def reported_version(body: Any) -> str:
+    """The agent release a verified report's body names; "" from an agent older than that field."""
+    version = body.get("agent") if isinstance(body, dict) else None
+    return version[:64] if isinstance(version, str) else ""
+
+
 class BadReport(ValueError):
     """A report that is malformed, unsigned, or signed with another node's key."""
 
@@ -99,7 +110,7 @@ def metrics_body(
 ) -> dict:
     """`pods`: the kubelet's pod -> device set as podresources.pods_digest fingerprints it (left out when the
     kubelet could not be asked)."""
-    body = {"error": error, "ms": elapsed_ms, "gpus": [_plain(r) for r in readings or []]}
+    body = {"error": error, "ms": elapsed_ms, "gpus": [_plain(r) for r in readings or []], "agent": agent_version()}
     if pods is not None:
         body["pods"] = pods
     return body
@@ -160,7 +171,9 @@ def _gpu(data: Any) -> nvml.GpuMetrics:
     return _build(nvml.GpuMetrics, data, {"mig": _mig, "processes": _process, "xids": _xid})
 
 
-_METRICS_KEYS = ({"error", "ms", "gpus"}, {"error", "ms", "gpus", "pods"})
+_METRICS_KEYS = tuple(
+    keys | extra for keys in ({"error", "ms", "gpus"}, {"error", "ms", "gpus", "pods"}) for extra in (set(), {"agent"})
+)
 
 
 def metrics_from_body(body: Any) -> tuple[list[nvml.GpuMetrics], str, int]:
@@ -180,13 +193,21 @@ def inventory_body(
     error: str = "",
     pod_resources: podresources.PodResourcesReading | None = None,
 ) -> dict:
-    body = {"error": error, "inventory": None if inventory is None else dataclasses.asdict(inventory)}
+    body = {
+        "error": error,
+        "inventory": None if inventory is None else dataclasses.asdict(inventory),
+        "agent": agent_version(),
+    }
     if pod_resources is not None:
         body["pod_resources"] = dataclasses.asdict(pod_resources)
     return body
 
 
-_INVENTORY_KEYS = ({"error", "inventory"}, {"error", "inventory", "pod_resources"})
+_INVENTORY_KEYS = tuple(
+    keys | extra
+    for keys in ({"error", "inventory"}, {"error", "inventory", "pod_resources"})
+    for extra in (set(), {"agent"})
+)
 
 
 def _pod_devices(data: Any) -> podresources.PodDevices:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -21,6 +21,8 @@ from capacity.choices import MigInstanceState, SpecKind, Tier
 from capacity.models import Cluster, DiscoveryRun, GpuCapacity, MigInstance, NodeCapacity, SpecAndCount
 from capacity.services import vgpu
 from gpuaas.scopes import Scope
+
+from .onboarding import NodeAgentSerializer, OnboardActionMixin, OnboardingSerializer, agents_of
 
 
 def _count(queryset, group_by: str):
@@ -54,6 +56,24 @@ class ClusterSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ClusterDetailSerializer(ClusterSerializer):
+    agents = serializers.SerializerMethodField(help_text="Each present node's agent: version, last report, health.")
+    last_onboarding = serializers.SerializerMethodField()
+
+    class Meta(ClusterSerializer.Meta):
+        fields = [*ClusterSerializer.Meta.fields, "agents", "last_onboarding"]
+        read_only_fields = fields
+
+    @extend_schema_field(NodeAgentSerializer(many=True))
+    def get_agents(self, cluster) -> list[dict]:
+        return agents_of(cluster)
+
+    @extend_schema_field(OnboardingSerializer(allow_null=True))
+    def get_last_onboarding(self, cluster) -> dict | None:
+        row = cluster.onboardings.select_related("actor").first()
+        return OnboardingSerializer(row).data if row else None
+
+
 class DiscoveryRunSerializer(serializers.ModelSerializer):
     cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
@@ -78,6 +98,7 @@ class NodeSerializer(serializers.ModelSerializer):
     cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
     gpus_present = serializers.IntegerField(source="_gpus", read_only=True)
     mig_instances = serializers.IntegerField(source="_migs", read_only=True)
+    agent_health = serializers.SerializerMethodField(help_text="ok, stale, or never (its agent never reported).")
 
     class Meta:
         model = NodeCapacity
@@ -103,8 +124,14 @@ class NodeSerializer(serializers.ModelSerializer):
             "first_seen_at",
             "last_seen_at",
             "gone_at",
+            "agent_version",
+            "agent_reported_at",
+            "agent_health",
         ]
         read_only_fields = fields
+
+    def get_agent_health(self, node) -> str:
+        return node.agent_health()
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -213,11 +240,17 @@ class RunFilter(filters.FilterSet):
 # --- Views -------------------------------------------------------------------------------------
 
 
-class ClusterViewSet(viewsets.ReadOnlyModelViewSet):
-    """Registered clusters with their discovery status and present node/GPU counts."""
+class ClusterViewSet(OnboardActionMixin, viewsets.ReadOnlyModelViewSet):
+    """Registered clusters with their discovery status and present node/GPU counts; the detail adds each node's
+    agent health and the latest onboarding; `onboard` installs the node agent (capacity/api/onboarding.py)."""
 
     serializer_class = ClusterSerializer
     scope = Scope.OPERATOR
+    operator_perms = {"onboard": ("capacity.change_cluster",)}
+
+    def get_serializer_class(self):
+        return ClusterDetailSerializer if self.action == "retrieve" else ClusterSerializer
+
     filterset_fields = ["status"]
     ordering_fields = ["name", "last_success_at"]
 

@@ -8,7 +8,7 @@ One module per domain; every model is importable from capacity.models.
 """
 
 from .availability import UNSETTLED_MIG_STATES, USABLE_HEALTH
-from .clusters import Cluster, DiscoveryRun
+from .clusters import Cluster, ClusterOnboarding, DiscoveryRun
 from .inventory import GpuCapacity, GpuCapacityQuerySet, NodeCapacity, NodeCapacityQuerySet
 from .layouts import GPUAAS_CONFIG_PREFIX, MigLayout, TimeSlicingPolicy
 from .maintenance import MaintenanceWindow, MaintenanceWindowQuerySet
@@ -29,6 +29,7 @@ __all__ = [
     "UNSETTLED_MIG_STATES",
     "USABLE_HEALTH",
     "Cluster",
+    "ClusterOnboarding",
     "DiscoveryRun",
     "GpuCapacity",
     "GpuCapacityQuerySet",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
 from .. import credentials
-from ..choices import Binding, ClusterStatus, DiscoveryStatus
+from ..choices import Binding, ClusterStatus, DiscoveryStatus, OnboardingStatus
 
 
 class Cluster(models.Model):
@@ -76,3 +77,37 @@ class DiscoveryRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster} @ {self.started_at:%Y-%m-%d %H:%M:%S} ({self.status})"
+
+
+class ClusterOnboarding(models.Model):
+    """One onboarding apply into a cluster (capacity.services.onboarding): who, when, what each object did, and
+    the cluster's error when it failed. The audit trail of onboarding; dry runs write nothing.
+
+    Written once, when the apply has ended, so a row never shows an apply as further along than it got:
+    `objects` lists exactly the objects the cluster accepted, in order, and a failed row names the one refused.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="onboardings")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    status = models.CharField(max_length=16, choices=OnboardingStatus)
+    force = models.BooleanField(default=False, help_text="Took over fields other field managers owned.")
+    objects_applied = models.JSONField(
+        default=list, blank=True, help_text="[{kind, namespace, name, action}] in apply order: create/change/unchanged."
+    )
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "-started_at"], name="capacity_onboarding_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster} onboarding @ {self.started_at:%Y-%m-%d %H:%M:%S} ({self.status})"
+
+    def counts(self) -> dict[str, int]:
+        """How many objects were created, changed and left unchanged."""
+        out = {"create": 0, "change": 0, "unchanged": 0}
+        for obj in self.objects_applied:
+            out[obj.get("action", "")] = out.get(obj.get("action", ""), 0) + 1
+        return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
@@ -9,7 +10,7 @@ from django.utils import timezone
 
 from gpuaas.celery import node_queue
 
-from ..choices import Availability, GpuHealth, MigInstanceState, MigStrategy, Tier
+from ..choices import AgentHealth, Availability, GpuHealth, MigInstanceState, MigStrategy, Tier
 from ..vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL
 from .availability import (
     USABLE_HEALTH,
@@ -35,6 +36,15 @@ class NodeCapacityQuerySet(models.QuerySet):
 
     def for_cluster(self, cluster):
         return self.filter(cluster=cluster)
+
+    def record_agent_reports(self, versions: dict[int, str], at) -> None:
+        """Stamp the nodes (pk -> the version their agent reported) as heard from at `at`: one UPDATE per
+        distinct version, so one for a fleet on one release."""
+        by_version: dict[str, list[int]] = {}
+        for pk, version in versions.items():
+            by_version.setdefault(version, []).append(pk)
+        for version, pks in sorted(by_version.items()):
+            self.filter(pk__in=sorted(pks)).update(agent_reported_at=at, agent_version=version)
 
     def schedulable(self):
         return self.present().filter(ready=True, cordoned=False)
@@ -105,6 +115,15 @@ class NodeCapacity(models.Model):
         help_text="Why the agent's latest inventory read failed.",
     )
 
+    # Stamped by the control plane from every accepted agent report (metrics or inventory); db_default for
+    # discovery's own insert column list.
+    agent_version = models.CharField(
+        max_length=64, blank=True, db_default="", editable=False, help_text="The version its node agent reported."
+    )
+    agent_reported_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the control plane last accepted a report of its agent."
+    )
+
     objects = NodeCapacityQuerySet.as_manager()
 
     class Meta:
@@ -136,6 +155,13 @@ class NodeCapacity(models.Model):
     @property
     def is_gone(self) -> bool:
         return self.gone_at is not None
+
+    def agent_health(self, now=None) -> str:
+        """AgentHealth: never (no report accepted yet), stale (none within AGENT_STALE_AFTER_S), else ok."""
+        if self.agent_reported_at is None:
+            return AgentHealth.NEVER
+        age = ((now or timezone.now()) - self.agent_reported_at).total_seconds()
+        return AgentHealth.STALE if age > settings.AGENT_STALE_AFTER_S else AgentHealth.OK
 
     def inventory_read_since(self, moment) -> bool:
         """Whether the GPU and MIG rows show an NVML read made at or after `moment`. Reads are dated to the

@@ -117,6 +117,7 @@ def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
     result = InventoryResult()
     inventories = []
     read_at: dict[str, datetime] = {}
+    versions: dict[str, str] = {}  # node -> the release its agent reported (NodeCapacity.agent_version)
     held: dict[str, podresources.PodResourcesReading] = {}
     unattributed: dict[str, str] = {}  # node -> why its kubelet could not be asked (shown as its inventory_error)
     for report in reports:
@@ -139,6 +140,7 @@ def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
             continue
         inventories.append(inventory)
         read_at[name] = datetime.fromtimestamp(report["slot"], tz=UTC)
+        versions[name] = protocol.reported_version(report["body"])
         if inventory.warnings:
             result.warnings.setdefault(name, []).extend(inventory.warnings)
             for warning in inventory.warnings:
@@ -150,7 +152,12 @@ def reconcile_reports(cluster_id: int, reports: list[dict]) -> InventoryResult:
             _attribute_workloads(cluster_id, held, result)
         if read_at:
             errors = {name: unattributed.get(name, "")[:500] for name in read_at}
-            nodes.filter(name__in=read_at).update(inventory_read_at=_by_name(read_at), inventory_error=_by_name(errors))
+            nodes.filter(name__in=read_at).update(
+                inventory_read_at=_by_name(read_at),
+                inventory_error=_by_name(errors),
+                agent_reported_at=timezone.now(),
+                agent_version=_by_name(versions),
+            )
         if result.errors:
             nodes.filter(name__in=result.errors).update(
                 inventory_error=_by_name({name: error[:500] for name, error in result.errors.items()})

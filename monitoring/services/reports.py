@@ -114,6 +114,14 @@ def ingest_reports(reports: list, *, window: bool = True) -> IngestOutcome:
     for ts, batch in sorted(by_slot.items()):
         outcome.samples += _write(ts, [reading for reading, _ in batch])
     _record_collectors([pair for batch in by_slot.values() for pair in batch])
+    NodeCapacity.objects.record_agent_reports(
+        {
+            nodes[(r["cluster"], r["node"])].pk: protocol.reported_version(r["body"])
+            for r, *_ in accepted
+            if (r["cluster"], r["node"]) in nodes
+        },
+        timezone.now(),
+    )
     _note_pod_changes(accepted, nodes)
     _log_refused(outcome)
     return outcome

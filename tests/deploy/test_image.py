@@ -66,3 +66,11 @@ def test_collectstatic_runs_as_the_build_runs_it(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "static" / "admin" / "css" / "base.css").exists()
     assert list((tmp_path / "static").glob("drf_spectacular_sidecar/**/*.js"))
+
+
+def test_the_image_keeps_the_manifests_onboarding_applies():
+    """Onboarding (capacity/services/onboarding.py) reads deploy/ at run time: the image must carry those files."""
+    from capacity.services.onboarding import ONBOARD_MANIFESTS
+
+    kept = {line[1:] for line in (ROOT / ".dockerignore").read_text().split() if line.startswith("!")}
+    assert {f"deploy/{name}" for name, _ in ONBOARD_MANIFESTS} | {"deploy/kustomization.yaml"} <= kept

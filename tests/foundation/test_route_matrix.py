@@ -231,6 +231,7 @@ def _world_objects():
             "other": {"slug": team_b.slug, "pk": b_pool.pk},
         },
         "token_revoke": {"own": token.pk},
+        "admin:capacity_cluster_onboard": fleet(world.alpha),
         "admin:gpuaas_dashboard_cluster": fleet(world.alpha),
         "admin:gpuaas_dashboard_cluster_data": fleet(world.alpha),
         "admin:gpuaas_dashboard_gpu": fleet(world.gpus["a1-0"]),

@@ -125,7 +125,14 @@ def test_official_client_reads_slices_classes_and_discovery(resource_api, dra_st
     assert slices.items[0].spec.devices[0].attributes["type"].string == "mig"
     assert sorted(c.metadata.name for c in resource.list_device_class().items) == ["gpu.nvidia.com", "mig.nvidia.com"]
     groups = client.ApisApi(core.api_client).get_api_versions()
-    assert [g.name for g in groups.groups] == ["scheduling.k8s.io", "resource.k8s.io"]
+    assert [g.name for g in groups.groups] == [
+        "scheduling.k8s.io",
+        "apps",
+        "rbac.authorization.k8s.io",
+        "admissionregistration.k8s.io",
+        "resource.k8s.io",
+        "kubevirt.io",
+    ]
     listed = resource.get_api_resources()
     assert {r.name for r in listed.resources} == {
         "deviceclasses",

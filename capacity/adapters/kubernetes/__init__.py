@@ -23,9 +23,11 @@ Split by job:
 - objects: the parsed Node and Pod (GPU Operator labels, extended-resource requests);
 - nodes, pods, namespaces: the calls on each kind of object (namespaces also holds resource quotas
   and ConfigMaps), and dra (resource.k8s.io/v1: ResourceSlices, ResourceClaims, gpuaas's
-  ResourceClaimTemplates), combined into `KubernetesClient` in client.
+  ResourceClaimTemplates), combined into `KubernetesClient` in client;
+- apply: server-side apply of any kind as field manager `gpuaas` (with dry-run), the kind's URL from discovery.
 """
 
+from .apply import APPLY_PATCH, FIELD_MANAGER
 from .client import KubernetesClient
 from .configuration import api_url_for, configuration_for, kubeconfig_contexts, load_configuration
 from .errors import (
@@ -51,13 +53,23 @@ from .objects import (
     parse_resource_slice,
     pod_extended_requests,
 )
-from .transport import BACKOFF_BASE_S, BACKOFF_CAP_S, MERGE_PATCH, RETRY_AFTER_MAX_S, backoff_sleep
+from .transport import (
+    BACKOFF_BASE_S,
+    BACKOFF_CAP_S,
+    MERGE_PATCH,
+    ONBOARDING_USER_AGENT,
+    RETRY_AFTER_MAX_S,
+    backoff_sleep,
+)
 
 __all__ = [
+    "APPLY_PATCH",
+    "FIELD_MANAGER",
     "BACKOFF_BASE_S",
     "BACKOFF_CAP_S",
     "MERGE_PATCH",
     "NODE_SELECTOR_ANNOTATION",
+    "ONBOARDING_USER_AGENT",
     "RETRY_AFTER_MAX_S",
     "ConfigError",
     "Conflict",

@@ -41,6 +41,9 @@ MERGE_PATCH = "application/merge-patch+json"
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Names gpuaas in the API server's audit log and in the simulator's request log (simcluster/rbac.py).
 USER_AGENT = "gpuaas"
+# Onboarding's requests: made with an administrator's credentials (they create RBAC), not gpuaas-controller's,
+# so they are told apart in the audit log and are not held against deploy/clusterrole.yaml (tests/conftest.py).
+ONBOARDING_USER_AGENT = "gpuaas-onboarding"
 
 
 def backoff_sleep(seconds: float) -> None:
@@ -71,9 +74,10 @@ class Transport:
         retries: int | None = None,
         page_size: int | None = None,
         sleep: Callable[[float], None] | None = None,
+        user_agent: str = USER_AGENT,
     ):
         self.api_client = k8s.ApiClient(configuration)
-        self.api_client.user_agent = USER_AGENT
+        self.api_client.user_agent = user_agent
         self.core = k8s.CoreV1Api(self.api_client)
         self.host = configuration.host
         timeout = float(timeout_s if timeout_s is not None else settings.KUBERNETES_TIMEOUT_S)
