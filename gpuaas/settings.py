@@ -298,6 +298,7 @@ SPECTACULAR_SETTINGS = {
         "ReconfigurationStateEnum": "capacity.choices.ReconfigurationState",
         "ReconfigurationBackendEnum": "capacity.choices.ReconfigurationBackend",
         "ReconfigurationEventEnum": "capacity.choices.ReconfigurationEvent",
+        "DrainStepEnum": "capacity.choices.DrainStep",
         "RequestStateEnum": "pools.choices.RequestState",
         "PoolStateEnum": "pools.choices.PoolState",
         "IsolationNeedEnum": "pools.choices.IsolationNeed",
