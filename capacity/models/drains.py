@@ -33,6 +33,10 @@ class NodeDrain(models.Model):
     node = models.ForeignKey(NodeCapacity, on_delete=models.PROTECT, related_name="drains")
     reason = models.CharField(max_length=200, blank=True, help_text="Shown to the projects: driver update, ...")
     grace_s = models.PositiveIntegerField(default=3600, help_text="Notice given before the moved pods are evicted.")
+    driver_upgrade = models.BooleanField(
+        default=False,
+        help_text="Hand the node to the GPU Operator's driver upgrade controller and take it back at upgrade-done.",
+    )
     evict_after = models.DateTimeField(null=True, blank=True, editable=False, help_text="Notice deadline.")
     step = models.CharField(max_length=16, choices=DrainStep, default=DrainStep.CHECK, editable=False)
     state = models.CharField(

@@ -50,6 +50,7 @@ class NodeDrainSerializer(serializers.ModelSerializer):
             "node_name",
             "reason",
             "grace_s",
+            "driver_upgrade",
             "evict_after",
             "step",
             "state",
@@ -75,6 +76,9 @@ class StartDrainSerializer(StrictSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
     grace_s = serializers.IntegerField(
         required=False, min_value=0, max_value=7 * 86400, help_text="Notice before pods are evicted (default setting)."
+    )
+    driver_upgrade = serializers.BooleanField(
+        default=False, help_text="Hand the node to the GPU Operator's driver upgrade controller at handover."
     )
 
 
@@ -113,6 +117,7 @@ class NodeDrainViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
                 data["node"],
                 reason=data["reason"],
                 grace_s=data.get("grace_s"),
+                driver_upgrade=data["driver_upgrade"],
                 actor=request.user,
             )
         except Refused as exc:

@@ -31,6 +31,7 @@ from .check import HitAllocation, OfflineCheck, take_offline_check
 from .lifecycle import give_back, resume, start
 from .records import audit, enqueue
 from .steps import STEPS, node_health
+from .upgrades import next_wave, start_wave
 
 ORDER = [
     DrainStep.CHECK,
@@ -82,10 +83,12 @@ __all__ = [
     "HitAllocation",
     "OfflineCheck",
     "give_back",
+    "next_wave",
     "node_health",
     "resume",
     "run_step",
     "start",
+    "start_wave",
     "sweep",
     "take_offline_check",
 ]

@@ -23,12 +23,15 @@ from .records import audit, enqueue
 from .steps import shortfall_sentence
 
 
-def start(node: NodeCapacity, *, reason: str = "", grace_s: int | None = None, actor=None) -> NodeDrain:
+def start(
+    node: NodeCapacity, *, reason: str = "", grace_s: int | None = None, driver_upgrade: bool = False, actor=None
+) -> NodeDrain:
     """Start draining `node`: create the NodeDrain and enqueue its check after commit.
 
     Refused (nothing written, nothing enqueued, the shortfall in the message and `detail`) when the free
     reserve cannot absorb the node's reservations; IllegalTransition when the node already has an open
     drain or MIG reconfiguration (the unique constraint on open drains settles races between two starters).
+    `driver_upgrade`: hand the node to the GPU Operator's upgrade controller at handover (upgrades.hand_over).
     """
     if node.is_gone:
         raise IllegalTransition(f"{node} is gone (discovery no longer sees it)")
@@ -46,7 +49,12 @@ def start(node: NodeCapacity, *, reason: str = "", grace_s: int | None = None, a
             if MigReconfiguration.objects.open().filter(node=node).exists():
                 raise IllegalTransition(f"{node} has an open MIG reconfiguration")
             drain = NodeDrain.objects.create(
-                cluster_id=node.cluster_id, node=node, reason=reason, created_by=user_or_none(actor), grace_s=grace
+                cluster_id=node.cluster_id,
+                node=node,
+                reason=reason,
+                created_by=user_or_none(actor),
+                grace_s=grace,
+                driver_upgrade=driver_upgrade,
             )
             audit(
                 drain,

@@ -27,6 +27,7 @@ from operations.reconfiguration.steps import cordon_node, evict_pods, pods_left,
 from pools.models import Allocation
 from pools.services import move_allocation
 
+from . import upgrades
 from .check import take_offline_check
 from .records import audit
 
@@ -177,7 +178,13 @@ def node_health(drain: NodeDrain) -> list[str]:
 
 def step_handover(drain: NodeDrain, now: datetime) -> Advance | Wait:
     """The node is the operator's (state "in maintenance") until it is given back (lifecycle.give_back) and
-    comes back healthy: Ready, every GPU present and healthy."""
+    comes back healthy: Ready, every GPU present and healthy. With `driver_upgrade` the GPU Operator's upgrade
+    controller has it instead (upgrades.hand_over), and its upgrade-done state gives it back."""
+    if drain.give_back_at is None and drain.driver_upgrade:
+        waiting = upgrades.hand_over(drain, now)
+        if waiting is not None:
+            return waiting
+        drain.refresh_from_db(fields=["give_back_at"])
     if drain.give_back_at is None:
         return Wait(f"{drain.node.name} handed over: in maintenance until given back", countdown=idle_s())
     problems = node_health(drain)
