@@ -33,14 +33,16 @@ from notifications.models import Event
 from operations import maintenance
 from pools.models import Allocation, GpuPool, PoolRequest
 from simcluster import SimServer, SimState, gpuoperator
+from simcluster.gpuoperator import DriverUpgradeController
 from simcluster.kube import ClusterApi
 from tenancy.models import Project
 
 from .capacity import delete_bench_clusters, stale_bench_clusters, unique_name
 from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from .targets import Expr, correctness, performance
 
 BENCH_PREFIX = "bench-drain-"
+UPGRADABLE = Expr("upgrade_nodes - failed_nodes", lambda r: r["upgrade_nodes"] - r["failed_nodes"])
 
 
 def _delete(clusters) -> None:
@@ -152,7 +154,78 @@ def _short(drain: NodeDrain, ids: list[int]) -> int:
     )
 
 
-def run_maintenance_bench(*, nodes: int, gpus_per_node: int, projects: int, load: float, grace_s: int) -> dict:
+def _rolling_upgrade(state, name, cluster, *, count, max_parallel, grace_s, window_s, tick_s) -> dict:
+    """Upgrade `count` nodes (after gpu-0000) in waves inside a window of `window_s` simulated seconds: each
+    wave (maintenance.next_wave, at most `max_parallel`) is drained and moved, handed to the simulated upgrade
+    controller (maxParallelUpgrades = `max_parallel`) and given back at upgrade-done. The wave's first node
+    fails validation and the second never comes back (when there are two or more nodes): both stay in
+    maintenance with their reservations elsewhere ("failed nodes handled")."""
+    candidates = list(NodeCapacity.objects.filter(cluster=cluster).order_by("name")[1 : 1 + count])
+    failing = {candidates[0].name} if candidates else set()
+    lost = {candidates[1].name} if len(candidates) > 1 else set()
+    controller = DriverUpgradeController(max_parallel=max_parallel, fail_validation=failing, never_return=lost)
+    start = timezone.now()
+    clock = 0.0
+    waves, wave_s, short_s, failed_handled, unplaced = 0, [], 0.0, 0, 0
+    while candidates and clock < window_s:
+        wave = maintenance.next_wave(candidates, max_parallel=max_parallel)
+        if not wave:
+            unplaced = len(candidates)
+            break
+        ids = {n.pk: list(Allocation.objects.active().filter(gpu__node=n).values_list("pk", flat=True)) for n in wave}
+        drains = maintenance.start_wave(wave, grace_s=grace_s)
+        waves += 1
+        began = clock
+        open_drains = list(drains)
+        while open_drains and clock < window_s:
+            now = start + timedelta(seconds=clock)
+            for drain in list(open_drains):
+                drain.refresh_from_db()
+                if drain.state == "succeeded":
+                    open_drains.remove(drain)
+                    continue
+                maintenance.run_step(drain.pk, drain.step, token="bench", now=now)
+                drain.refresh_from_db()
+                sim_node = state.cluster(name).nodes[drain.node.name]
+                label = sim_node.labels.get(gpuoperator.DRIVER_UPGRADE_LABEL)
+                if drain.step == "handover" and (label == gpuoperator.UPGRADE_FAILED or not sim_node.ready):
+                    moved_off = not Allocation.objects.active().filter(gpu__node_id=drain.node_id).exists()
+                    failed_handled += int(moved_off)
+                    open_drains.remove(drain)
+                short_s += _short(drain, ids[drain.node_id]) * tick_s
+            with state.lock:
+                controller.step(state.cluster(name), clock)
+            clock += tick_s
+        wave_s.append(clock - began)
+        candidates = [c for c in candidates if c not in wave]
+    return {
+        "upgrade_nodes": count,
+        "upgrade_waves": waves,
+        "wave_s": round(max(wave_s), 1) if wave_s else 0.0,
+        "wave_s_median": sorted(wave_s)[len(wave_s) // 2] if wave_s else 0.0,
+        "upgraded": NodeDrain.objects.filter(cluster=cluster, driver_upgrade=True, state="succeeded").count(),
+        "failed_nodes": len(failing | lost),
+        "failed_nodes_handled": failed_handled,
+        "upgrade_short_s": short_s,
+        "upgrade_unplaced": unplaced,
+        "inside_window": int(clock <= window_s and not candidates),
+        "max_parallel": max_parallel,
+        "window_s": window_s,
+    }
+
+
+def run_maintenance_bench(
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    projects: int,
+    load: float,
+    grace_s: int,
+    upgrade_nodes: int = 0,
+    max_parallel: int = 4,
+    upgrade_grace_s: int = 60,
+    window_s: int = 4 * 3600,
+) -> dict:
     _delete(stale_bench_clusters(BENCH_PREFIX))
     name = unique_name(BENCH_PREFIX, nodes)
     patches = [
@@ -216,6 +289,19 @@ def run_maintenance_bench(*, nodes: int, gpus_per_node: int, projects: int, load
             moved = Allocation.objects.filter(pk__in=ids, released_at__isnull=True).exclude(gpu__node=node)
             own_node = sum(1 for pk, n in moved.values_list("pk", "gpu__node_id") if (before[pk], n) in others_nodes)
             evicted_after = len(pods) - _running(state, name, pods) - evicted_before
+            drain_wall_s = wall_s
+            started = time.perf_counter()
+            upgrade = _rolling_upgrade(
+                state,
+                name,
+                cluster,
+                count=min(upgrade_nodes, nodes - 1),
+                max_parallel=max_parallel,
+                grace_s=upgrade_grace_s,
+                window_s=window_s,
+                tick_s=30.0,
+            )
+            upgrade["upgrade_wall_s"] = round(time.perf_counter() - started, 3)
     finally:
         for patch in patches:
             patch.stop()
@@ -239,8 +325,9 @@ def run_maintenance_bench(*, nodes: int, gpus_per_node: int, projects: int, load
         "state": drain.state,
         "error": drain.error,
         "step_calls": calls,
-        "drain_wall_s": round(wall_s, 3),
+        "drain_wall_s": round(drain_wall_s, 3),
         "drain_queries": len(captured),
+        **upgrade,
     }
 
 
@@ -253,6 +340,10 @@ def run_maintenance_bench(*, nodes: int, gpus_per_node: int, projects: int, load
         arg("--projects", type=int, default=8),
         arg("--load", type=float, default=0.5, help="Share of the other nodes' units reserved."),
         arg("--grace-s", type=int, default=600, help="Notice before the pods are evicted (simulated clock)."),
+        arg("--upgrade-nodes", type=int, default=20, help="Nodes upgraded in waves after the drain (0: none)."),
+        arg("--max-parallel", type=int, default=4, help="maxParallelUpgrades, and the largest wave."),
+        arg("--upgrade-grace-s", type=int, default=60),
+        arg("--window-s", type=int, default=4 * 3600, help="The maintenance window the waves must fit in."),
     ],
     targets=[
         correctness("succeeded", "==", 1),
@@ -260,13 +351,26 @@ def run_maintenance_bench(*, nodes: int, gpus_per_node: int, projects: int, load
         correctness("reservation_short_s", "==", 0),
         correctness("evicted_before_grace", "==", 0),
         correctness("evicted_after_grace", "==", "pods_on_node"),
+        correctness("upgrade_short_s", "==", 0),
+        correctness("failed_nodes_handled", "==", "failed_nodes"),
+        correctness(
+            "upgraded", "==", Expr("upgrade_nodes - failed_nodes", lambda r: r["upgrade_nodes"] - r["failed_nodes"])
+        ),
+        correctness("inside_window", "==", 1),
         performance("drain_wall_s", "<=", 10),
     ],
-    smoke=Smoke(("--nodes", "6", "--gpus-per-node", "2", "--projects", "3")),
+    smoke=Smoke(("--nodes", "8", "--gpus-per-node", "2", "--projects", "3", "--upgrade-nodes", "4", "--load", "0.2")),
 )
-def bench_maintenance(
-    *, nodes: int, gpus_per_node: int, projects: int, load: float, grace_s: int, stdout=None, **_
-) -> dict:
-    return run_maintenance_bench(
-        nodes=nodes, gpus_per_node=gpus_per_node, projects=projects, load=load, grace_s=grace_s
+def bench_maintenance(*, stdout=None, **options) -> dict:
+    keys = (
+        "nodes",
+        "gpus_per_node",
+        "projects",
+        "load",
+        "grace_s",
+        "upgrade_nodes",
+        "max_parallel",
+        "upgrade_grace_s",
+        "window_s",
     )
+    return run_maintenance_bench(**{k: options[k] for k in keys})

@@ -90,3 +90,43 @@ def test_the_controller_honours_max_parallel_upgrades(sim):
         states = controller.step(sim.sim_cluster, 0.0)
     assert sorted(states.values()) == ["cordon-required", "upgrade-required", "upgrade-required"]
     assert upgrades.UPGRADE_STATE_LABEL == DRIVER_UPGRADE_LABEL
+
+
+class WorkerKilled(BaseException):
+    """Stands for SIGKILL of the worker: not an Exception, so nothing in the step catches it."""
+
+
+@pytest.mark.parametrize("when", ["handing over", "at upgrade-done"])
+def test_a_worker_killed_in_an_upgrade_waves_handover_hands_over_once(sim, monkeypatch, settings, when):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from operations.tasks import drain_step_task
+
+    reserve("gpu-a", 0)
+    [drain] = maintenance.start_wave([node("gpu-a")], grace_s=0)
+    for step in ("check", "notify", "cordon", "move", "evict"):
+        assert drain_step_task(drain.pk, step) == "advanced", step
+    if when == "at upgrade-done":
+        assert drain_step_task(drain.pk, "handover") == "waiting"
+        run_controller(sim, DriverUpgradeController())
+    real = maintenance.STEPS["handover"]
+
+    def work_then_die(row, now):
+        real(row, now)
+        raise WorkerKilled
+
+    monkeypatch.setitem(maintenance.STEPS, "handover", work_then_die)
+    with pytest.raises(WorkerKilled):
+        drain_step_task(drain.pk, "handover")
+    monkeypatch.setitem(maintenance.STEPS, "handover", real)
+    lapsed = timezone.now() + timedelta(seconds=settings.WORKFLOW_LEASE_S + 1)
+    assert maintenance.sweep(now=lapsed)["stale_claims"] == 1
+
+    drive(drain)
+    run_controller(sim, DriverUpgradeController())
+    drive(drain)
+    assert drain.state == "succeeded", drain.error
+    assert drain.steps.filter(step="handover", detail__upgrade=True).count() == 1  # labelled upgrade-required once
+    assert not sim.node("gpu-a").unschedulable
