@@ -26,7 +26,6 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from capacity.mig.catalog import PRODUCTS
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity, NodeDrain
 from capacity.services.discovery import discover_cluster
 from notifications.models import Event
@@ -38,6 +37,7 @@ from simcluster.kube import ClusterApi
 from tenancy.models import Project
 
 from .capacity import delete_bench_clusters, stale_bench_clusters, unique_name
+from .mig_reconfigure import _build  # the same fleet: H100-80GB nodes, every GPU at 3g.40gb x 2
 from .registry import Smoke, arg, benchmark
 from .targets import Expr, correctness, performance
 
@@ -59,21 +59,6 @@ def _delete(clusters) -> None:
     PoolRequest.objects.filter(project__in=projects).delete()
     Project.objects.filter(pk__in=projects).delete()
     delete_bench_clusters(clusters)
-
-
-def _build(name: str, nodes: int, gpus_per_node: int) -> SimState:
-    state = SimState(seed=13, mig_manager_delay=3600)
-    cluster = state.add_cluster(name)
-    product = PRODUCTS["H100-80GB"]
-    with state.lock:
-        for i in range(nodes):
-            node = cluster.add_node(f"gpu-{i:04d}", product, gpus_per_node, mig_strategy="mixed")
-            node.labels.update(gpuoperator.operator_labels(node))
-            for gpu in node.gpus:
-                gpu.mig_current = gpu.mig_pending = 1
-                gpu.apply_layout(gpuoperator.plan_for_gpu(product, {"3g.40gb": 2}))
-            gpuoperator.refresh_node(cluster, node)
-    return state
 
 
 def _reserve(cluster: Cluster, name: str, *, projects: int, load: float, drained: str) -> list[Allocation]:

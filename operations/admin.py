@@ -459,19 +459,8 @@ class StartDrainForm(forms.ModelForm):
         return data
 
 
-class DrainStepInline(admin.TabularInline):
+class DrainStepInline(StepInline):
     model = NodeDrainStep
-    fields = ["at", "step", "event", "message", "task_id", "actor"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    ordering = ["at", "id"]
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(NodeDrain)

@@ -8,19 +8,12 @@ from __future__ import annotations
 from django.db import transaction
 
 from capacity.models import NodeDrain, NodeDrainStep
+from operations.reconfiguration.records import trail_row
 
 
 def audit(drain, step: str, event: str, message: str = "", *, detail=None, task_id: str = "", actor=None):
     """One NodeDrainStep row (`drain`: the row or its id); the admin and the API show these."""
-    return NodeDrainStep.objects.create(
-        drain_id=drain.pk if hasattr(drain, "pk") else drain,
-        step=step,
-        event=event,
-        message=message[:4000],
-        detail=detail or {},
-        task_id=(task_id or "")[:64],
-        actor=actor,
-    )
+    return trail_row(NodeDrainStep, "drain", drain, step, event, message, detail, task_id, actor)
 
 
 def enqueue(drain: NodeDrain, step: str, *, countdown: int | None = None) -> None:
