@@ -71,6 +71,6 @@ def next_wave(candidates, *, max_parallel: int) -> list[NodeCapacity]:
 
 def start_wave(nodes, *, reason: str = "driver upgrade", grace_s: int | None = None, actor=None) -> list[NodeDrain]:
     """Start one drain per node of a wave (next_wave), each handed to the upgrade controller at handover."""
-    from .lifecycle import start  # lifecycle imports the steps, which import this module
+    from .lifecycle import start  # cycle: lifecycle imports the steps, which import this module
 
     return [start(n, reason=reason, grace_s=grace_s, driver_upgrade=True, actor=actor) for n in nodes]
