@@ -63,6 +63,7 @@ MODULES = (
     "capacity",
     "mig_planner",
     "mig_reconfigure",
+    "maintenance",
     "pools",
     "billing",
     "monitoring",

@@ -119,6 +119,19 @@ class ReconfigurationState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+class DrainStep(models.TextChoices):
+    """Drain-and-move (NodeDrain), in order; `done` is where a finished one rests (operations/maintenance)."""
+
+    CHECK = "check", "Check the reserve"
+    NOTIFY = "notify", "Notify projects"
+    CORDON = "cordon", "Cordon"
+    MOVE = "move", "Move reservations"
+    EVICT = "evict", "Evict pods after the grace"
+    HANDOVER = "handover", "Handed over (in maintenance)"
+    UNCORDON = "uncordon", "Uncordon, capacity back"
+    DONE = "done", "Done"
+
+
 class ReconfigurationEvent(models.TextChoices):
     CREATED = "created", "Created"
     STARTED = "started", "Step started"

@@ -302,6 +302,7 @@ SPECTACULAR_SETTINGS = {
         "ReconfigurationStateEnum": "capacity.choices.ReconfigurationState",
         "ReconfigurationBackendEnum": "capacity.choices.ReconfigurationBackend",
         "ReconfigurationEventEnum": "capacity.choices.ReconfigurationEvent",
+        "DrainStepEnum": "capacity.choices.DrainStep",
         "RequestStateEnum": "pools.choices.RequestState",
         "PoolStateEnum": "pools.choices.PoolState",
         "IsolationNeedEnum": "pools.choices.IsolationNeed",
@@ -399,6 +400,10 @@ MIG_APPLY_TIMEOUT_S = env_int("MIG_APPLY_TIMEOUT_S", 1200, minimum=10)
 MIG_AGENT_RESEND_S = env_int("MIG_AGENT_RESEND_S", 120, minimum=1)
 MIG_VERIFY_TIMEOUT_S = env_int("MIG_VERIFY_TIMEOUT_S", 300, minimum=10)
 MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", WORKFLOW_SWEEP_S, minimum=1)
+# Drain-and-move (docs/maintenance.md): notice before the moved pods are evicted, and how long after that
+# notice's deadline PodDisruptionBudgets may hold pods on the node before the drain fails.
+MAINTENANCE_GRACE_S = env_int("MAINTENANCE_GRACE_S", 3600, minimum=0)
+MAINTENANCE_EVICT_TIMEOUT_S = env_int("MAINTENANCE_EVICT_TIMEOUT_S", 900, minimum=10)
 
 # --- Pools: limits and expiry of pool requests (docs/pools.md) ------------------------------------
 POOL_EXPIRY_NOTICE_S = env_int("POOL_EXPIRY_NOTICE_S", 3600, minimum=0)
@@ -597,6 +602,7 @@ CELERY_BEAT_SCHEDULE = {
     "discover-all-clusters": every(DISCOVERY_INTERVAL_S, "capacity.tasks.discover_all_task"),
     "capacity-reconcile-tier-labels": every(DISCOVERY_INTERVAL_S, "capacity.tasks.reconcile_all_tier_labels_task"),
     "capacity-sweep-reconfigurations": every(MIG_RECONFIG_SWEEP_S, "capacity.tasks.sweep_reconfigurations_task"),
+    "operations-sweep-drains": every(MIG_RECONFIG_SWEEP_S, "operations.tasks.sweep_drains_task"),
     "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
     "pools-sweep-provisioning": every(WORKFLOW_SWEEP_S, "pools.tasks.sweep_provisioning_task"),
     "pools-reconcile": every(POOL_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_pools_task"),

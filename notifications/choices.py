@@ -12,6 +12,7 @@ class EventKind(models.TextChoices):
     IDLE_FLAGGED = "idle_flagged", "Idle reservation flagged"
     LOAN_RECLAIMED = "loan_reclaimed", "Loan reclaimed"
     ALLOCATION_ENDED = "allocation_ended", "Allocation ended (maintenance or MIG change)"
+    MAINTENANCE_NOTICE = "maintenance_notice", "Maintenance: reservations moving off a node"
     STATEMENT_FINALISED = "statement_finalised", "Statement finalised"
     TRESPASS = "trespass", "Trespass on your units"
     OPERATOR_DIGEST = "operator_digest", "Operators' digest"

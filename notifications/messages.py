@@ -62,6 +62,18 @@ def _ended(event: Event) -> tuple[str, str]:
     )
 
 
+def _maintenance(event: Event) -> tuple[str, str]:
+    p = event.payload
+    why = f" ({p['reason']})" if p.get("reason") else ""
+    ids = ", ".join(f"#{a}" for a in p["allocations"])
+    return (
+        f"{event.project.slug}: maintenance on {p['node']}: your reservations move",
+        f"Node {p['node']} goes offline for maintenance{why}. {event.project.name}'s reservations there "
+        f"({ids}) move to equivalent units elsewhere; billing goes on unchanged. Pods still running on "
+        f"{p['node']} are evicted from {p['evict_after']} UTC and start again on the moved units.",
+    )
+
+
 def _statement(event: Event) -> tuple[str, str]:
     p = event.payload
     return (
@@ -89,6 +101,7 @@ RENDER = {
     EventKind.IDLE_FLAGGED: _idle,
     EventKind.LOAN_RECLAIMED: _loan,
     EventKind.ALLOCATION_ENDED: _ended,
+    EventKind.MAINTENANCE_NOTICE: _maintenance,
     EventKind.STATEMENT_FINALISED: _statement,
     EventKind.TRESPASS: _trespass,
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from billing import signals as billing_signals
 from monitoring import signals as monitoring_signals
+from operations import signals as operations_signals
 from pools import signals as pool_signals
 
 from . import services
@@ -70,6 +71,22 @@ def on_allocation_ended(sender, allocation, cause: str, reason: str = "", at=Non
             "unit": f"{allocation.product} {allocation.profile_name or allocation.kind}".strip(),
             "cause": cause,
             "reason": reason,
+        },
+        occurred_at=at,
+    )
+
+
+def on_maintenance_notice(sender, drain, project_id: int, allocation_ids, evict_after, at=None, **kwargs) -> None:
+    services.record(
+        kind=EventKind.MAINTENANCE_NOTICE,
+        key=f"{EventKind.MAINTENANCE_NOTICE}:{drain.pk}:{project_id}",
+        project_id=project_id,
+        payload={
+            "drain": drain.pk,
+            "node": drain.node.name,
+            "reason": drain.reason,
+            "allocations": list(allocation_ids),
+            "evict_after": _at(evict_after),
         },
         occurred_at=at,
     )
@@ -135,6 +152,7 @@ def connect() -> None:
         signal.connect(on_request, dispatch_uid=f"notifications.{kind}")
     pool_signals.loan_reclaimed.connect(on_loan_reclaimed, dispatch_uid="notifications.loan_reclaimed")
     pool_signals.allocation_ended.connect(on_allocation_ended, dispatch_uid="notifications.allocation_ended")
+    operations_signals.maintenance_notice.connect(on_maintenance_notice, dispatch_uid="notifications.maintenance")
     monitoring_signals.idle_reservation_flagged.connect(on_idle_flagged, dispatch_uid="notifications.idle")
     monitoring_signals.trespass_opened.connect(on_trespass, dispatch_uid="notifications.trespass")
     billing_signals.statement_finalised.connect(on_statement_finalised, dispatch_uid="notifications.statement")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from operations import maintenance
 from operations.reconfiguration import run_step, sweep
 from operations.reconfiguration.commands import record_result
 
@@ -51,3 +52,27 @@ def mig_result_task(report: dict) -> str:
 def sweep_reconfigurations_task() -> dict:
     """Beat: give steps of dead workers back (claims whose lease ran out) and re-send lost ones."""
     return sweep()
+
+
+# --- Drain-and-move (operations/maintenance): the same engine, its own rows and messages ---------------
+
+
+@shared_task(name="operations.tasks.drain_step_task", bind=True, acks_late=True)
+def drain_step_task(self, drain_id: int, step: str) -> str:
+    """Run one step of a drain-and-move. Idempotent like reconfiguration_step_task: claimed with a
+    conditional UPDATE, re-entered when this same task is redelivered after a worker died."""
+    return maintenance.run_step(drain_id, step, token=self.request.id or "local")
+
+
+def enqueue_drain_step(drain_id: int, step: str, *, countdown: int | None = None) -> None:
+    """Send one drain step (call after commit) to the control plane's default queue."""
+    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
+    if countdown:
+        options["countdown"] = countdown
+    drain_step_task.apply_async((drain_id, step), **options)
+
+
+@shared_task(name="operations.tasks.sweep_drains_task", acks_late=True)
+def sweep_drains_task() -> dict:
+    """Beat: give drain steps of dead workers back and re-send lost ones."""
+    return maintenance.sweep()

@@ -11,6 +11,7 @@ pools/provisioning.py.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import logging
 from collections import Counter
@@ -575,6 +576,52 @@ def move_mig_allocation(allocation: Allocation, *, from_instance, to_instance) -
     if moved == 1 and Cluster.objects.filter(nodes__gpus=allocation.gpu_id, binding=Binding.DRA).exists():
         _reconcile_after_commit(allocation)
     return moved == 1
+
+
+def move_allocation(allocation_id: int, *, away_from) -> units.Unit | None:
+    """Move an active reservation off the nodes `away_from` (ids) onto an equivalent free unit, now.
+
+    One transaction: lock the allocation (select_for_update), take one unit the way approval does
+    (units.take_units: free by the one definition, same kind, product, profile, tier and cluster, hence
+    binding; SKIP LOCKED row locks; the project's own other nodes first, `away_from` never), point the
+    allocation at it with a conditional UPDATE (billing goes on: the reservation never lapses) and
+    reconcile the project after commit, which rewrites its quota and DRA templates (pools.provisioning).
+    Returns the unit taken, or None with nothing changed: no free equivalent unit, or the allocation is no
+    longer active on those nodes (moved already: safe to repeat). Used by drain-and-move (operations/maintenance).
+    """
+    away = frozenset(away_from)
+    with transaction.atomic():
+        allocation = (
+            Allocation.objects.active()
+            .filter(pk=allocation_id, gpu__node_id__in=away)
+            .select_related("pool__request", "gpu__node")
+            .select_for_update(of=("self",))
+            .first()
+        )
+        if allocation is None:
+            return None
+        cluster_id = allocation.gpu.node.cluster_id
+        like = copy.copy(allocation.pool.request)  # the request's tier and workload, this unit's own kind
+        like.spec_kind, like.product, like.profile_name = allocation.kind, allocation.product, allocation.profile_name
+        like.cluster_id, like.count = cluster_id, 1
+        taken = units.take_units(like, cluster_id, 1, away_from=away)
+        if not taken:
+            return None
+        unit = taken[0]
+        try:
+            with transaction.atomic():
+                moved = Allocation.objects.filter(pk=allocation.pk, released_at__isnull=True).update(
+                    gpu_id=unit.gpu_id,
+                    mig_instance_id=unit.mig_instance_id,
+                    replica=unit.replica,
+                    resource_name=unit.resource_name,
+                )
+        except IntegrityError:  # taken meanwhile by a writer that does not lock (the constraint caught it)
+            return None
+        if moved != 1:
+            return None
+        _reconcile_after_commit(allocation)
+    return unit
 
 
 def claim_provisioning(pool: GpuPool, *, token: str, task_id: str = "") -> bool:

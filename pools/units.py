@@ -254,38 +254,66 @@ def _lock(queryset):
     return queryset
 
 
-def _dedicated_first(queryset, request: PoolRequest, *, node: str, gpu: str, then: tuple[str, ...]):
+def _dedicated_first(
+    queryset,
+    request: PoolRequest,
+    *,
+    node: str,
+    gpu: str,
+    then: tuple[str, ...],
+    away_from: frozenset[int] = frozenset(),
+):
     """Order candidates so a pool gets whole nodes and whole GPUs where the demand allows: first units on
     nodes no other project holds anything on, then on GPUs no other project holds anything on, then `then`.
 
     Under the device plugin, binding is by count: only a node (or GPU) held by one project can be made
     exclusive (provisioning's dedicated taint); a shared one only says so ("shared node").
+    `away_from` (a move off these node ids, operations/maintenance): those nodes are left out, and nodes
+    the project already holds units on come first.
     """
     others = Allocation.objects.active().exclude(project_id=request.project_id).order_by()
+    order = ["_node_shared", "_gpu_shared", *then]
+    if away_from:
+        own = Allocation.objects.active().filter(project_id=request.project_id).order_by()
+        queryset = queryset.exclude(**{f"{node}__in": sorted(away_from)}).annotate(
+            _own_node=Exists(own.filter(gpu__node=OuterRef(node)))
+        )
+        order.insert(0, "-_own_node")
     return queryset.annotate(
         _node_shared=Exists(others.filter(gpu__node=OuterRef(node))),
         _gpu_shared=Exists(others.filter(gpu=OuterRef(gpu))),
-    ).order_by("_node_shared", "_gpu_shared", *then)
+    ).order_by(*order)
 
 
-def take_units(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None = None) -> list[Unit]:
+def take_units(
+    request: PoolRequest,
+    cluster_id: int,
+    need: int,
+    free: FreeUnits | None = None,
+    *,
+    away_from: frozenset[int] = frozenset(),
+) -> list[Unit]:
     """Lock and return up to `need` free units of one cluster (fewer if others hold the rest).
 
     Call inside the approval's transaction; see the module docstring for the locking contract.
     Units are taken on nodes and GPUs no other project uses first (_dedicated_first), then in (node,
     GPU, placement) order, so a pool packs onto few GPUs and nodes. `free`: the approval's read_free(), when
     it has one (the node and set are chosen from it, and the busy devices are not read again).
+    `away_from`: node ids a reservation moves off (services.move_allocation): never taken from, and the
+    project's own other nodes first.
     """
     if request.spec_kind == SpecKind.MIG:
-        return _take_mig(request, cluster_id, need, free)
+        return _take_mig(request, cluster_id, need, free, away_from)
     if request.spec_kind == SpecKind.FULL:
-        return _take_full(request, cluster_id, need, free)
+        return _take_full(request, cluster_id, need, free, away_from)
     if request.spec_kind == SpecKind.VGPU:
-        return _take_vgpu(request, cluster_id, need)
-    return _take_timeslice(request, cluster_id, need)
+        return _take_vgpu(request, cluster_id, need, away_from)
+    return _take_timeslice(request, cluster_id, need, away_from)
 
 
-def _take_mig(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None) -> list[Unit]:
+def _take_mig(
+    request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None, away_from: frozenset[int] = frozenset()
+) -> list[Unit]:
     base = mig_candidates(request, free and free.busy_devices).filter(gpu__node__cluster_id=cluster_id)
     taken: list[Unit] = []
     seen: list[int] = []
@@ -297,6 +325,7 @@ def _take_mig(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits 
                 node="gpu__node",
                 gpu="gpu",
                 then=("gpu__node_id", "gpu_id", "placement_start"),
+                away_from=away_from,
             )[: need - len(taken)]
         )
         if not batch:
@@ -334,16 +363,23 @@ def _full_slices(gpu: GpuCapacity) -> int:
     return product.compute_slices if product else 7
 
 
-def _gpu_batch(base, seen: list[int], request: PoolRequest, limit: int) -> list[GpuCapacity]:
+def _gpu_batch(
+    base, seen: list[int], request: PoolRequest, limit: int, away_from: frozenset[int] = frozenset()
+) -> list[GpuCapacity]:
     """The next `limit` candidate GPUs not seen yet, locked, whole nodes and GPUs first (_dedicated_first)."""
     locked = _lock(base.exclude(pk__in=seen)).select_related("node")
-    return list(_dedicated_first(locked, request, node="node", gpu="pk", then=("node_id", "index"))[:limit])
+    ordered = _dedicated_first(locked, request, node="node", gpu="pk", then=("node_id", "index"), away_from=away_from)
+    return list(ordered[:limit])
 
 
-def _take_full(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None) -> list[Unit]:
+def _take_full(
+    request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None, away_from: frozenset[int] = frozenset()
+) -> list[Unit]:
     if free is None:
         free = read_free(request)
     base = full_candidates(request, free.busy_devices).filter(node__cluster_id=cluster_id)
+    if away_from:  # a move takes one unit at a time: the pool's one-node set is not chosen again
+        return _take_full_from(request, base, cluster_id, need, away_from)
     if topology.one_node(request):
         gpus = free.gpus if free.gpus is not None else topology.free_gpus(base)
         nodes = topology.nodes_that_fit(topology.by_node(gpus), cluster_id, need)
@@ -361,11 +397,13 @@ def _take_full(request: PoolRequest, cluster_id: int, need: int, free: FreeUnits
     return _take_full_from(request, base, cluster_id, need)
 
 
-def _take_full_from(request: PoolRequest, base, cluster_id: int, need: int) -> list[Unit]:
+def _take_full_from(
+    request: PoolRequest, base, cluster_id: int, need: int, away_from: frozenset[int] = frozenset()
+) -> list[Unit]:
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
-        batch = _gpu_batch(base, seen, request, need - len(taken))
+        batch = _gpu_batch(base, seen, request, need - len(taken), away_from)
         if not batch:
             break
         ids = [g.pk for g in batch]
@@ -398,26 +436,30 @@ def localities(request: PoolRequest, taken: list[Unit]) -> list[tuple]:
     return [u.locality for u in taken]
 
 
-def _take_timeslice(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
+def _take_timeslice(request: PoolRequest, cluster_id: int, need: int, away_from: frozenset[int]) -> list[Unit]:
     base = timeslice_candidates(request).filter(node__cluster_id=cluster_id)
     return _take_shares(
-        request, base, cluster_id, need, lambda gpu: (gpu.node.timeslice_replicas, TIMESLICE_RESOURCE, "")
+        request, base, cluster_id, need, lambda gpu: (gpu.node.timeslice_replicas, TIMESLICE_RESOURCE, ""), away_from
     )
 
 
-def _take_vgpu(request: PoolRequest, cluster_id: int, need: int) -> list[Unit]:
+def _take_vgpu(request: PoolRequest, cluster_id: int, need: int, away_from: frozenset[int]) -> list[Unit]:
     vgpu = request_vgpu(request)
     base = vgpu_candidates(request).filter(node__cluster_id=cluster_id)
-    return _take_shares(request, base, cluster_id, need, lambda gpu: (vgpu.max_per_gpu, vgpu.resource_name, vgpu.name))
+    return _take_shares(
+        request, base, cluster_id, need, lambda gpu: (vgpu.max_per_gpu, vgpu.resource_name, vgpu.name), away_from
+    )
 
 
-def _take_shares(request: PoolRequest, base, cluster_id: int, need: int, shares) -> list[Unit]:
+def _take_shares(
+    request: PoolRequest, base, cluster_id: int, need: int, shares, away_from: frozenset[int] = frozenset()
+) -> list[Unit]:
     """Up to `need` (GPU, index) shares not held: time-slice replicas or vGPUs. `shares(gpu)` gives
     (shares per GPU, extended resource, profile name recorded)."""
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
-        batch = _gpu_batch(base, seen, request, need)
+        batch = _gpu_batch(base, seen, request, need, away_from)
         if not batch:
             break
         ids = [g.pk for g in batch]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import yaml
@@ -839,3 +840,77 @@ def apply_mig_config(cluster: Cluster, node: Node, config: str) -> tuple[bool, s
     except HardwareError as exc:  # pragma: no cover - plans are validated above
         return False, f"config {config!r}: {exc}"
     return True, f"applied {source}"
+
+
+# --- The driver upgrade controller (ClusterPolicy spec.driver.upgradePolicy) ---------------------------
+# NVIDIA/k8s-operator-libs pkg/upgrade/consts.go: the per-node state label
+# nvidia.com/<driver>-driver-upgrade-state ("gpu" for the GPU Operator's driver) and its states, walked by
+# pkg/upgrade/upgrade_state.go ApplyState; maxParallelUpgrades bounds the nodes past upgrade-required at once
+# (0 = no bound). Modelled here as the states' sequence with a duration each, on a clock the caller advances.
+
+DRIVER_UPGRADE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
+UPGRADE_SEQUENCE = (
+    "upgrade-required",
+    "cordon-required",
+    "wait-for-jobs-required",
+    "pod-deletion-required",
+    "drain-required",
+    "pod-restart-required",
+    "validation-required",
+    "uncordon-required",
+    "upgrade-done",
+)
+UPGRADE_FAILED = "upgrade-failed"
+# Seconds each state lasts in the simulator (the driver pod's restart and validation dominate in practice).
+UPGRADE_DURATIONS = {
+    "upgrade-required": 0,
+    "cordon-required": 1,
+    "wait-for-jobs-required": 1,
+    "pod-deletion-required": 1,
+    "drain-required": 5,
+    "pod-restart-required": 120,
+    "validation-required": 60,
+    "uncordon-required": 1,
+}
+
+
+@dataclass
+class DriverUpgradeController:
+    """The upgrade controller of one simulated cluster: nodes labelled upgrade-required walk the states.
+
+    `fail_validation`: nodes whose new driver fails validation (they end in upgrade-failed, cordoned);
+    `never_return`: nodes that go NotReady in pod-restart-required and never come back."""
+
+    max_parallel: int = 1
+    fail_validation: set[str] = field(default_factory=set)
+    never_return: set[str] = field(default_factory=set)
+    since: dict[str, float] = field(default_factory=dict)
+
+    def step(self, cluster: Cluster, now: float) -> dict[str, str]:
+        """Advance every node whose state's duration has run out by `now`; returns {node: state}."""
+        active = [n for n in cluster.nodes.values() if n.labels.get(DRIVER_UPGRADE_LABEL) in UPGRADE_SEQUENCE[1:-1]]
+        slots = len(cluster.nodes) if self.max_parallel == 0 else self.max_parallel - len(active)
+        for node in sorted(cluster.nodes.values(), key=lambda n: n.name):
+            state = node.labels.get(DRIVER_UPGRADE_LABEL, "")
+            if state not in UPGRADE_SEQUENCE[:-1]:
+                continue
+            started = self.since.setdefault(node.name, now)
+            if now - started < UPGRADE_DURATIONS[state]:
+                continue
+            if state == "upgrade-required":
+                if slots <= 0:
+                    continue
+                slots -= 1
+            if state == "pod-restart-required" and node.name in self.never_return:
+                node.ready = False
+                cluster.touch(node)
+                continue
+            following = UPGRADE_SEQUENCE[UPGRADE_SEQUENCE.index(state) + 1]
+            if state == "validation-required" and node.name in self.fail_validation:
+                following = UPGRADE_FAILED
+            if following == "cordon-required":
+                node.unschedulable = True
+            node.labels[DRIVER_UPGRADE_LABEL] = following
+            self.since[node.name] = now
+            cluster.touch(node)  # the API serves the change (resourceVersion, watch event)
+        return {n.name: n.labels.get(DRIVER_UPGRADE_LABEL, "") for n in cluster.nodes.values()}

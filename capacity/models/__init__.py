@@ -9,6 +9,7 @@ One module per domain; every model is importable from capacity.models.
 
 from .availability import UNSETTLED_MIG_STATES, USABLE_HEALTH
 from .clusters import Cluster, ClusterOnboarding, DiscoveryRun
+from .drains import NodeDrain, NodeDrainQuerySet, NodeDrainStep
 from .inventory import GpuCapacity, GpuCapacityQuerySet, NodeCapacity, NodeCapacityQuerySet
 from .layouts import GPUAAS_CONFIG_PREFIX, MigLayout, TimeSlicingPolicy
 from .maintenance import MaintenanceWindow, MaintenanceWindowQuerySet
@@ -34,6 +35,9 @@ __all__ = [
     "GpuCapacity",
     "GpuCapacityQuerySet",
     "MaintenanceWindow",
+    "NodeDrain",
+    "NodeDrainQuerySet",
+    "NodeDrainStep",
     "MaintenanceWindowQuerySet",
     "MigInstance",
     "MigInstanceQuerySet",

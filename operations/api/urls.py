@@ -4,8 +4,9 @@ from django.urls import path
 
 from gpuaas.api import router
 
-from . import planning, reconfiguration
+from . import maintenance, planning, reconfiguration
 
+router.register("node-drains", maintenance.NodeDrainViewSet, basename="node-drain")
 router.register("mig-reconfigurations", reconfiguration.MigReconfigurationViewSet, basename="mig-reconfiguration")
 urlpatterns = [
     path("take-offline/", planning.TakeOfflineView.as_view(), name="take-offline"),

@@ -42,7 +42,18 @@ closes it and starts a new reconfiguration back to the layout recorded before. E
 MigReconfigurationStep row (the audit trail).
 """
 
-from .engine import ORDER, idle_s, poll_interval_s, run_step, step_timeout_s, sweep
+from .engine import (
+    MIG,
+    ORDER,
+    Workflow,
+    idle_s,
+    poll_interval_s,
+    run_step,
+    run_workflow_step,
+    step_timeout_s,
+    sweep,
+    sweep_workflow,
+)
 from .lifecycle import cancel, create, create_from, resume, rollback
 from .outcomes import Advance, IllegalTransition, ReconfigurationError, Refused, Wait
 from .plan import GpuPlan, Impact, assess, current_layouts, gpu_pods, plan_node, target_from
@@ -50,6 +61,7 @@ from .records import audit
 from .steps import STEPS, config_name_for
 
 __all__ = [
+    "MIG",
     "ORDER",
     "STEPS",
     "Advance",
@@ -59,6 +71,7 @@ __all__ = [
     "ReconfigurationError",
     "Refused",
     "Wait",
+    "Workflow",
     "assess",
     "audit",
     "cancel",
@@ -73,7 +86,9 @@ __all__ = [
     "resume",
     "rollback",
     "run_step",
+    "run_workflow_step",
     "step_timeout_s",
     "sweep",
+    "sweep_workflow",
     "target_from",
 ]

@@ -35,7 +35,10 @@ class Advance:
 
 @dataclass
 class Wait:
-    """A step must check again later (re-enqueued with a countdown until the step's deadline)."""
+    """A step must check again later (re-enqueued with a countdown until the step's deadline).
+
+    `countdown`: seconds to the next check when the step knows (a notice deadline); else the poll interval."""
 
     message: str
     detail: dict = field(default_factory=dict)
+    countdown: int | None = None

@@ -14,8 +14,13 @@ from capacity.models import MigReconfiguration, MigReconfigurationStep
 
 def audit(reconf, step: str, event: str, message: str = "", *, detail=None, task_id: str = "", actor=None):
     """One MigReconfigurationStep row (`reconf`: the row or its id); the admin and the API show these."""
-    return MigReconfigurationStep.objects.create(
-        reconfiguration_id=reconf.pk if hasattr(reconf, "pk") else reconf,
+    return trail_row(MigReconfigurationStep, "reconfiguration", reconf, step, event, message, detail, task_id, actor)
+
+
+def trail_row(model, owner: str, row, step: str, event: str, message: str, detail, task_id: str, actor):
+    """One row of a workflow's trail (`model`, whose foreign key `owner` points at `row`, the row or its id)."""
+    return model.objects.create(
+        **{f"{owner}_id": row.pk if hasattr(row, "pk") else row},
         step=step,
         event=event,
         message=message[:4000],

@@ -106,16 +106,20 @@ def _gpu_plan(index: int, data: dict, product: str) -> GpuPlan:
 
 
 def step_cordon(reconf: MigReconfiguration, now: datetime) -> Advance:
-    with mig_configs.client_for(reconf.cluster) as client:
-        current = client.get_node(reconf.node.name)
-        if reconf.was_cordoned is None:
+    return cordon_node(reconf)
+
+
+def cordon_node(row) -> Advance:
+    """Cordon the row's node (a MigReconfiguration or a NodeDrain: both carry cluster, node and was_cordoned),
+    remembering whether it was cordoned before, so that uncordon_node() only undoes our own."""
+    with mig_configs.client_for(row.cluster) as client:
+        current = client.get_node(row.node.name)
+        if row.was_cordoned is None:
             # Recorded before cordoning, so a re-run after a crash cannot mistake our cordon for the operator's.
-            MigReconfiguration.objects.filter(pk=reconf.pk, was_cordoned__isnull=True).update(
-                was_cordoned=current.unschedulable
-            )
+            type(row).objects.filter(pk=row.pk, was_cordoned__isnull=True).update(was_cordoned=current.unschedulable)
         if current.unschedulable:
             return Advance("the node was already cordoned")
-        client.cordon(reconf.node.name)
+        client.cordon(row.node.name)
     return Advance("node cordoned")
 
 
@@ -125,20 +129,33 @@ def step_drain(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
         client.get_node(reconf.node.name)  # a vanished node has no pods either: do not mistake that for drained
         pods = gpu_pods(client, reconf.node, backend=reconf.backend, affected=reconf.plan.get("affected", []))
         if reconf.drain:
-            for pod in pods:
-                if pod.deleted:
-                    continue
-                try:
-                    client.evict_pod(pod.namespace, pod.name, grace_period_s=_eviction_grace())
-                except kube.TooManyRequests:
-                    blocked.append(f"{pod.namespace}/{pod.name}")
-                except kube.NotFound:
-                    continue
+            blocked = evict_pods(client, pods)
             pods = gpu_pods(client, reconf.node, backend=reconf.backend, affected=reconf.plan.get("affected", []))
     if not pods:
         return Advance("no GPU pods left on the affected GPUs")
-    names = [f"{p.namespace}/{p.name}" for p in pods]
     how = "evicting" if reconf.drain else "waiting for them to finish (drain not chosen)"
+    return pods_left(pods, how, blocked)
+
+
+def evict_pods(client: kube.KubernetesClient, pods: list[kube.Pod]) -> list[str]:
+    """Evict `pods` through the Eviction API (PodDisruptionBudgets respected, MIG_EVICTION_GRACE_S);
+    returns the pods a budget blocks. Pods already deleting or gone are skipped: safe to repeat."""
+    blocked = []
+    for pod in pods:
+        if pod.deleted:
+            continue
+        try:
+            client.evict_pod(pod.namespace, pod.name, grace_period_s=_eviction_grace())
+        except kube.TooManyRequests:
+            blocked.append(f"{pod.namespace}/{pod.name}")
+        except kube.NotFound:
+            continue
+    return blocked
+
+
+def pods_left(pods: list[kube.Pod], how: str, blocked: list[str]) -> Wait:
+    """The Wait of a drain that still has GPU pods on the node."""
+    names = [f"{p.namespace}/{p.name}" for p in pods]
     message = f"{len(pods)} GPU pod(s) still running, {how}: {', '.join(names[:10])}"
     if blocked:
         message += f"; a PodDisruptionBudget blocks {', '.join(blocked[:10])}"
@@ -418,12 +435,17 @@ def reattach_allocations(reconf: MigReconfiguration) -> list[str]:
 
 
 def step_uncordon(reconf: MigReconfiguration, now: datetime) -> Advance:
-    reconf.refresh_from_db(fields=["was_cordoned"])
-    if reconf.was_cordoned is not False:
-        why = "it was cordoned before gpuaas started" if reconf.was_cordoned else "gpuaas never cordoned it"
+    return uncordon_node(reconf)
+
+
+def uncordon_node(row) -> Advance:
+    """Uncordon the row's node, only if gpuaas cordoned it (cordon_node recorded was_cordoned=False)."""
+    row.refresh_from_db(fields=["was_cordoned"])
+    if row.was_cordoned is not False:
+        why = "it was cordoned before gpuaas started" if row.was_cordoned else "gpuaas never cordoned it"
         return Advance(f"node left as it was ({why})")
-    with mig_configs.client_for(reconf.cluster) as client:
-        client.uncordon(reconf.node.name)
+    with mig_configs.client_for(row.cluster) as client:
+        client.uncordon(row.node.name)
     return Advance("node uncordoned")
 
 

@@ -15,7 +15,15 @@ from monitoring_helpers import T0, allocate, build_fleet, series_of
 from billing.services import statements as billing_statements
 from capacity.choices import Tier
 from capacity.mig.catalog import get_product
-from capacity.models import Cluster, GpuCapacity, MigInstance, MigReconfiguration, NodeCapacity, SpecAndCount
+from capacity.models import (
+    Cluster,
+    GpuCapacity,
+    MigInstance,
+    MigReconfiguration,
+    NodeCapacity,
+    NodeDrain,
+    SpecAndCount,
+)
 from monitoring.services import trespass
 from monitoring.services.idle import detect_idle
 from monitoring.services.ingest import ingest_samples, sample_row
@@ -23,6 +31,7 @@ from notifications import services
 from notifications.adapters import webhooks
 from notifications.choices import DeliveryState, EventKind
 from notifications.models import Delivery, Event
+from operations.maintenance.steps import step_notify
 from pools import lending, queue
 from pools import services as pool_services
 from pools.choices import LoanState
@@ -181,6 +190,15 @@ def trespassed(team, operator, other_project, monkeypatch):
     return f"trespass:{result.opened[0]}"
 
 
+def maintenance_notice(team, operator):
+    fleet = build_fleet()
+    allocate(team["project"], fleet.mig_3g)
+    drain = NodeDrain.objects.create(cluster=fleet.cluster, node=fleet.node, reason="driver 570", grace_s=600)
+    step_notify(drain, timezone.now())
+    step_notify(drain, timezone.now())  # a redelivered step: recorded once
+    return f"maintenance_notice:{drain.pk}:{team['project'].pk}"
+
+
 TRIGGERS = {
     EventKind.REQUEST_APPROVED: approved,
     EventKind.REQUEST_QUEUED: queued,
@@ -193,6 +211,7 @@ TRIGGERS = {
     "allocation_ended_mig_change": ended_by_mig_change,
     EventKind.STATEMENT_FINALISED: statement_finalised,
     EventKind.TRESPASS: trespassed,
+    EventKind.MAINTENANCE_NOTICE: maintenance_notice,
 }
 
 
@@ -209,6 +228,7 @@ SUBJECTS = {
     "allocation_ended_mig_change": r"allocation #\d+ ended by a MIG change$",
     EventKind.STATEMENT_FINALISED: r"statement for 2026-04 finalised$",
     EventKind.TRESPASS: r"pod team-b/miner is using your unit mig:\d+$",
+    EventKind.MAINTENANCE_NOTICE: r"maintenance on \S+: your reservations move$",
 }
 
 

@@ -1,0 +1,134 @@
+"""Drain-and-move: one node taken offline for maintenance with its reservations moved first, and its trail.
+
+The workflow runs on the reconfiguration engine (operations/reconfiguration/engine.py) with its own
+steps (operations/maintenance); docs: docs/maintenance.md.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings as _settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from ..choices import DrainStep, ReconfigurationEvent, ReconfigurationState
+from .clusters import Cluster
+from .inventory import NodeCapacity
+from .reconfiguration import MigReconfigurationQuerySet
+
+
+class NodeDrainQuerySet(MigReconfigurationQuerySet):
+    """open() and stale() as for reconfigurations: the same states, the same leases."""
+
+
+class NodeDrain(models.Model):
+    """A node going offline: check the reserve, notify, cordon, move each reservation, evict after the
+    grace, hand the node over, and uncordon it when it is given back healthy.
+
+    `step` is the step to run (or running); `state` says how it stands (the reconfiguration's states).
+    `moves` lists what the move step did: {"allocation", "project", "from", "to"} per reservation.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="node_drains")
+    node = models.ForeignKey(NodeCapacity, on_delete=models.PROTECT, related_name="drains")
+    reason = models.CharField(max_length=200, blank=True, help_text="Shown to the projects: driver update, ...")
+    grace_s = models.PositiveIntegerField(default=3600, help_text="Notice given before the moved pods are evicted.")
+    driver_upgrade = models.BooleanField(
+        default=False,
+        help_text="Hand the node to the GPU Operator's driver upgrade controller and take it back at upgrade-done.",
+    )
+    evict_after = models.DateTimeField(null=True, blank=True, editable=False, help_text="Notice deadline.")
+    step = models.CharField(max_length=16, choices=DrainStep, default=DrainStep.CHECK, editable=False)
+    state = models.CharField(
+        max_length=16, choices=ReconfigurationState, default=ReconfigurationState.PENDING, editable=False
+    )
+    claim_token = models.CharField(max_length=64, blank=True, editable=False)
+    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    step_deadline = models.DateTimeField(null=True, blank=True, editable=False)
+    was_cordoned = models.BooleanField(null=True, editable=False, help_text="Cordoned before we started.")
+    moves = models.JSONField(default=list, blank=True, editable=False)
+    give_back_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the operator (or the upgrade) gave the node back."
+    )
+    checked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    notified_at = models.DateTimeField(null=True, blank=True, editable=False)
+    cordoned_at = models.DateTimeField(null=True, blank=True, editable=False)
+    moved_at = models.DateTimeField(null=True, blank=True, editable=False)
+    evicted_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="Handed over from then.")
+    returned_at = models.DateTimeField(null=True, blank=True, editable=False)
+    uncordoned_at = models.DateTimeField(null=True, blank=True, editable=False)
+    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
+    failed_step = models.CharField(max_length=16, choices=DrainStep, blank=True, editable=False)
+    error = models.TextField(blank=True, editable=False)
+    task_id = models.CharField(max_length=64, blank=True, editable=False)
+    attempts = models.PositiveSmallIntegerField(default=0, editable=False, help_text="Resumes so far.")
+    created_by = models.ForeignKey(
+        _settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = NodeDrainQuerySet.as_manager()
+
+    # step -> the timestamp field it sets when it completes (the engine writes it)
+    STEP_TIMESTAMPS = {
+        DrainStep.CHECK: "checked_at",
+        DrainStep.NOTIFY: "notified_at",
+        DrainStep.CORDON: "cordoned_at",
+        DrainStep.MOVE: "moved_at",
+        DrainStep.EVICT: "evicted_at",
+        DrainStep.HANDOVER: "returned_at",
+        DrainStep.UNCORDON: "uncordoned_at",
+    }
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "node drain (maintenance)"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=Q(state__in=["pending", "running", "waiting", "failed"]),
+                name="capacity_nodedrain_one_open_per_node",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "claimed_at"], name="capacity_nodedrain_state_claim")]
+
+    def __str__(self) -> str:
+        return f"drain #{self.pk} {self.node} ({self.phase})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in NodeDrainQuerySet.OPEN_STATES
+
+    @property
+    def handed_over(self) -> bool:
+        """The node is the operator's (or the upgrade controller's): reservations moved, pods gone."""
+        return self.step == DrainStep.HANDOVER and self.is_open and self.state != ReconfigurationState.FAILED
+
+    @property
+    def phase(self) -> str:
+        """What the console shows: "in maintenance" while handed over, else step/state."""
+        if self.handed_over:
+            return "in maintenance" if self.give_back_at is None else "given back, waiting for health"
+        return f"{self.step}/{self.state}"
+
+
+class NodeDrainStep(models.Model):
+    """Audit trail of a drain: one row per step event (started, completed, waiting, failed, moved, ...)."""
+
+    drain = models.ForeignKey(NodeDrain, on_delete=models.CASCADE, related_name="steps")
+    step = models.CharField(max_length=16, choices=DrainStep)
+    event = models.CharField(max_length=16, choices=ReconfigurationEvent)
+    message = models.TextField(blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+    actor = models.ForeignKey(_settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["drain_id", "at", "id"]
+        verbose_name = "node drain step"
+
+    def __str__(self) -> str:
+        return f"drain #{self.drain_id} {self.step} {self.event}"
