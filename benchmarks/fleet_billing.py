@@ -99,12 +99,18 @@ def measure(scale: float = 1.0) -> dict:
 
 
 def measure_metering(hour: datetime) -> dict:
-    """Meter `hour` (its records must not exist yet), timed against its INSERT ... SELECT floor; leaves no records."""
+    """Meter `hour` (its records must not exist yet), timed against its INSERT ... SELECT floor; leaves no records.
+
+    The steady state first: every allocation running in the hour before that has no record at all gets
+    one for that hour (untimed, removed afterwards), as hourly metering would have written. The world
+    keeps usage for a few thousand allocations only, and without this the pass would backfill every hour
+    since approval of the others (late allocations, up to LATE_ALLOCATION_WINDOW): not one hour's work."""
     end = hour + HOUR
-    floor_s, floor_rows = _metering_floor(hour)
     last_pk = UsageRecord.objects.aggregate(last=Max("pk"))["last"] or 0
-    MeteringWatermark.objects.update_or_create(pk=1, defaults={"metered_until": hour})
     try:
+        primed = _prime(hour - HOUR)
+        floor_s, floor_rows = _metering_floor(hour)
+        MeteringWatermark.objects.update_or_create(pk=1, defaults={"metered_until": hour})
         t0 = time.perf_counter()
         metered = services.meter_usage(now=end + timedelta(minutes=5))
         metering_hour_s = time.perf_counter() - t0
@@ -117,11 +123,26 @@ def measure_metering(hour: datetime) -> dict:
         "metering_hour_floor_s": round(floor_s, 3),
         "metering_hour_floor_records": floor_rows,
         "metering_hour_ratio": round(metering_hour_s / floor_s, 2) if floor_s else None,
+        "metering_hour_primed": primed,
     }
 
 
-def _metering_floor(hour: datetime) -> tuple[float, int]:
-    """Seconds and rows of the floor INSERT for `hour`, in a transaction rolled back afterwards."""
+def _prime(hour: datetime) -> int:
+    """Records for `hour` of the allocations running then that have none at all (see measure_metering)."""
+    sql, params = _floor_statement(hour)
+    if sql is None:
+        return 0
+    sql = sql.replace(
+        "WHERE (p.provisioned_at",
+        "WHERE NOT EXISTS (SELECT 1 FROM billing_usagerecord u WHERE u.allocation_id = a.id)\n  AND (p.provisioned_at",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def _floor_statement(hour: datetime) -> tuple[str | None, dict]:
+    """METER_FLOOR_SQL for `hour` with its prices, and its parameters; (None, {}) when nothing runs then."""
     end = hour + HOUR
     book = PriceBook()
     card = book.card_at(hour)
@@ -129,7 +150,7 @@ def _metering_floor(hour: datetime) -> tuple[float, int]:
         cursor.execute(SPECS_SQL, [end, hour])
         specs = cursor.fetchall()
     if not specs:
-        return 0.0, 0
+        return None, {}
     values, params = [], {"hour": hour, "end": end, "card": card.pk if card else None}
     for i, (kind, product, profile, node_replicas, slices) in enumerate(specs):
         replicas = shares_per_gpu(kind, profile, node_replicas)
@@ -137,7 +158,14 @@ def _metering_floor(hour: datetime) -> tuple[float, int]:
         names = [f"{field}{i}" for field in ("kind", "product", "profile", "node", "slices", "replicas", "rate")]
         values.append("(%({})s, %({})s, %({})s, %({})s, %({})s, %({})s::smallint, %({})s::numeric)".format(*names))
         params.update(zip(names, (kind, product, profile, node_replicas, slices, replicas, price), strict=True))
-    sql = METER_FLOOR_SQL.format(values=", ".join(values))
+    return METER_FLOOR_SQL.format(values=", ".join(values)), params
+
+
+def _metering_floor(hour: datetime) -> tuple[float, int]:
+    """Seconds and rows of the floor INSERT for `hour`, in a transaction rolled back afterwards."""
+    sql, params = _floor_statement(hour)
+    if sql is None:
+        return 0.0, 0
     elapsed, rows = 0.0, 0
     try:
         with transaction.atomic(), connection.cursor() as cursor:

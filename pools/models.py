@@ -189,6 +189,11 @@ class PoolRequestTransition(models.Model):
 
     class Meta:
         ordering = ["request_id", "at", "id"]
+        indexes = [
+            # Metering asks every hour which requests ever failed (billing.services.metering._may_be_credited):
+            # a few rows among every request's transitions.
+            models.Index(fields=["request"], condition=Q(to_state=RequestState.FAILED), name="pools_transition_failed"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.request_id}: {self.from_state} -> {self.to_state}"

@@ -12,3 +12,5 @@ from . import postgresql, sqlite
 _backend = postgresql if connection.vendor == "postgresql" else sqlite
 
 insert_usage_records = _backend.insert_usage_records
+meter_plain_hour = _backend.meter_plain_hour
+"""PostgreSQL: an hour of allocations without credits or measurements metered in SQL; None on SQLite."""

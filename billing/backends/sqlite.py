@@ -12,3 +12,7 @@ def insert_usage_records(columns: tuple[str, ...], rows: list[tuple]) -> None:
         batch_size=2000,
         ignore_conflicts=True,
     )
+
+
+# Metering an hour in SQL is PostgreSQL's (billing.backends.postgresql); here every unit goes through Python.
+meter_plain_hour = None

@@ -19,13 +19,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, Min, OuterRef, Q
 from django.utils import timezone
 
+from capacity.mig.share import shares_per_gpu
 from gpuaas.leases import crash_point
-from pools.choices import PoolState
-from pools.models import Allocation
+from pools.choices import PoolState, RequestState
+from pools.models import Allocation, PoolRequestTransition
 
 from .. import backends, measurements
 from ..models import MeteringWatermark, UsageRecord
 from ..periods import HOUR, floor_hour
+from ..rates import spec_fields, spec_key
 from .clock import Unit, failed_windows, health_windows, hour_figures, units_of
 from .credits import refresh_credits, refresh_measurements
 from .intervals import Interval
@@ -128,7 +130,7 @@ def insert_records(rows: list[tuple]) -> None:
 PROVISIONED = Q(pool__provisioned_at__isnull=False) | Q(pool__state=PoolState.ACTIVE)
 
 
-def meter_hour(hour: datetime, *, book: PriceBook | None = None) -> int:
+def meter_hour(hour: datetime, *, book: PriceBook | None = None, in_sql: bool | None = None) -> int:
     """Write the UsageRecords of one UTC hour; returns the rows offered for insert.
 
     Covers every allocation of a provisioned pool (PROVISIONED) whose clock ran in
@@ -137,6 +139,13 @@ def meter_hour(hour: datetime, *, book: PriceBook | None = None) -> int:
     those are backfilled from their first hour, i.e. from approval. Idempotent: rows go in with
     INSERT ... ON CONFLICT DO NOTHING on (allocation, hour), so a retry or a concurrent run adds
     nothing twice. Takes no locks itself; meter_usage serialises hours through the watermark.
+
+    `in_sql` (default: where the database can, billing.backends.meter_plain_hour, and the hour's rollups
+    are not final yet, which is the usual case: metering runs minutes after the hour, monitoring finalises
+    it later and catch_up_measurements fills the showback then): the hour's running allocations that no
+    credit can touch are metered by one INSERT ... SELECT (_meter_plain); the others, and the late ones,
+    go through Python (Unit, hour_figures) as always. Both give the same rows
+    (tests/billing/test_billing_metering_in_sql.py).
     """
     book = book or PriceBook()
     end = hour + HOUR
@@ -145,7 +154,6 @@ def meter_hour(hour: datetime, *, book: PriceBook | None = None) -> int:
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=hour))
         .filter(Q(pool__request__end_at__isnull=True) | Q(pool__request__end_at__gt=hour))
     )
-    units_hours = [(u, hour) for u in units_of(running) if u.clock(hour, end)]
     recent = hour - LATE_ALLOCATION_WINDOW
     late = (
         Allocation.objects.filter(PROVISIONED, allocated_at__lt=hour)
@@ -153,12 +161,70 @@ def meter_hour(hour: datetime, *, book: PriceBook | None = None) -> int:
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=F("allocated_at")))
         .filter(~Exists(UsageRecord.objects.filter(allocation=OuterRef("pk"))))
     )
+    late_units = units_of(late)  # before this hour's rows go in: "no record yet" is read first
+    if in_sql is None:
+        final = measurements.final_until()
+        in_sql = backends.meter_plain_hour is not None and (final is None or hour >= final)
+    offered = 0
+    if in_sql:
+        credited = _may_be_credited(hour, end)
+        offered = _meter_plain(running.exclude(credited), hour, end, book)
+        running = running.filter(credited)
+    units_hours = [(u, hour) for u in units_of(running) if u.clock(hour, end)]
     seen = {(u.id, h) for u, h in units_hours}
-    for unit in units_of(late):
+    for unit in late_units:
         units_hours.extend((unit, h) for h in unit.hours(hour) if (unit.id, h) not in seen)
     rows = _records_for(units_hours, book, end)
     insert_records(rows)
-    return len(rows)
+    return offered + len(rows)
+
+
+def _may_be_credited(hour: datetime, end: datetime) -> Q:
+    """Allocations a failed-provisioning or health credit may touch in [hour, end): their request or pool
+    failed now or their request ever failed (failed_windows), or their GPU has a critical health event
+    in the hour (health_windows). A superset: hour_figures decides the credit of each."""
+    ever_failed = PoolRequestTransition.objects.filter(to_state=RequestState.FAILED, at__lt=end).values("request_id")
+    credited = (
+        Q(pool__request__state=RequestState.FAILED)
+        | Q(pool__state=PoolState.FAILED)
+        | Q(pool__request_id__in=ever_failed)
+    )
+    sick = sorted({gpu_id for gpu_id, _ in measurements.critical_health_windows(None, hour, end)})
+    return credited | Q(gpu_id__in=sick) if sick else credited
+
+
+def _meter_plain(allocations, hour: datetime, end: datetime, book: PriceBook) -> int:
+    """Meter `hour` for `allocations` (none of them credited, no measurements) in SQL; returns the rows offered.
+
+    The same rows as _records_for: the clock clipped to the hour in whole seconds, the spec and rate of each
+    distinct (kind, product, profile, node replicas, compute slices) priced here by the PriceBook."""
+    card = book.card_at(hour)
+    rows = allocations.order_by().values_list(
+        "id",
+        "project_id",
+        "pool_id",
+        "kind",
+        "product",
+        "profile_name",
+        "compute_slices",
+        "gpu__node__timeslice_replicas",
+        "allocated_at",
+        "released_at",
+        "pool__request__end_at",
+    )
+    sql, params = rows.query.sql_with_params()
+
+    def price(specs: list[tuple]) -> list[tuple]:
+        priced = []
+        for kind, product, profile_name, node_replicas, compute_slices in specs:
+            spec = spec_key(kind, product, profile_name, shares_per_gpu(kind, profile_name, node_replicas))
+            rate = book.price(card, spec, compute_slices, hour)
+            priced.append(
+                (kind, product, profile_name, node_replicas, compute_slices, *spec_fields(spec).values(), rate)
+            )
+        return priced
+
+    return backends.meter_plain_hour(sql, params, hour, end, price, card.pk if card else None)
 
 
 def _watermark_start() -> datetime:

@@ -236,8 +236,16 @@ class GpuCapacityQuerySet(models.QuerySet):
         availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices), self._ending())
         return self.annotate(availability=availability, reserved=reserved)
 
-    def free(self, busy_devices: frozenset[str] | None = None):
-        """Whole GPUs approval may take: availability FREE, as plain filters."""
+    def free(self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False):
+        """Whole GPUs approval may take: availability FREE, as plain filters.
+
+        `fleet`: for a count over every free GPU of a spec (approval's read_free), the same rows with hashed
+        subqueries (availability.fleet_forms) instead of a probe per GPU."""
+        if fleet:
+            if busy_devices is None:
+                busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+            held = fleet_forms(self.model, "gpu", WorkloadProfile.objects.running(), busy_devices)
+            return self.units().filter(*self._unit_conditions().values(), *(~q for q in held))
         return self.units().filter(
             *self._unit_conditions().values(), ~self._reserved(), ~self._ending(), ~self._in_use(busy_devices)
         )

@@ -111,8 +111,16 @@ class MigInstanceQuerySet(models.QuerySet):
         availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices), self._ending())
         return self.present().annotate(availability=availability, reserved=reserved)
 
-    def free(self, busy_devices: frozenset[str] | None = None):
-        """Instances approval may take: availability FREE, as plain filters."""
+    def free(self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False):
+        """Instances approval may take: availability FREE, as plain filters.
+
+        `fleet`: for a count over every free instance of a spec (approval's read_free), the same rows with
+        hashed subqueries (availability.fleet_forms) instead of a probe per instance."""
+        if fleet:
+            if busy_devices is None:
+                busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+            held = fleet_forms(self.model, "mig_instance", WorkloadProfile.objects.running(), busy_devices)
+            return self.present().filter(*self._unit_conditions().values(), *(~q for q in held))
         return self.present().filter(
             *self._unit_conditions().values(), ~self._reserved(), ~self._ending(), ~self._in_use(busy_devices)
         )
