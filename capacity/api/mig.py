@@ -142,8 +142,17 @@ class MaintenanceWindowViewSet(viewsets.ModelViewSet):
 
 
 class TimeSlicingPolicySerializer(StrictModelSerializer):
+    """A sharing policy: time-slicing or MPS. Bad values are 400 with field messages (the model's clean())."""
+
     config_key = serializers.CharField(read_only=True)
-    memory_isolation = serializers.SerializerMethodField(help_text="Always false: time-slicing shares memory.")
+    memory_isolation = serializers.SerializerMethodField(
+        help_text="Always false: time-slicing shares memory; MPS caps it per client but clients share faults."
+    )
+    client_environment = serializers.DictField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="MPS: the CUDA MPS client variables the project's pool ConfigMap carries for this policy's limits.",
+    )
 
     class Meta:
         model = TimeSlicingPolicy
@@ -151,12 +160,16 @@ class TimeSlicingPolicySerializer(StrictModelSerializer):
             "id",
             "cluster",
             "node_group",
+            "strategy",
             "replicas",
+            "pinned_memory_limit_mib",
+            "active_thread_percentage",
             "rename_by_default",
             "fail_requests_greater_than_one",
             "enabled",
             "config_key",
             "memory_isolation",
+            "client_environment",
             "applied_at",
             "nodes_labelled",
             "last_error",
@@ -166,11 +179,30 @@ class TimeSlicingPolicySerializer(StrictModelSerializer):
     def get_memory_isolation(self, obj) -> bool:
         return False
 
+    def validate(self, attrs):
+        current = {} if self.instance is None else {f: getattr(self.instance, f) for f in POLICY_FIELDS}
+        instance = TimeSlicingPolicy(**{**current, **attrs})
+        _model_errors(instance)
+        return attrs
+
+
+POLICY_FIELDS = (
+    "cluster_id",
+    "node_group",
+    "strategy",
+    "replicas",
+    "pinned_memory_limit_mib",
+    "active_thread_percentage",
+    "rename_by_default",
+    "fail_requests_greater_than_one",
+    "enabled",
+)
+
 
 class TimeSlicingPolicyFilter(filters.FilterSet):
     class Meta:
         model = TimeSlicingPolicy
-        fields = ["cluster", "node_group", "enabled"]
+        fields = ["cluster", "node_group", "strategy", "enabled"]
 
 
 class TimeSlicingQueuedSerializer(serializers.Serializer):
@@ -178,7 +210,9 @@ class TimeSlicingQueuedSerializer(serializers.Serializer):
 
 
 class TimeSlicingPolicyViewSet(viewsets.ModelViewSet):
-    """Time-slicing per node group. Replicas are tier-3 slots; there is NO memory isolation between them."""
+    """GPU sharing per node group, time-slicing or MPS (`strategy`). Replicas are tier-3 slots; time-slicing has NO
+    memory isolation between them, MPS caps each client (memory / replicas, 100 / replicas % SMs, or the
+    policy's lower limits)."""
 
     queryset = TimeSlicingPolicy.objects.select_related("cluster").order_by("cluster_id", "node_group")
     serializer_class = TimeSlicingPolicySerializer
