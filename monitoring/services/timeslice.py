@@ -114,8 +114,8 @@ def check_node_shares(
     """check_shares for many nodes' polls at once (the ingest worker's batch); open violations per node id.
 
     Three reads for the whole batch: the nodes' running workloads, their GPUs' share priorities, and the
-    unresolved violations of their GPUs (FOR UPDATE, primary-key order: the lock). A GPU is anything with pk, uuid and memory_mib.
-    Evictions are enqueued after commit. Idempotent for a repeated poll.
+    unresolved violations of their GPUs (FOR UPDATE, primary-key order: the lock). A GPU is anything with pk,
+    uuid and memory_mib. Evictions are enqueued after commit. Idempotent for a repeated poll.
     """
     polls = [(node, shared) for node, shared in polls if shared]
     if not polls:

@@ -184,7 +184,9 @@ def test_memory_and_compute_together(shared, settings):
     assert ShareViolation.objects.get().over == "memory+compute"
 
 
-def test_a_batch_of_nodes_is_checked_with_three_reads_and_one_lock(shared, project, settings, django_assert_num_queries):
+def test_a_batch_of_nodes_is_checked_with_three_reads_and_one_lock(
+    shared, project, settings, django_assert_num_queries
+):
     """The ingest worker's batch: every node's share check in one transaction, each node counted on its own."""
     settings.MONITORING_SHARE_FACTOR_PCT = 150
     gpu = shared.full_gpu
