@@ -27,6 +27,7 @@ from .mig.catalog import PRODUCTS
 from .mig.layout import validate_layout
 from .mig_picture import gpu_layout_html, gpu_picture, legend_html, node_pictures
 from .models import (
+    SHARING_POLICY_FIELDS,
     Cluster,
     DiscoveryRun,
     GpuCapacity,
@@ -463,17 +464,7 @@ class MaintenanceWindowAdmin(admin.ModelAdmin):
 class TimeSlicingPolicyForm(forms.ModelForm):
     class Meta:
         model = TimeSlicingPolicy
-        fields = [
-            "cluster",
-            "node_group",
-            "strategy",
-            "replicas",
-            "pinned_memory_limit_mib",
-            "active_thread_percentage",
-            "rename_by_default",
-            "fail_requests_greater_than_one",
-            "enabled",
-        ]
+        fields = list(SHARING_POLICY_FIELDS)
         help_texts = {"replicas": "Pods (MPS: clients) per GPU, i.e. tier-3 slots per GPU. " + TIME_SLICING_WARNING}
 
 

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from capacity.api.fields import CatalogProductField, WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, reject_body
-from capacity.models import Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
+from capacity.models import SHARING_POLICY_FIELDS, Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
 from capacity.services import mig_configs, planning
 from gpuaas.api import QuerySerializer
 from gpuaas.scopes import Scope
@@ -158,15 +158,7 @@ class TimeSlicingPolicySerializer(StrictModelSerializer):
         model = TimeSlicingPolicy
         fields = [
             "id",
-            "cluster",
-            "node_group",
-            "strategy",
-            "replicas",
-            "pinned_memory_limit_mib",
-            "active_thread_percentage",
-            "rename_by_default",
-            "fail_requests_greater_than_one",
-            "enabled",
+            *SHARING_POLICY_FIELDS,
             "config_key",
             "memory_isolation",
             "client_environment",
@@ -180,23 +172,10 @@ class TimeSlicingPolicySerializer(StrictModelSerializer):
         return False
 
     def validate(self, attrs):
-        current = {} if self.instance is None else {f: getattr(self.instance, f) for f in POLICY_FIELDS}
+        current = {} if self.instance is None else {f: getattr(self.instance, f) for f in SHARING_POLICY_FIELDS}
         instance = TimeSlicingPolicy(**{**current, **attrs})
         _model_errors(instance)
         return attrs
-
-
-POLICY_FIELDS = (
-    "cluster_id",
-    "node_group",
-    "strategy",
-    "replicas",
-    "pinned_memory_limit_mib",
-    "active_thread_percentage",
-    "rename_by_default",
-    "fail_requests_greater_than_one",
-    "enabled",
-)
 
 
 class TimeSlicingPolicyFilter(filters.FilterSet):

@@ -10,7 +10,7 @@ One module per domain; every model is importable from capacity.models.
 from .availability import UNSETTLED_MIG_STATES, USABLE_HEALTH
 from .clusters import Cluster, DiscoveryRun
 from .inventory import GpuCapacity, GpuCapacityQuerySet, NodeCapacity, NodeCapacityQuerySet
-from .layouts import GPUAAS_CONFIG_PREFIX, MigLayout, TimeSlicingPolicy
+from .layouts import GPUAAS_CONFIG_PREFIX, SHARING_POLICY_FIELDS, MigLayout, TimeSlicingPolicy
 from .maintenance import MaintenanceWindow, MaintenanceWindowQuerySet
 from .mig import MigInstance, MigInstanceQuerySet, MigPlacement, MigProfile
 from .reconfiguration import (
@@ -49,6 +49,7 @@ __all__ = [
     "TierAssignment",
     "TierProfilePolicy",
     "TimeSlicingPolicy",
+    "SHARING_POLICY_FIELDS",
     "WorkloadProfile",
     "WorkloadProfileQuerySet",
 ]

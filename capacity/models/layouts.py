@@ -90,6 +90,20 @@ def _copy_profiles(value):
     return None if value is None else list(value)
 
 
+# What an operator sets on a sharing policy (the admin's form and the API's writable fields).
+SHARING_POLICY_FIELDS = (
+    "cluster",
+    "node_group",
+    "strategy",
+    "replicas",
+    "pinned_memory_limit_mib",
+    "active_thread_percentage",
+    "rename_by_default",
+    "fail_requests_greater_than_one",
+    "enabled",
+)
+
+
 class TimeSlicingPolicy(models.Model):
     """GPU sharing for a node group: every GPU advertised as `replicas` nvidia.com/gpu (tier-3 slots),
     through time-slicing or MPS (`strategy`).
