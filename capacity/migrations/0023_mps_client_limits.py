@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('capacity', '0021_node_pods_digest'),
+        ('capacity', '0022_workload_vmi_name'),
     ]
 
     operations = [
