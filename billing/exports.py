@@ -64,7 +64,7 @@ def line_row(statement: Statement, line: StatementLine) -> dict[str, str]:
         "kind": line.kind,
         "product": line.product,
         "profile_name": line.profile_name,
-        "replicas": str(line.replicas) if line.kind == "timeslice" else "",
+        "replicas": str(line.replicas) if line.kind in ("timeslice", "mps") else "",
         "description": line.description,
         "hourly_rate": _text(line.hourly_rate),
         "hours": _text(line.hours),

@@ -172,8 +172,8 @@ class RateCardEntry(models.Model):
             raise ValidationError({"profile_name": "A MIG entry names its profile."})
         if self.kind != SpecKind.MIG and self.profile_name:
             raise ValidationError({"profile_name": "Only MIG entries name a profile."})
-        if self.kind != SpecKind.TIMESLICE and self.replicas != 1:
-            raise ValidationError({"replicas": "Only time-slice entries have replicas."})
+        if self.kind not in (SpecKind.TIMESLICE, SpecKind.MPS, SpecKind.VGPU) and self.replicas != 1:
+            raise ValidationError({"replicas": "Only time-slice, MPS and vGPU entries have replicas."})
 
 
 class MeteringWatermark(models.Model):

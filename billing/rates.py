@@ -11,6 +11,9 @@ The rule (docs/billing.md, "Rate derivation"):
   3g.40gb on an H100 fill all 8 memory slices, so each costs 1/2, not 3/7, and a fully carved GPU
   earns its full price);
 - time-slice replica: full price / replicas of that GPU;
+- MPS share: its own unit kind, full price / clients per GPU of that GPU by default (the MPS daemon caps each
+  client at 1/replicas of memory and SMs, so a share withholds that much from the others); a card may carry
+  an explicit MPS entry per product and replica count, priced apart from time-slices;
 - vGPU: full price / vGPUs per GPU of its type, plus the card's vGPU licence per vGPU-hour
   (RateCard.vgpu_licence_hourly; BILLING_VGPU_LICENCE_HOURLY where no card is at hand). A card carries
   one entry per vGPU type of capacity.vgpu whose GPU it prices ("H100XM-20C"), so an operator can
@@ -33,7 +36,8 @@ from capacity.mig.share import mig_share  # the one GPU-share rule (billing.serv
 from capacity.vgpu import VGPU_TYPES
 
 PRICE_PLACES = Decimal("0.000001")
-FULL, MIG, TIMESLICE, VGPU = "full", "mig", "timeslice", "vgpu"
+FULL, MIG, TIMESLICE, VGPU, MPS = "full", "mig", "timeslice", "vgpu", "mps"
+SHARED = (TIMESLICE, MPS)  # a replica of a node's shared GPU: priced per replica count
 # The seed: a vGPU runs 5-15% slower than bare metal (capacity.vgpu.OVERHEAD_RANGE_PCT); statements say so.
 VGPU_OVERHEAD_NOTE = "5-15% slower than bare metal"
 
@@ -54,6 +58,8 @@ class SpecKey:
             return f"{self.product} {self.profile_name}"
         if self.kind == TIMESLICE:
             return f"{self.product} 1/{self.replicas} time-slice"
+        if self.kind == MPS:
+            return f"{self.product} 1/{self.replicas} MPS share"
         if self.kind == VGPU:
             fee = "licence" if licence is None else f"licence {Decimal(licence).normalize():f}/h"
             return f"{self.product} vGPU {self.profile_name} (1/{self.replicas} GPU + {fee}, {VGPU_OVERHEAD_NOTE})"
@@ -61,12 +67,13 @@ class SpecKey:
 
 
 def spec_key(kind: str, product: str, profile_name: str = "", replicas: int = 1) -> SpecKey:
-    """Normalise a spec: only MIG and vGPU carry a profile (the vGPU type), only time-slicing and vGPU replicas."""
+    """Normalise a spec: only MIG and vGPU carry a profile (the vGPU type), only shared kinds (time-slice, MPS)
+    and vGPU replicas."""
     return SpecKey(
         kind=kind,
         product=product,
         profile_name=profile_name if kind in (MIG, VGPU) else "",
-        replicas=max(1, int(replicas or 1)) if kind in (TIMESLICE, VGPU) else 1,
+        replicas=max(1, int(replicas or 1)) if kind in (*SHARED, VGPU) else 1,
     )
 
 
@@ -94,7 +101,7 @@ def derive_price(
     full = Fraction(full_price)
     if key.kind == MIG:
         return quantize_price(full * mig_share(key.product, key.profile_name, compute_slices))
-    if key.kind == TIMESLICE:
+    if key.kind in SHARED:
         return quantize_price(full / key.replicas)
     if key.kind == VGPU:
         return quantize_price(full / key.replicas + Fraction(licence_or_default(licence)))
@@ -107,8 +114,8 @@ def default_entries(
     """(spec, price, rule) for a card: each product's full GPU, every MIG profile the catalog knows, and
     every vGPU type of that GPU (`licence`: the card's, per vGPU-hour).
 
-    Time-slice prices are derived when metered (replica counts are a node setting), unless a card
-    carries an explicit time-slice entry.
+    Time-slice and MPS prices are derived when metered (replica counts are a node setting), unless a card
+    carries an explicit entry of that kind.
     """
     entries: list[tuple[SpecKey, Decimal, str]] = []
     for product, price in sorted(full_prices.items()):
@@ -134,7 +141,7 @@ def derivation_rule(key: SpecKey, licence: Decimal | None = None) -> str:
     if key.kind == MIG:
         share = mig_share(key.product, key.profile_name)
         return f"full x {share.numerator}/{share.denominator}"
-    if key.kind == TIMESLICE:
+    if key.kind in SHARED:
         return f"full / {key.replicas}"
     if key.kind == VGPU:
         return f"full / {key.replicas} + licence {licence_or_default(licence).normalize():f}"

@@ -28,6 +28,7 @@ from .mig.catalog import PRODUCTS
 from .mig.layout import validate_layout
 from .mig_picture import gpu_layout_html, gpu_picture, legend_html, node_pictures
 from .models import (
+    SHARING_POLICY_FIELDS,
     Cluster,
     ClusterOnboarding,
     DiscoveryRun,
@@ -483,18 +484,34 @@ class MaintenanceWindowAdmin(admin.ModelAdmin):
 class TimeSlicingPolicyForm(forms.ModelForm):
     class Meta:
         model = TimeSlicingPolicy
-        fields = ["cluster", "node_group", "replicas", "rename_by_default", "fail_requests_greater_than_one", "enabled"]
-        help_texts = {"replicas": "Pods per GPU (tier-3 slots per GPU). " + TIME_SLICING_WARNING}
+        fields = list(SHARING_POLICY_FIELDS)
+        help_texts = {"replicas": "Pods (MPS: clients) per GPU, i.e. tier-3 slots per GPU. " + TIME_SLICING_WARNING}
 
 
 @admin.register(TimeSlicingPolicy)
 class TimeSlicingPolicyAdmin(admin.ModelAdmin):
     form = TimeSlicingPolicyForm
-    list_display = ["__str__", "config_key", "replicas", "tier3_slots", "enabled", "applied_at", "nodes_labelled"]
-    list_filter = ["cluster", "enabled"]
+    list_display = [
+        "__str__",
+        "strategy",
+        "config_key",
+        "replicas",
+        "tier3_slots",
+        "enabled",
+        "applied_at",
+        "nodes_labelled",
+    ]
+    list_filter = ["cluster", "strategy", "enabled"]
     list_select_related = ["cluster"]
     search_fields = ["node_group", "cluster__name"]
-    readonly_fields = ["isolation_warning", "config_key", "applied_at", "nodes_labelled", "last_error"]
+    readonly_fields = [
+        "isolation_warning",
+        "config_key",
+        "client_environment",
+        "applied_at",
+        "nodes_labelled",
+        "last_error",
+    ]
     actions = ["apply_to_cluster"]
 
     @admin.display(description="memory isolation")

@@ -53,6 +53,12 @@ class SpecKind(models.TextChoices):
     MIG = "mig", "MIG instance"
     TIMESLICE = "timeslice", "Time-slice replica"
     VGPU = "vgpu", "vGPU (virtual machines)"
+    # A replica of a GPU whose device plugin shares it through MPS: its own unit kind, priced as its own share.
+    MPS = "mps", "MPS share"
+
+
+# Replicas of a node's shared GPU (nvidia.com/gpu advertised `replicas` times): a unit is (GPU, replica index).
+SHARED_SPEC_KINDS = (SpecKind.TIMESLICE, SpecKind.MPS)
 
 
 class MigInstanceState(models.TextChoices):

@@ -174,11 +174,12 @@ class ShareViolationAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
         "share_mib",
         "sm_util_pct",
         "replicas",
+        "share_priority",
         "state",
         "last_seen_at",
         "resolved_at",
     ]
-    list_filter = ["state", "over", ("resolved_at", admin.EmptyFieldListFilter)]
+    list_filter = ["state", "over", "share_priority", ("resolved_at", admin.EmptyFieldListFilter)]
     list_select_related = ["gpu__node"]
     search_fields = ["namespace", "pod_name", "pod_uid", "gpu__uuid"]
     actions = ["evict_selected"]

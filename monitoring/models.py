@@ -476,6 +476,12 @@ class ShareViolation(models.Model):
     over = models.CharField(
         max_length=16, default="memory", help_text="What the pod is over its share of: memory, compute, or both."
     )
+    share_priority = models.CharField(
+        max_length=8,
+        blank=True,
+        help_text="The share priority of the pod's pool on this GPU (high, normal, low; empty: no pool). Lower "
+        "priorities are evicted first.",
+    )
     state = models.CharField(max_length=16, choices=ShareState, default=ShareState.OPEN, editable=False)
     first_seen_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now)

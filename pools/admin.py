@@ -20,7 +20,7 @@ from gpuaas.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 from tenancy import roles
 
 from . import lending, queue, services
-from .choices import PoolState, RequestState
+from .choices import PoolState, RequestState, SharePriority
 from .exceptions import DomainError
 from .models import (
     HOLDING_STATES,
@@ -282,11 +282,12 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "binding",
         "binding_note",
         "lending_enabled",
+        "share_priority",
         "attempts",
         "created_at",
         "released_at",
     ]
-    list_filter = ["state", "tier", "workload_type", PoolClusterFilter, "lending_enabled"]
+    list_filter = ["state", "tier", "workload_type", PoolClusterFilter, "lending_enabled", "share_priority"]
     list_select_related = ["project", "cluster", "request"]
     search_fields = ["name", "project__name", "project__slug"]
     readonly_fields = [
@@ -300,10 +301,45 @@ class GpuPoolAdmin(admin.ModelAdmin):
         "deprovisioned_at",
     ]
     inlines = [PoolClusterInline, AllocationInline]
-    actions = ["retry_provisioning", "release_selected", "enable_lending", "disable_lending", "reclaim_lent"]
+    actions = [
+        "retry_provisioning",
+        "release_selected",
+        "enable_lending",
+        "disable_lending",
+        "reclaim_lent",
+        "share_priority_high",
+        "share_priority_normal",
+        "share_priority_low",
+    ]
 
     def get_queryset(self, request):
         return super().get_queryset(request).with_card().with_clusters().with_shares()
+
+    def _set_share_priority(self, request, queryset, priority: str) -> None:
+        """Operators choose a shared pool's priority (pools.services.set_share_priority); other pools are skipped."""
+        changed, skipped = 0, []
+        for pool in queryset.order_by("pk"):
+            try:
+                changed += services.set_share_priority(pool, priority, actor=request.user)
+            except ValueError:
+                skipped.append(pool.name)
+        self.message_user(request, f"{changed} pools now have {priority} share priority.", messages.SUCCESS)
+        if skipped:
+            self.message_user(
+                request, "Not time-sliced or MPS (no share priority): " + ", ".join(skipped), messages.WARNING
+            )
+
+    @admin.action(description="Share priority: high (evicted last)", permissions=["change"])
+    def share_priority_high(self, request, queryset):
+        self._set_share_priority(request, queryset, SharePriority.HIGH)
+
+    @admin.action(description="Share priority: normal", permissions=["change"])
+    def share_priority_normal(self, request, queryset):
+        self._set_share_priority(request, queryset, SharePriority.NORMAL)
+
+    @admin.action(description="Share priority: low (evicted first)", permissions=["change"])
+    def share_priority_low(self, request, queryset):
+        self._set_share_priority(request, queryset, SharePriority.LOW)
 
     def has_add_permission(self, request):
         return False  # pools are created by approval only

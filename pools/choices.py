@@ -40,6 +40,28 @@ class PriorityClass(models.TextChoices):
     DEVELOPMENT = "development", "Development"
 
 
+class SharePriority(models.TextChoices):
+    """An operator's priority for a time-sliced or MPS pool: which project's pods go first when a shared GPU is
+    over-subscribed (over-share enforcement evicts the lowest first). Each maps to a Kubernetes PriorityClass
+    gpuaas creates (SHARE_PRIORITY_CLASSES)."""
+
+    HIGH = "high", "High"
+    NORMAL = "normal", "Normal"
+    LOW = "low", "Low"
+
+
+# SharePriority -> (PriorityClass name, value). Values sit between the borrowed class (-100) and the default
+# (0 for pods without a class) at "low", above it otherwise; preemptionPolicy Never: gpuaas evicts, the
+# scheduler does not preempt (capacity/adapters/kubernetes/scheduling.py).
+SHARE_PRIORITY_CLASSES: dict[str, tuple[str, int]] = {
+    SharePriority.HIGH: ("gpuaas-shared-high", 2000),
+    SharePriority.NORMAL: ("gpuaas-shared-normal", 1000),
+    SharePriority.LOW: ("gpuaas-shared-low", -10),
+}
+# Lower rank is evicted first.
+SHARE_PRIORITY_RANK = {SharePriority.LOW: 0, SharePriority.NORMAL: 1, SharePriority.HIGH: 2}
+
+
 class QueueAction(models.TextChoices):
     """What happened to a queued request, for the queue's audit trail."""
 

@@ -65,9 +65,9 @@ KIND_ISOLATION: dict[str, tuple[str, str]] = {
     SpecKind.MIG: (IsolationNeed.HARDWARE, ""),
     SpecKind.TIMESLICE: (IsolationNeed.NONE, "no memory isolation"),
 }
-# An MPS replica: a time-slice replica on a node whose device plugin shares through MPS, so each
-# client is capped at memory / replicas and 100 / replicas % of the SMs (no one starves the others).
-MPS = "mps"
+# An MPS share: a replica of a node whose device plugin shares through MPS, so each client is capped at
+# memory / replicas and 100 / replicas % of the SMs (no one starves the others). Its own unit kind and price.
+MPS = SpecKind.MPS
 KIND_ISOLATION[MPS] = (IsolationNeed.NONE, "no memory isolation (MPS caps each client, but faults are shared)")
 # A vGPU: a VM's share of a GPU (KubeVirt, vm-vgpu nodes): dedicated framebuffer, time-sliced compute.
 VGPU = SpecKind.VGPU
@@ -149,7 +149,7 @@ class Candidate:
 
     @property
     def spec_kind(self) -> str:
-        return SpecKind.TIMESLICE if self.kind == MPS else self.kind
+        return self.kind
 
     @property
     def share(self) -> Fraction:

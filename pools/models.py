@@ -18,13 +18,14 @@ from django.db.models.functions import Coalesce
 from django.db.models.lookups import LessThan
 from django.utils import timezone
 
-from capacity.choices import Binding, SpecKind, Tier
+from capacity.choices import SHARED_SPEC_KINDS, Binding, SpecKind, Tier
 from capacity.mig.share import held_share
 from capacity.models import WorkloadProfile
 from tenancy.models import Project
 
 from .cards import utilisation_expression
 from .choices import (
+    SHARE_PRIORITY_CLASSES,
     AllocationState,
     Isolation,
     IsolationNeed,
@@ -32,6 +33,7 @@ from .choices import (
     PoolState,
     PriorityClass,
     RequestState,
+    SharePriority,
     WorkloadType,
 )
 
@@ -164,8 +166,9 @@ class PoolRequest(models.Model):
         if self.spec_kind == SpecKind.MIG:
             return f"{self.product} {self.profile_name}".strip()
         if self.spec_kind == SpecKind.TIMESLICE:
-            sharing = "MPS replica" if self.isolation == Isolation.MPS else "time-slice"
-            return f"{self.product} {sharing}".strip()
+            return f"{self.product} time-slice".strip()
+        if self.spec_kind == SpecKind.MPS:
+            return f"{self.product} MPS replica".strip()
         if self.spec_kind == SpecKind.VGPU:
             return f"{self.product} vGPU {self.profile_name}".strip()
         return f"{self.product} full GPU".strip()
@@ -310,6 +313,13 @@ class GpuPool(models.Model):
         "lent to other projects as preemptible units; the pool gets them back within LENDING_RECLAIM_GRACE_S "
         "when its pods need them.",
     )
+    share_priority = models.CharField(
+        max_length=8,
+        choices=SharePriority,
+        default=SharePriority.NORMAL,
+        help_text="Time-sliced and MPS pools: chosen by operators. Over-share enforcement evicts pods of "
+        "lower-priority pools on a GPU first; the pool's ConfigMap names the matching PriorityClass for its pods.",
+    )
 
     objects = GpuPoolQuerySet.as_manager()
 
@@ -370,6 +380,16 @@ class GpuPool(models.Model):
             "nodeSelector": selector,
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}},
         }
+
+    @property
+    def is_shared(self) -> bool:
+        """A time-sliced or MPS pool: its units are replicas of shared GPUs, and it has a share priority."""
+        return self.request.spec_kind in SHARED_SPEC_KINDS
+
+    @property
+    def priority_class_name(self) -> str:
+        """The Kubernetes PriorityClass its pods should carry (shared pools; SHARE_PRIORITY_CLASSES)."""
+        return SHARE_PRIORITY_CLASSES[self.share_priority][0]
 
     def gpu_shares(self) -> tuple[Fraction, Fraction]:
         """(held, in use): the pool's units counted in GPUs, each as its share of a GPU
@@ -566,7 +586,7 @@ class AllocationQuerySet(models.QuerySet):
             ),
             {"gpu__node": models.OuterRef("gpu__node"), "resource_name": models.OuterRef("resource_name")},
         )
-        return by_device | (Q(kind=SpecKind.TIMESLICE) & Q(replicas)) | Q(unresolved)
+        return by_device | (Q(kind__in=SHARED_SPEC_KINDS) & Q(replicas)) | Q(unresolved)
 
     @staticmethod
     def _first_n(workloads, where: dict):
@@ -660,7 +680,7 @@ class Allocation(models.Model):
         ]
 
     def __str__(self) -> str:
-        unit = self.profile_name or (f"replica {self.replica}" if self.kind == SpecKind.TIMESLICE else "full GPU")
+        unit = self.profile_name or (f"replica {self.replica}" if self.kind in SHARED_SPEC_KINDS else "full GPU")
         return f"{self.pool}: {self.product} {unit} on {self.gpu.uuid}"
 
     @property

@@ -52,13 +52,13 @@ from django.utils import timezone
 
 from capacity.adapters.cel import checked_device_selector
 from capacity.adapters.kubernetes import NODE_SELECTOR_ANNOTATION, KubernetesClient, KubernetesError, Node, NotFound
-from capacity.choices import Binding, SpecKind
-from capacity.models import Cluster, SpecAndCount
+from capacity.choices import Binding, SharingStrategy, SpecKind
+from capacity.models import Cluster, SpecAndCount, TimeSlicingPolicy
 from gpuaas.leases import Heartbeat, crash_point
 from tenancy.models import Project
 
 from . import services
-from .choices import LoanState, PoolState
+from .choices import SHARE_PRIORITY_CLASSES, LoanState, PoolState
 from .models import LABEL_PREFIX, Allocation, GpuPool, Loan, PoolCluster, PoolRequestTransition, claim_template_name
 
 logger = logging.getLogger(__name__)
@@ -121,14 +121,40 @@ def placement_name(pool_id: int) -> str:
     return f"gpuaas-pool-{pool_id}"
 
 
-def placement_data(pool: GpuPool) -> dict[str, str]:
-    """The pool's scheduling (node selector and node affinity on its pool and tier labels) as ConfigMap data."""
+def placement_data(pool: GpuPool, mps_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The pool's scheduling (node selector and node affinity on its pool and tier labels) as ConfigMap data; a
+    shared pool adds the PriorityClass its pods should carry (its operator-chosen share priority), an MPS pool the
+    CUDA MPS client variables of its nodes' policy (`mps_env`), so `envFrom: configMapRef` applies them."""
     scheduling = pool.scheduling()
-    return {
+    data = {
         "tier": pool.tier,
         "nodeSelector.json": json.dumps(scheduling["nodeSelector"], sort_keys=True),
         "affinity.json": json.dumps(scheduling["affinity"], sort_keys=True),
     }
+    if pool.is_shared:
+        data["priorityClassName"] = pool.priority_class_name
+    data.update(mps_env or {})
+    return data
+
+
+def mps_environment(cluster: Cluster, node_groups: set[str]) -> dict[str, str]:
+    """The CUDA MPS client variables for pods on nodes of `node_groups` (TimeSlicingPolicy.client_environment, the
+    group's own policy else the cluster-wide one); where groups differ, the tighter value of each wins."""
+    policies = {
+        p.node_group: p
+        for p in TimeSlicingPolicy.objects.filter(cluster=cluster, enabled=True, strategy=SharingStrategy.MPS)
+    }
+    merged: dict[str, str] = {}
+    for group in sorted(node_groups):
+        policy = policies.get(group) or policies.get("")
+        for name, value in (policy.client_environment if policy else {}).items():
+            merged[name] = min(merged.get(name, value), value, key=_mps_amount)
+    return merged
+
+
+def _mps_amount(value: str) -> int:
+    """The number in "0=2048M" or "25", to compare two limits."""
+    return int(value.rsplit("=", 1)[-1].rstrip("M"))
 
 
 @dataclass
@@ -151,6 +177,7 @@ class Desired:
     node_taints: dict[str, str | None] = field(default_factory=dict)  # node -> dedicated taint value, None: none
     placements: dict[str, dict[str, str]] = field(default_factory=dict)  # ConfigMap name -> data
     stale_placements: list[str] = field(default_factory=list)
+    priority_classes: dict[str, int] = field(default_factory=dict)  # shared pools' PriorityClasses: name -> value
 
 
 @dataclass(frozen=True)
@@ -204,6 +231,7 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
         GpuPool.objects.on_cluster(cluster)
         .filter(project=project)
         .filter(Q(released_at__isnull=True) | Q(deprovisioned_at__isnull=True))
+        .select_related("request")
     )
     held = {p.pk for p in pools if p.released_at is None}
     gone = [p.pk for p in pools if p.released_at is not None]
@@ -228,13 +256,17 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
         "profile_name",
         "gpu__uuid",
         "mig_instance__uuid",
+        "gpu__node__node_group",
     )
     node_ids: set[int] = set()
+    mps_groups: dict[int, set[str]] = defaultdict(set)  # MPS pool -> node groups of its units
     units: dict[tuple[int, str, str], list[str]] = defaultdict(list)  # (pool, kind, profile) -> device uuids
-    for pool_id, node_name, node_id, resource, released_at, kind, profile, gpu_uuid, mig_uuid in rows:
+    for pool_id, node_name, node_id, resource, released_at, kind, profile, gpu_uuid, mig_uuid, group in rows:
         touched[pool_id].add(node_name)
         if pool_id in held and released_at is None:
             carrying[pool_id].add(node_name)
+            if kind == SpecKind.MPS:
+                mps_groups[pool_id].add(group)
             granted[resource] += 1
             node_ids.add(node_id)
             if kind in DRA_CLASS:  # time-slice replicas have no DRA device of their own
@@ -259,7 +291,13 @@ def desired_state(project: Project, cluster: Cluster) -> Desired:
     hard.update({f"requests.{r}": str(n) for r, n in granted.items()})
     desired.quotas = {f"gpuaas-{pk}": dict(sorted(hard.items())) for pk in sorted(held)}
     desired.stale_quotas = [f"gpuaas-{pk}" for pk in gone]
-    desired.placements = {placement_name(p.pk): placement_data(p) for p in pools if p.released_at is None}
+    mps_env = {pk: mps_environment(cluster, groups) for pk, groups in mps_groups.items()}
+    desired.placements = {
+        placement_name(p.pk): placement_data(p, mps_env.get(p.pk)) for p in pools if p.released_at is None
+    }
+    desired.priority_classes = dict(
+        sorted(SHARE_PRIORITY_CLASSES[p.share_priority] for p in pools if p.released_at is None and p.is_shared)
+    )
     desired.stale_placements = [placement_name(pk) for pk in gone]
     if desired.borrowed or desired.reclaiming:  # while reclaiming: the quota without the unit (no new pods)
         desired.quotas[BORROWED_QUOTA] = dict(sorted(hard.items()))
@@ -352,6 +390,14 @@ def reconcile(project: Project, cluster: Cluster, *, client_factory=KubernetesCl
                 BORROWED_PRIORITY,
                 labels=MANAGED_BY,
                 description="gpuaas: pods on borrowed (lent, preemptible) GPU units; evicted when the lender reclaims.",
+            )
+        for name, value in desired.priority_classes.items():
+            kube.ensure_priority_class(
+                name,
+                value,
+                labels=MANAGED_BY,
+                description="gpuaas: pods of time-sliced and MPS pools of this share priority (set by operators); "
+                "over-share enforcement evicts lower classes first.",
             )
         for name, hard in desired.quotas.items():
             kube.apply_resource_quota(desired.namespace, name, hard, labels=MANAGED_BY)

@@ -305,6 +305,28 @@ def _user(actor):
     return actor if actor is not None and getattr(actor, "is_authenticated", False) else None
 
 
+def set_share_priority(pool: GpuPool, priority: str, *, actor=None) -> bool:
+    """Set a time-sliced or MPS pool's share priority (operators) and reconcile its project on each of its clusters
+    after commit, so the pool's ConfigMap names the new PriorityClass. True if it changed; idempotent.
+
+    Raises ValueError for a pool whose units are not replicas of shared GPUs (no priority to give).
+    """
+    if not pool.is_shared:
+        raise ValueError("Only time-sliced and MPS pools have a share priority.")
+    from .tasks import reconcile_project_task  # cycle: pools.tasks imports this module
+
+    with transaction.atomic():
+        changed = GpuPool.objects.filter(pk=pool.pk).exclude(share_priority=priority).update(share_priority=priority)
+        pool.share_priority = priority
+        if changed:
+            for cluster_id in sorted(PoolCluster.objects.filter(pool=pool).values_list("cluster_id", flat=True)) or [
+                pool.cluster_id
+            ]:
+                reconcile_project_task.delay_on_commit(pool.project_id, cluster_id)
+    logger.info("pool %s share priority -> %s by %s (changed: %s)", pool.pk, priority, _user(actor), bool(changed))
+    return bool(changed)
+
+
 def enqueue_provisioning(pool: GpuPool) -> None:
     """Enqueue provisioning on commit, with a lease: if no worker claims the pool before the lease
     runs out (message lost, worker dead), sweep_provisioning() enqueues it again."""

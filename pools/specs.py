@@ -31,7 +31,7 @@ ISOLATION_KIND: dict[str, str] = {
     Isolation.MIG: SpecKind.MIG,
     Isolation.FULL: SpecKind.FULL,
     Isolation.TIMESLICE: SpecKind.TIMESLICE,
-    Isolation.MPS: SpecKind.TIMESLICE,  # an MPS replica is a time-slice replica with limits, on an MPS node
+    Isolation.MPS: SpecKind.MPS,  # a replica of an MPS node: capped per client, priced as its own share
 }
 _NOMINAL_GB = re.compile(r"\.(\d+)gb")
 

@@ -31,7 +31,6 @@ from capacity.models import Cluster, GpuCapacity, MigInstance, SpecAndCount, Wor
 from capacity.vgpu import VGPU_TYPES, VgpuType
 
 from . import topology
-from .choices import Isolation
 from .models import Allocation, PoolRequest
 
 TIMESLICE_RESOURCE = "nvidia.com/gpu"
@@ -156,7 +155,7 @@ def timeslice_candidates(request: PoolRequest):
         _product_q(request.product), _tier_q(request, (Tier.DEVELOPMENT,))
     )
     # An MPS request takes replicas of MPS nodes only; a time-slice request those of other nodes.
-    if request.isolation == Isolation.MPS:
+    if request.spec_kind == SpecKind.MPS:
         queryset = queryset.filter(node__sharing_strategy=SharingStrategy.MPS)
     else:
         queryset = queryset.exclude(node__sharing_strategy=SharingStrategy.MPS)
@@ -700,7 +699,9 @@ def unit_label(request: PoolRequest) -> str:
     if request.spec_kind == SpecKind.MIG:
         return f"{request.product} {request.profile_name}".strip()
     if request.spec_kind == SpecKind.TIMESLICE:
-        return f"{product} {'MPS' if request.isolation == Isolation.MPS else 'time-slice'} replica"
+        return f"{product} time-slice replica"
+    if request.spec_kind == SpecKind.MPS:
+        return f"{product} MPS replica"
     if request.spec_kind == SpecKind.VGPU:
         return f"vGPU {request.profile_name} ({product})"
     return f"{product} full GPU"

@@ -292,11 +292,13 @@ def parse_device_plugin_config(text: str) -> Sharing | None:
             if count > 1:
                 replicas[name] = count
         if replicas:
+            # MPS: failRequestsGreaterThanOne is true when unset (NVIDIA/k8s-device-plugin api/config/v1/config.go).
+            refuse_default = strategy == "mps"
             return Sharing(
                 strategy=strategy,
                 replicas=replicas,
                 rename_by_default=bool(section.get("renameByDefault", False)),
-                fail_requests_greater_than_one=bool(section.get("failRequestsGreaterThanOne", False)),
+                fail_requests_greater_than_one=bool(section.get("failRequestsGreaterThanOne", refuse_default)),
             )
     return None
 

@@ -27,7 +27,7 @@ from django.db.models.functions import Coalesce, ExtractHour
 from django.db.models.lookups import GreaterThanOrEqual, LessThan
 from django.utils import timezone
 
-from capacity.choices import SpecKind
+from capacity.choices import SharingStrategy, SpecKind
 from pools.models import Allocation
 
 from .. import measurements, rates
@@ -368,7 +368,7 @@ def event_lines(period: date, statements: dict[int, int], *, now: datetime | Non
         if seconds <= 0:
             continue
         kind, profile, slices = _trespassed_spec(event)
-        replicas = event.gpu.node.timeslice_replicas if kind == SpecKind.TIMESLICE else 1
+        replicas = event.gpu.node.timeslice_replicas if kind in rates.SHARED else 1
         spec = rates.spec_key(kind, event.gpu.catalog_product or event.gpu.product, profile, replicas)
         rate = book.price(book.card_at(floor_hour(event.started_at)), spec, slices)
         whose = "another project's" if event.owner_project_id else "an unallocated"
@@ -412,5 +412,6 @@ def _trespassed_spec(event) -> tuple[str, str, int | None]:
         profile = event.mig_instance.profile
         return SpecKind.MIG, profile.name, profile.compute_slices
     if event.gpu.node.timeslice_replicas > 1:
-        return SpecKind.TIMESLICE, "", None
+        mps = event.gpu.node.sharing_strategy == SharingStrategy.MPS
+        return (SpecKind.MPS if mps else SpecKind.TIMESLICE), "", None
     return SpecKind.FULL, "", None

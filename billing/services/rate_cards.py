@@ -100,7 +100,7 @@ def rederive_card(card: RateCard) -> int:
             entry.save(update_fields=["hourly_price", "rule"])
             written += 1
     for entry in entries:
-        if entry.kind == SpecKind.TIMESLICE and not entry.is_override and entry.product in full:
+        if entry.kind in rates.SHARED and not entry.is_override and entry.product in full:
             price = rates.derive_price(full[entry.product], entry.spec)
             if entry.hourly_price != price:
                 entry.hourly_price, entry.rule = price, rates.derivation_rule(entry.spec)

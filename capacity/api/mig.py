@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from capacity.api.fields import CatalogProductField, WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, reject_body
-from capacity.models import Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
+from capacity.models import SHARING_POLICY_FIELDS, Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
 from capacity.services import mig_configs, planning
 from gpuaas.api import QuerySerializer
 from gpuaas.scopes import Scope
@@ -142,21 +142,26 @@ class MaintenanceWindowViewSet(viewsets.ModelViewSet):
 
 
 class TimeSlicingPolicySerializer(StrictModelSerializer):
+    """A sharing policy: time-slicing or MPS. Bad values are 400 with field messages (the model's clean())."""
+
     config_key = serializers.CharField(read_only=True)
-    memory_isolation = serializers.SerializerMethodField(help_text="Always false: time-slicing shares memory.")
+    memory_isolation = serializers.SerializerMethodField(
+        help_text="Always false: time-slicing shares memory; MPS caps it per client but clients share faults."
+    )
+    client_environment = serializers.DictField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="MPS: the CUDA MPS client variables the project's pool ConfigMap carries for this policy's limits.",
+    )
 
     class Meta:
         model = TimeSlicingPolicy
         fields = [
             "id",
-            "cluster",
-            "node_group",
-            "replicas",
-            "rename_by_default",
-            "fail_requests_greater_than_one",
-            "enabled",
+            *SHARING_POLICY_FIELDS,
             "config_key",
             "memory_isolation",
+            "client_environment",
             "applied_at",
             "nodes_labelled",
             "last_error",
@@ -166,11 +171,17 @@ class TimeSlicingPolicySerializer(StrictModelSerializer):
     def get_memory_isolation(self, obj) -> bool:
         return False
 
+    def validate(self, attrs):
+        current = {} if self.instance is None else {f: getattr(self.instance, f) for f in SHARING_POLICY_FIELDS}
+        instance = TimeSlicingPolicy(**{**current, **attrs})
+        _model_errors(instance)
+        return attrs
+
 
 class TimeSlicingPolicyFilter(filters.FilterSet):
     class Meta:
         model = TimeSlicingPolicy
-        fields = ["cluster", "node_group", "enabled"]
+        fields = ["cluster", "node_group", "strategy", "enabled"]
 
 
 class TimeSlicingQueuedSerializer(serializers.Serializer):
@@ -178,7 +189,9 @@ class TimeSlicingQueuedSerializer(serializers.Serializer):
 
 
 class TimeSlicingPolicyViewSet(viewsets.ModelViewSet):
-    """Time-slicing per node group. Replicas are tier-3 slots; there is NO memory isolation between them."""
+    """GPU sharing per node group, time-slicing or MPS (`strategy`). Replicas are tier-3 slots; time-slicing has NO
+    memory isolation between them, MPS caps each client (memory / replicas, 100 / replicas % SMs, or the
+    policy's lower limits)."""
 
     queryset = TimeSlicingPolicy.objects.select_related("cluster").order_by("cluster_id", "node_group")
     serializer_class = TimeSlicingPolicySerializer

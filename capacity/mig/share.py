@@ -15,7 +15,9 @@ from fractions import Fraction
 from ..vgpu import VGPU_TYPES
 from .catalog import find_product
 
-FULL, MIG, TIMESLICE, VGPU = "full", "mig", "timeslice", "vgpu"  # capacity.choices.SpecKind values
+FULL, MIG, TIMESLICE, VGPU, MPS = "full", "mig", "timeslice", "vgpu", "mps"  # capacity.choices.SpecKind values
+# Kinds whose unit is one of `replicas` shares of a GPU (time-slice or MPS replica, vGPU).
+REPLICATED_KINDS = frozenset({TIMESLICE, MPS, VGPU})
 
 
 def mig_share(product: str, profile_name: str, compute_slices: int | None = None) -> Fraction:
@@ -45,7 +47,7 @@ def unit_share(
     """The fraction of a GPU one unit of `kind` (capacity.choices.SpecKind) represents."""
     if kind == MIG:
         return mig_share(product, profile_name, compute_slices)
-    if kind in (TIMESLICE, VGPU):  # a vGPU: replicas = vGPUs per GPU of its type
+    if kind in REPLICATED_KINDS:  # a vGPU: replicas = vGPUs per GPU of its type
         return Fraction(1, max(1, replicas))
     return Fraction(1)
 

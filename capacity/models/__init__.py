@@ -11,7 +11,7 @@ from .availability import UNSETTLED_MIG_STATES, USABLE_HEALTH
 from .clusters import Cluster, ClusterOnboarding, DiscoveryRun
 from .drains import NodeDrain, NodeDrainQuerySet, NodeDrainStep
 from .inventory import GpuCapacity, GpuCapacityQuerySet, NodeCapacity, NodeCapacityQuerySet
-from .layouts import GPUAAS_CONFIG_PREFIX, MigLayout, TimeSlicingPolicy
+from .layouts import GPUAAS_CONFIG_PREFIX, SHARING_POLICY_FIELDS, MigLayout, TimeSlicingPolicy
 from .maintenance import MaintenanceWindow, MaintenanceWindowQuerySet
 from .mig import MigInstance, MigInstanceQuerySet, MigPlacement, MigProfile
 from .reconfiguration import (
@@ -54,6 +54,7 @@ __all__ = [
     "TierAssignment",
     "TierProfilePolicy",
     "TimeSlicingPolicy",
+    "SHARING_POLICY_FIELDS",
     "WorkloadProfile",
     "WorkloadProfileQuerySet",
 ]

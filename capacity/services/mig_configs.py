@@ -221,8 +221,11 @@ def _write_mig_parted(cluster, client: kube.KubernetesClient) -> dict:
 def time_slicing_document(policy) -> dict:
     """The device plugin v1 config for one policy: sharing.timeSlicing, or sharing.mps for an MPS policy.
 
-    MPS takes replicas only: the plugin's MPS daemon caps each client at memory / replicas and
-    100 / replicas % of the SMs, and always fails requests for more than one replica.
+    MPS takes renameByDefault and resources[].replicas only (NVIDIA/k8s-device-plugin README "With CUDA MPS",
+    api/config/v1/sharing.go and replicas.go): the plugin's MPS control daemon caps each client at
+    memory / replicas and 100 / replicas % of the SMs, and always fails requests for more than one replica.
+    An operator's tighter client limits are not a plugin setting: they reach pods through the pool's
+    ConfigMap (TimeSlicingPolicy.client_environment, pools/provisioning.py).
     """
     resources = [{"name": "nvidia.com/gpu", "replicas": int(policy.replicas)}]
     if policy.strategy == SharingStrategy.MPS:

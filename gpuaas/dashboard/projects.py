@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from django.db.models import Count, Q
 
-from capacity.choices import SpecKind
+from capacity.choices import SHARED_SPEC_KINDS, SpecKind
 from capacity.models import Cluster
 from pools.models import Allocation, BestEffortRequest, GpuPool, PoolRequest, gpu_count
 from pools.units import shortage, verdict
@@ -159,7 +159,7 @@ def pool_allocations(pool: GpuPool) -> dict:
                 "product": allocation.product,
                 "kind": allocation.get_kind_display(),
                 "profile": allocation.profile_name or ("full GPU" if allocation.kind == SpecKind.FULL else ""),
-                "replica": allocation.replica if allocation.kind == SpecKind.TIMESLICE else None,
+                "replica": allocation.replica if allocation.kind in SHARED_SPEC_KINDS else None,
                 "placement": f"{instance.placement_start}:{instance.placement_size}" if instance else "",
                 "shape": shape,
                 "shape_label": HELD_SHAPE_LABELS[shape],

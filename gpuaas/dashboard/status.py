@@ -55,14 +55,14 @@ def shape_of(compute_slices: int | None) -> str:
 
 
 # What a project holds (pools.Allocation) is also a time-slice replica or a vGPU: a share of a GPU, never "Full".
-TIMESLICE, VGPU = "timeslice", "vgpu"  # capacity.choices.SpecKind values
-HELD_SHAPES = [*SHAPES, TIMESLICE, VGPU]
-HELD_SHAPE_LABELS = SHAPE_LABELS | {TIMESLICE: "Time-slice", VGPU: "vGPU"}
+TIMESLICE, MPS, VGPU = "timeslice", "mps", "vgpu"  # capacity.choices.SpecKind values
+HELD_SHAPES = [*SHAPES, TIMESLICE, MPS, VGPU]
+HELD_SHAPE_LABELS = SHAPE_LABELS | {TIMESLICE: "Time-slice", MPS: "MPS share", VGPU: "vGPU"}
 
 
 def held_shape(kind: str, compute_slices: int | None) -> str:
     """The shape of a held unit: a MIG instance's 1g..7g, "timeslice" or "vgpu" for a share, "full" for a GPU."""
-    if kind in (TIMESLICE, VGPU):
+    if kind in (TIMESLICE, MPS, VGPU):
         return kind
     return shape_of(compute_slices) if kind == "mig" else FULL
 

@@ -8,6 +8,12 @@ same factor. The seed's tier 3 (development)
 advice is to evict such pods; gpuaas does so only when MONITORING_EVICT_OVER_SHARE is on, through
 the Eviction API (PodDisruptionBudgets are honoured; a refused eviction is retried later).
 
+Priorities: each time-sliced or MPS pool has an operator-chosen share priority (pools.GpuPool.share_priority,
+high / normal / low). On one GPU, only the over-share pods of the lowest priority present are evicted in a
+poll; a higher-priority pod over its share stays open, not evicted, while a lower-priority pod on that GPU
+is over its share and not yet evicted, so lower priorities are always evicted first. A pod no pool of its
+project on that GPU accounts for ranks below "low".
+
 Processes are attributed to pods by the pod UID NVML's adapter resolves (cgroup, or the
 simulator's own answer); without one (a node agent without the host's PID namespace cannot read a
 process's cgroup), by the only running workload whose device ids (`<uuid>::<n>`, as the kubelet's
@@ -27,13 +33,37 @@ from django.utils import timezone
 
 from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
+from capacity.choices import SHARED_SPEC_KINDS
 from capacity.models import GpuCapacity, NodeCapacity, WorkloadProfile
 from monitoring.choices import ShareState
 from monitoring.models import ShareViolation
+from pools.choices import SHARE_PRIORITY_RANK
+from pools.models import Allocation
 
 logger = logging.getLogger(__name__)
 
 EVICTION_RETRY = timedelta(minutes=5)
+UNPOOLED = ""  # a pod with no shared pool of its project on the GPU: ranks below every share priority
+
+
+def share_priorities(gpu_ids: list[int]) -> dict[tuple[int, int], str]:
+    """(gpu id, project id) -> the highest share priority of the project's shared pools holding a replica of that
+    GPU, one query. A project with pools of several priorities on one GPU is ranked by its highest."""
+    out: dict[tuple[int, int], str] = {}
+    rows = (
+        Allocation.objects.active()
+        .filter(gpu_id__in=gpu_ids, kind__in=SHARED_SPEC_KINDS)
+        .values_list("gpu_id", "project_id", "pool__share_priority")
+        .order_by()
+    )
+    for gpu_id, project_id, priority in rows:
+        if _rank(priority) > _rank(out.get((gpu_id, project_id), UNPOOLED)):
+            out[(gpu_id, project_id)] = priority
+    return out
+
+
+def _rank(priority: str) -> int:
+    return SHARE_PRIORITY_RANK.get(priority, -1)
 
 
 def share_mib(total_mib: int, replicas: int) -> int:
@@ -83,9 +113,9 @@ def check_node_shares(
 ) -> dict[int, int]:
     """check_shares for many nodes' polls at once (the ingest worker's batch); open violations per node id.
 
-    Two reads for the whole batch: the nodes' running workloads, and the unresolved violations of their
-    GPUs (FOR UPDATE, primary-key order: the lock). A GPU is anything with pk, uuid and memory_mib.
-    Evictions are enqueued after commit. Idempotent for a repeated poll.
+    Three reads for the whole batch: the nodes' running workloads, their GPUs' share priorities, and the
+    unresolved violations of their GPUs (FOR UPDATE, primary-key order: the lock). A GPU is anything with pk,
+    uuid and memory_mib. Evictions are enqueued after commit. Idempotent for a repeated poll.
     """
     polls = [(node, shared) for node, shared in polls if shared]
     if not polls:
@@ -95,6 +125,7 @@ def check_node_shares(
     for workload in running.select_related("project"):
         workloads[workload.node_id].append(workload)
     gpu_ids = sorted({g.pk for _, shared in polls for g, _ in shared})
+    priorities = share_priorities(gpu_ids)
     open_counts: dict[int, int] = {}
     evict: list[int] = []
     with transaction.atomic():
@@ -105,7 +136,7 @@ def check_node_shares(
             .order_by("pk")
         }
         for node, shared in polls:
-            open_counts[node.pk] = _check_node(node, shared, workloads[node.pk], current, evict, at=at)
+            open_counts[node.pk] = _check_node(node, shared, workloads[node.pk], current, evict, priorities, at=at)
         # Still unresolved but no longer over (or the pod is gone): resolved.
         resolved = [v.pk for v in current.values()]
         if resolved:
@@ -120,9 +151,12 @@ def check_node_shares(
     return open_counts
 
 
-def _check_node(node, shared, workloads: list[WorkloadProfile], current: dict, evict: list[int], *, at) -> int:
+def _check_node(
+    node, shared, workloads: list[WorkloadProfile], current: dict, evict: list[int], priorities: dict, *, at
+) -> int:
     """One node's share check inside check_node_shares' transaction: the violations still over are taken out of
-    `current` (what remains there is resolved), the ones due for eviction added to `evict`; returns open ones."""
+    `current` (what remains there is resolved), the ones due for eviction added to `evict` (on each GPU, those of
+    the lowest share priority present only); returns open ones."""
     replicas = node.timeslice_replicas
     by_pod = {w.pod_uid: w for w in workloads}
     open_count = 0
@@ -134,6 +168,11 @@ def _check_node(node, shared, workloads: list[WorkloadProfile], current: dict, e
         over_memory = {pod for pod, mib in memory.items() if mib > limit}
         over_compute = {pod for pod, pct in compute.items() if pct > limit_sm_pct(replicas)}
         over = {pod: memory.get(pod, 0) for pod in sorted(over_memory | over_compute)}
+        pod_priority = {
+            pod: priorities.get((gpu.pk, by_pod[pod].project_id), UNPOOLED) if pod in by_pod else UNPOOLED
+            for pod in over
+        }
+        due: list[tuple[int, ShareViolation]] = []
         for pod_uid, used in over.items():
             what = "+".join(
                 name for name, pods in (("memory", over_memory), ("compute", over_compute)) if pod_uid in pods
@@ -153,17 +192,33 @@ def _check_node(node, shared, workloads: list[WorkloadProfile], current: dict, e
                     replicas=replicas,
                     sm_util_pct=compute.get(pod_uid),
                     over=what,
+                    share_priority=pod_priority[pod_uid],
                     first_seen_at=at,
                     last_seen_at=at,
                 )
             else:
                 ShareViolation.objects.filter(pk=violation.pk).update(
-                    used_mib=used, sm_util_pct=compute.get(pod_uid), over=what, last_seen_at=at
+                    used_mib=used,
+                    sm_util_pct=compute.get(pod_uid),
+                    over=what,
+                    share_priority=pod_priority[pod_uid],
+                    last_seen_at=at,
                 )
             open_count += 1
-            if settings.MONITORING_EVICT_OVER_SHARE and _due_for_eviction(violation, at):
-                evict.append(violation.pk)
+            if settings.MONITORING_EVICT_OVER_SHARE and violation.state != ShareState.EVICTED:
+                due.append((_rank(pod_priority[pod_uid]), violation))
+        evict += _lowest_first(due, at)
     return open_count
+
+
+def _lowest_first(due: list[tuple[int, ShareViolation]], at: datetime) -> list[int]:
+    """Of one GPU's over-share violations (rank, row), the ones of the lowest rank present that are due for eviction.
+    A higher-ranked pod waits while a lower-ranked one on the GPU is over its share and not evicted yet (an evicted
+    row's pod is going: it no longer holds the others back)."""
+    if not due:
+        return []
+    lowest = min(rank for rank, _ in due)
+    return [v.pk for rank, v in due if rank == lowest and _due_for_eviction(v, at)]
 
 
 def _resolved_state():

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from django.db.models import Q
 
-from capacity.choices import SpecKind
+from capacity.choices import SharingStrategy, SpecKind
 from capacity.models import GpuCapacity, MigInstance, WorkloadProfile
 from pools.models import Allocation
 
@@ -78,6 +78,8 @@ def _label(key: tuple) -> str:
         return f"{product} {profile}"
     if kind == SpecKind.TIMESLICE:
         return f"{product} time-slice"
+    if kind == SpecKind.MPS:
+        return f"{product} MPS replica"
     return f"{product} full GPU"
 
 
@@ -147,5 +149,6 @@ def _free_units(cluster_ids: set[int], excluded_gpu_ids: set[int]) -> Counter:
         free[_unit_key(gpu.node.cluster_id, SpecKind.FULL, _product(gpu))] += 1
     sliced = GpuCapacity.objects.with_free_replicas().filter(node__cluster_id__in=cluster_ids)
     for gpu in sliced.exclude(pk__in=excluded_gpu_ids).select_related("node"):
-        free[_unit_key(gpu.node.cluster_id, SpecKind.TIMESLICE, _product(gpu))] += gpu.free
+        kind = SpecKind.MPS if gpu.node.sharing_strategy == SharingStrategy.MPS else SpecKind.TIMESLICE
+        free[_unit_key(gpu.node.cluster_id, kind, _product(gpu))] += gpu.free
     return free

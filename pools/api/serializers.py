@@ -21,7 +21,15 @@ from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
 from .. import matching, offers, queue, queue_order, services, units
-from ..choices import ISOLATION_OR_NEED, AllocationState, Isolation, IsolationNeed, PoolClusterState, WorkloadType
+from ..choices import (
+    ISOLATION_OR_NEED,
+    AllocationState,
+    Isolation,
+    IsolationNeed,
+    PoolClusterState,
+    SharePriority,
+    WorkloadType,
+)
 from ..exceptions import SpecError
 from ..models import (
     SHARED_NODE_NOTE,
@@ -583,6 +591,10 @@ class GpuPoolSerializer(serializers.ModelSerializer):
 
     project_slug = serializers.CharField(source="project.slug", read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    priority_class = serializers.SerializerMethodField(
+        help_text="Time-sliced and MPS pools: the Kubernetes PriorityClass for the pool's pods (from share_priority, "
+        "chosen by operators); null for other pools."
+    )
     clusters = PoolClusterSerializer(
         source="pool_clusters",
         many=True,
@@ -661,12 +673,18 @@ class GpuPoolSerializer(serializers.ModelSerializer):
             "shortfall",
             "binding_note",
             "lending_enabled",
+            "share_priority",
+            "priority_class",
             "attempts",
             "provisioned_at",
             "created_at",
             "released_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_priority_class(self, pool: GpuPool) -> str | None:
+        return pool.priority_class_name if pool.is_shared else None
 
     def get_allocation(self, pool: GpuPool) -> str:
         return f"{pool.units_in_use}/{pool.units_total}"
@@ -807,6 +825,12 @@ class NewApiTokenSerializer(ApiTokenSerializer):
 
     def get_key(self, token: ApiToken) -> str:
         return token.plain_key
+
+
+class SharePrioritySerializer(StrictSerializer):
+    """An operator's share priority for a time-sliced or MPS pool (docs/tiers.md, "Priorities")."""
+
+    share_priority = serializers.ChoiceField(choices=SharePriority.choices)
 
 
 class LendingSerializer(StrictSerializer):

@@ -405,10 +405,27 @@ class GpuPoolViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = serializers.GpuPoolSerializer
     filterset_class = filters.GpuPoolFilter
     ordering_fields = ["created_at", "id", "name", "state"]
-    operator_perms = {"retry": ("pools.change_gpupool",)}
+    operator_perms = {"retry": ("pools.change_gpupool",), "share_priority": ("pools.change_gpupool",)}
 
     def get_queryset(self):
         return super().get_queryset().with_card().with_clusters().with_shares()
+
+    @extend_schema(
+        summary="Set a time-sliced or MPS pool's share priority (operators): lower priorities are evicted first "
+        "when a shared GPU is over-subscribed",
+        request=serializers.SharePrioritySerializer,
+        responses={200: serializers.GpuPoolSerializer},
+    )
+    @action(detail=True, methods=["post"], url_path="share-priority", filterset_class=None, scope=Scope.OPERATOR)
+    def share_priority(self, request, pk=None):
+        pool = self.get_object()
+        body = serializers.SharePrioritySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            services.set_share_priority(pool, body.validated_data["share_priority"], actor=request.user)
+        except ValueError as exc:
+            raise exceptions.ValidationError({"share_priority": [str(exc)]}) from None
+        return Response(self.get_serializer(self.get_queryset().get(pk=pool.pk)).data)
 
     @extend_schema(
         summary="Retry provisioning of a failed pool (operators)",

@@ -184,7 +184,9 @@ def test_memory_and_compute_together(shared, settings):
     assert ShareViolation.objects.get().over == "memory+compute"
 
 
-def test_a_batch_of_nodes_is_checked_with_two_reads_and_one_lock(shared, project, settings, django_assert_num_queries):
+def test_a_batch_of_nodes_is_checked_with_three_reads_and_one_lock(
+    shared, project, settings, django_assert_num_queries
+):
     """The ingest worker's batch: every node's share check in one transaction, each node counted on its own."""
     settings.MONITORING_SHARE_FACTOR_PCT = 150
     gpu = shared.full_gpu
@@ -195,8 +197,9 @@ def test_a_batch_of_nodes_is_checked_with_two_reads_and_one_lock(shared, project
         (shared.node, [(gpu, reading(gpu, **{"uid-greedy": 40000}))]),
         (other, [(other_gpu, reading(other_gpu, **{"uid-other": 70000}))]),
     ]
-    # the workloads, the locked violations, an insert per new violation; the savepoint and its release
-    with django_assert_num_queries(1 + 1 + 2 + 2):
+    # the workloads, the share priorities, the locked violations, an insert per new violation; the savepoint and
+    # its release
+    with django_assert_num_queries(1 + 1 + 1 + 2 + 2):
         assert check_node_shares(polls, at=T0) == {shared.node.pk: 1, other.pk: 1}
     assert sorted(ShareViolation.objects.values_list("gpu_id", "pod_uid", "replicas")) == sorted(
         [(gpu.pk, "uid-greedy", 4), (other_gpu.pk, "uid-other", 2)]

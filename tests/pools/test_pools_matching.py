@@ -225,7 +225,7 @@ def test_mps_is_the_tier_3_option_with_limits(declared, expected, reasons):
         assert words in explained[label]
     if expected.startswith("MPS"):
         assert result.chosen.spec() == {
-            "spec_kind": "timeslice",
+            "spec_kind": "mps",  # its own unit kind, priced as an MPS share
             "isolation": "mps",
             "tier": "3",
             "product": "H100-80GB",
