@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('capacity', '0022_workload_vmi_name'),
+        ('capacity', '0024_nodedrain'),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0019_poolrequest_pending_first_index"),
+        ("pools", "0020_transition_failed_index"),
     ]
 
     operations = [
