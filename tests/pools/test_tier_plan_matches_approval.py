@@ -1,0 +1,267 @@
+"""The live tier plan counts what approval hands out, tier by tier (issue #30's "Done when").
+
+For each tier, and for each kind of unit the fleet's inventory shows (every MIG profile, whole GPUs,
+time-slice replicas, MPS clients, vGPU types; the smallest first), requests of count 1 are approved until
+approval refuses. The units handed out, counted by their node's tier, must equal the plan's free units of
+that tier; afterwards the plan shows them reserved and nothing free. The specs to try come from the raw
+inventory, never from the plan, so a plan that counted a unit approval refuses (a 1g slice on a tier-1 node,
+a vm-vgpu node's GPU as a whole GPU) or missed one approval gives fails here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+from django.db import transaction
+from django.db.models import Count
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capacity.choices import SharingStrategy, SpecKind, Tier
+from capacity.mig.catalog import get_product
+from capacity.mig.layout import validate_layout
+from capacity.models import (
+    Cluster,
+    GpuCapacity,
+    MigInstance,
+    MigProfile,
+    NodeCapacity,
+    SpecAndCount,
+    TierProfilePolicy,
+)
+from capacity.services.planning import tier_plan
+from capacity.vgpu import VGPU_TYPES
+from pools import services
+from pools.choices import Isolation
+from pools.exceptions import InsufficientCapacity
+from pools.models import Allocation, PoolRequest
+
+pytestmark = pytest.mark.django_db
+
+# Per product: GFD name, and per-GPU MIG layouts, including the 1g/2g slices the tier-1 policy refuses.
+PRODUCTS = {
+    "H100-80GB": (
+        "NVIDIA-H100-80GB-HBM3",
+        [
+            ["4g.40gb", "3g.40gb"],
+            ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+            ["7g.80gb"],
+            ["2g.20gb", "2g.20gb", "2g.20gb"],
+            ["1g.10gb"] * 7,
+        ],
+    ),
+    "H200-141GB": (
+        "NVIDIA-H200",
+        [["4g.71gb", "3g.71gb"], ["3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"], ["7g.141gb"], ["1g.18gb"] * 7],
+    ),
+    "A100-40GB": (
+        "NVIDIA-A100-SXM4-40GB",
+        [["4g.20gb", "3g.20gb"], ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"], ["7g.40gb"], ["2g.10gb"] * 3],
+    ),
+}
+VGPU_OF = {"H100-80GB": ["H100XM-40C", "H100XM-20C"], "A100-40GB": ["A100-20C", "A100-10C"]}
+USES = ["mig", "full", "timeslice", "mps", "vgpu"]
+STATES = ["ok", "ok", "ok", "cordoned", "unhealthy"]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    cluster: int
+    product: str
+    tier: str
+    use: str
+    gpus: int
+    layouts: tuple[int, ...]
+    replicas: int
+    vgpu: int
+    state: str
+
+
+node_specs = st.builds(
+    NodeSpec,
+    cluster=st.integers(0, 1),
+    product=st.sampled_from(sorted(PRODUCTS)),
+    tier=st.sampled_from(Tier.values),
+    use=st.sampled_from(USES),
+    gpus=st.integers(1, 2),
+    layouts=st.lists(st.integers(0, 4), min_size=2, max_size=2).map(tuple),
+    replicas=st.integers(2, 3),
+    vgpu=st.integers(0, 1),
+    state=st.sampled_from(STATES),
+)
+fleets = st.fixed_dictionaries(
+    {
+        "nodes": st.lists(node_specs, min_size=1, max_size=4),
+        "pad": st.tuples(st.integers(0, 3), st.integers(0, 5)),  # spare clusters and gone nodes: ids differ
+        "tier2_min": st.sampled_from([1, 2, 3]),  # tier 2's policy, edited: the plan reads the rows
+    }
+)
+
+
+def _pad(clusters: int, nodes: int) -> None:
+    """Rows that shift the id sequences, so no GPU, node, instance or cluster shares an id by accident."""
+    spare = [Cluster.objects.create(name=f"spare-{i}", kubeconfig_path="/tmp/x", status="ok") for i in range(clusters)]
+    for i in range(nodes):
+        NodeCapacity.objects.create(
+            cluster=spare[0] if spare else Cluster.objects.first(), name=f"gone-{i}", gone_at="2026-01-01T00:00Z"
+        )
+
+
+def build_fleet(fleet: dict) -> None:
+    clusters = [Cluster.objects.create(name=f"c{i}", kubeconfig_path=f"/tmp/c{i}", status="ok") for i in range(2)]
+    _pad(*fleet["pad"])
+    TierProfilePolicy.objects.filter(tier=Tier.STAGING).update(min_compute_slices=fleet["tier2_min"])
+    for n, spec in enumerate(fleet["nodes"]):
+        gfd, layouts = PRODUCTS[spec.product]
+        use = "timeslice" if spec.use == "vgpu" and spec.product not in VGPU_OF else spec.use
+        node = NodeCapacity.objects.create(
+            cluster=clusters[spec.cluster],
+            name=f"n{n}-{use}",
+            gpu_product=gfd,
+            gpu_count=spec.gpus,
+            ready=True,
+            cordoned=spec.state == "cordoned",
+            tier=spec.tier,
+            mig_strategy="mixed" if use == "mig" else "none",
+            timeslice_replicas=spec.replicas if use in ("timeslice", "mps") else 1,
+            sharing_strategy=SharingStrategy.MPS if use == "mps" else SharingStrategy.TIME_SLICING,
+        )
+        if use == "vgpu":
+            vgpu = VGPU_TYPES[VGPU_OF[spec.product][spec.vgpu]]
+            SpecAndCount.objects.create(
+                node=node,
+                kind=SpecKind.VGPU,
+                product=spec.product,
+                profile_name=vgpu.name,
+                resource_name=vgpu.resource_name,
+                count=spec.gpus * vgpu.max_per_gpu,
+                allocatable=spec.gpus * vgpu.max_per_gpu,
+                replicas=vgpu.max_per_gpu,
+            )
+        for index in range(spec.gpus):
+            gpu = GpuCapacity.objects.create(
+                node=node,
+                index=index,
+                uuid=f"GPU-{node.name}-{index}",
+                product=gfd,
+                catalog_product=spec.product,
+                memory_mib=get_product(spec.product).memory_mib,
+                mig_mode_current=use == "mig",
+                mig_mode_pending=use == "mig",
+                health="unhealthy" if spec.state == "unhealthy" and index == 0 else "ok",
+            )
+            if use == "mig":
+                names = layouts[spec.layouts[index] % len(layouts)]
+                result = validate_layout(spec.product, names)
+                assert result.valid, result.reason
+                for placement in result.placements:
+                    profile = MigProfile.objects.get(product=spec.product, name=placement.profile)
+                    MigInstance.objects.create(
+                        gpu=gpu,
+                        profile=profile,
+                        placement=profile.valid_placements.get(start=placement.start),
+                        placement_start=placement.start,
+                        placement_size=placement.size,
+                        uuid=f"MIG-{gpu.uuid}-{placement.start}",
+                    )
+
+
+def inventory_specs() -> list[dict]:
+    """Every kind of unit the raw inventory shows, as request fields, the smallest first (not from the plan)."""
+    found: list[tuple] = []
+    for product, name, slices in (
+        MigInstance.objects.present()
+        .values_list("profile__product", "profile__name", "profile__compute_slices")
+        .distinct()
+    ):
+        found.append((slices, {"spec_kind": SpecKind.MIG, "isolation": Isolation.MIG, "product": product}, name))
+    present = GpuCapacity.objects.present()
+    for product in present.filter(mig_mode_current=False).values_list("catalog_product", flat=True).distinct():
+        found.append((8, {"spec_kind": SpecKind.FULL, "isolation": Isolation.FULL, "product": product}, ""))
+        for isolation in (Isolation.TIMESLICE, Isolation.MPS):
+            fields = {"spec_kind": SpecKind.TIMESLICE, "isolation": isolation, "product": product}
+            found.append((0, fields, ""))
+    for name in SpecAndCount.objects.filter(kind=SpecKind.VGPU).values_list("profile_name", flat=True).distinct():
+        vgpu = VGPU_TYPES[name]
+        fields = {"spec_kind": SpecKind.VGPU, "isolation": Isolation.VGPU, "product": vgpu.product}
+        found.append((1, fields, name))
+    return [{**fields, "profile_name": name} for _, fields, name in sorted(found, key=lambda f: (f[0], str(f[1:])))]
+
+
+def drain(project, operator) -> Counter:
+    """For each tier, approve the smallest request of each kind the inventory shows, one unit at a time,
+    until refused; the units handed out per tier of the node they are on."""
+    specs = inventory_specs()
+    for tier in Tier.values:
+        for fields in specs:
+            while True:
+                request = PoolRequest.objects.create(project=project, state="submitted", tier=tier, count=1, **fields)
+                try:
+                    services.approve(request, actor=operator)
+                except InsufficientCapacity:
+                    request.delete()
+                    break
+    rows = Allocation.objects.active().values("gpu__node__tier").annotate(n=Count("pk"))
+    return Counter({r["gpu__node__tier"]: r["n"] for r in rows.order_by()})
+
+
+def assert_plan_is_what_approval_hands_out(project, operator) -> dict:
+    before = tier_plan()
+    handed = drain(project, operator)
+    after = tier_plan()
+    for tier in Tier.values:
+        was, now = before.tier(tier), after.tier(tier)
+        assert handed[tier] == (was.free if was else 0), (tier, before.as_dict())
+        if was is None:
+            continue
+        assert (now.total, now.free, now.reserved) == (was.total, 0, was.reserved + handed[tier])
+        assert now.withheld == was.withheld
+        assert was.total == was.reserved + was.free + was.unavailable
+    return {"before": before, "handed": handed}
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(fleet=fleets)
+def test_random_fleets_plan_equals_approval(fleet, project, operator):
+    with transaction.atomic():
+        build_fleet(fleet)
+        result = assert_plan_is_what_approval_hands_out(project, operator)
+        clean = not any(n.state != "ok" for n in fleet["nodes"])
+        if clean:  # nothing cordoned or unhealthy, nothing held: every unit of the plan is handed out
+            for figures in result["before"].tiers:
+                assert result["handed"][figures.tier] == figures.total
+        transaction.set_rollback(True)
+
+
+def test_a_fixed_mixed_fleet(project, operator):
+    """The cases the random fleets may miss, all at once: a 1g/2g layout on tier 1 (withheld), vGPU on tier 2,
+    MPS and time-slicing on tier 3, whole GPUs on training and (never handed out) on tier 1."""
+    nodes = [
+        NodeSpec(0, "H100-80GB", "1", "mig", 2, (1, 0), 2, 0, "ok"),
+        NodeSpec(0, "H100-80GB", "2", "vgpu", 1, (0, 0), 2, 1, "ok"),
+        NodeSpec(1, "H200-141GB", "3", "mps", 1, (0, 0), 3, 0, "ok"),
+        NodeSpec(1, "A100-40GB", "3", "timeslice", 1, (0, 0), 2, 0, "ok"),
+        NodeSpec(1, "H200-141GB", "full", "full", 2, (0, 0), 2, 0, "ok"),
+        NodeSpec(0, "H100-80GB", "1", "full", 1, (0, 0), 2, 0, "ok"),
+    ]
+    build_fleet({"nodes": nodes, "pad": (1, 2), "tier2_min": 1})
+    plan = tier_plan(reserve_gpus=1)
+    tier1, tier2, tier3, full = (plan.tier(t) for t in ("1", "2", "3", "full"))
+    # Tier 1: GPU 0 is 3g + 2g + 1g + 1g (only the 3g admitted), GPU 1 is 4g + 3g; the whole GPU is unserved.
+    assert (tier1.gpus, tier1.total, tier1.withheld, tier1.unserved_gpus, tier1.reserve) == (3, 3, 3, 1, 2)
+    assert (tier2.total, [(s.kind, s.spec, s.per_gpu) for s in tier2.specs]) == (4, [("vgpu", "H100XM-20C", 4)])
+    assert sorted((s.kind, s.product, s.total) for s in tier3.specs) == [
+        ("mps", "H200-141GB", 3),
+        ("timeslice", "A100-40GB", 2),
+    ]
+    assert (tier3.total, tier3.reserve) == (5, 3)  # per cluster: the GPU that carries the most (3 MPS clients)
+    assert (full.total, full.free_after_reserve) == (2, 1)
+    result = assert_plan_is_what_approval_hands_out(project, operator)
+    assert dict(result["handed"]) == {"1": 3, "2": 4, "3": 5, "full": 2}
