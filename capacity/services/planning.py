@@ -29,6 +29,7 @@ from capacity.mig import tiers
 from capacity.mig.catalog import find_product
 from capacity.models import GpuCapacity, MigInstance, SpecAndCount, WorkloadProfile
 from capacity.models.availability import as_boolean
+from capacity.models.tiers import admitted_q
 from capacity.vgpu import VGPU_TYPES
 
 MPS = "mps"  # SpecFigures.kind of MPS clients (time-slice replicas of MPS nodes)
@@ -177,18 +178,22 @@ def _largest(per_gpu: Counter, n: int) -> int:
 
 
 def _count_mig(tally: _Tally, busy: frozenset[str], cluster) -> None:
-    """MIG instances: availability as approval reads it (TIER_POLICY: refused by the node's tier's policy).
+    """MIG instances: those the node's tier's policy admits (admitted_q, the TierProfilePolicy rows in SQL, as
+    approval's availability reads them) with their availability; the others are withheld, held or busy or
+    not (a unit allocated before the policy changed shows In use until freed, but is no capacity of its tier).
     Every tier's node may hand out its admitted instances: a request naming the node's tier reaches them."""
-    instances = MigInstance.objects.annotate_availability(busy, fleet=True)
+    instances = MigInstance.objects.annotate_availability(busy, fleet=True).annotate(
+        admitted=as_boolean(admitted_q("gpu__"))
+    )
     if cluster is not None:
         instances = instances.filter(gpu__node__cluster=cluster)
     node = "gpu__node__"
     rows = instances.values(
-        f"{node}cluster_id", f"{node}tier", "profile__product", "profile__name", "availability", "reserved"
+        f"{node}cluster_id", f"{node}tier", "profile__product", "profile__name", "availability", "reserved", "admitted"
     ).annotate(n=Count("pk"))
     for row in rows.order_by():
         tier, n, availability = row[f"{node}tier"], row["n"], row["availability"]
-        if availability == Availability.TIER_POLICY:
+        if not row["admitted"]:
             tally.withheld[tier] += n
             continue
         spec = tally.spec(tier, SpecKind.MIG, row["profile__product"], row["profile__name"], None)
@@ -197,7 +202,7 @@ def _count_mig(tally: _Tally, busy: frozenset[str], cluster) -> None:
             spec.reserved += n
         elif availability == Availability.FREE:
             spec.free += n
-    carried = instances.exclude(availability=Availability.TIER_POLICY)
+    carried = instances.filter(admitted=True)
     per_gpu = carried.values(f"{node}cluster_id", f"{node}tier", "gpu_id").annotate(n=Count("pk"))
     for row in per_gpu.order_by():
         tally.per_gpu[(row[f"{node}cluster_id"], row[f"{node}tier"])][row["n"]] += 1

@@ -265,3 +265,19 @@ def test_a_fixed_mixed_fleet(project, operator):
     assert (full.total, full.free_after_reserve) == (2, 1)
     result = assert_plan_is_what_approval_hands_out(project, operator)
     assert dict(result["handed"]) == {"1": 3, "2": 4, "3": 5, "full": 2}
+
+
+def test_the_demo_fleet(sim, project, operator):
+    """The demo's simulated clusters (simcluster/scenarios/demo.yaml), discovered: tier 1 is 2 nodes x 8 H100 in
+    the all-balanced layout (1g + 1g + 2g + 3g, only the 3g admitted), tier 2 4g + 3g on GPUs 0-5 and
+    3g + 2g + 1g + 1g on 6-7 of 2 nodes, training 2 x 8 whole H100s, tier 3 2 x 8 H200s time-sliced 4 ways."""
+    plan = tier_plan()
+    figures = {t.tier: (t.gpus, t.total, t.withheld, t.reserve) for t in plan.tiers}
+    assert figures == {"1": (16, 16, 48, 1), "2": (16, 40, 0, 4), "3": (16, 64, 0, 4), "full": (16, 16, 0, 1)}
+    # The scenario's own pods hold units approval cannot give out: the tracker's 3g and the segmenter's 4g
+    # (scheduled on tier 2), the training job's 4 whole GPUs; the detector's 1g on tier 1 is withheld by the
+    # policy, busy or not; replicas are handed out by count, so the notebooks' are not withheld.
+    unavailable = {t.tier: t.unavailable for t in plan.tiers}
+    assert unavailable == {"1": 0, "2": 2, "3": 0, "full": 4}
+    result = assert_plan_is_what_approval_hands_out(project, operator)
+    assert dict(result["handed"]) == {"1": 16, "2": 38, "3": 64, "full": 12}
