@@ -289,16 +289,10 @@ def _add_shares(tally: _Tally, row: dict, kind: str, product: str, name: str, pe
     tally.per_gpu[(row["node__cluster_id"], tier)][per_gpu] += row["gpus"]
 
 
-def _merge_tiers(totals: dict, tiers_: dict) -> None:
-    for tier, data in tiers_.items():
-        into = totals.setdefault(tier, {"slots": 0, "by_spec": {}})
-        into["slots"] += data["slots"]
-        for spec, n in data["by_spec"].items():
-            into["by_spec"][spec] = into["by_spec"].get(spec, 0) + n
-
-
 def current_capacity_plan(*, cluster=None, node_group: str | None = None, nodes=None) -> dict:
-    """Slots per tier of the present GPUs (optionally of one cluster, node group or node list)."""
+    """The present GPUs (optionally of one cluster, node group or node list) grouped by node tier, product and
+    use: MIG layout, time-slice replicas, or whole. `slots` is what the layout or replica count carries before
+    the tier policy and availability: tier_plan() counts what approval hands out."""
     gpus = GpuCapacity.objects.present().select_related("node")
     if cluster is not None:
         gpus = gpus.filter(node__cluster=cluster)
@@ -313,51 +307,34 @@ def current_capacity_plan(*, cluster=None, node_group: str | None = None, nodes=
     for gpu in gpus.order_by("node_id", "index"):
         product = find_product(gpu.catalog_product or gpu.product)
         key_product = product.key if product else (gpu.catalog_product or gpu.product)
+        tier = gpu.node.tier
         if gpu.mig_mode_current and product is not None:
-            groups[(key_product, tuple(sorted(layouts.get(gpu.pk, []))), None)] += 1
+            groups[(tier, key_product, tuple(sorted(layouts.get(gpu.pk, []))), None)] += 1
         elif gpu.node.timeslice_replicas > 1:
-            groups[(key_product, None, gpu.node.timeslice_replicas)] += 1
+            groups[(tier, key_product, None, gpu.node.timeslice_replicas)] += 1
         else:
-            groups[(key_product, None, None)] += 1
-    out_groups, totals = [], {}
+            groups[(tier, key_product, None, None)] += 1
 
-    def order(item):  # by product, then MIG, time-sliced, whole; then layout
-        (product, layout, replicas), _ = item
-        return product, 0 if layout is not None else (1 if replicas else 2), layout or (), replicas or 0
+    def order(item):  # by tier, product, then MIG, time-sliced, whole; then layout
+        (tier, product, layout, replicas), _ = item
+        rank = TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
+        return rank, product, 0 if layout is not None else (1 if replicas else 2), layout or (), replicas or 0
 
-    for (product, layout, replicas), count in sorted(groups.items(), key=order):
-        if find_product(product) is None:  # a GPU without MIG: whole or time-sliced only
-            result = _plain_plan(product, count, replicas)
-        else:
-            result = tiers.capacity_plan(
-                product, count, layout=list(layout) if layout is not None else None, timeslice_replicas=replicas
-            )
-        out_groups.append(
+    out = []
+    for (tier, product, layout, replicas), count in sorted(groups.items(), key=order):
+        per_gpu = len(layout) if layout is not None else (replicas or 1)
+        out.append(
             {
+                "tier": tier,
                 "product": product,
                 "gpus": count,
                 "use": "mig" if layout is not None else ("timeslice" if replicas else "full"),
                 "layout": list(layout) if layout is not None else None,
                 "replicas": replicas,
-                "tiers": result["tiers"],
+                "slots": count * per_gpu,
             }
         )
-        _merge_tiers(totals, result["tiers"])
-    return {"gpus": sum(groups.values()), "groups": out_groups, "totals": totals}
-
-
-def _plain_plan(product: str, gpus: int, replicas: int | None) -> dict:
-    if replicas:
-        return {
-            "tiers": {
-                tiers.TIER_TIMESLICE: {
-                    "slots": gpus * replicas,
-                    "replicas": replicas,
-                    "by_spec": {product: gpus * replicas},
-                }
-            }
-        }
-    return {"tiers": {tiers.TIER_FULL: {"slots": gpus, "by_spec": {product: gpus}}}}
+    return {"gpus": sum(groups.values()), "groups": out}
 
 
 def proposed_capacity_plan(product: str, gpus: int, *, layout=None, timeslice_replicas: int | None = None) -> dict:
