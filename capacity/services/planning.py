@@ -124,22 +124,29 @@ def _product(catalog_product: str, product: str) -> str:
     return catalog_product or product
 
 
-def tier_plan(*, cluster=None, reserve_gpus: int | None = None) -> TierPlan:
+def tier_plan(
+    *,
+    cluster=None,
+    reserve_gpus: int | None = None,
+    busy_devices: frozenset[str] | None = None,
+    table: dict | None = None,
+) -> TierPlan:
     """The live fleet's units per tier, as approval would hand them out (optionally of one cluster).
 
-    A fixed number of queries (eleven) whatever the fleet's size. The maintenance reserve of a tier is, per
-    cluster, the units of the `reserve_gpus` GPUs of that tier that carry the most (default
-    settings.CAPACITY_MAINTENANCE_RESERVE_GPUS): approval does not enforce it; the plan shows what is free
-    beyond it.
+    A fixed number of queries (nine) whatever the fleet's size; seven when the caller read the busy devices
+    (WorkloadProfile.objects.running().multi_device_uuids()) and the tier policies (capacity.tiers.policies()).
+    The maintenance reserve of a tier is, per cluster, the units of the `reserve_gpus` GPUs of that tier that
+    carry the most (default settings.CAPACITY_MAINTENANCE_RESERVE_GPUS): approval does not enforce it; the
+    plan shows what is free beyond it.
     """
     reserve_gpus = settings.CAPACITY_MAINTENANCE_RESERVE_GPUS if reserve_gpus is None else reserve_gpus
     gpus = GpuCapacity.objects.all() if cluster is None else GpuCapacity.objects.filter(node__cluster=cluster)
-    busy = WorkloadProfile.objects.running().multi_device_uuids()
+    busy = WorkloadProfile.objects.running().multi_device_uuids() if busy_devices is None else busy_devices
     tally = _Tally()
     _count_mig(tally, busy, cluster)
     _count_whole(tally, busy, gpus)
     _count_shares(tally, gpus)
-    table = tier_policy.policies()
+    table = tier_policy.policies() if table is None else table
     figures: dict[str, TierFigures] = {}
 
     def of(tier: str) -> TierFigures:
@@ -202,14 +209,16 @@ def _count_mig(tally: _Tally, busy: frozenset[str], cluster) -> None:
             spec.reserved += n
         elif availability == Availability.FREE:
             spec.free += n
-    carried = instances.filter(admitted=True)
-    per_gpu = carried.values(f"{node}cluster_id", f"{node}tier", "gpu_id").annotate(n=Count("pk"))
-    for row in per_gpu.order_by():
-        tally.per_gpu[(row[f"{node}cluster_id"], row[f"{node}tier"])][row["n"]] += 1
-    per_spec = carried.values(f"{node}tier", "profile__product", "profile__name")
-    for row in per_spec.annotate(n=Count("gpu_id", distinct=True)).order_by():
-        spec = tally.spec(row[f"{node}tier"], SpecKind.MIG, row["profile__product"], row["profile__name"], None)
-        spec.gpus += row["n"]
+    carried = instances.filter(admitted=True).values(
+        f"{node}cluster_id", f"{node}tier", "gpu_id", "profile__product", "profile__name"
+    )
+    per_gpu: Counter = Counter()
+    for row in carried.annotate(n=Count("pk")).order_by():
+        tier = row[f"{node}tier"]
+        per_gpu[(row[f"{node}cluster_id"], tier, row["gpu_id"])] += row["n"]
+        tally.spec(tier, SpecKind.MIG, row["profile__product"], row["profile__name"], None).gpus += 1
+    for (cluster_id, tier, _gpu), n in per_gpu.items():
+        tally.per_gpu[(cluster_id, tier)][n] += 1
 
 
 def _count_whole(tally: _Tally, busy: frozenset[str], gpus) -> None:

@@ -215,11 +215,11 @@ def tier_policies(table: dict | None = None) -> dict:
     }
 
 
-def capacity_plan_panel() -> dict:
+def capacity_plan_panel(busy_devices: frozenset[str] | None = None, table: dict | None = None) -> dict:
     """The live plan per tier (capacity.services.planning.tier_plan: what approval would hand out on each tier's
     nodes, and the maintenance reserve), as a panel. The figures the admin's Capacity plan page and
-    /api/v1/capacity-plan/ show; a fixed number of queries."""
-    plan = planning.tier_plan()
+    /api/v1/capacity-plan/ show; seven queries given the busy devices and the tier policies."""
+    plan = planning.tier_plan(busy_devices=busy_devices, table=table)
     items = [
         {
             "id": row.tier or "none",
@@ -309,7 +309,9 @@ def overview() -> dict:
     """Everything the operator dashboard shows, as one JSON-able dict (a fixed number of queries)."""
     clusters = list(Cluster.objects.order_by("name"))
     ids = [c.pk for c in clusters]
-    groups = unit_groups(ids)
+    busy = WorkloadProfile.objects.running().multi_device_uuids()  # read once: the cards and the plan
+    table = tiers.policies()
+    groups = unit_groups(ids, busy)
     cards = cluster_cards(clusters, groups)
     health = sources.health_counters(ids)
     series = sources.cluster_series(clusters)
@@ -330,8 +332,8 @@ def overview() -> dict:
         "gpus_note": GPUS_NOTE,
         "clusters": cards,
         "profiles": profile_distribution(groups),
-        "tier_policies": tier_policies(),
-        "capacity_plan": capacity_plan_panel(),
+        "tier_policies": tier_policies(table),
+        "capacity_plan": capacity_plan_panel(busy, table),
         "pending": pending_approvals(),
         "health_events": sources.recent_health_events(),
         "idle_reservations": sources.idle_reservations(),
