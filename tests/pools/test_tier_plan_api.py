@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from io import StringIO
+
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -123,3 +127,20 @@ def test_the_admin_page_and_dashboard_show_the_same_figures(operator, client):
     assert [(i["tier"], i["total"], i["free"], i["reserve"]) for i in data["items"]] == [
         (t.label, t.total, t.free, t.reserve) for t in plan.tiers
     ]
+
+
+def test_the_command_prints_the_live_plan():
+    build_fleet({"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
+    out = StringIO()
+    call_command("capacity-plan", "--live", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "maintenance reserve: 1 GPU(s) per cluster and tier"
+    assert lines[1] == (
+        "  Tier 1: MIG, SLA inference (tier 1 takes 3g and larger): 3 units on 2 GPUs, 0 reserved, 3 free,"
+        " 0 unavailable, 3 withheld by tier policy, reserve 2, 1 free after it"
+    )
+    out = StringIO()
+    call_command("capacity-plan", "--live", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == tier_plan().as_dict()
+    with pytest.raises(CommandError, match="Give --product and --gpus for a proposal, or --live"):
+        call_command("capacity-plan", "--product", "H100-80GB")
