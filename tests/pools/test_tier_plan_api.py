@@ -6,6 +6,7 @@ import json
 from io import StringIO
 
 import pytest
+from conftest import Fleet
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -41,7 +42,7 @@ def api_client(user=None) -> APIClient:
 
 
 def test_operators_get_the_plan_per_tier(operator):
-    build_fleet({"nodes": SMALL, "pad": (1, 1), "tier2_min": 1})
+    build_fleet(Fleet(), {"nodes": SMALL, "pad": (1, 1), "tier2_min": 1})
     response = api_client(operator).get(URL)
     assert response.status_code == 200
     body = response.json()
@@ -74,7 +75,7 @@ def test_operators_get_the_plan_per_tier(operator):
 
 
 def test_the_cluster_filter_narrows_the_plan(operator):
-    build_fleet({"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
+    build_fleet(Fleet(), {"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
     second = Cluster.objects.get(name="c1")
     body = api_client(operator).get(URL, {"cluster": second.pk}).json()
     assert [t["tier"] for t in body["tiers"]] == ["3"]
@@ -84,7 +85,7 @@ def test_the_cluster_filter_narrows_the_plan(operator):
 def test_members_and_staff_without_the_grant_see_nothing(who, request):
     """Fleet-wide free capacity is operator information: a project member learns what their own request would
     get from the dry run and the forecast (free now, or the wait), not the fleet's tiers."""
-    build_fleet({"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
+    build_fleet(Fleet(), {"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
     response = api_client(request.getfixturevalue(who)).get(URL)
     assert response.status_code == 403
     assert "tiers" not in response.json()
@@ -107,9 +108,10 @@ def _queries(api) -> int:
 def test_query_count_does_not_grow_with_the_fleet(operator, django_assert_max_num_queries):
     """The plan is SQL aggregates: eleven queries for the plan, plus the layouts' two, whatever the fleet."""
     api = api_client(operator)
-    build_fleet({"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
+    rows = Fleet()
+    build_fleet(rows, {"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
     small = _queries(api)
-    build_fleet({"nodes": LARGE, "pad": (2, 3), "tier2_min": 2}, prefix="big")
+    build_fleet(rows, {"nodes": LARGE, "pad": (2, 3), "tier2_min": 2}, prefix="big")
     with django_assert_max_num_queries(small):
         api.get(URL)
     with django_assert_max_num_queries(16):
@@ -117,7 +119,7 @@ def test_query_count_does_not_grow_with_the_fleet(operator, django_assert_max_nu
 
 
 def test_the_admin_page_and_dashboard_show_the_same_figures(operator, client):
-    build_fleet({"nodes": LARGE, "pad": (0, 0), "tier2_min": 1})
+    build_fleet(Fleet(), {"nodes": LARGE, "pad": (0, 0), "tier2_min": 1})
     client.force_login(operator)
     plan = tier_plan()
     page = client.get(reverse("admin:capacity_capacity_plan")).content.decode()
@@ -130,7 +132,7 @@ def test_the_admin_page_and_dashboard_show_the_same_figures(operator, client):
 
 
 def test_the_command_prints_the_live_plan():
-    build_fleet({"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
+    build_fleet(Fleet(), {"nodes": SMALL, "pad": (0, 0), "tier2_min": 1})
     out = StringIO()
     call_command("capacity-plan", "--live", stdout=out)
     lines = out.getvalue().splitlines()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from conftest import Fleet
 from django.db import transaction
 from django.db.models import Count
 from hypothesis import HealthCheck, given, settings
@@ -93,7 +94,7 @@ def assert_plan_is_what_approval_hands_out(project, operator) -> dict:
 @given(fleet=fleets)
 def test_random_fleets_plan_equals_approval(fleet, project, operator):
     with transaction.atomic():
-        build_fleet(fleet)
+        build_fleet(Fleet(), fleet)
         result = assert_plan_is_what_approval_hands_out(project, operator)
         clean = not any(n.state != "ok" for n in fleet["nodes"])
         if clean:  # nothing cordoned or unhealthy, nothing held: every unit of the plan is handed out
@@ -113,7 +114,7 @@ def test_a_fixed_mixed_fleet(project, operator):
         NodeSpec(1, "H200-141GB", "full", "full", 2, (0, 0), 2, 0, "ok"),
         NodeSpec(0, "H100-80GB", "1", "full", 1, (0, 0), 2, 0, "ok"),
     ]
-    build_fleet({"nodes": nodes, "pad": (1, 2), "tier2_min": 1})
+    build_fleet(Fleet(), {"nodes": nodes, "pad": (1, 2), "tier2_min": 1})
     plan = tier_plan(reserve_gpus=1)
     tier1, tier2, tier3, full = (plan.tier(t) for t in ("1", "2", "3", "full"))
     # Tier 1: GPU 0 is 3g + 2g + 1g + 1g (only the 3g admitted), GPU 1 is 4g + 3g; the whole GPU is unserved.
