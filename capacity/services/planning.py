@@ -209,9 +209,11 @@ def _count_mig(tally: _Tally, busy: frozenset[str], cluster) -> None:
             spec.reserved += n
         elif availability == Availability.FREE:
             spec.free += n
-    carried = instances.filter(admitted=True).values(
-        f"{node}cluster_id", f"{node}tier", "gpu_id", "profile__product", "profile__name"
-    )
+    # The same instances without their availability (the reserve and the GPUs per spec need only the layout).
+    carried = MigInstance.objects.present().filter(admitted_q("gpu__"))
+    if cluster is not None:
+        carried = carried.filter(gpu__node__cluster=cluster)
+    carried = carried.values(f"{node}cluster_id", f"{node}tier", "gpu_id", "profile__product", "profile__name")
     per_gpu: Counter = Counter()
     for row in carried.annotate(n=Count("pk")).order_by():
         tier = row[f"{node}tier"]
