@@ -382,6 +382,10 @@ POOL_RECONCILE_INTERVAL_S = env_int("POOL_RECONCILE_INTERVAL_S", 60, minimum=1)
 
 # --- Capacity: discovery, MIG reconfiguration, time-slicing (docs/discovery.md, docs/mig.md) -----
 DISCOVERY_INTERVAL_S = env_int("DISCOVERY_INTERVAL_S", 60, minimum=5)
+# The tier plan's maintenance reserve: per cluster and tier, the units of this many GPUs (those carrying the
+# most) are held back so one can be drained for a driver, firmware or MIG change without refusing work
+# (docs/tiers.md, "Capacity plan per tier"). 0 plans without a reserve.
+CAPACITY_MAINTENANCE_RESERVE_GPUS = env_int("CAPACITY_MAINTENANCE_RESERVE_GPUS", 1, minimum=0)
 GPU_OPERATOR_NAMESPACE = env_str("GPU_OPERATOR_NAMESPACE", "gpu-operator")
 # gpuaas's own mig-parted ConfigMap; point the ClusterPolicy's spec.migManager.config.name at it.
 MIG_PARTED_CONFIGMAP = env_str("MIG_PARTED_CONFIGMAP", "gpuaas-mig-parted-config")

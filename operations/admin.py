@@ -306,13 +306,14 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
     def capacity_plan_view(self, request):
         require_operator_perms(request.user, "capacity.view_nodecapacity")
         form = CapacityPlanForm(request.GET or None)
-        current = proposed = None
+        current = proposed = live = None
         error = ""
         if form.is_valid():
             data = form.cleaned_data
             current = planning.current_capacity_plan(
                 cluster=data.get("cluster"), node_group=data.get("node_group") or None
             )
+            live = planning.tier_plan(cluster=data.get("cluster"))
             if data.get("product") and data.get("gpus"):
                 try:
                     proposed = planning.proposed_capacity_plan(
@@ -325,11 +326,13 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
                     error = str(exc)
         elif not request.GET:
             current = planning.current_capacity_plan()
+            live = planning.tier_plan()
         return self._page(
             request,
             "admin/capacity/migreconfiguration/capacity_plan.html",
-            "Capacity plan: effective slots per tier",
+            "Capacity plan: units per tier",
             form=form,
+            live=live,
             current=current,
             proposed=proposed,
             error=error,

@@ -24,10 +24,10 @@ from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from capacity import tiers
-from capacity.choices import Availability, SharingStrategy, SpecKind, Tier
+from capacity.choices import Availability, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, find_product
 from capacity.mig.planner import GpuState, plan_onto_gpus
-from capacity.models import Cluster, GpuCapacity, MigInstance, SpecAndCount, WorkloadProfile
+from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
 from capacity.vgpu import VGPU_TYPES, VgpuType
 
 from . import topology
@@ -103,28 +103,14 @@ def full_candidates(request: PoolRequest, busy_devices: frozenset[str] | None = 
 
 
 def full_hosts(request: PoolRequest, gpus=None):
-    """Whole GPUs (default: present ones, free or not) on nodes without time-slicing, of the training
-    tier or untiered: what full_candidates() draws from, and what a node could hold once released."""
-    queryset = (
-        (GpuCapacity.objects.units() if gpus is None else gpus)
-        .filter(
-            _product_q(request.product),
-            Q(node__tier__in=[Tier.TRAINING, Tier.NONE]),
-            node__timeslice_replicas__lte=1,
-        )
-        .exclude(_vgpu_node_q())  # a vm-vgpu node's GPUs are carved into vGPUs, never handed out whole
-    )
+    """Whole GPUs (default: present ones, free or not) of the hosts approval hands out whole
+    (GpuCapacity.objects.whole_gpu_hosts(): training or untiered nodes without time-slicing or vGPUs):
+    what full_candidates() draws from, and what a node could hold once released."""
+    hosts = (GpuCapacity.objects.all() if gpus is None else gpus).whole_gpu_hosts()
+    queryset = hosts.filter(_product_q(request.product))
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
     return queryset
-
-
-def _vgpu_node_q(vgpu_type: str = "") -> Q:
-    """GPUs of nodes whose sandbox device plugin advertises vGPUs (of `vgpu_type`, or of any type)."""
-    offers = SpecAndCount.objects.filter(node=OuterRef("node"), kind=SpecKind.VGPU)
-    if vgpu_type:
-        offers = offers.filter(profile_name=vgpu_type)
-    return Q(Exists(offers))
 
 
 def request_vgpu(request: PoolRequest) -> VgpuType | None:
@@ -141,8 +127,10 @@ def vgpu_candidates(request: PoolRequest):
     vgpu = request_vgpu(request)
     if vgpu is None:
         return GpuCapacity.objects.none()
-    queryset = GpuCapacity.objects.filter(_vgpu_node_q(vgpu.name), _tier_q(request, (Tier.STAGING,))).with_free_shares(
-        vgpu.max_per_gpu
+    queryset = (
+        GpuCapacity.objects.vgpu_hosts(vgpu.name)
+        .filter(_tier_q(request, (Tier.STAGING,)))
+        .with_free_shares(vgpu.max_per_gpu)
     )
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
@@ -151,14 +139,9 @@ def vgpu_candidates(request: PoolRequest):
 
 def timeslice_candidates(request: PoolRequest):
     """GPUs of time-sliced nodes with at least one replica not held, annotated `free`."""
-    queryset = GpuCapacity.objects.with_free_replicas().filter(
-        _product_q(request.product), _tier_q(request, (Tier.DEVELOPMENT,))
-    )
     # An MPS request takes replicas of MPS nodes only; a time-slice request those of other nodes.
-    if request.spec_kind == SpecKind.MPS:
-        queryset = queryset.filter(node__sharing_strategy=SharingStrategy.MPS)
-    else:
-        queryset = queryset.exclude(node__sharing_strategy=SharingStrategy.MPS)
+    hosts = GpuCapacity.objects.timeslice_hosts(mps=request.spec_kind == SpecKind.MPS)
+    queryset = hosts.with_free_shares().filter(_product_q(request.product), _tier_q(request, (Tier.DEVELOPMENT,)))
     if request.cluster_id:
         queryset = queryset.filter(node__cluster_id=request.cluster_id)
     return queryset

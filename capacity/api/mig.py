@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 
 from capacity.api.fields import CatalogProductField, WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, reject_body
+from capacity.choices import Tier
 from capacity.models import SHARING_POLICY_FIELDS, Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
 from capacity.services import mig_configs, planning
 from gpuaas.api import QuerySerializer
@@ -224,18 +225,18 @@ class SlotTierSerializer(serializers.Serializer):
 
 
 class PlanGroupSerializer(serializers.Serializer):
+    tier = serializers.ChoiceField(choices=Tier.choices, help_text="The nodes' tier (gpuaas.io/tier).")
     product = serializers.CharField()
     gpus = serializers.IntegerField()
     use = serializers.ChoiceField(choices=["mig", "timeslice", "full"])
     layout = serializers.ListField(child=serializers.CharField(), allow_null=True)
     replicas = serializers.IntegerField(allow_null=True)
-    tiers = serializers.DictField(child=SlotTierSerializer(), help_text='Keys: "1" (MIG), "3" (time-slicing), "full".')
+    slots = serializers.IntegerField(help_text="What the layout or replicas carry, before the tier policy.")
 
 
 class CurrentPlanSerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
     groups = PlanGroupSerializer(many=True)
-    totals = serializers.DictField(child=SlotTierSerializer())
 
 
 class ProposedPlanSerializer(serializers.Serializer):
@@ -245,7 +246,37 @@ class ProposedPlanSerializer(serializers.Serializer):
     layout = serializers.ListField(child=serializers.DictField())
 
 
+class TierSpecSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["mig", "full", "timeslice", "mps", "vgpu"])
+    product = serializers.CharField()
+    spec = serializers.CharField(help_text="MIG profile or vGPU type; the product for whole GPUs and replicas.")
+    per_gpu = serializers.IntegerField(allow_null=True, help_text="Units one GPU gives (MIG: per layout, null).")
+    gpus = serializers.IntegerField()
+    total = serializers.IntegerField()
+    reserved = serializers.IntegerField()
+    free = serializers.IntegerField()
+    unavailable = serializers.IntegerField()
+
+
+class TierFiguresSerializer(serializers.Serializer):
+    tier = serializers.ChoiceField(choices=Tier.choices)
+    label = serializers.CharField()
+    rule = serializers.CharField(help_text='The tier profile policy: "tier 1 takes 3g and larger".')
+    gpus = serializers.IntegerField(help_text="Present GPUs on the tier's nodes.")
+    total = serializers.IntegerField(help_text="Units approval hands out on the tier: reserved + free + unavailable.")
+    reserved = serializers.IntegerField(help_text="Held by pools (active or ending allocations).")
+    free = serializers.IntegerField(help_text="What approval would hand out now.")
+    unavailable = serializers.IntegerField(help_text="Busy without a pool, cordoned, unhealthy, mid-reconfiguration.")
+    withheld = serializers.IntegerField(help_text="MIG instances the tier's profile policy refuses (not in total).")
+    unserved_gpus = serializers.IntegerField(help_text="Whole GPUs approval hands out on no tier (not in total).")
+    reserve = serializers.IntegerField(help_text="Units kept free for maintenance (reserve_gpus GPUs per cluster).")
+    free_after_reserve = serializers.IntegerField()
+    specs = TierSpecSerializer(many=True)
+
+
 class CapacityPlanSerializer(serializers.Serializer):
+    reserve_gpus = serializers.IntegerField(help_text="settings.CAPACITY_MAINTENANCE_RESERVE_GPUS")
+    tiers = TierFiguresSerializer(many=True, help_text="The live plan per tier: what approval would hand out.")
     current = CurrentPlanSerializer()
     proposed = ProposedPlanSerializer(allow_null=True)
 
@@ -265,13 +296,15 @@ class CapacityPlanQuery(QuerySerializer):
 
 
 class CapacityPlanView(APIView):
-    """Effective slots per tier, now (discovered) and for a proposed layout or replica count."""
+    """The live plan per tier (what approval would hand out on each tier's nodes, and the maintenance reserve),
+    the fleet's layouts, and the seed's slot arithmetic for a proposed layout or replica count. Operators only:
+    a member learns what their own request would get from the dry run and the forecast."""
 
     scope = Scope.OPERATOR
     operator_perms = {"get": ("capacity.view_nodecapacity",)}
 
     @extend_schema(
-        summary="Effective slots per tier (current and proposed)",
+        summary="Units per tier of the live fleet, its layouts, and a proposal's slots",
         parameters=[CapacityPlanQuery],  # its fields' own bounds (replicas >= 2, gpus >= 0)
         responses=CapacityPlanSerializer,
     )
@@ -280,6 +313,7 @@ class CapacityPlanView(APIView):
         query.is_valid(raise_exception=True)
         data = query.validated_data
         current = planning.current_capacity_plan(cluster=data.get("cluster"), node_group=data.get("node_group"))
+        live = planning.tier_plan(cluster=data.get("cluster")).as_dict()
         proposed = None
         if data.get("product") and "gpus" in data:
             try:
@@ -288,4 +322,4 @@ class CapacityPlanView(APIView):
                 )
             except (ValueError, KeyError) as exc:
                 raise serializers.ValidationError({"layout": [str(exc).strip('"')]}) from None
-        return Response({"current": current, "proposed": proposed})
+        return Response({**live, "current": current, "proposed": proposed})

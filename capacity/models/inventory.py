@@ -10,7 +10,16 @@ from django.utils import timezone
 
 from gpuaas.celery import node_queue
 
-from ..choices import AgentHealth, Availability, GpuHealth, MigInstanceState, MigStrategy, Tier
+from ..choices import (
+    AgentHealth,
+    Availability,
+    GpuHealth,
+    MigInstanceState,
+    MigStrategy,
+    SharingStrategy,
+    SpecKind,
+    Tier,
+)
 from ..vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL
 from .availability import (
     USABLE_HEALTH,
@@ -169,6 +178,16 @@ class NodeCapacity(models.Model):
         return self.inventory_read_at is not None and self.inventory_read_at >= moment.replace(microsecond=0)
 
 
+def vgpu_node_q(vgpu_type: str = "", node: str = "node") -> Q:
+    """GPUs (`node`: the path to their node) of nodes whose sandbox device plugin advertises vGPUs (of
+    `vgpu_type`, or of any type): the SpecAndCount rows discovery wrote (specs imports this module, so the
+    model is reached through NodeCapacity's `specs` relation)."""
+    offers = NodeCapacity._meta.get_field("specs").related_model.objects.filter(node=OuterRef(node), kind=SpecKind.VGPU)
+    if vgpu_type:
+        offers = offers.filter(profile_name=vgpu_type)
+    return Q(Exists(offers))
+
+
 class GpuCapacityQuerySet(models.QuerySet):
     def present(self):
         return self.filter(lost_at__isnull=True, node__gone_at__isnull=True)
@@ -256,12 +275,39 @@ class GpuCapacityQuerySet(models.QuerySet):
         Replicas are handed out by count, so running workloads do not withhold one: which replica a
         pod uses is not known.
         """
-        return self.filter(node__timeslice_replicas__gt=1).with_free_shares()
+        return self.timeslice_hosts().with_free_shares()
 
-    def with_free_shares(self, per_gpu: int | None = None):
-        """GPUs with a share no active allocation holds, annotated `free`: time-slice replicas (the node's
-        replica count), or `per_gpu` shares each (the vGPUs per GPU of a vGPU type)."""
-        held = (  # an ending replica is still held: its pods run until the ending sweep evicts them
+    # --- Which GPUs each kind of unit is drawn from: approval (pools/units.py) and the tier plan
+    # (capacity/services/planning.py) both filter with these, so the plan counts what approval gives out.
+
+    def whole_gpu_hosts(self):
+        """GPUs handed out whole: MIG off, on training or untiered nodes without time-slicing, not vm-vgpu
+        nodes (their GPUs are carved into vGPUs). Whole GPUs of other tiers are never given out."""
+        return (
+            self.units()
+            .filter(node__tier__in=[Tier.TRAINING, Tier.NONE], node__timeslice_replicas__lte=1)
+            .exclude(vgpu_node_q())
+        )
+
+    def timeslice_hosts(self, *, mps: bool | None = None):
+        """GPUs whose node's device plugin shares them as replicas: MPS nodes only (`mps=True`), others
+        only (`mps=False`), or both."""
+        queryset = self.filter(node__timeslice_replicas__gt=1)
+        if mps is True:
+            return queryset.filter(node__sharing_strategy=SharingStrategy.MPS)
+        if mps is False:
+            return queryset.exclude(node__sharing_strategy=SharingStrategy.MPS)
+        return queryset
+
+    def vgpu_hosts(self, vgpu_type: str = ""):
+        """GPUs of nodes whose sandbox device plugin advertises vGPUs (of `vgpu_type`, or of any type)."""
+        return self.filter(vgpu_node_q(vgpu_type))
+
+    def annotate_shares(self, per_gpu: int | None = None):
+        """`shares` (the node's time-slice replicas, or `per_gpu`, the vGPUs per GPU of a vGPU type) and
+        `held` (shares an active or ending allocation holds: an ending replica's pods run until the ending
+        sweep evicts them) of each GPU."""
+        held = (
             holding_allocations(self.model)
             .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
             .order_by()
@@ -270,10 +316,20 @@ class GpuCapacityQuerySet(models.QuerySet):
             .values("n")
         )
         shares = F("node__timeslice_replicas") if per_gpu is None else Value(per_gpu)
+        return self.annotate(shares=shares, held=Coalesce(Subquery(held), 0))
+
+    def share_conditions(self) -> list[Q]:
+        """What a shared GPU must satisfy for its shares to be given out (the unit conditions)."""
+        return list(self._unit_conditions().values())
+
+    def with_free_shares(self, per_gpu: int | None = None):
+        """GPUs with a share no active allocation holds, annotated `free`: time-slice replicas (the node's
+        replica count), or `per_gpu` shares each (the vGPUs per GPU of a vGPU type)."""
         return (
             self.units()
-            .filter(*self._unit_conditions().values())
-            .annotate(free=shares - Coalesce(Subquery(held), 0))
+            .filter(*self.share_conditions())
+            .annotate_shares(per_gpu)
+            .annotate(free=F("shares") - F("held"))
             .filter(free__gt=0)
         )
 

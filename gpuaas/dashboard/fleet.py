@@ -19,6 +19,7 @@ from capacity import tiers
 from capacity.choices import Tier
 from capacity.mig.share import held_share, mig_share
 from capacity.models import USABLE_HEALTH, Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
+from capacity.services import planning
 from pools.choices import RequestState
 from pools.models import Allocation, PoolRequest, gpu_count
 
@@ -214,6 +215,53 @@ def tier_policies(table: dict | None = None) -> dict:
     }
 
 
+def capacity_plan_panel(busy_devices: frozenset[str] | None = None, table: dict | None = None) -> dict:
+    """The live plan per tier (capacity.services.planning.tier_plan: what approval would hand out on each tier's
+    nodes, and the maintenance reserve), as a panel. The figures the admin's Capacity plan page and
+    /api/v1/capacity-plan/ show; seven queries given the busy devices and the tier policies."""
+    plan = planning.tier_plan(busy_devices=busy_devices, table=table)
+    items = [
+        {
+            "id": row.tier or "none",
+            "tier": row.label,
+            "rule": row.rule,
+            "gpus": row.gpus,
+            "total": row.total,
+            "reserved": row.reserved,
+            "free": row.free,
+            "unavailable": row.unavailable,
+            "withheld": row.withheld,
+            "reserve": row.reserve,
+            "free_after_reserve": row.free_after_reserve,
+            "url": reverse("admin:capacity_capacity_plan"),
+        }
+        for row in plan.tiers
+    ]
+    return {
+        "available": True,
+        "summary": PLAN_NOTE.format(gpus=plan.reserve_gpus, s="" if plan.reserve_gpus == 1 else "s"),
+        "columns": [
+            {"key": "tier", "label": "Tier", "link": "url"},
+            {"key": "rule", "label": "MIG profiles"},
+            {"key": "gpus", "label": "GPUs", "num": True, "digits": 0},
+            {"key": "total", "label": "Units", "num": True, "digits": 0},
+            {"key": "reserved", "label": "Reserved", "num": True, "digits": 0},
+            {"key": "free", "label": "Free", "num": True, "digits": 0},
+            {"key": "unavailable", "label": "Unavailable", "num": True, "digits": 0},
+            {"key": "withheld", "label": "Withheld by tier policy", "num": True, "digits": 0},
+            {"key": "reserve", "label": "Maintenance reserve", "num": True, "digits": 0},
+            {"key": "free_after_reserve", "label": "Free after reserve", "num": True, "digits": 0},
+        ],
+        "items": items,
+        "empty": "No GPUs discovered yet.",
+    }
+
+
+PLAN_NOTE = (
+    "Units approval would hand out on each tier's nodes: MIG instances the tier's policy admits, whole GPUs, "
+    "time-slice replicas, MPS clients and vGPUs. The maintenance reserve is the units of the {gpus} GPU{s} "
+    "per cluster and tier that carry the most: keep them free to drain a GPU without refusing work."
+)
 PENDING_SHOWN = 20
 # The subtitle under the cluster cards, its example worked out by the rule the numbers use.
 GPUS_NOTE = (
@@ -261,7 +309,9 @@ def overview() -> dict:
     """Everything the operator dashboard shows, as one JSON-able dict (a fixed number of queries)."""
     clusters = list(Cluster.objects.order_by("name"))
     ids = [c.pk for c in clusters]
-    groups = unit_groups(ids)
+    busy = WorkloadProfile.objects.running().multi_device_uuids()  # read once: the cards and the plan
+    table = tiers.policies()
+    groups = unit_groups(ids, busy)
     cards = cluster_cards(clusters, groups)
     health = sources.health_counters(ids)
     series = sources.cluster_series(clusters)
@@ -282,7 +332,8 @@ def overview() -> dict:
         "gpus_note": GPUS_NOTE,
         "clusters": cards,
         "profiles": profile_distribution(groups),
-        "tier_policies": tier_policies(),
+        "tier_policies": tier_policies(table),
+        "capacity_plan": capacity_plan_panel(busy, table),
         "pending": pending_approvals(),
         "health_events": sources.recent_health_events(),
         "idle_reservations": sources.idle_reservations(),

@@ -105,6 +105,7 @@ def test_planning_pages(sim, staff):
     assert plan.status_code == 200
     assert "no memory isolation" in plan.content.decode().lower()
     assert "<td>32</td>" in plan.content.decode()
+    assert 'id="tier-plan"' in plan.content.decode()  # the live plan per tier, tier_plan()
 
     offline = staff.post(reverse("admin:capacity_take_offline"), {"nodes": [node_row("gpu-a").pk]})
     assert offline.status_code == 200

@@ -185,7 +185,9 @@ def test_capacity_plan_take_offline_and_rebalance(sim, api):
         {"cluster": sim.cluster.pk, "product": "H100-80GB", "gpus": 8, "layout": "4g.40gb,3g.40gb"},
     )
     assert plan.status_code == 200
-    assert plan.json()["current"]["totals"]["1"] == {"slots": 2, "by_spec": {"3g.40gb": 2}}
+    tiers = plan.json()["tiers"]
+    assert [(t["tier"], t["total"], t["free"], t["reserve"]) for t in tiers] == [("", 3, 3, 2)]
+    assert [(g["use"], g["slots"]) for g in plan.json()["current"]["groups"]] == [("mig", 2), ("full", 1)]
     assert plan.json()["proposed"]["tiers"]["1"]["slots"] == 16
     bad = api.get("/api/v1/capacity-plan/", {"product": "H100-80GB", "gpus": 1, "layout": "7g.80gb,1g.10gb"})
     assert bad.status_code == 400

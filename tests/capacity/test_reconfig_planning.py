@@ -31,18 +31,20 @@ def sim(tmp_path):
 def test_current_plan_counts_each_gpu_as_it_is_used(sim):
     plan = planning.current_capacity_plan(cluster=sim.cluster)
     assert plan["gpus"] == 4
-    assert plan["totals"] == {
-        "1": {"slots": 3, "by_spec": {"3g.40gb": 2, "7g.80gb": 1}},
-        "full": {"slots": 2, "by_spec": {"H100-80GB": 2}},
-    }
-    assert [(g["use"], g["gpus"], g["layout"]) for g in plan["groups"]] == [
-        ("mig", 1, ["3g.40gb", "3g.40gb"]),
-        ("mig", 1, ["7g.80gb"]),
-        ("full", 2, None),
+    assert [(g["tier"], g["use"], g["gpus"], g["layout"], g["slots"]) for g in plan["groups"]] == [
+        ("", "mig", 1, ["3g.40gb", "3g.40gb"], 2),
+        ("", "mig", 1, ["7g.80gb"], 1),
+        ("", "full", 2, None, 2),
     ]
-    assert planning.current_capacity_plan(node_group="train")["totals"] == {
-        "full": {"slots": 2, "by_spec": {"H100-80GB": 2}}
-    }
+    assert [g["gpus"] for g in planning.current_capacity_plan(node_group="train")["groups"]] == [2]
+    # The same GPUs in the live plan: untiered nodes, every profile admitted, all free.
+    (untiered,) = planning.tier_plan(cluster=sim.cluster).tiers
+    assert (untiered.tier, untiered.gpus, untiered.total, untiered.free, untiered.withheld) == ("", 4, 5, 5, 0)
+    assert [(s.kind, s.spec, s.total) for s in untiered.specs] == [
+        ("full", "H100-80GB", 2),
+        ("mig", "3g.40gb", 2),
+        ("mig", "7g.80gb", 1),
+    ]
 
 
 def test_proposed_plan_is_the_seeds_arithmetic():

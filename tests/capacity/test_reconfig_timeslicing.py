@@ -6,7 +6,7 @@ from reconfig_sim import node_row, start_sim
 
 from capacity.models import TimeSlicingPolicy
 from capacity.services.mig_configs import apply_time_slicing
-from capacity.services.planning import current_capacity_plan
+from capacity.services.planning import tier_plan
 from simcluster.kube import ClusterApi
 
 pytestmark = pytest.mark.django_db
@@ -62,9 +62,11 @@ def test_policy_writes_its_key_and_labels_the_groups_nodes(sim):
 
     sim.discover()
     assert node_row("gpu-dev").timeslice_replicas == 4
-    plan = current_capacity_plan(cluster=sim.cluster)
-    assert plan["totals"]["3"] == {"slots": 8, "by_spec": {"H100-80GB": 8}}
-    assert plan["totals"]["full"] == {"slots": 2, "by_spec": {"H100-80GB": 2}}
+    (untiered,) = tier_plan(cluster=sim.cluster).tiers  # the sim's nodes carry no tier
+    assert [(s.kind, s.per_gpu, s.gpus, s.total) for s in untiered.specs] == [
+        ("full", 1, 2, 2),
+        ("timeslice", 4, 2, 8),
+    ]
 
 
 def test_changing_replicas_relabels_and_disabling_removes(sim):

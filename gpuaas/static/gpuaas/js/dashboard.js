@@ -446,6 +446,7 @@
     fill("clusters", data.clusters.length ? data.clusters.map(clusterCard) :
       h("p", { className: "gd-empty", text: "No clusters registered yet." }));
     fill("profiles", profileTable(data.profiles), tierPolicyNote(data.tier_policies));
+    fill("capacity_plan", panel(data.capacity_plan, "Capacity per tier"));
     var pending = data.pending;
     fill("pending",
       h("p", null, pending.count + " request" + (pending.count === 1 ? "" : "s") + " waiting. ",
