@@ -250,9 +250,13 @@ class Window:
         times, samples = [], []
         for row in rows:
             hold = row.hold_h
-            if hold is None and row.approved is not None:
+            if hold is None and row.approved is not None:  # still held: at least as long as so far
                 survival, _ = forecast.hold_samples(self.history, row.project_id, row.workload)
-                hold = row.held_h + survival.remaining(row.held_h, rng) if survival is not None else None
+                hold = row.held_h + (
+                    survival.remaining(row.held_h, rng)
+                    if survival is not None  # else as the forecast's holder without history (_remaining_h)
+                    else max(settings.QUEUE_FORECAST_DEFAULT_HOLD_H - row.held_h, settings.QUEUE_FORECAST_OVERDUE_H)
+                )
             times.append(row.created)
             samples.append(
                 forecast.Arrival(
