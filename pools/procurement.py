@@ -53,6 +53,7 @@ TIER_KINDS = {
 DEFAULT_REPLICAS = 4  # the seed's time-slicing, "4x oversubscription"
 DEFAULT_GPUS_PER_NODE = 8
 DRAWS = 10  # replays per N; they differ only in the holds drawn from the history
+BEFORE = dt.timedelta(microseconds=1)
 NO_PLACE = 2**62  # the replay has no request of its own: a count no place holds runs each draw to the horizon
 
 
@@ -106,7 +107,7 @@ def spec_for(product: str, tier: str, profile: str = "") -> Spec:
     if profile:
         raise WhatIfError({"profile": [f"Tier {tier} hands out no MIG instances: leave the profile out."]})
     if kind == SpecKind.TIMESLICE:
-        plan = tiers.capacity_plan(found, 1, timeslice_replicas=_replicas(found.key))["tiers"][tiers.TIER_TIMESLICE]
+        plan = tiers.capacity_plan(found, 1, timeslice_replicas=_replicas(found))["tiers"][tiers.TIER_TIMESLICE]
     else:
         plan = tiers.capacity_plan(found, 1)["tiers"][tiers.TIER_FULL]
     return Spec(found.key, tier, kind, "", plan["slots"], plan)
@@ -120,10 +121,11 @@ def _most_instances(product, profile: str) -> int:
     return k
 
 
-def _replicas(product: str) -> int:
+def _replicas(product) -> int:
     """The time-slicing of the tier's nodes now (the most common), else the seed's 4."""
     seen = Counter(
-        NodeCapacity.objects.filter(tier=Tier.DEVELOPMENT, timeslice_replicas__gt=1, gpu_product=product)
+        NodeCapacity.objects.filter(tier=Tier.DEVELOPMENT, timeslice_replicas__gt=1)
+        .filter(gpu_product__in=[product.gfd_product, product.key])
         .values_list("timeslice_replicas", flat=True)
         .iterator()
     )
@@ -271,7 +273,7 @@ class Window:
                 )
             )
         built = forecast.Timeline(
-            now=self.since,
+            now=self.since - BEFORE,  # an arrival at `since` comes after the timeline's start, as next_after asks
             horizon=self.now,
             count=NO_PLACE,
             units=forecast.Units(self.free, self.per_node),
@@ -318,7 +320,7 @@ def _pool_nodes(pool_id: int, per_node: bool) -> tuple[tuple[int, int], ...]:
 
 def replay(built: forecast.Timeline, rows: list[Demand], *, rng: random.Random, slots: int) -> dict:
     """One draw of `built` to its horizon: each request's start, hence waits and reserved slot-hours."""
-    since, now = built.now, built.horizon
+    since, now = built.now + BEFORE, built.horizon
     starts: dict[int, dt.datetime] = {}
     busy = 0.0
 
