@@ -47,7 +47,6 @@ approved out of the queue).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import datetime as dt
 import heapq
@@ -203,21 +202,6 @@ class _LenderPods:
 
     def evict_pod(self, namespace: str, name: str, **_) -> None:  # pragma: no cover - never called: no pods
         raise AssertionError("no borrower pods exist in the replay")
-
-
-class KnownArrivals:
-    """The arrivals that did come after a forecast, for Timeline.draw (duck-typing forecast.Arrivals): each at
-    its time, with its real size, hold and rank (ahead when the queue approved it before the request)."""
-
-    def __init__(self, times: list[dt.datetime], samples: list[forecast.Arrival]):
-        self.times, self.samples, self.next = times, samples, 0
-
-    def next_after(self, t: dt.datetime, rng) -> dt.datetime | None:
-        self.next = bisect.bisect_right(self.times, t)
-        return self.times[self.next] if self.next < len(self.times) else None
-
-    def pick(self, rng) -> forecast.Arrival:
-        return self.samples[self.next]
 
 
 class Replay:
@@ -617,7 +601,7 @@ class Replay:
                         hold_h=arrival.hold_h,
                     )
                 )
-        return dataclasses.replace(timeline, coming=KnownArrivals(times, samples))
+        return dataclasses.replace(timeline, coming=forecast.KnownArrivals(times, samples))
 
     def loan_figures(self) -> dict:
         loans = Loan.objects.all()

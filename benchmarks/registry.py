@@ -72,6 +72,7 @@ MODULES = (
     "demo_soak",
     "dra_check",
     "queueing",
+    "procurement",
     "dedication",
     "poll_cycle",
     "api_schema",

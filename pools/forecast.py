@@ -28,10 +28,12 @@ is None. Accuracy is scored against actual starts by accuracy().
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import datetime as dt
 import heapq
 import random
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -64,6 +66,7 @@ class Holder:
     history: Survival | None  # for a pool without an end date
     nodes: tuple[tuple[int, int], ...] = ()  # (node id, units there)
     pool_id: int | None = None
+    project_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,9 @@ class Arrival:
     auto: bool  # an auto-approval policy allows it: approved at submission when it fits
     hold_h: float | None = None  # known (`bench queue --forecast-bounds`); else drawn from the hold history
     by_share: bool = False  # ahead by fair share only: not once the request being forecast is aged
+    # Known when a past request is replayed (pools/procurement.py): which request, and its declared end.
+    request_id: int | None = None
+    end_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,22 @@ class Arrivals:
         if not self.samples:
             return 0.0
         return self.rate_h * sum(s.ahead for s in self.samples) / len(self.samples)
+
+
+class KnownArrivals:
+    """Arrivals known in advance, for Timeline.draw in place of Arrivals: each at its time, as its sample.
+    `bench queue --forecast-bounds` gives the arrivals that did come; the procurement what-if replays the
+    demand history (pools/procurement.py)."""
+
+    def __init__(self, times: list[dt.datetime], samples: list[Arrival]):
+        self.times, self.samples, self.next = times, samples, 0
+
+    def next_after(self, t: dt.datetime, rng) -> dt.datetime | None:
+        self.next = bisect.bisect_right(self.times, t)
+        return self.times[self.next] if self.next < len(self.times) else None
+
+    def pick(self, rng) -> Arrival:
+        return self.samples[self.next]
 
 
 def _matching_allocations(request: PoolRequest):
@@ -187,7 +209,7 @@ def hold_history(*, now: dt.datetime | None = None, limit: int = 500) -> dict[tu
     return {key: Survival(rows) for key, rows in observations.items()}
 
 
-def _samples(history: dict[tuple, Survival], project_id, workload: str) -> tuple[Survival | None, str]:
+def hold_samples(history: dict[tuple, Survival], project_id, workload: str) -> tuple[Survival | None, str]:
     minimum = settings.QUEUE_FORECAST_MIN_SAMPLES
     scopes = (((project_id, workload), "project and workload type"), ((workload,), "workload type"), ((), "all"))
     for key, scope in scopes:
@@ -220,11 +242,13 @@ def holders(request: PoolRequest, *, now: dt.datetime, history=None) -> tuple[li
         row = parts[0]
         samples, scope = (None, "end date")
         if row["pool__request__end_at"] is None:
-            samples, scope = _samples(history, row["pool__project_id"], row["pool__workload_type"])
+            samples, scope = hold_samples(history, row["pool__project_id"], row["pool__workload_type"])
         scopes[scope] += 1
         held = max(0.0, (now - row["pool__created_at"]).total_seconds() / 3600)
         nodes = tuple((part["gpu__node_id"], part["n"]) for part in parts)
-        out.append(Holder(sum(n for _, n in nodes), row["pool__request__end_at"], held, samples, nodes, row["pool_id"]))
+        units_held = sum(n for _, n in nodes)
+        end_at, project = row["pool__request__end_at"], row["pool__project_id"]
+        out.append(Holder(units_held, end_at, held, samples, nodes, row["pool_id"], project))
     return out, dict(scopes)
 
 
@@ -370,7 +394,9 @@ def _quantile(values: list[dt.datetime | None], q: float) -> dt.datetime | None:
 class Units:
     """Free units by node in one draw, taken as approval takes them (pools/topology.py, pools/units.py): a
     multi-GPU whole-GPU request on the one node with the fewest left over, anything else from the
-    lowest node id up. Specs that need no single node are counted on one place (node 0).
+    lowest node id up; one whole GPU first on a node no other project holds units on (units._dedicated_first),
+    so Units keeps which projects hold units on each node. Specs that need no single node are counted on one
+    place (node 0).
 
     A draw takes and gives units thousands of times over a fleet's nodes: per node, the nodes are also kept
     by their free count (`_by_free`: count -> node ids, sorted), so the best fit is found among the few
@@ -381,6 +407,7 @@ class Units:
         self.total = sum(self.free.values())
         self.per_node = per_node
         self._by_free: dict[int, list[int]] = defaultdict(list)
+        self.owners: dict[int, Counter] = defaultdict(Counter)  # per node: units held by project
         if per_node:
             for node, n in self.free.items():  # in node order: each list is sorted
                 if n > 0:
@@ -390,7 +417,27 @@ class Units:
         other = Units.__new__(Units)
         other.free, other.total, other.per_node = dict(self.free), self.total, self.per_node
         other._by_free = defaultdict(list, {n: list(nodes) for n, nodes in self._by_free.items() if nodes})
+        other.owners = defaultdict(Counter, {n: Counter(c) for n, c in self.owners.items() if c})
         return other
+
+    def own(self, nodes: tuple[tuple[int, int], ...], project_id, sign: int = 1) -> None:
+        """Note units held (sign 1) or given back (-1) by `project_id` on their nodes."""
+        if self.per_node:
+            for node, k in nodes:
+                held = self.owners[node]
+                held[project_id] += sign * k
+                if held[project_id] <= 0:
+                    del held[project_id]
+
+    def _dedicated(self, project_id) -> int | None:
+        """The lowest node with a free unit and no other project's units, else the lowest with a free unit."""
+        first = None
+        for node, n in self.free.items():
+            if n:
+                if not any(p != project_id for p in self.owners.get(node, ())):
+                    return node
+                first = node if first is None else first
+        return first
 
     def _set(self, node: int, n: int) -> None:
         if self.per_node:
@@ -402,9 +449,15 @@ class Units:
                 bisect.insort(self._by_free[n], node)
         self.free[node] = n
 
-    def take(self, count: int) -> tuple[tuple[int, int], ...] | None:
-        """The (node, units) taken for a request of `count`, or None (nothing taken) when it does not fit."""
-        if self.per_node and count > 1:
+    def take(self, count: int, project_id=None) -> tuple[tuple[int, int], ...] | None:
+        """The (node, units) taken for a request of `count` of `project_id`, or None (nothing taken) when it
+        does not fit."""
+        if self.per_node and count == 1:
+            node = self._dedicated(project_id)
+            if node is None:
+                return None
+            taken = ((node, 1),)
+        elif self.per_node and count > 1:
             fitting = sorted(n for n, nodes in self._by_free.items() if n >= count and nodes)
             if not fitting:
                 return None
@@ -425,9 +478,11 @@ class Units:
         for node, k in taken:
             self._set(node, self.free[node] - k)
         self.total -= count
+        self.own(taken, project_id)
         return taken
 
-    def give(self, nodes: tuple[tuple[int, int], ...]) -> None:
+    def give(self, nodes: tuple[tuple[int, int], ...], project_id=None) -> None:
+        self.own(nodes, project_id, -1)
         new = False
         for node, k in nodes:
             new = new or node not in self.free
@@ -461,24 +516,42 @@ class Timeline:
     def hold_h(self, project_id, workload: str, rng: random.Random, known: float | None = None) -> float:
         if known is not None:
             return known
-        survival, _ = _samples(self.history, project_id, workload)
+        survival, _ = hold_samples(self.history, project_id, workload)
         return survival.remaining(0.0, rng) if survival is not None else settings.QUEUE_FORECAST_DEFAULT_HOLD_H
 
-    def draw(self, rng: random.Random) -> dt.datetime | None:
+    def with_units(self, extra: dict[int, int]) -> Timeline:
+        """This timeline with `extra` units on more nodes (node id: units), hypothetical GPUs for the
+        procurement what-if (pools/procurement.py); ids must be new."""
+        more = self.units.copy()
+        for node, k in sorted(extra.items()):
+            if node in more.free:
+                raise ValueError(f"node {node} already has units")
+            more.give(((node, k),))
+        return dataclasses.replace(self, units=more)
+
+    def draw(self, rng: random.Random, started: Callable | None = None) -> dt.datetime | None:
         """One future, run as the queue runs it: at every release the queue's pass serves the requests
         ahead in order while the head fits (a head that does not fit blocks the rest of the spec); an
         arrival an auto-approval policy allows takes units at submission when it fits, one that does not
         fit and ranks ahead joins the queue ahead. With age the order moves: an older request joins the
         queue ahead when it is aged, a younger one ahead by fair share leaves it when this one is. The
-        start is the first pass that reaches this request with its units free; None past the horizon."""
+        start is the first pass that reaches this request with its units free; None past the horizon.
+
+        `started(item, t, release)`, when given, is told each Waiting or Arrival that takes its units, when,
+        and until when: the procurement what-if replays a whole window this way (pools/procurement.py; a count
+        no place holds runs the draw to the horizon)."""
         units, hour = self.units.copy(), dt.timedelta(hours=1)
+        for holder in self.holders:
+            units.own(holder.nodes, holder.project_id)
         queue = deque(w for w in self.ahead if w.joins_at is None)
         joining = deque(sorted((w for w in self.ahead if w.joins_at is not None), key=lambda w: w.joins_at))
         # How many in the queue fall behind when this request is aged: counted, not re-read at every step, as a
         # draw runs thousands of steps over a queue that grows with arrivals (O(n) a step made draws quadratic).
         leaving = sum(w.leaves_at is not None for w in queue)
         fixed, drawn = self._holder_releases
-        releases = fixed + [(self.now + h.history.remaining(h.held_h, rng) * hour, i, h.nodes) for i, h in drawn]
+        releases = fixed + [
+            (self.now + h.history.remaining(h.held_h, rng) * hour, i, h.nodes, h.project_id) for i, h in drawn
+        ]
         heapq.heapify(releases)
         seq = len(releases)
         arrival = self.coming.next_after(self.now, rng)
@@ -494,13 +567,15 @@ class Timeline:
                 if head.end_at is not None and head.end_at <= t:  # its end came while it waited
                     leaving -= queue.popleft().leaves_at is not None
                     continue
-                taken = units.take(head.count)
+                taken = units.take(head.count, head.project_id)
                 if taken is None:
                     break
                 leaving -= queue.popleft().leaves_at is not None
                 seq += 1
                 release = head.end_at or t + self.hold_h(head.project_id, head.workload, rng, head.hold_h) * hour
-                heapq.heappush(releases, (release, seq, taken))
+                if started is not None:
+                    started(head, t, release)
+                heapq.heappush(releases, (release, seq, taken, head.project_id))
             if not queue and units.fits(self.count):
                 return t
             reorder = [joining[0].joins_at] if joining else []
@@ -515,18 +590,29 @@ class Timeline:
             if t > self.horizon:
                 return None
             if nxt == released_at:  # a release before an arrival at the same instant
-                units.give(heapq.heappop(releases)[2])
+                _, _, nodes, project = heapq.heappop(releases)
+                units.give(nodes, project)
             elif nxt == arrival:
                 sample = self.coming.pick(rng)
-                taken = units.take(sample.count) if sample.auto else None
+                taken = units.take(sample.count, sample.project_id) if sample.auto else None
                 if taken is not None:
                     seq += 1
-                    heapq.heappush(
-                        releases,
-                        (t + self.hold_h(sample.project_id, sample.workload, rng, sample.hold_h) * hour, seq, taken),
-                    )
+                    hold = self.hold_h(sample.project_id, sample.workload, rng, sample.hold_h)
+                    release = sample.end_at or t + hold * hour
+                    if started is not None:
+                        started(sample, t, release)
+                    heapq.heappush(releases, (release, seq, taken, sample.project_id))
                 elif self._ranks_ahead(sample, t) and not units.fits(sample.count):
-                    queue.append(Waiting(sample.count, sample.project_id, sample.workload, hold_h=sample.hold_h))
+                    queue.append(
+                        Waiting(
+                            sample.count,
+                            sample.project_id,
+                            sample.workload,
+                            end_at=sample.end_at,
+                            request_id=sample.request_id,
+                            hold_h=sample.hold_h,
+                        )
+                    )
                 arrival = self.coming.next_after(t, rng)
             # else the queue's order moved (joining, leaving): the next pass serves it
 
@@ -538,9 +624,9 @@ class Timeline:
         hour, fixed, drawn = dt.timedelta(hours=1), [], []
         for i, h in enumerate(self.holders):
             if h.end_at is not None:
-                fixed.append((h.end_at, i, h.nodes))
+                fixed.append((h.end_at, i, h.nodes, h.project_id))
             elif h.history is None:
-                fixed.append((self.now + _remaining_h(h, None) * hour, i, h.nodes))
+                fixed.append((self.now + _remaining_h(h, None) * hour, i, h.nodes, h.project_id))
             else:
                 drawn.append((i, h))
         return fixed, drawn
@@ -626,7 +712,7 @@ def plan(request: PoolRequest, *, now: dt.datetime, history=None) -> Plan:
         why = "more than the fleet holds" + (f"; {answer.withheld_sentence()}" if answer.withheld else "")
         return Plan(basis, forecast=Forecast(None, None, {**basis, "why": why}))
     if not free_units.per_node:
-        found = [Holder(h.units, h.end_at, h.held_h, h.history, ((0, h.units),), h.pool_id) for h in found]
+        found = [dataclasses.replace(h, nodes=((0, h.units),)) for h in found]
     timeline = Timeline(
         now=now,
         horizon=now + dt.timedelta(hours=settings.QUEUE_FORECAST_HORIZON_H),

@@ -8,12 +8,16 @@ pools/queue.py (each writes a QueueEvent). The changelist's title carries the fo
 from __future__ import annotations
 
 from django.contrib import admin
+from django.template.response import TemplateResponse
+from django.urls import path
 
+from capacity.mig.catalog import PRODUCTS
 from gpuaas.admin_permissions import ReadOnlyInline
 from tenancy import roles
 
-from . import forecast, queue
+from . import forecast, procurement, queue
 from .admin import run_with_reason
+from .api.procurement import WhatIfQuery
 from .choices import RequestState
 from .queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent
 from .queue_order import ordered
@@ -112,6 +116,27 @@ class QueueEntryAdmin(admin.ModelAdmin):
 
     def has_approve_permission(self, request) -> bool:
         return roles.operator_can(request.user, "pools.approve_poolrequest")
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [path("what-if/", view(self.what_if_view), name="pools_procurement_what_if"), *super().get_urls()]
+
+    def what_if_view(self, request):
+        """The procurement what-if (pools/procurement.py), its input read as the API reads it (WhatIfQuery)."""
+        roles.require_operator_perms(request.user, "pools.view_poolrequest")
+        query = WhatIfQuery(data=request.GET) if request.GET else None
+        answer = query.answer() if query is not None and query.is_valid() else None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Procurement what-if: waits with more GPUs",
+            "errors": query.errors if query is not None and answer is None else {},
+            "answer": answer,
+            "asked": request.GET,
+            "products": sorted(PRODUCTS),
+            "tiers": {tier.value: tier.label for tier in procurement.TIER_KINDS},
+        }
+        return TemplateResponse(request, "admin/pools/procurement_what_if.html", context)
 
     def changelist_view(self, request, extra_context=None):
         self._places = {p.entry.pk: p for p in ordered()}

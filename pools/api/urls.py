@@ -1,8 +1,10 @@
 """REST routes of the pools app, registered on the shared router (gpuaas/api.py)."""
 
+from django.urls import path
+
 from gpuaas.api import router
 
-from . import views
+from . import procurement, views
 
 router.register("projects", views.ProjectViewSet, basename="project")
 router.register("pool-requests", views.PoolRequestViewSet, basename="poolrequest")
@@ -12,4 +14,6 @@ router.register("pools", views.GpuPoolViewSet, basename="gpupool")
 router.register("allocations", views.AllocationViewSet, basename="allocation")
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
 
-urlpatterns: list = []
+urlpatterns = [
+    path("procurement/what-if/", procurement.WhatIfView.as_view(), name="procurement-what-if"),
+]

@@ -131,6 +131,11 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
     ],
     ("POST /api/v1/take-offline/", {"non_field_errors"}, "nodes or gpus: at least one of the two lists"),
     (
+        "GET /api/v1/procurement/what-if/",
+        {"profile", "add"},
+        "a MIG tier needs a profile of the product, other tiers none; each GPU count once",
+    ),
+    (
         "GET /api/v1/capacity-plan/",
         {"product", "layout"},
         "a proposal needs product and gpus, and a layout of the product's MIG profiles",

@@ -34,6 +34,7 @@ OPERATOR_ROUTES = [
     ("get", "/api/v1/time-slicing-policies/"),
     ("post", "/api/v1/time-slicing-policies/"),
     ("get", "/api/v1/capacity-plan/"),
+    ("get", "/api/v1/procurement/what-if/"),
     ("post", "/api/v1/take-offline/"),
     ("get", "/api/v1/rebalance/"),
     ("post", "/api/v1/billing/statements/generate/"),
@@ -123,6 +124,7 @@ def test_staff_without_permissions_get_the_admins_403_on_actions_and_pages(clien
     pages = [
         reverse("admin:capacity_rebalance"),
         reverse("admin:capacity_capacity_plan"),
+        reverse("admin:pools_procurement_what_if"),
         reverse("admin:capacity_take_offline"),
         reverse("admin:capacity_migreconfiguration_add"),
         reverse("admin:gpuaas_dashboard"),
