@@ -122,6 +122,8 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
             ("GET", {"cluster", "node"}, "mig-reconfigurations/"),
             ("GET", {"cluster"}, "rebalance/"),
             ("GET", {"cluster"}, "capacity-plan/"),
+            ("POST", {"node"}, "node-drains/"),
+            ("GET", {"cluster", "node"}, "node-drains/"),
             ("POST", {"project"}, "billing/statements/generate/"),
             ("POST", {"username"}, "projects/{id}/members/"),
             ("POST", {"nodes", "gpus"}, "take-offline/"),
@@ -130,6 +132,16 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
         ]
     ],
     ("POST /api/v1/take-offline/", {"non_field_errors"}, "nodes or gpus: at least one of the two lists"),
+    (
+        "POST /api/v1/capacity/nodes/{id}/vgpu-config/",
+        {"node", "vgpu_type"},
+        "a node in vm-vgpu mode, a type its GPUs offer, and no vGPU of it in use: the state of the node",
+    ),
+    (
+        "POST /api/v1/pools/{id}/share-priority/",
+        {"share_priority"},
+        "only time-sliced and MPS pools have a share priority: the kind of the pool",
+    ),
     (
         "GET /api/v1/procurement/what-if/",
         {"profile", "add"},
