@@ -253,7 +253,7 @@ def test_the_cross_check_reports_approval_disagreeing(world, tier1, monkeypatch)
     from pools import units
 
     monkeypatch.setattr(
-        units, "mig_candidates", lambda request, busy=None: MigInstance.objects.present().filter(
+        units, "mig_candidates", lambda request, busy=None, fleet=False: MigInstance.objects.present().filter(
             profile__name=request.profile_name, gpu__node__cluster_id=request.cluster_id
         )
     )  # fmt: skip

@@ -99,6 +99,7 @@ def _world_objects():
         MaintenanceWindow,
         MigLayout,
         MigReconfiguration,
+        NodeDrain,
         SpecAndCount,
         TierAssignment,
         TierProfilePolicy,
@@ -208,6 +209,7 @@ def _world_objects():
         "mig-reconfiguration": fleet(
             MigReconfiguration.objects.create(cluster=world.alpha, node=node, target={"0": None})
         ),
+        "node-drain": fleet(NodeDrain.objects.create(cluster=world.alpha, node=node, reason="matrix")),
         "maintenance-window": fleet(
             MaintenanceWindow.objects.create(
                 cluster=world.alpha, name="sunday", weekday=6, start_time=time(2), end_time=time(4)

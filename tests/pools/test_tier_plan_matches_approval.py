@@ -44,8 +44,8 @@ def inventory_specs() -> list[dict]:
     present = GpuCapacity.objects.present()
     for product in present.filter(mig_mode_current=False).values_list("catalog_product", flat=True).distinct():
         found.append((8, {"spec_kind": SpecKind.FULL, "isolation": Isolation.FULL, "product": product}, ""))
-        for isolation in (Isolation.TIMESLICE, Isolation.MPS):
-            fields = {"spec_kind": SpecKind.TIMESLICE, "isolation": isolation, "product": product}
+        for kind, isolation in ((SpecKind.TIMESLICE, Isolation.TIMESLICE), (SpecKind.MPS, Isolation.MPS)):
+            fields = {"spec_kind": kind, "isolation": isolation, "product": product}
             found.append((0, fields, ""))
     for name in SpecAndCount.objects.filter(kind=SpecKind.VGPU).values_list("profile_name", flat=True).distinct():
         vgpu = VGPU_TYPES[name]
