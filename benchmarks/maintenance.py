@@ -308,7 +308,7 @@ def run_maintenance_bench(
         "grace_s": grace_s,
         "succeeded": int(drain.state == "succeeded"),
         "state": drain.state,
-        "error": drain.error,
+        "drain_error": drain.error,  # not "error": that key is how a benchmark says it could not run (bench smoke)
         "step_calls": calls,
         "drain_wall_s": round(drain_wall_s, 3),
         "drain_queries": len(captured),
