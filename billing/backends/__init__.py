@@ -13,4 +13,5 @@ _backend = postgresql if connection.vendor == "postgresql" else sqlite
 
 insert_usage_records = _backend.insert_usage_records
 meter_plain_hour = _backend.meter_plain_hour
-"""PostgreSQL: an hour of allocations without credits or measurements metered in SQL; None on SQLite."""
+"""PostgreSQL: an hour of allocations without credits or measurements metered in SQL (METERS_IN_SQL)."""
+METERS_IN_SQL = _backend.METERS_IN_SQL

@@ -46,6 +46,8 @@ def insert_usage_records(columns: tuple[str, ...], rows: list[tuple]) -> None:
             cursor.execute(sql, [list(column) for column in zip(*chunk, strict=True)])
 
 
+METERS_IN_SQL = True
+
 # Columns of the allocation query meter_plain_hour is given, in this order.
 PLAIN_COLUMNS = (
     "id",

@@ -15,4 +15,9 @@ def insert_usage_records(columns: tuple[str, ...], rows: list[tuple]) -> None:
 
 
 # Metering an hour in SQL is PostgreSQL's (billing.backends.postgresql); here every unit goes through Python.
-meter_plain_hour = None
+METERS_IN_SQL = False
+
+
+def meter_plain_hour(*args, **kwargs) -> int:
+    """Never called on SQLite (METERS_IN_SQL is False): billing.services.metering meters each unit instead."""
+    raise NotImplementedError("SQLite meters every unit in Python (billing.services.metering)")

@@ -164,7 +164,7 @@ def meter_hour(hour: datetime, *, book: PriceBook | None = None, in_sql: bool | 
     late_units = units_of(late)  # before this hour's rows go in: "no record yet" is read first
     if in_sql is None:
         final = measurements.final_until()
-        in_sql = backends.meter_plain_hour is not None and (final is None or hour >= final)
+        in_sql = backends.METERS_IN_SQL and (final is None or hour >= final)
     offered = 0
     if in_sql:
         credited = _may_be_credited(hour, end)
