@@ -1,5 +1,5 @@
 """gpuaas: GPU-as-a-Service for on-premise Kubernetes GPU clusters."""
 
-from .celery import app as celery_app
+from core.celery import app as celery_app
 
 __all__ = ("celery_app",)

@@ -1,4 +1,4 @@
-"""`manage.py check` refuses routes that declare no scope (gpuaas.scopes), so none reaches production.
+"""`manage.py check` refuses routes that declare no scope (core.scopes), so none reaches production.
 
 `routes()` walks every URL pattern once; tests/foundation/test_route_matrix.py walks the same list.
 Django admin pages are the admin's business (admin_view plus each ModelAdmin's has_*_permission)
@@ -13,8 +13,8 @@ from django.core import checks
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.views import APIView
 
-from .permissions import SCOPE_MIXINS, DeclaredScope
-from .scopes import Scope
+from core.permissions import SCOPE_MIXINS, DeclaredScope
+from core.scopes import Scope
 
 ADMIN_NAMESPACE = "admin"
 

@@ -18,8 +18,8 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from .celery import app as celery_app
-from .scopes import Scope, scoped
+from core.celery import app as celery_app
+from core.scopes import Scope, scoped
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The OpenAPI schema class (settings: DEFAULT_SCHEMA_CLASS). Its own module: gpuaas.api is imported
+"""The OpenAPI schema class (settings: DEFAULT_SCHEMA_CLASS). Its own module: core.api is imported
 while DRF loads its settings, and drf-spectacular's AutoSchema imports DRF's settings back."""
 
 import re
@@ -11,8 +11,7 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
 from capacity.api.strict import StrictFieldsMixin
-
-from .api import BIGINT_RANGE, FilterBackend, column_range
+from core.api import BIGINT_RANGE, FilterBackend, column_range
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -4,13 +4,13 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from core.scopes import Scope, scoped
 from notifications.views import account_urlpatterns as notification_account_urlpatterns
 from notifications.views import project_urlpatterns as notification_project_urlpatterns
 from tenancy.oidc.views import CallbackView, SignInView
 
 from .dashboard.project_views import account_urlpatterns, home, project_urlpatterns
 from .health import healthz, readyz
-from .scopes import Scope, scoped
 
 urlpatterns = [
     path("", home, name="home"),

@@ -8,9 +8,9 @@ from django.urls import include, path
 from django.views.defaults import page_not_found
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from .api import router
-from .permissions import DeclaredScope
-from .scopes import Scope
+from core.api import router
+from core.permissions import DeclaredScope
+from core.scopes import Scope
 
 # Each app's api/urls.py registers its viewsets on the shared router and may add extra paths.
 API_APPS = ("capacity", "pools", "operations", "billing", "monitoring")

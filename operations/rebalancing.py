@@ -15,7 +15,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.apps import apps
 from django.db.models import Q, Sum
 from django.utils import timezone
 
@@ -23,6 +22,7 @@ from capacity import tiers
 from capacity.mig.catalog import get_product
 from capacity.mig.planner import GpuState, Reconfiguration, plan_onto_gpus
 from capacity.models import GpuCapacity, MigInstance, NodeCapacity
+from monitoring.models import Rollup1h, Series
 from pools.models import Allocation, PoolRequest
 
 from . import reconfiguration
@@ -135,15 +135,10 @@ def requested_demand(cluster, product: str, *, days: int, now: datetime) -> dict
 
 def used_instances(cluster, product: str, *, days: int, now: datetime) -> dict[str, int]:
     """MIG instances per profile that monitoring saw busy in the period ({} without monitoring data)."""
-    try:
-        rollup = apps.get_model("monitoring", "Rollup1h")
-        series = apps.get_model("monitoring", "Series")
-    except LookupError:
-        return {}
-    busy_series = rollup.objects.filter(
+    busy_series = Rollup1h.objects.filter(
         bucket__gte=now - timedelta(days=days), sm_active_max__gte=USED_SM_ACTIVE_PCT
     ).values("series_id")
-    rows = series.objects.filter(
+    rows = Series.objects.filter(
         pk__in=busy_series,
         mig_instance__gpu__node__cluster=cluster,
         mig_instance__profile__product=product,

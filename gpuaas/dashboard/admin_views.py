@@ -13,8 +13,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from capacity.models import Cluster, GpuCapacity
+from core.scopes import Scope, scoped
 
-from ..scopes import Scope, scoped
 from . import crosscheck, fleet, nodes, sources
 
 REFRESH_S = 15

@@ -1,6 +1,6 @@
 """The project view for project members, outside the admin: /projects/ (login required, session auth).
 
-Every view declares its scope with gpuaas.scopes.scoped() (sign-in enforced there); project pages
+Every view declares its scope with core.scopes.scoped() (sign-in enforced there); project pages
 read through tenancy.roles.projects_for(user): another project's page or pool is a 404, never a 403.
 """
 
@@ -18,6 +18,7 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
+from core.scopes import Scope, scoped
 from pools.models import Allocation, GpuPool
 from tenancy import roles
 from tenancy.models import ApiToken
@@ -25,7 +26,6 @@ from tenancy.oidc.views import password_sign_in_refused
 from tenancy.roles import projects_for
 from tenancy.services import revoke_token
 
-from ..scopes import Scope, scoped
 from . import projects, sources
 from .admin_views import DASHBOARD_PERMISSIONS
 from .forms import ApiTokenForm, PoolRequestForm

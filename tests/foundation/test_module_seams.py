@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("tenancy", "capacity", "pools", "operations", "monitoring", "billing", "notifications", "gpuaas")
+APPS = ("tenancy", "core", "capacity", "pools", "operations", "monitoring", "billing", "notifications", "gpuaas")
 # The one place per app that asks which database it runs on; migration helpers run on the schema
 # editor's connection, and benchmarks report the database they measured.
 VENDOR_ALLOWED = {
@@ -16,7 +16,7 @@ VENDOR_ALLOWED = {
     "monitoring/backends/__init__.py",
     "billing/backends/__init__.py",
     "billing/triggers.py",
-    "gpuaas/admin_paging.py",  # the kernel's one: estimated changelist counts come from PostgreSQL's statistics
+    "core/admin_paging.py",  # the kernel's one: estimated changelist counts come from PostgreSQL's statistics
 }
 
 

@@ -8,8 +8,8 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import reverse
 
+from core.celery import app
 from gpuaas.admin import GpuaasAdminSite
-from gpuaas.celery import app
 
 REPO = Path(settings.BASE_DIR)
 
