@@ -1,8 +1,9 @@
-"""What the capacity app announces, for the apps above it (monitoring) to act on.
+"""What the capacity app announces, for the apps above it (pools, monitoring) to act on.
 
 capacity sits below every other app, so it never calls them: it sends these signals inside the transaction
-that made the change, and receivers connect in their own AppConfig.ready(). A receiver that sends work out
-waits for commit (`transaction.on_commit`). No business logic of capacity hangs on them.
+that made the change (`send`, not `send_robust`: a receiver that fails rolls the change back with it), and
+receivers connect in their own AppConfig.ready(). A receiver that sends work out waits for commit
+(`transaction.on_commit`).
 """
 
 from django.dispatch import Signal
@@ -11,3 +12,12 @@ from django.dispatch import Signal
 # (capacity.services.inventory): a pod started, stopped or moved. monitoring checks the cluster for trespass
 # at once, rather than at the next poll. kwargs: cluster_id: int, count: int (workload rows changed).
 workloads_attributed = Signal()
+
+# Discovery found MIG instances gone (capacity.services.inventory, after writing their replacements): an
+# active allocation on a destroyed instance would go on being billed, so pools moves or ends it in the same
+# transaction. kwargs: instance_ids: list[int] (sorted, never empty), at: datetime.
+instances_gone = Signal()
+
+# A node is back (listed again, Ready again, uncordoned): units there may be free again, so pools gives its
+# queue a pass after commit. No kwargs.
+capacity_appeared = Signal()

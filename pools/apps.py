@@ -6,9 +6,9 @@ class PoolsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from capacity.services import hooks  # cycle: app loading; services import models
+        from capacity import signals as capacity_signals  # cycle: app loading; services import models
 
-        from .services import enqueue_queue_processing, rehome_allocations  # cycle: the same
+        from . import receivers  # cycle: the same
 
-        hooks.on_instances_gone(rehome_allocations)
-        hooks.on_capacity_appeared(enqueue_queue_processing)
+        capacity_signals.instances_gone.connect(receivers.rehome_gone_instances, dispatch_uid="pools.rehome")
+        capacity_signals.capacity_appeared.connect(receivers.queue_pass_on_capacity, dispatch_uid="pools.queue")

@@ -45,13 +45,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from capacity import signals
 from capacity.adapters import kubernetes as kube
 from capacity.choices import Binding, ClusterStatus, DiscoveryStatus, MigStrategy, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
 from capacity.vgpu import vgpu_type_for_resource
 
-from . import bulk, hooks, workloads
+from . import bulk, workloads
 from .inventory import InventoryResult, inventory_nodes
 from .tiers import assigned_tiers
 
@@ -502,7 +503,9 @@ def _sync_nodes(cluster: Cluster, nodes: list[kube.Node], now: datetime, result:
         _sync_specs(cluster, [(ids[node.name], node, values) for node, values, _ in changed], existing, now, result)
         result.inventory_nodes = [node.name for node, _, _ in changed]
     if result.nodes_back:
-        hooks.capacity_appeared()  # units there may be free again: the queue gets a pass after commit
+        signals.capacity_appeared.send(
+            sender=NodeCapacity
+        )  # units there may be free again: the queue gets a pass after commit
     return ids
 
 

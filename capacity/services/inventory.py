@@ -45,7 +45,7 @@ from capacity.choices import GpuHealth, MigInstanceState
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigPlacement, MigProfile, NodeCapacity, WorkloadProfile
 
-from . import bulk, hooks
+from . import bulk
 from .workloads import DeviceResolver
 
 logger = logging.getLogger(__name__)
@@ -416,7 +416,7 @@ def _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by
         bulk.upsert(MigInstance, upserts, unique=["uuid"], update=_MIG_UPDATE)
         result.mig_written = len(upserts)
     if gone:  # after the upserts: a replacement instance exists by now, the allocation can move to it
-        hooks.instances_gone(gone, at=now)
+        signals.instances_gone.send(sender=MigInstance, instance_ids=sorted(set(gone)), at=now)
 
 
 @functools.cache

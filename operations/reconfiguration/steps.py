@@ -420,7 +420,7 @@ def _await_inventory(reconf: MigReconfiguration, now: datetime) -> Wait | None:
 def reattach_allocations(reconf: MigReconfiguration) -> list[str]:
     """Active MIG allocations on this node whose instance is gone move to a new instance of the same profile on
     the same GPU, or end (pools.services.rehome_allocations, which owns the table). Rediscovery already did
-    this in its own transaction (the inventory's capacity.services.hooks); this catches any left over and
+    this in its own transaction (the inventory's capacity.signals.instances_gone); this catches any left over and
     writes what happened to the reconfiguration's trail."""
     gone = (
         Allocation.objects.active()
