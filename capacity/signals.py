@@ -21,3 +21,8 @@ instances_gone = Signal()
 # A node is back (listed again, Ready again, uncordoned): units there may be free again, so pools gives its
 # queue a pass after commit. No kwargs.
 capacity_appeared = Signal()
+
+# A node agent's signed MIG result reached the control plane (capacity.agent.tasks.mig_result_task):
+# operations checks it against the reconfiguration whose command it answers and stores it. The first
+# receiver's answer ("recorded", "duplicate", "refused: why") is the task's result. kwargs: report: dict.
+mig_result_reported = Signal()

@@ -10,3 +10,10 @@ class OperationsConfig(AppConfig):
 
     name = "operations"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from capacity import signals as capacity_signals  # cycle: app loading; receivers import models
+
+        from . import receivers  # cycle: the same
+
+        capacity_signals.mig_result_reported.connect(receivers.record_mig_result, dispatch_uid="operations.mig")

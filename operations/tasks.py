@@ -3,7 +3,8 @@
 MIG reconfiguration: each workflow step is one task run on the control plane (default queue); waiting
 steps re-enqueue themselves with a countdown far below the Redis visibility timeout. No step runs on a
 node's queue: the agent backend's NVML work goes to the node's agent as a signed command
-(apply_mig_task) whose signed result comes back as mig_result_task, and both backends' verify asks the
+(apply_mig_task) whose signed result comes back as capacity's mig_result_task (the signal
+mig_result_reported, which operations.apps connects to record_result), and both backends' verify asks the
 agent for a fresh inventory (read_node_inventory_task), which comes back through the ingest queue.
 A verify step the previous release queued on a node queue comes to nothing there (a thin agent fails it
 on its first query, or it expires unserved); the sweep re-sends the step here once it has sat idle for
@@ -19,7 +20,6 @@ from celery import shared_task
 
 from operations import maintenance
 from operations.reconfiguration import run_step, sweep
-from operations.reconfiguration.commands import record_result
 
 # A step message older than this is dropped; sweep_reconfigurations_task re-enqueues lost steps.
 RECONFIGURATION_STEP_EXPIRES_S = 10 * 60
@@ -40,12 +40,6 @@ def enqueue_reconfiguration_step(reconfiguration_id: int, step: str, *, countdow
     if countdown:
         options["countdown"] = countdown
     reconfiguration_step_task.apply_async((reconfiguration_id, step), **options)
-
-
-@shared_task(name="operations.tasks.mig_result_task", acks_late=True)
-def mig_result_task(report: dict) -> str:
-    """A node agent's signed MIG result (capacity.agent.tasks.apply_mig_task sends it): check and store it."""
-    return record_result(report)
 
 
 @shared_task(name="capacity.tasks.sweep_reconfigurations_task", acks_late=True)

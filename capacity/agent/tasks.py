@@ -6,11 +6,11 @@ names and the poll slot, does its NVML work and hands the result to the control 
 
 from __future__ import annotations
 
-from celery import current_app, shared_task
+from celery import shared_task
 
 from core.leases import crash_point
 
-from . import node, transport
+from . import node, replies, transport
 
 
 @shared_task(acks_late=True)
@@ -31,10 +31,6 @@ def read_node_inventory_task(cluster: str, node_name: str, api_url: str) -> int:
     return 0 if inventory is None else len(inventory["gpus"])
 
 
-# The control plane's task that records a MIG result (operations.tasks); sent by name: no import upward.
-MIG_RESULT_TASK = "operations.tasks.mig_result_task"
-
-
 @shared_task(acks_late=True)
 def apply_mig_task(command: dict, api_url: str) -> str:
     """Carry out a signed MIG command on this node and send the signed result to the control plane.
@@ -42,5 +38,5 @@ def apply_mig_task(command: dict, api_url: str) -> str:
     A command that is not this node's is refused (raises: nothing applied, nothing sent)."""
     result = node.apply_mig(command, api_url=api_url)
     crash_point("agent.mig")  # fault tests: applied, result not sent (the control plane re-sends the command)
-    current_app.send_task(MIG_RESULT_TASK, args=[result])
+    replies.mig_result_task.delay(result)
     return result["body"]["error"] or "applied"
