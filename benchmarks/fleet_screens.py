@@ -51,7 +51,7 @@ CHANGELISTS = (
     ("gpus", "admin:capacity_gpucapacity_changelist"),
     ("nodes", "admin:capacity_nodecapacity_changelist"),
     ("mig_instances", "admin:capacity_miginstance_changelist"),
-    ("allocations", "admin:pools_allocation_changelist"),
+    ("allocations", "admin:capacity_allocation_changelist"),
     ("pool_requests", "admin:pools_poolrequest_changelist"),
     ("usage", "admin:billing_usagerecord_changelist"),
     ("statements", "admin:billing_statement_changelist"),

@@ -213,7 +213,7 @@ class UsageRecord(models.Model):
 
     # Indexes are few on purpose (every metered hour inserts one row per allocation into each):
     # (hour, allocation) unique, allocation, (project, hour), and a partial one for credited rows.
-    allocation = models.ForeignKey("pools.Allocation", on_delete=models.PROTECT, related_name="usage_records")
+    allocation = models.ForeignKey("capacity.Allocation", on_delete=models.PROTECT, related_name="usage_records")
     hour = models.DateTimeField(help_text="Start of the UTC hour.")
     project = models.ForeignKey(
         "tenancy.Project", on_delete=models.PROTECT, related_name="usage_records", db_index=False

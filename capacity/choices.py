@@ -161,3 +161,11 @@ class AgentHealth(models.TextChoices):
     OK = "ok", "OK"
     STALE = "stale", "Stale"
     NEVER = "never", "Never reported"
+
+
+class AllocationState(models.TextChoices):
+    """An allocation: held; ended but its project's pods not yet off the unit (pools/ending.py); ended."""
+
+    ACTIVE = "active", "Active"
+    ENDING = "ending", "Ending (pods being evicted)"
+    ENDED = "ended", "Ended"

@@ -420,7 +420,7 @@ class IdleReservationQuerySet(models.QuerySet):
 class IdleReservation(models.Model):
     """An active allocation whose partition stayed idle over the window, with a release/downsize proposal."""
 
-    allocation = models.ForeignKey("pools.Allocation", on_delete=models.CASCADE, related_name="idle_flags")
+    allocation = models.ForeignKey("capacity.Allocation", on_delete=models.CASCADE, related_name="idle_flags")
     window_start = models.DateTimeField()
     window_end = models.DateTimeField()
     sm_active_avg = models.FloatField(help_text="Average SM activity over the window, percent.")

@@ -340,7 +340,7 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
         )
 
     def take_offline_view(self, request):
-        require_operator_perms(request.user, "capacity.view_nodecapacity", "pools.view_allocation")
+        require_operator_perms(request.user, "capacity.view_nodecapacity", "capacity.view_allocation")
         form = TakeOfflineForm(request.POST or None)
         check = None
         if request.method == "POST" and form.is_valid():

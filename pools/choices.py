@@ -105,14 +105,6 @@ class IsolationNeed(models.TextChoices):
 ISOLATION_OR_NEED = [*IsolationNeed.choices, *Isolation.choices]
 
 
-class AllocationState(models.TextChoices):
-    """An allocation: held; ended but its project's pods not yet off the unit (pools/ending.py); ended."""
-
-    ACTIVE = "active", "Active"
-    ENDING = "ending", "Ending (pods being evicted)"
-    ENDED = "ended", "Ended"
-
-
 class EvictionOutcome(models.TextChoices):
     """What one eviction attempt did (pools.Eviction, the audit of every eviction gpuaas makes)."""
 

@@ -15,7 +15,7 @@ class Eviction(models.Model):
     deadline, a delete (`forced`). For an ended allocation (`allocation`) or an ended loan (`loan`)."""
 
     allocation = models.ForeignKey(
-        "pools.Allocation", null=True, blank=True, on_delete=models.PROTECT, related_name="evictions"
+        "capacity.Allocation", null=True, blank=True, on_delete=models.PROTECT, related_name="evictions"
     )
     loan = models.ForeignKey("pools.Loan", null=True, blank=True, on_delete=models.PROTECT, related_name="evictions")
     project = models.ForeignKey(

@@ -39,7 +39,7 @@ class Loan(models.Model):
     the borrower is billed, and the lender credited, for started_at..returned_at.
     """
 
-    allocation = models.ForeignKey("pools.Allocation", on_delete=models.PROTECT, related_name="loans")
+    allocation = models.ForeignKey("capacity.Allocation", on_delete=models.PROTECT, related_name="loans")
     lender_pool = models.ForeignKey("pools.GpuPool", on_delete=models.PROTECT, related_name="loans")
     borrower = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="borrowed_units")
     borrower_request = models.ForeignKey(

@@ -20,12 +20,16 @@ from .reconfiguration import (
     MigReconfigurationQuerySet,
     MigReconfigurationStep,
 )
+from .reservations import SHARE_FIELDS, Allocation, AllocationQuerySet
 from .specs import SpecAndCount, SpecAndCountQuerySet
 from .tiers import TierAssignment, TierProfilePolicy
 from .workloads import WorkloadProfile, WorkloadProfileQuerySet
 
 __all__ = [
     "FORCE_PERMISSION",
+    "SHARE_FIELDS",
+    "Allocation",
+    "AllocationQuerySet",
     "GPUAAS_CONFIG_PREFIX",
     "UNSETTLED_MIG_STATES",
     "USABLE_HEALTH",

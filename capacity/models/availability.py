@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import BooleanField, Case, CharField, Exists, ExpressionWrapper, Q, Value, When
 
 from ..choices import Availability, GpuHealth
+from .reservations import Allocation
 
 # --- Unit availability: the one definition approval, take-offline, the planner hints and the dashboard use.
 # A unit is a MIG instance, or a GPU with MIG off (a time-sliced GPU's replicas are counted by
@@ -25,26 +26,6 @@ def host_conditions(gpu: str = "") -> dict[str, Q]:
         Availability.CORDONED: Q(**{f"{gpu}node__ready": True, f"{gpu}node__cordoned": False}),
         Availability.WITHHELD: Q(**{f"{gpu}health__in": USABLE_HEALTH}),
     }
-
-
-def active_allocations(model):
-    """pools' active allocations of units of `model`, found through the `allocations` reverse relation.
-
-    pools sits above capacity, so capacity never imports it: the related model is the one pools
-    declared with related_name="allocations", and its own active() says what "active" means.
-    """
-    return model._meta.get_field("allocations").related_model.objects.active()
-
-
-def ending_allocations(model):
-    """pools' allocations that ended but whose unit is not empty yet (their own ending()): the unit is
-    handed to no other project before it is (docs/pools.md, Ending)."""
-    return model._meta.get_field("allocations").related_model.objects.ending()
-
-
-def holding_allocations(model):
-    """Active or ending allocations (pools' holding()): what counts against a GPU's time-slice replicas."""
-    return model._meta.get_field("allocations").related_model.objects.holding()
 
 
 def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q, ending: Exists) -> Case:
@@ -76,7 +57,7 @@ def fleet_forms(model, unit: str, running, busy_devices: frozenset[str]) -> tupl
     in_use = held(running)
     if busy_devices:
         in_use |= Q(uuid__in=sorted(busy_devices))
-    return held(active_allocations(model), **whole), in_use, held(ending_allocations(model), **whole)
+    return held(Allocation.objects.active(), **whole), in_use, held(Allocation.objects.ending(), **whole)
 
 
 def as_boolean(condition: Q) -> ExpressionWrapper:

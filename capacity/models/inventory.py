@@ -23,15 +23,13 @@ from ..choices import (
 from ..vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL
 from .availability import (
     USABLE_HEALTH,
-    active_allocations,
     as_boolean,
     availability_case,
-    ending_allocations,
     fleet_forms,
-    holding_allocations,
     host_conditions,
 )
 from .clusters import Cluster
+from .reservations import Allocation
 from .workloads import WorkloadProfile
 
 
@@ -180,9 +178,10 @@ class NodeCapacity(models.Model):
 
 def vgpu_node_q(vgpu_type: str = "", node: str = "node") -> Q:
     """GPUs (`node`: the path to their node) of nodes whose sandbox device plugin advertises vGPUs (of
-    `vgpu_type`, or of any type): the SpecAndCount rows discovery wrote (specs imports this module, so the
-    model is reached through NodeCapacity's `specs` relation)."""
-    offers = NodeCapacity._meta.get_field("specs").related_model.objects.filter(node=OuterRef(node), kind=SpecKind.VGPU)
+    `vgpu_type`, or of any type): the SpecAndCount rows discovery wrote."""
+    from .specs import SpecAndCount  # cycle: specs imports this module
+
+    offers = SpecAndCount.objects.filter(node=OuterRef(node), kind=SpecKind.VGPU)
     if vgpu_type:
         offers = offers.filter(profile_name=vgpu_type)
     return Q(Exists(offers))
@@ -224,11 +223,11 @@ class GpuCapacityQuerySet(models.QuerySet):
 
     def _reserved(self) -> Exists:
         """An active allocation holds the GPU whole, or one of its time-slice replicas."""
-        return Exists(active_allocations(self.model).filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
+        return Exists(Allocation.objects.active().filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
 
     def _ending(self) -> Exists:
         """An ended allocation of the GPU (whole, or a replica) whose pods are not gone yet."""
-        return Exists(ending_allocations(self.model).filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
+        return Exists(Allocation.objects.ending().filter(gpu=OuterRef("pk"), mig_instance__isnull=True))
 
     def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
         if busy_devices is None:
@@ -308,7 +307,7 @@ class GpuCapacityQuerySet(models.QuerySet):
         `held` (shares an active or ending allocation holds: an ending replica's pods run until the ending
         sweep evicts them) of each GPU."""
         held = (
-            holding_allocations(self.model)
+            Allocation.objects.holding()
             .filter(gpu=OuterRef("pk"), mig_instance__isnull=True)
             .order_by()
             .values("gpu")

@@ -9,14 +9,13 @@ from django.utils import timezone
 
 from ..choices import Availability, MigInstanceState
 from .availability import (
-    active_allocations,
     as_boolean,
     availability_case,
-    ending_allocations,
     fleet_forms,
     host_conditions,
 )
 from .inventory import GpuCapacity
+from .reservations import Allocation
 from .tiers import admitted_q
 from .workloads import WorkloadProfile
 
@@ -83,10 +82,10 @@ class MigInstanceQuerySet(models.QuerySet):
         return conditions
 
     def _reserved(self) -> Exists:
-        return Exists(active_allocations(self.model).filter(mig_instance=OuterRef("pk")))
+        return Exists(Allocation.objects.active().filter(mig_instance=OuterRef("pk")))
 
     def _ending(self) -> Exists:
-        return Exists(ending_allocations(self.model).filter(mig_instance=OuterRef("pk")))
+        return Exists(Allocation.objects.ending().filter(mig_instance=OuterRef("pk")))
 
     def _in_use(self, busy_devices: frozenset[str] | None) -> Q:
         if busy_devices is None:

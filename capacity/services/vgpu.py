@@ -24,7 +24,7 @@ from django.db import transaction
 from capacity.adapters import kubernetes as kube
 from capacity.choices import SpecKind
 from capacity.mig.catalog import find_product
-from capacity.models import Cluster, GpuCapacity, NodeCapacity, WorkloadProfile
+from capacity.models import Allocation, Cluster, GpuCapacity, NodeCapacity, WorkloadProfile
 from capacity.vgpu import (
     DEVICE_MANAGER_KEY,
     RESOURCE_PREFIX,
@@ -79,9 +79,12 @@ def vgpus_in_use(node: NodeCapacity) -> list[str]:
         .order_by("namespace", "pod_name")
         .values_list("namespace", "pod_name", "vmi_name", "resource_name")
     ]
-    # Allocations are pools' rows: reached through the relation pools declares (docs/architecture.md).
-    allocations = GpuCapacity._meta.get_field("allocations").related_model.objects.active()
-    held = allocations.filter(gpu__node=node, kind=SpecKind.VGPU).values_list("pool_id", flat=True).distinct()
+    held = (
+        Allocation.objects.active()
+        .filter(gpu__node=node, kind=SpecKind.VGPU)
+        .values_list("pool_id", flat=True)
+        .distinct()
+    )
     reasons += [f"pool {pk}" for pk in sorted(held)]
     return reasons
 

@@ -1,6 +1,6 @@
 """Operator API for planning maintenance: the take-offline check and the rebalancing proposal. Read-only.
 
-Operators only: take-offline needs capacity.view_nodecapacity and pools.view_allocation (it lists
+Operators only: take-offline needs capacity.view_nodecapacity and capacity.view_allocation (it lists
 every project's allocations on the units going down), rebalancing capacity.view_migreconfiguration.
 """
 
@@ -58,7 +58,7 @@ class TakeOfflineView(APIView):
     """Would the remaining capacity cover every allocation if these GPUs or nodes went down?"""
 
     scope = Scope.OPERATOR
-    operator_perms = {"post": ("capacity.view_nodecapacity", "pools.view_allocation")}
+    operator_perms = {"post": ("capacity.view_nodecapacity", "capacity.view_allocation")}
 
     @extend_schema(summary="Take-offline check", request=TakeOfflineRequest, responses=TakeOfflineSerializer)
     def post(self, request):

@@ -13,7 +13,7 @@ from rest_framework import exceptions, serializers
 
 from capacity.api.mig import WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
-from capacity.choices import Binding
+from capacity.choices import AllocationState, Binding
 from capacity.mig.catalog import find_product
 from capacity.models import Cluster
 from tenancy import roles
@@ -23,7 +23,6 @@ from tenancy.models import ApiToken, Project
 from .. import matching, offers, queue, queue_order, services, units
 from ..choices import (
     ISOLATION_OR_NEED,
-    AllocationState,
     Isolation,
     IsolationNeed,
     PoolClusterState,

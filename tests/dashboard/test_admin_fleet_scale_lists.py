@@ -20,7 +20,7 @@ CHANGELISTS = [
     "admin:capacity_gpucapacity_changelist",
     "admin:capacity_nodecapacity_changelist",
     "admin:capacity_miginstance_changelist",
-    "admin:pools_allocation_changelist",
+    "admin:capacity_allocation_changelist",
     "admin:pools_poolrequest_changelist",
     "admin:billing_usagerecord_changelist",
     "admin:billing_statement_changelist",

@@ -9,12 +9,12 @@ import datetime as dt
 
 import pytest
 
-from capacity.choices import Availability
+from capacity.choices import AllocationState, Availability
 from capacity.models import MigInstance
 from capacity.services.discovery import discover_cluster
 from monitoring.services.trespass import owners
 from pools import services
-from pools.choices import AllocationState, EvictionOutcome, PoolState
+from pools.choices import EvictionOutcome, PoolState
 from pools.ending import sweep_ending
 from pools.models import Allocation, Eviction
 from pools.signals import allocation_ending
