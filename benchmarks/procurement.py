@@ -10,18 +10,21 @@ added (a fresh database each), and each prediction is scored against it:
     wait_error_plusN = |predicted mean wait - replayed mean wait| / replayed mean wait
 
 (0 when both are 0), with `wait_error_plusN_met` when it is at most MAX_WAIT_ERROR (docs/procurement.md). The +0
-prediction is scored against the history itself. Each request's stored start forecast (pools.queue
-refresh_forecast, which decides nothing) is not computed in these replays: the what-if does not read it.
+prediction is scored against the history itself. The replays with GPUs added share nothing with the
+history's: each runs in a worker process (forked) beside it, in its own throwaway database. Each request's
+stored start forecast (pools.queue refresh_forecast, which decides nothing) is not computed in these replays:
+the what-if does not read it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import multiprocessing
 import time
 from unittest import mock
 
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connection, connections
 
 from capacity.choices import Tier
 from pools import procurement, queue
@@ -45,10 +48,11 @@ def _adds(text: str) -> list[int]:
     return sorted(adds)
 
 
-def _replay(arrivals, *, gpus: int, days: int, keep_db: bool, answer_at: dt.datetime | None = None):
-    """The month through the real queue on `gpus` GPUs; with `answer_at`, also the what-if from its history."""
+def _replay(arrivals, *, gpus: int, days: int, keep_db: bool, suffix: str = "bench", answer_at: dict | None = None):
+    """The month through the real queue on `gpus` GPUs, in a fresh database named with `suffix`; with
+    `answer_at`, also the what-if from its history."""
     started = time.perf_counter()
-    with bench_database(keep_db), mock.patch.object(queue, "refresh_forecast"):
+    with bench_database(keep_db, suffix=suffix), mock.patch.object(queue, "refresh_forecast"):
         result = replay(arrivals, gpus=gpus, days=days, policy="queue")
         answer = None
         if answer_at is not None:
@@ -59,6 +63,12 @@ def _replay(arrivals, *, gpus: int, days: int, keep_db: bool, answer_at: dt.date
             answer["seconds"] = round(time.perf_counter() - asked, 2)
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result, answer
+
+
+def _added(arrivals, gpus: int, days: int, keep_db: bool) -> dict:
+    """A replay with GPUs added, in a worker process: its own database (named after its fleet), its figures."""
+    result, _ = _replay(arrivals, gpus=gpus, days=days, keep_db=keep_db, suffix=f"bench_{gpus}")
+    return result
 
 
 def _error(predicted: float, replayed: float) -> float | None:
@@ -99,13 +109,23 @@ def procurement_benchmark(*, stdout, gpus, days, seed, add, keep_db, **_):
         raise CommandError("--gpus must be 8 or more and --days 1 or more")
     arrivals = generate(gpus=gpus, days=days, seed=seed)
     end = START + dt.timedelta(days=days)
-    history, answer = _replay(arrivals, gpus=gpus, days=days, keep_db=keep_db, answer_at={"add": adds, "now": end})
-    stdout.write(f"history at {gpus} GPUs: {history}\n")
-    replayed = {0: history}
-    for n in adds:
-        if n:
-            replayed[n], _ = _replay(arrivals, gpus=gpus + n, days=days, keep_db=keep_db)
+    # The replays with GPUs added depend on nothing the history's replay writes: each runs in a process of its
+    # own (forked before any of them opens a database connection), beside the history's, in its own database.
+    added = [n for n in adds if n]
+    connections.close_all()
+    workers = multiprocessing.get_context("fork").Pool(len(added)) if added else None
+    try:
+        pending = {n: workers.apply_async(_added, (arrivals, gpus + n, days, keep_db)) for n in added}
+        history, answer = _replay(arrivals, gpus=gpus, days=days, keep_db=keep_db, answer_at={"add": adds, "now": end})
+        stdout.write(f"history at {gpus} GPUs: {history}\n")
+        replayed = {0: history}
+        for n, result in pending.items():
+            replayed[n] = result.get()
             stdout.write(f"replayed at {gpus + n} GPUs: {replayed[n]}\n")
+    finally:
+        if workers is not None:
+            workers.terminate()
+            workers.join()
     result: dict = {
         "benchmark": "procurement",
         "database": connection.vendor,
