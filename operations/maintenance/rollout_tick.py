@@ -238,22 +238,26 @@ def finish(rollout: DriverUpgrade, now: datetime) -> None:
 
 
 def sweep(now: datetime | None = None) -> dict[str, int]:
-    """Beat: a claim whose lease ran out belongs to a dead worker (cleared, tick re-sent); a rollout whose
-    tick is overdue by lease + poll seconds lost its message (re-sent). Both claimed by conditional UPDATEs."""
+    """Beat: a claim whose lease ran out belongs to a dead worker (cleared and due at once, tick re-sent); a
+    rollout whose tick is overdue by lease + poll seconds (or due at once and not run by the next sweep) lost its
+    message (re-sent, due stamped now). Each claimed by a conditional UPDATE, so two sweeps never both send."""
     from operations.tasks import enqueue_driver_upgrade_tick  # cycle: operations.tasks imports this package
 
     now = now or timezone.now()
     stale = requeued = 0
+    resent: list[int] = []
     live = DriverUpgrade.objects.to_tick()
     for pk, token in live.exclude(claim_token="").filter(lease_expires_at__lt=now).values_list("pk", "claim_token"):
         with transaction.atomic():
             if DriverUpgrade.objects.filter(pk=pk, claim_token=token).update(
-                claim_token="", lease_expires_at=None, tick_due_at=now
+                claim_token="", lease_expires_at=None, tick_due_at=None
             ):
                 transaction.on_commit(lambda pk=pk: enqueue_driver_upgrade_tick(pk))
+                resent.append(pk)
                 stale += 1
     overdue = now - timedelta(seconds=lease_s() + poll_s())
-    for pk, due in live.filter(claim_token="", tick_due_at__lt=overdue).values_list("pk", "tick_due_at"):
+    lost = live.filter(Q(tick_due_at__lt=overdue) | Q(tick_due_at__isnull=True), claim_token="")
+    for pk, due in lost.exclude(pk__in=resent).values_list("pk", "tick_due_at"):
         with transaction.atomic():
             if DriverUpgrade.objects.filter(pk=pk, claim_token="", tick_due_at=due).update(tick_due_at=now):
                 transaction.on_commit(lambda pk=pk: enqueue_driver_upgrade_tick(pk))
