@@ -90,7 +90,11 @@ def test_max_parallel_and_mode_default_to_the_cluster_policy(sim, api):
             },
         )
     body = api.post(URL, {"cluster": sim.cluster.pk}, format="json").json()
-    assert (body["max_parallel"], body["max_parallel_source"], body["mode"]) == (3, "ClusterPolicy cluster-policy", "controller")
+    assert (body["max_parallel"], body["max_parallel_source"], body["mode"]) == (
+        3,
+        "ClusterPolicy cluster-policy",
+        "controller",
+    )
 
 
 def test_without_a_cluster_policy_the_setting_and_own_drain_apply(sim, api, settings):
