@@ -16,7 +16,7 @@ from django.utils.html import format_html
 from django.utils.translation import ngettext
 
 from capacity.models import NodeCapacity
-from gpuaas.admin_permissions import OperatorActionsMixin, ReadOnlyInline
+from core.admin_permissions import OperatorActionsMixin, ReadOnlyInline
 from operations.choices import UpgradeMode
 
 from .maintenance import rollout

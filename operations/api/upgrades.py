@@ -18,7 +18,7 @@ from rest_framework.response import Response
 
 from capacity.api.strict import StrictSerializer, reject_body
 from capacity.models import Cluster, NodeCapacity
-from gpuaas.scopes import Scope
+from core.scopes import Scope
 from operations.choices import UpgradeMode
 from operations.maintenance import rollout
 from operations.models import DriverUpgrade, DriverUpgradeNode

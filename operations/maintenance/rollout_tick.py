@@ -33,7 +33,7 @@ from django.utils import timezone
 from capacity.choices import DrainStep
 from capacity.choices import ReconfigurationState as DrainState
 from capacity.models import MaintenanceWindow
-from gpuaas.leases import Heartbeat, crash_point, lease_s, lease_until
+from core.leases import Heartbeat, crash_point, lease_s, lease_until
 from operations.choices import UpgradeMode, UpgradeNodeState, UpgradeState
 from operations.models import IN_FLIGHT, DriverUpgrade, DriverUpgradeNode
 from operations.reconfiguration.outcomes import IllegalTransition, Refused
