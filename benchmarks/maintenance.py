@@ -3,15 +3,17 @@
 Builds --nodes simulated nodes of --gpus-per-node H100-80GB, each GPU at 3g.40gb x 2, served over HTTP
 (SimServer, in this process) and mirrored into the database named by DATABASE_URL. --load of every
 node's units is reserved by --projects projects (active pools), the drained node (the first) fully, with
-one running GPU pod per reservation on it. The drain's step bodies are called here, one after the other
-(no broker), on a simulated clock: the notice of --grace-s is honoured without sleeping (the evict step is
-called once before the deadline and once at it).
+one running GPU pod per reservation on it. The drain's step bodies (and the rollout's tick) are called here,
+one after the other (no broker), on a simulated clock: the notice of --grace-s is honoured without sleeping
+(the evict step is called once before the deadline and once at it). Then --upgrade-nodes nodes are upgraded
+by a rollout inside a maintenance window opened here (_rolling_upgrade).
 
 Reported: reservations_moved (of reservations_on_node), reservation_short_s (reservation-seconds during
 which a reservation had no unit on a node serving it: sampled after every step call, on the simulated
 clock; it must be 0, which is why reservations move before any pod is evicted), evicted_after_grace and
 evicted_before_grace (GPU pods gone from the node before/after the deadline), own_node_moves (moves
-onto a node the project already used), the drain's wall seconds and SQL queries.
+onto a node the project already used), the drain's wall seconds and SQL queries; for the rolling upgrade
+upgrade_waves, wave_s (the longest wave, simulated), upgraded, failed_nodes_handled and upgrade_short_s.
 """
 
 from __future__ import annotations
@@ -23,15 +25,18 @@ from pathlib import Path
 from unittest import mock
 
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity, NodeDrain
+from capacity.models import Cluster, GpuCapacity, MaintenanceWindow, MigInstance, NodeCapacity, NodeDrain
 from capacity.services.discovery import discover_cluster
 from notifications.models import Event
 from operations import maintenance
+from operations.maintenance import rollout, rollout_tick
+from operations.models import IN_FLIGHT, DriverUpgrade
 from pools.models import Allocation, GpuPool, PoolRequest
-from simcluster import SimServer, SimState, gpuoperator
+from simcluster import SimServer, SimState
 from simcluster.gpuoperator import DriverUpgradeController
 from simcluster.kube import ClusterApi
 from tenancy.models import Project
@@ -51,6 +56,7 @@ def _delete(clusters) -> None:
         .distinct()
         .values_list("pk", flat=True)
     )
+    DriverUpgrade.objects.filter(cluster__in=clusters).delete()  # nodes cascade
     NodeDrain.objects.filter(cluster__in=clusters).delete()  # steps cascade
     Allocation.objects.filter(gpu__node__cluster__in=clusters).delete()
     GpuPool.objects.filter(cluster__in=clusters).delete()
@@ -140,60 +146,72 @@ def _short(drain: NodeDrain, ids: list[int]) -> int:
 
 
 def _rolling_upgrade(state, name, cluster, *, count, max_parallel, grace_s, window_s, tick_s) -> dict:
-    """Upgrade `count` nodes (after gpu-0000) in waves inside a window of `window_s` simulated seconds: each
-    wave (maintenance.next_wave, at most `max_parallel`) is drained and moved, handed to the simulated upgrade
-    controller (maxParallelUpgrades = `max_parallel`) and given back at upgrade-done. The wave's first node
-    fails validation and the second never comes back (when there are two or more nodes): both stay in
-    maintenance with their reservations elsewhere ("failed nodes handled")."""
+    """Upgrade `count` nodes (after gpu-0000) with a rollout (operations.maintenance.rollout, mode controller)
+    inside a one-off maintenance window of `window_s` simulated seconds opened here: its tick plans each wave
+    (at most `max_parallel`, the reserve rule) and starts the drains, which move the reservations and hand the
+    nodes to the simulated upgrade controller (maxParallelUpgrades = `max_parallel`), whose upgrade-done gives
+    them back. The tick, each drain's step and the controller are called in turn every `tick_s` simulated
+    seconds. The first node fails validation and the second never comes back (when there are two or more):
+    the rollout marks both failed, they stay in maintenance with their reservations elsewhere ("failed nodes
+    handled"), and the other waves go on."""
     candidates = list(NodeCapacity.objects.filter(cluster=cluster).order_by("name")[1 : 1 + count])
     failing = {candidates[0].name} if candidates else set()
     lost = {candidates[1].name} if len(candidates) > 1 else set()
     controller = DriverUpgradeController(max_parallel=max_parallel, fail_validation=failing, never_return=lost)
     start = timezone.now()
+    MaintenanceWindow.objects.create(
+        cluster=cluster, name="bench", starts_at=start, ends_at=start + timedelta(seconds=window_s)
+    )
+    if not candidates:
+        return {"upgrade_nodes": 0, "upgrade_waves": 0, "wave_s": 0.0, "upgraded": 0, "failed_nodes": 0}
+    upgrade = rollout.create(
+        cluster, nodes=candidates, mode="controller", max_parallel=max_parallel, grace_s=grace_s, name="bench"
+    )
     clock = 0.0
-    waves, wave_s, short_s, failed_handled, unplaced = 0, [], 0.0, 0, 0
-    while candidates and clock < window_s:
-        wave = maintenance.next_wave(candidates, max_parallel=max_parallel)
-        if not wave:
-            unplaced = len(candidates)
+    short_s = 0.0
+    ids: dict[int, list[int]] = {}
+    while clock < window_s:
+        now = start + timedelta(seconds=clock)
+        rollout_tick.tick(upgrade.pk, token="bench", now=now)
+        upgrade.refresh_from_db()
+        if upgrade.finished_at is not None:
             break
-        ids = {n.pk: list(Allocation.objects.active().filter(gpu__node=n).values_list("pk", flat=True)) for n in wave}
-        drains = maintenance.start_wave(wave, grace_s=grace_s)
-        waves += 1
-        began = clock
-        open_drains = list(drains)
-        while open_drains and clock < window_s:
-            now = start + timedelta(seconds=clock)
-            for drain in list(open_drains):
-                drain.refresh_from_db()
-                if drain.state == "succeeded":
-                    open_drains.remove(drain)
-                    continue
-                maintenance.run_step(drain.pk, drain.step, token="bench", now=now)
-                drain.refresh_from_db()
-                sim_node = state.cluster(name).nodes[drain.node.name]
-                label = sim_node.labels.get(gpuoperator.DRIVER_UPGRADE_LABEL)
-                if drain.step == "handover" and (label == gpuoperator.UPGRADE_FAILED or not sim_node.ready):
-                    moved_off = not Allocation.objects.active().filter(gpu__node_id=drain.node_id).exists()
-                    failed_handled += int(moved_off)
-                    open_drains.remove(drain)
-                short_s += _short(drain, ids[drain.node_id]) * tick_s
-            with state.lock:
-                controller.step(state.cluster(name), clock)
-            clock += tick_s
-        wave_s.append(clock - began)
-        candidates = [c for c in candidates if c not in wave]
+        rows = upgrade.nodes.filter(state__in=IN_FLIGHT).select_related("drain", "node")
+        for row in rows:
+            if row.node_id not in ids:
+                ids[row.node_id] = list(
+                    Allocation.objects.active().filter(gpu__node_id=row.node_id).values_list("pk", flat=True)
+                )
+            if row.drain.state not in ("succeeded", "failed"):
+                maintenance.run_step(row.drain_id, row.drain.step, token="bench", now=now)
+            short_s += _short(row.drain, ids[row.node_id]) * tick_s
+        with state.lock:
+            controller.step(state.cluster(name), clock)
+        clock += tick_s
+    upgrade.refresh_from_db()
+    nodes = list(upgrade.nodes.select_related("node"))
+    wave_s = []
+    for wave in sorted({n.wave for n in nodes if n.wave}):
+        rows = [n for n in nodes if n.wave == wave and n.draining_at]
+        ends = [n.done_at or n.failed_at for n in rows]
+        if rows and all(ends):
+            wave_s.append((max(ends) - min(n.draining_at for n in rows)).total_seconds())
+    failed = [n for n in nodes if n.state == "failed"]
+    handled = sum(1 for n in failed if not Allocation.objects.active().filter(gpu__node_id=n.node_id).exists())
     return {
         "upgrade_nodes": count,
-        "upgrade_waves": waves,
+        "upgrade_state": upgrade.state,
+        "upgrade_waves": upgrade.current_wave,
         "wave_s": round(max(wave_s), 1) if wave_s else 0.0,
         "wave_s_median": sorted(wave_s)[len(wave_s) // 2] if wave_s else 0.0,
-        "upgraded": NodeDrain.objects.filter(cluster=cluster, driver_upgrade=True, state="succeeded").count(),
+        "upgraded": sum(1 for n in nodes if n.state == "done"),
         "failed_nodes": len(failing | lost),
-        "failed_nodes_handled": failed_handled,
+        "failed_nodes_marked": len(failed),
+        "failed_nodes_handled": handled,
         "upgrade_short_s": short_s,
-        "upgrade_unplaced": unplaced,
-        "inside_window": int(clock <= window_s and not candidates),
+        "upgrade_unplaced": sum(1 for n in nodes if n.state == "pending"),
+        "upgrade_s": clock,
+        "inside_window": int(upgrade.finished_at is not None and clock <= window_s),
         "max_parallel": max_parallel,
         "window_s": window_s,
     }
@@ -210,17 +228,21 @@ def run_maintenance_bench(
     max_parallel: int = 4,
     upgrade_grace_s: int = 60,
     window_s: int = 4 * 3600,
+    upgrade_timeout_s: int = 1800,
 ) -> dict:
     _delete(stale_bench_clusters(BENCH_PREFIX))
     name = unique_name(BENCH_PREFIX, nodes)
     patches = [
         mock.patch("operations.tasks.enqueue_drain_step"),  # the steps are called here, one after the other
+        mock.patch("operations.tasks.enqueue_driver_upgrade_tick"),  # and the rollout's tick
         mock.patch("pools.tasks.reconcile_project_task.delay_on_commit"),  # the clusters' quotas: not measured
         mock.patch("pools.tasks.process_queue_task.delay_on_commit"),
         mock.patch("notifications.tasks.fan_out_task.delay_on_commit"),
     ]
     for patch in patches:
         patch.start()
+    timeouts = override_settings(DRIVER_UPGRADE_TIMEOUT_S=upgrade_timeout_s, DRIVER_UPGRADE_POLL_S=30)
+    timeouts.enable()
     state = _build(name, nodes, gpus_per_node)
     server = SimServer(state).start()
     try:
@@ -290,6 +312,7 @@ def run_maintenance_bench(
     finally:
         for patch in patches:
             patch.stop()
+        timeouts.disable()
         server.stop()
         _delete(Cluster.objects.filter(name=name))
     return {
@@ -329,6 +352,12 @@ def run_maintenance_bench(
         arg("--max-parallel", type=int, default=4, help="maxParallelUpgrades, and the largest wave."),
         arg("--upgrade-grace-s", type=int, default=60),
         arg("--window-s", type=int, default=4 * 3600, help="The maintenance window the waves must fit in."),
+        arg(
+            "--upgrade-timeout-s",
+            type=int,
+            default=1800,
+            help="DRIVER_UPGRADE_TIMEOUT_S: a node not back this long after its handover is marked failed.",
+        ),
     ],
     targets=[
         correctness("succeeded", "==", 1),
@@ -338,6 +367,7 @@ def run_maintenance_bench(
         correctness("evicted_after_grace", "==", "pods_on_node"),
         correctness("upgrade_short_s", "==", 0),
         correctness("failed_nodes_handled", "==", "failed_nodes"),
+        correctness("failed_nodes_marked", "==", "failed_nodes"),
         correctness(
             "upgraded", "==", Expr("upgrade_nodes - failed_nodes", lambda r: r["upgrade_nodes"] - r["failed_nodes"])
         ),
@@ -357,5 +387,6 @@ def bench_maintenance(*, stdout=None, **options) -> dict:
         "max_parallel",
         "upgrade_grace_s",
         "window_s",
+        "upgrade_timeout_s",
     )
     return run_maintenance_bench(**{k: options[k] for k in keys})

@@ -408,6 +408,12 @@ MIG_RECONFIG_SWEEP_S = env_int("MIG_RECONFIG_SWEEP_S", WORKFLOW_SWEEP_S, minimum
 # notice's deadline PodDisruptionBudgets may hold pods on the node before the drain fails.
 MAINTENANCE_GRACE_S = env_int("MAINTENANCE_GRACE_S", 3600, minimum=0)
 MAINTENANCE_EVICT_TIMEOUT_S = env_int("MAINTENANCE_EVICT_TIMEOUT_S", 900, minimum=10)
+# Rolling driver upgrades (docs/maintenance.md): the largest wave when the cluster has no ClusterPolicy, how
+# long a handed-over node may take to come back (upgrade-done, or given back, and healthy) before it is
+# marked failed, and how often a rollout's tick looks again.
+DRIVER_UPGRADE_MAX_PARALLEL = env_int("DRIVER_UPGRADE_MAX_PARALLEL", 1, minimum=1)
+DRIVER_UPGRADE_TIMEOUT_S = env_int("DRIVER_UPGRADE_TIMEOUT_S", 2 * 3600, minimum=60)
+DRIVER_UPGRADE_POLL_S = env_int("DRIVER_UPGRADE_POLL_S", 30, minimum=1)
 
 # --- Pools: limits and expiry of pool requests (docs/pools.md) ------------------------------------
 POOL_EXPIRY_NOTICE_S = env_int("POOL_EXPIRY_NOTICE_S", 3600, minimum=0)
@@ -607,6 +613,7 @@ CELERY_BEAT_SCHEDULE = {
     "capacity-reconcile-tier-labels": every(DISCOVERY_INTERVAL_S, "capacity.tasks.reconcile_all_tier_labels_task"),
     "capacity-sweep-reconfigurations": every(MIG_RECONFIG_SWEEP_S, "capacity.tasks.sweep_reconfigurations_task"),
     "operations-sweep-drains": every(MIG_RECONFIG_SWEEP_S, "operations.tasks.sweep_drains_task"),
+    "operations-sweep-driver-upgrades": every(MIG_RECONFIG_SWEEP_S, "operations.tasks.sweep_driver_upgrades_task"),
     "pools-expire-requests": every(POOL_EXPIRY_INTERVAL_S, "pools.tasks.expire_requests_task"),
     "pools-sweep-provisioning": every(WORKFLOW_SWEEP_S, "pools.tasks.sweep_provisioning_task"),
     "pools-reconcile": every(POOL_RECONCILE_INTERVAL_S, "pools.tasks.reconcile_pools_task"),

@@ -45,7 +45,7 @@ from capacity.services import mig_configs, planning
 from core.admin_permissions import OperatorActionsMixin, ReadOnlyInline
 from tenancy.roles import require_operator_perms
 
-from . import maintenance, rebalancing
+from . import admin_upgrades, maintenance, rebalancing  # noqa: F401 (admin_upgrades registers its admin)
 from . import reconfiguration as rc
 
 # --- Reconfigurations ----------------------------------------------------------------------------

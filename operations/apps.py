@@ -4,8 +4,9 @@ from django.apps import AppConfig
 class OperationsConfig(AppConfig):
     """Workflows that span capacity and pools: MIG reconfiguration, take-offline checks, rebalancing.
 
-    No models of its own: it writes capacity's reconfiguration tables and asks pools' services to
-    move allocations. capacity and pools never import it.
+    It writes capacity's reconfiguration and drain tables and asks pools' services to move allocations;
+    its own rows are the rolling driver upgrades (operations.models), which only it and the dashboard read.
+    capacity and pools never import it.
     """
 
     name = "operations"

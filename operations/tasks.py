@@ -19,6 +19,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from operations import maintenance
+from operations.maintenance import rollout_tick
 from operations.reconfiguration import run_step, sweep
 
 # A step message older than this is dropped; sweep_reconfigurations_task re-enqueues lost steps.
@@ -70,3 +71,27 @@ def enqueue_drain_step(drain_id: int, step: str, *, countdown: int | None = None
 def sweep_drains_task() -> dict:
     """Beat: give drain steps of dead workers back and re-send lost ones."""
     return maintenance.sweep()
+
+
+# --- Rolling driver upgrades (operations/maintenance/rollout*.py) ---------------------------------------
+
+
+@shared_task(name="operations.tasks.driver_upgrade_tick_task", bind=True, acks_late=True)
+def driver_upgrade_tick_task(self, rollout_id: int) -> str:
+    """Drive one rolling driver upgrade: follow its nodes, start or plan a wave, finish. Idempotent: claimed
+    with a conditional UPDATE under a lease, re-entered when this same task is redelivered after a worker died."""
+    return rollout_tick.tick(rollout_id, token=self.request.id or "local")
+
+
+def enqueue_driver_upgrade_tick(rollout_id: int, *, countdown: int | None = None) -> None:
+    """Send one tick (call after commit) to the control plane's default queue."""
+    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
+    if countdown:
+        options["countdown"] = countdown
+    driver_upgrade_tick_task.apply_async((rollout_id,), **options)
+
+
+@shared_task(name="operations.tasks.sweep_driver_upgrades_task", acks_late=True)
+def sweep_driver_upgrades_task() -> dict:
+    """Beat: re-send the tick of a rollout whose worker died or whose message was lost."""
+    return rollout_tick.sweep()

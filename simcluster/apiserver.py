@@ -52,6 +52,8 @@ _STORED_GROUPS = {
         "v1",
         {"validatingadmissionpolicies": False, "validatingadmissionpolicybindings": False},
     ),
+    # The GPU Operator's CRD (NVIDIA/gpu-operator api/nvidia/v1/clusterpolicy_types.go): stored, not acted on.
+    "nvidia.com": ("v1", {"clusterpolicies": False}),
 }
 _DRA_NAMESPACED = ("resourceclaims", "resourceclaimtemplates")
 _DRA_CLUSTER = ("resourceslices", "deviceclasses")

@@ -752,6 +752,7 @@ STORED_ONLY = {
     "validatingadmissionpolicybindings": Kind(
         "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", False, "subdomain", True, _ADMISSION
     ),
+    "clusterpolicies": Kind("clusterpolicies", "ClusterPolicy", False, "subdomain", True, "nvidia.com/v1"),
 }
 KINDS.update(STORED_ONLY)
 # Writers whose fields are not tracked (metadata.managedFields): the simulator's own controllers' hot paths.

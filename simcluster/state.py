@@ -210,6 +210,8 @@ class Cluster:
         self.clusterrolebindings: dict[str, Record] = {}
         self.validatingadmissionpolicies: dict[str, Record] = {}
         self.validatingadmissionpolicybindings: dict[str, Record] = {}
+        # The GPU Operator's ClusterPolicy (nvidia.com/v1), stored only: gpuaas reads its driver upgrade policy.
+        self.clusterpolicies: dict[str, Record] = {}
         self._dra_held: tuple[int, dict[str, set[str]]] | None = None  # simcluster.dra.held_devices' cache
         # ConfigMap name -> [(time.monotonic() it reaches the MIG manager's mounted copy, config.yaml text)]:
         # kubelet's delayed refresh of a mounted ConfigMap (gpuoperator.mounted_config_text).

@@ -7,5 +7,6 @@ here into JSON the pages render and refresh. Nothing in this package writes.
 - fleet.py: cluster cards and the profile distribution, as SQL aggregates (a fixed number of queries).
 - nodes.py: one cluster's node view and one GPU's MIG picture.
 - sources.py: monitoring and billing reads (health counters, events, idle reservations, metrics, costs).
+- upgrades.py: the rolling driver upgrades under way (operations.models.DriverUpgrade).
 - projects.py: a project member's projects, pools, requests and costs.
 """

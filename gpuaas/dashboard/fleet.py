@@ -23,7 +23,7 @@ from capacity.services import planning
 from pools.choices import RequestState
 from pools.models import Allocation, PoolRequest, gpu_count
 
-from . import sources
+from . import sources, upgrades
 from .status import FULL, SHAPE_LABELS, SHAPES, STATUSES, UnitStatus, shape_of, status_of
 
 
@@ -335,6 +335,7 @@ def overview() -> dict:
         "tier_policies": tier_policies(table),
         "capacity_plan": capacity_plan_panel(busy, table),
         "pending": pending_approvals(),
+        "driver_upgrades": upgrades.driver_upgrades_panel(),
         "health_events": sources.recent_health_events(),
         "idle_reservations": sources.idle_reservations(),
         "trespass_events": sources.trespass_events(),

@@ -4,9 +4,10 @@ from django.urls import path
 
 from core.api import router
 
-from . import maintenance, planning, reconfiguration
+from . import maintenance, planning, reconfiguration, upgrades
 
 router.register("node-drains", maintenance.NodeDrainViewSet, basename="node-drain")
+router.register("driver-upgrades", upgrades.DriverUpgradeViewSet, basename="driver-upgrade")
 router.register("mig-reconfigurations", reconfiguration.MigReconfigurationViewSet, basename="mig-reconfiguration")
 urlpatterns = [
     path("take-offline/", planning.TakeOfflineView.as_view(), name="take-offline"),

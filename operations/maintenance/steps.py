@@ -104,13 +104,15 @@ def step_cordon(drain: NodeDrain, now: datetime) -> Advance:
 
 def step_move(drain: NodeDrain, now: datetime) -> Advance:
     """Move each active reservation on the node to an equivalent free unit (pools.services.move_allocation:
-    approval's locks and choice, the project's other nodes first; quotas and DRA templates reconciled).
+    approval's locks and choice, the project's other nodes first; quotas and DRA templates reconciled), never
+    onto another node of the same upgrade wave (upgrades.wave_siblings).
     Each move commits with its trail row; a re-run moves only what is still on the node."""
     short = []
     moved = 0
+    away = {drain.node_id} | upgrades.wave_siblings(drain)
     for allocation in _active_on(drain).select_related("gpu", "project"):
         with transaction.atomic():
-            unit = move_allocation(allocation.pk, away_from={drain.node_id})
+            unit = move_allocation(allocation.pk, away_from=away)
             if unit is None:
                 short.append(allocation)
                 continue

@@ -21,6 +21,7 @@ from capacity.choices import DrainStep as Step
 from capacity.choices import ReconfigurationEvent as Event
 from capacity.models import NodeCapacity, NodeDrain
 from capacity.services import mig_configs
+from operations.models import DriverUpgradeNode
 from operations.reconfiguration.outcomes import Wait
 
 from .check import take_offline_check
@@ -50,10 +51,28 @@ def hand_over(drain: NodeDrain, now: datetime) -> Wait | None:
                 audit(drain, Step.HANDOVER, Event.INFO, "given back by the driver upgrade controller (upgrade-done)")
         return None
     if state == UPGRADE_FAILED:
+        if not drain.steps.filter(step=Step.HANDOVER, detail__upgrade_failed=True).exists():
+            audit(
+                drain,
+                Step.HANDOVER,
+                Event.INFO,
+                f"{UPGRADE_STATE_LABEL}={UPGRADE_FAILED}",
+                detail={"upgrade_failed": True},
+            )
         return Wait(
             f"the driver upgrade failed ({UPGRADE_STATE_LABEL}={UPGRADE_FAILED}): the node stays in maintenance"
         )
     return Wait(f"driver upgrade in progress: {UPGRADE_STATE_LABEL}={state or 'unset'}")
+
+
+def wave_siblings(drain: NodeDrain) -> set[int]:
+    """The other nodes of `drain`'s rollout wave (operations.models.DriverUpgradeNode): a reservation moved off
+    one node of a wave must not land on another node of the same wave, which goes down next."""
+    row = DriverUpgradeNode.objects.filter(drain=drain).values("rollout_id", "wave").first()
+    if row is None or row["wave"] is None:
+        return set()
+    siblings = DriverUpgradeNode.objects.filter(rollout_id=row["rollout_id"], wave=row["wave"])
+    return set(siblings.exclude(node_id=drain.node_id).values_list("node_id", flat=True))
 
 
 def next_wave(candidates, *, max_parallel: int) -> list[NodeCapacity]:

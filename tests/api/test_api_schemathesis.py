@@ -183,6 +183,15 @@ DOMAIN_REFUSALS: list[tuple[str, set[str], str]] = [
         "exactly one of layout, named and per_gpu (null and empty count as not given), for a node whose GPUs"
         " gpuaas knows and that can take it: a cross-field rule and the state of the world",
     ),
+    ("POST /api/v1/driver-upgrades/", {"cluster", "nodes"}, NAMES_NO_OBJECT),
+    ("GET /api/v1/driver-upgrades/", {"cluster"}, NAMES_NO_OBJECT),
+    ("POST /api/v1/driver-upgrades/{id}/give-back/", {"node"}, NAMES_NO_OBJECT),
+    (
+        "POST /api/v1/driver-upgrades/",
+        {"nodes", "node_group", "cluster"},
+        "nodes of the cluster, not in another open rollout, or a node group (or cluster) with GPU nodes:"
+        " the state of the fleet",
+    ),
     *[
         (f"GET /api/v1/{path}", {"start", "end"}, "a time range: start before end, at most the range a read allows")
         for path in ["monitoring/pools/", "monitoring/pools/{id}/", "monitoring/series/{id}/samples/"]

@@ -106,6 +106,7 @@ def _world_objects():
         TimeSlicingPolicy,
     )
     from monitoring.models import IdleReservation, Series, TrespassEvent
+    from operations.models import DriverUpgrade
     from pools.models import Allocation, AutoApprovalPolicy, BestEffortRequest
     from tenancy.models import ApiToken, Project
     from tenancy.roles import operators_group, set_role
@@ -210,6 +211,7 @@ def _world_objects():
             MigReconfiguration.objects.create(cluster=world.alpha, node=node, target={"0": None})
         ),
         "node-drain": fleet(NodeDrain.objects.create(cluster=world.alpha, node=node, reason="matrix")),
+        "driver-upgrade": fleet(DriverUpgrade.objects.create(cluster=world.alpha, max_parallel=1, name="matrix")),
         "maintenance-window": fleet(
             MaintenanceWindow.objects.create(
                 cluster=world.alpha, name="sunday", weekday=6, start_time=time(2), end_time=time(4)

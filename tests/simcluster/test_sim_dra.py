@@ -130,6 +130,7 @@ def test_official_client_reads_slices_classes_and_discovery(resource_api, dra_st
         "apps",
         "rbac.authorization.k8s.io",
         "admissionregistration.k8s.io",
+        "nvidia.com",
         "resource.k8s.io",
         "kubevirt.io",
     ]

@@ -55,13 +55,15 @@ def test_discovery_endpoints_parse_with_the_official_models(prod, state):
     assert version.build_date and version.git_tree_state == "clean"
     assert client.CoreApi(api_client).get_api_versions().versions == ["v1"]
     # scheduling.k8s.io/v1 (PriorityClasses, for borrowed units) and the stored-only groups onboarding applies
-    # to (apps, RBAC, admission policies), KubeVirt's VMIs; resource.k8s.io only on DRA clusters.
+    # to (apps, RBAC, admission policies), the GPU Operator's ClusterPolicy, KubeVirt's VMIs; resource.k8s.io
+    # only on DRA clusters.
     groups = client.ApisApi(api_client).get_api_versions().groups
     assert [(g.name, g.preferred_version.group_version) for g in groups] == [
         ("scheduling.k8s.io", "scheduling.k8s.io/v1"),
         ("apps", "apps/v1"),
         ("rbac.authorization.k8s.io", "rbac.authorization.k8s.io/v1"),
         ("admissionregistration.k8s.io", "admissionregistration.k8s.io/v1"),
+        ("nvidia.com", "nvidia.com/v1"),
         ("kubevirt.io", "kubevirt.io/v1"),
     ]
     resources = {r.name: r for r in prod.get_api_resources().resources}

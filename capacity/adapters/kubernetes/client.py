@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .apply import ApplyCalls
+from .clusterpolicy import ClusterPolicyCalls
 from .configuration import configuration_for, load_configuration
 from .dra import DraCalls
 from .namespaces import NamespaceCalls
@@ -11,7 +11,7 @@ from .pods import PodCalls
 from .scheduling import SchedulingCalls
 
 
-class KubernetesClient(NodeCalls, PodCalls, NamespaceCalls, DraCalls, SchedulingCalls, ApplyCalls):
+class KubernetesClient(NodeCalls, PodCalls, NamespaceCalls, DraCalls, SchedulingCalls, ClusterPolicyCalls):
     """One cluster's API: reads return parsed dataclasses, writes return the object as a dict.
 
     Use as a context manager (or call close()) so the connection pool is released.

@@ -447,6 +447,7 @@
       h("p", { className: "gd-empty", text: "No clusters registered yet." }));
     fill("profiles", profileTable(data.profiles), tierPolicyNote(data.tier_policies));
     fill("capacity_plan", panel(data.capacity_plan, "Capacity per tier"));
+    fill("driver_upgrades", panel(data.driver_upgrades, "Rolling driver upgrades"));
     var pending = data.pending;
     fill("pending",
       h("p", null, pending.count + " request" + (pending.count === 1 ? "" : "s") + " waiting. ",
