@@ -40,50 +40,51 @@ class UnitGroup:
     gpus: Fraction  # the units' size in GPUs, summed
 
 
-def unit_groups(cluster_ids: list[int] | None = None, busy_devices: frozenset[str] | None = None) -> list[UnitGroup]:
-    """Every present unit, counted by cluster, product, shape and status. Three queries.
+def unit_groups(
+    cluster_ids: list[int] | None = None,
+    busy_devices: frozenset[str] | None = None,
+    table: dict | None = None,
+    mig_counts: list[dict] | None = None,
+) -> list[UnitGroup]:
+    """Every present unit, counted by cluster, product, shape and status. Two queries, plus one for the busy
+    devices and one for the tier policies unless the caller read them (`busy_devices` as in
+    GpuCapacityQuerySet.annotate_availability(), `table` as capacity.tiers.policies()), less one when it read
+    the MIG instances' counts (`mig_counts`: planning.mig_unit_counts() of the same clusters, shared with the
+    capacity plan).
 
-    Status is the unit's availability (the approval's definition); `busy_devices` as in
-    GpuCapacityQuerySet.annotate_availability().
+    Status is the unit's availability (the approval's definition).
     """
     if busy_devices is None:
         busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
-    # fleet=True: hashed subqueries, not a probe per unit, as this reads every unit (capacity.models.availability).
-    mig = MigInstance.objects.annotate_availability(busy_devices, fleet=True)
+    table = tiers.policies() if table is None else table
+    if mig_counts is None:
+        # fleet=True: hashed subqueries, not a probe per unit, as this reads every unit
+        # (capacity.models.availability); the tier policies as literals, not a subquery per instance.
+        mig_counts = planning.mig_unit_counts(busy_devices, table, cluster_ids=cluster_ids)
+    elif cluster_ids is not None:
+        wanted = set(cluster_ids)
+        mig_counts = [row for row in mig_counts if row["cluster_id"] in wanted]
     full = GpuCapacity.objects.units().annotate_availability(busy_devices, fleet=True)
     if cluster_ids is not None:
-        mig = mig.filter(gpu__node__cluster_id__in=cluster_ids)
         full = full.filter(node__cluster_id__in=cluster_ids)
-    mig_rows = (
-        mig.values(
-            "gpu__node__cluster_id",
-            "gpu__catalog_product",
-            "profile__name",
-            "profile__compute_slices",
-            "availability",
-            "reserved",
-        )
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
     full_rows = (
         full.values("node__cluster_id", "catalog_product", "availability", "reserved")
         .annotate(n=Count("pk"))
         .order_by()
     )
     groups = []
-    for row in mig_rows:
-        slices = row["profile__compute_slices"]
-        product = row["gpu__catalog_product"]
+    for row in mig_counts:
+        slices = row["compute_slices"]
+        product = row["gpu_product"]
         groups.append(
             UnitGroup(
-                cluster_id=row["gpu__node__cluster_id"],
+                cluster_id=row["cluster_id"],
                 product=product,
                 shape=shape_of(slices),
                 status=status_of(row["availability"]),
                 allocated=bool(row["reserved"]),
                 count=row["n"],
-                gpus=mig_share(product, row["profile__name"], slices) * row["n"],
+                gpus=mig_share(product, row["name"], slices) * row["n"],
             )
         )
     for row in full_rows:
@@ -215,11 +216,14 @@ def tier_policies(table: dict | None = None) -> dict:
     }
 
 
-def capacity_plan_panel(busy_devices: frozenset[str] | None = None, table: dict | None = None) -> dict:
+def capacity_plan_panel(
+    busy_devices: frozenset[str] | None = None, table: dict | None = None, mig_counts: list[dict] | None = None
+) -> dict:
     """The live plan per tier (capacity.services.planning.tier_plan: what approval would hand out on each tier's
     nodes, and the maintenance reserve), as a panel. The figures the admin's Capacity plan page and
-    /api/v1/capacity-plan/ show; seven queries given the busy devices and the tier policies."""
-    plan = planning.tier_plan(busy_devices=busy_devices, table=table)
+    /api/v1/capacity-plan/ show; seven queries given the busy devices and the tier policies, six given the
+    fleet's planning.mig_unit_counts() too."""
+    plan = planning.tier_plan(busy_devices=busy_devices, table=table, mig_counts=mig_counts)
     items = [
         {
             "id": row.tier or "none",
@@ -311,7 +315,9 @@ def overview() -> dict:
     ids = [c.pk for c in clusters]
     busy = WorkloadProfile.objects.running().multi_device_uuids()  # read once: the cards and the plan
     table = tiers.policies()
-    groups = unit_groups(ids, busy)
+    # The MIG instances' counts of the whole fleet, read once for the cards, the profiles and the plan.
+    mig_counts = planning.mig_unit_counts(busy, table)
+    groups = unit_groups(ids, busy, table, mig_counts)
     cards = cluster_cards(clusters, groups)
     health = sources.health_counters(ids)
     series = sources.cluster_series(clusters)
@@ -333,7 +339,7 @@ def overview() -> dict:
         "clusters": cards,
         "profiles": profile_distribution(groups),
         "tier_policies": tier_policies(table),
-        "capacity_plan": capacity_plan_panel(busy, table),
+        "capacity_plan": capacity_plan_panel(busy, table, mig_counts),
         "pending": pending_approvals(),
         "health_events": sources.recent_health_events(),
         "idle_reservations": sources.idle_reservations(),

@@ -88,14 +88,14 @@ def describe_gpus(
     gpu_ids = [g.pk for g in gpus] if scope is None else scope
     if busy_devices is None:
         busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+    table = tiers.policies() if table is None else table
     instances: dict[int, list[MigInstance]] = defaultdict(list)
     active = list(
-        MigInstance.objects.annotate_availability(busy_devices)
+        MigInstance.objects.annotate_availability(busy_devices, table=table)
         .filter(gpu_id__in=gpu_ids)
         .annotate(node_tier=F("gpu__node__tier"))
         .select_related("profile")
     )
-    table = tiers.policies() if table is None else table
     for instance in active:
         instances[instance.gpu_id].append(instance)
     allocations, workloads = _holders(gpus, active, gpu_ids)
@@ -167,7 +167,7 @@ def node_view(cluster: Cluster, page_number: int | str = 1) -> dict:
     table = tiers.policies()
     for tile in describe_gpus(gpus, on_page.values("pk"), busy_devices, table):
         tiles_by_node[gpu_node[tile["id"]]].append(tile)
-    groups = unit_groups([cluster.pk], busy_devices)
+    groups = unit_groups([cluster.pk], busy_devices, table)
     health = sources.health_counters([cluster.pk])
     return {
         "cluster": {"id": cluster.pk, "name": cluster.name, "status": cluster.status},
