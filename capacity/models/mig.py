@@ -95,22 +95,30 @@ class MigInstanceQuerySet(models.QuerySet):
         return in_use | Q(uuid__in=sorted(busy_devices)) if busy_devices else in_use
 
     def annotate_availability(
-        self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False, table: dict | None = None
+        self,
+        busy_devices: frozenset[str] | None = None,
+        *,
+        fleet: bool = False,
+        table: dict | None = None,
+        within: dict | None = None,
     ):
         """Present instances with `availability` and `reserved`, as GpuCapacityQuerySet.annotate_availability().
 
         `fleet`: for a count over every instance (the dashboard), the same availability written with hashed
-        subqueries (availability.fleet_forms) instead of a probe per row. `table`: the tier policies as the
-        caller read them (capacity.tiers.policies()), written in as literals (tiers.admitted_q)."""
+        subqueries (availability.fleet_forms) instead of a probe per row; `within` (fleet only): lookups
+        that narrow the instances and the holders those subqueries read (`{"gpu_id__in": ids}`, one page
+        of the node view; `{"gpu__node__cluster_id__in": ids}`, some clusters). `table`: the tier policies
+        as the caller read them (capacity.tiers.policies()), written in as literals (tiers.admitted_q)."""
         conditions = self._unit_conditions(table)
         if fleet:
             if busy_devices is None:
                 busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
             reserved, in_use, ending = fleet_forms(
-                self.model, "mig_instance", WorkloadProfile.objects.running(), busy_devices
+                self.model, "mig_instance", WorkloadProfile.objects.running(), busy_devices, within
             )
             availability = availability_case(conditions, reserved, in_use, ending)
-            return self.present().annotate(availability=availability, reserved=as_boolean(reserved))
+            instances = self.present().filter(**(within or {}))
+            return instances.annotate(availability=availability, reserved=as_boolean(reserved))
         reserved = self._reserved()
         availability = availability_case(conditions, reserved, self._in_use(busy_devices), self._ending())
         return self.present().annotate(availability=availability, reserved=reserved)

@@ -64,9 +64,8 @@ def unit_groups(
     elif cluster_ids is not None:
         wanted = set(cluster_ids)
         mig_counts = [row for row in mig_counts if row["cluster_id"] in wanted]
-    full = GpuCapacity.objects.units().annotate_availability(busy_devices, fleet=True)
-    if cluster_ids is not None:
-        full = full.filter(node__cluster_id__in=cluster_ids)
+    within = None if cluster_ids is None else {"node__cluster_id__in": cluster_ids}
+    full = GpuCapacity.objects.units().annotate_availability(busy_devices, fleet=True, within=within)
     full_rows = (
         full.values("node__cluster_id", "catalog_product", "availability", "reserved")
         .annotate(n=Count("pk"))
