@@ -195,10 +195,13 @@ def mig_unit_counts(busy: frozenset[str], table: dict, *, cluster_ids: list[int]
 
     Keys: cluster_id, tier, gpu_product, product, name, compute_slices, availability, reserved, admitted, n.
     """
-    within = None if cluster_ids is None else {"gpu__node__cluster_id__in": cluster_ids}
-    instances = MigInstance.objects.annotate_availability(busy, fleet=True, table=table, within=within).annotate(
+    # Not narrowed with `within` to the clusters: the holders would then be joined to their instances'
+    # GPUs and nodes, dearer than hashing the fleet's active MIG allocations from their index (bench fleet).
+    instances = MigInstance.objects.annotate_availability(busy, fleet=True, table=table).annotate(
         admitted=as_boolean(admitted_q("gpu__", table))
     )
+    if cluster_ids is not None:
+        instances = instances.filter(gpu__node__cluster_id__in=cluster_ids)
     node = "gpu__node__"
     names = {
         f"{node}cluster_id": "cluster_id",
