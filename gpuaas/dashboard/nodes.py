@@ -164,10 +164,10 @@ def node_view(cluster: Cluster, page_number: int | str = 1) -> dict:
     page_nodes = list(page.object_list)
     node_ids = [node.pk for node in page_nodes]
     busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
-    # The page's GPUs and the holders of those GPUs only (within), not every allocation of the fleet.
-    on_page = GpuCapacity.objects.present().annotate_availability(
-        busy_devices, fleet=True, within={"node_id__in": node_ids}
-    )
+    # The page's GPU ids first, as literals: the holders of those GPUs only are read (within), not every
+    # allocation of the fleet.
+    page_ids = list(GpuCapacity.objects.present().filter(node_id__in=node_ids).values_list("pk", flat=True))
+    on_page = GpuCapacity.objects.present().annotate_availability(busy_devices, fleet=True, within={"pk__in": page_ids})
     gpus = list(on_page.order_by("node_id", "index"))
     tiles_by_node: dict[int, list[dict]] = defaultdict(list)
     gpu_node = {gpu.pk: gpu.node_id for gpu in gpus}
