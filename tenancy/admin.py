@@ -17,7 +17,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from guardian.admin import GuardedModelAdmin
 
-from gpuaas.admin_paging import FleetScaleAdminMixin
+from core.admin_paging import FleetScaleAdminMixin
 
 from . import roles, services
 from .choices import Role

@@ -1,6 +1,6 @@
 """The big admin changelists: a fixed number of queries whatever the fleet, and no COUNT(*) over a big table.
 
-On PostgreSQL a changelist above gpuaas.admin_paging.ESTIMATE_ABOVE rows takes the planner's estimate
+On PostgreSQL a changelist above core.admin_paging.ESTIMATE_ABOVE rows takes the planner's estimate
 (pg_class.reltuples unfiltered, EXPLAIN filtered) and says "about N"; on SQLite, and below the threshold,
 the count is exact.
 """
@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from capacity.models import GpuCapacity
-from gpuaas import admin_paging
+from core import admin_paging
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ CHANGELISTS = [
     "admin:notifications_delivery_changelist",
 ]
 # Tables that grow with the fleet (units, nodes) or with history (one row or more per request, allocation,
-# hour, event): their changelists must page by estimate (gpuaas.admin_paging.FleetScaleAdminMixin).
+# hour, event): their changelists must page by estimate (core.admin_paging.FleetScaleAdminMixin).
 FLEET_SIZED = [
     "capacity.NodeCapacity",
     "capacity.GpuCapacity",
