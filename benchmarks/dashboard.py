@@ -122,7 +122,7 @@ def _timed(fn, repeat: int) -> tuple[float, int]:
         correctness("gpus", "==", Expr("8 x nodes", lambda r: 8 * r["nodes"])),
         # 1 reads the tier profile policies, 1 the rate cards, 7 the capacity plan per tier
         correctness("overview_queries", "<=", 27),
-        correctness("node_view_page_queries", "<=", 18),
+        correctness("node_view_page_queries", "<=", 20),
         performance("overview_ms_median", "<=", 1000),
         performance("node_view_page_ms_median", "<=", 100),
     ],

@@ -52,6 +52,8 @@ CHANGELISTS = (
     ("nodes", "admin:capacity_nodecapacity_changelist"),
     ("mig_instances", "admin:capacity_miginstance_changelist"),
     ("allocations", "admin:capacity_allocation_changelist"),
+    ("pools", "admin:pools_gpupool_changelist"),
+    ("projects", "admin:tenancy_project_changelist"),
     ("pool_requests", "admin:pools_poolrequest_changelist"),
     ("usage", "admin:billing_usagerecord_changelist"),
     ("statements", "admin:billing_statement_changelist"),

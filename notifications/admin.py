@@ -6,6 +6,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 
+from core.admin_paging import FleetScaleAdminMixin
 from core.admin_permissions import ReadOnlyInline
 
 from . import services
@@ -19,7 +20,7 @@ class DeliveryInline(ReadOnlyInline):
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     list_display = ["created_at", "kind", "project", "subject"]
     list_filter = ["kind"]
     list_select_related = ["project"]
@@ -45,7 +46,7 @@ class EventAdmin(admin.ModelAdmin):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(admin.ModelAdmin):
+class DeliveryAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     list_display = ["created_at", "event", "channel", "address", "state", "attempts", "last_status", "sent_at"]
     list_filter = ["state", "channel"]
     list_select_related = ["event"]

@@ -268,7 +268,7 @@ class PoolClusterInline(ReadOnlyInline):
 
 
 @admin.register(GpuPool)
-class GpuPoolAdmin(admin.ModelAdmin):
+class GpuPoolAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
     list_display = [
         "name",
         "project",

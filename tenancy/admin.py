@@ -17,6 +17,8 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from guardian.admin import GuardedModelAdmin
 
+from core.admin_paging import FleetScaleAdminMixin
+
 from . import roles, services
 from .choices import Role
 from .models import ApiToken, ExternalIdentity, IdentityGroupRole, Project
@@ -35,7 +37,7 @@ class MemberForm(forms.Form):
 
 
 @admin.register(Project)
-class ProjectAdmin(GuardedModelAdmin):
+class ProjectAdmin(FleetScaleAdminMixin, GuardedModelAdmin):
     list_display = ["name", "slug", "namespace", "cost_centre", "pools_held", "members_link", "created_at"]
     search_fields = ["name", "slug", "namespace", "cost_centre"]
     prepopulated_fields = {"slug": ["name"]}

@@ -38,7 +38,7 @@ def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q, end
     return Case(*whens, default=Value(Availability.FREE), output_field=CharField())
 
 
-def fleet_forms(model, unit: str, running, busy_devices: frozenset[str]) -> tuple[Q, Q, Q]:
+def fleet_forms(model, unit: str, running, busy_devices: frozenset[str], within: dict | None = None) -> tuple[Q, Q, Q]:
     """(reserved, in_use, ending) of every unit of `model` as uncorrelated `pk IN (subquery)` terms.
 
     The same rows as the EXISTS forms the querysets use, written so that PostgreSQL hashes each subquery
@@ -47,12 +47,18 @@ def fleet_forms(model, unit: str, running, busy_devices: frozenset[str]) -> tupl
     workloads' column naming the unit ("mig_instance" or "gpu"); `running` the running workloads. A whole GPU
     is held by allocations without a MIG instance (as the querysets' _reserved and _ending). NULLs are
     filtered out of each subquery, so a NOT IN never turns unknown.
+
+    `within`: lookups on the unit (`{"gpu_id__in": ids}`, `{"node__cluster_id__in": ids}`) that the
+    caller's units all satisfy (annotate_availability() filters them so): each subquery then reads the
+    holders of those units only (the node view's page, one cluster) instead of every holder of the fleet.
+    The same answer for each of those units.
     """
     column = f"{unit}_id"
     whole = {"mig_instance__isnull": True} if unit == "gpu" else {}
+    scope = {f"{unit}__{lookup}": value for lookup, value in (within or {}).items()}
 
     def held(queryset, **extra) -> Q:
-        return Q(pk__in=queryset.filter(**{f"{unit}__isnull": False}, **extra).values(column))
+        return Q(pk__in=queryset.filter(**{f"{unit}__isnull": False}, **extra, **scope).values(column))
 
     in_use = held(running)
     if busy_devices:

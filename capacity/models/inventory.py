@@ -235,21 +235,26 @@ class GpuCapacityQuerySet(models.QuerySet):
         in_use = Q(Exists(WorkloadProfile.objects.running().filter(gpu=OuterRef("pk"))))
         return in_use | Q(uuid__in=sorted(busy_devices)) if busy_devices else in_use
 
-    def annotate_availability(self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False):
+    def annotate_availability(
+        self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False, within: dict | None = None
+    ):
         """`availability` (choices.Availability) of each GPU as a whole-GPU unit, and `reserved` (held).
 
         Meaningful for GPUs with MIG off (units()); a MIG GPU's units are its instances. `reserved` is
         true whenever an active allocation holds the unit, also when it is in use.
         `busy_devices`: WorkloadProfile.objects.running().multi_device_uuids(), when the caller has it.
         `fleet`: for a count over every GPU (the dashboard), the same availability with hashed subqueries
-        (availability.fleet_forms) instead of a probe per row.
+        (availability.fleet_forms) instead of a probe per row; `within` (fleet only): lookups that narrow the
+        GPUs and the holders those subqueries read (`{"pk__in": ids}`, `{"node__cluster_id__in": ids}`).
         """
         if fleet:
             if busy_devices is None:
                 busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
-            reserved, in_use, ending = fleet_forms(self.model, "gpu", WorkloadProfile.objects.running(), busy_devices)
+            running = WorkloadProfile.objects.running()
+            reserved, in_use, ending = fleet_forms(self.model, "gpu", running, busy_devices, within)
             availability = availability_case(self._unit_conditions(), reserved, in_use, ending)
-            return self.annotate(availability=availability, reserved=as_boolean(reserved))
+            gpus = self.filter(**(within or {}))
+            return gpus.annotate(availability=availability, reserved=as_boolean(reserved))
         reserved = self._reserved()
         availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices), self._ending())
         return self.annotate(availability=availability, reserved=reserved)

@@ -75,10 +75,10 @@ class MigInstanceQuerySet(models.QuerySet):
     def present(self):
         return self.active().filter(gpu__node__gone_at__isnull=True)
 
-    def _unit_conditions(self) -> dict[str, Q]:
+    def _unit_conditions(self, table: dict | None = None) -> dict[str, Q]:
         conditions = host_conditions("gpu__")
         conditions[Availability.RECONFIGURING] &= Q(gpu__mig_mode_current=True)  # MIG being switched off
-        conditions[Availability.TIER_POLICY] = admitted_q("gpu__")  # TierProfilePolicy rows, in SQL
+        conditions[Availability.TIER_POLICY] = admitted_q("gpu__", table)  # TierProfilePolicy rows, in SQL
         return conditions
 
     def _reserved(self) -> Exists:
@@ -93,21 +93,33 @@ class MigInstanceQuerySet(models.QuerySet):
         in_use = Q(Exists(WorkloadProfile.objects.running().filter(mig_instance=OuterRef("pk"))))
         return in_use | Q(uuid__in=sorted(busy_devices)) if busy_devices else in_use
 
-    def annotate_availability(self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False):
+    def annotate_availability(
+        self,
+        busy_devices: frozenset[str] | None = None,
+        *,
+        fleet: bool = False,
+        table: dict | None = None,
+        within: dict | None = None,
+    ):
         """Present instances with `availability` and `reserved`, as GpuCapacityQuerySet.annotate_availability().
 
         `fleet`: for a count over every instance (the dashboard), the same availability written with hashed
-        subqueries (availability.fleet_forms) instead of a probe per row."""
+        subqueries (availability.fleet_forms) instead of a probe per row; `within` (fleet only): lookups
+        that narrow the instances and the holders those subqueries read (`{"gpu_id__in": ids}`, one page
+        of the node view; `{"gpu__node__cluster_id__in": ids}`, some clusters). `table`: the tier policies
+        as the caller read them (capacity.tiers.policies()), written in as literals (tiers.admitted_q)."""
+        conditions = self._unit_conditions(table)
         if fleet:
             if busy_devices is None:
                 busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
             reserved, in_use, ending = fleet_forms(
-                self.model, "mig_instance", WorkloadProfile.objects.running(), busy_devices
+                self.model, "mig_instance", WorkloadProfile.objects.running(), busy_devices, within
             )
-            availability = availability_case(self._unit_conditions(), reserved, in_use, ending)
-            return self.present().annotate(availability=availability, reserved=as_boolean(reserved))
+            availability = availability_case(conditions, reserved, in_use, ending)
+            instances = self.present().filter(**(within or {}))
+            return instances.annotate(availability=availability, reserved=as_boolean(reserved))
         reserved = self._reserved()
-        availability = availability_case(self._unit_conditions(), reserved, self._in_use(busy_devices), self._ending())
+        availability = availability_case(conditions, reserved, self._in_use(busy_devices), self._ending())
         return self.present().annotate(availability=availability, reserved=reserved)
 
     def free(self, busy_devices: frozenset[str] | None = None, *, fleet: bool = False):

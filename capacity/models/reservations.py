@@ -190,6 +190,13 @@ class Allocation(models.Model):
                 condition=Q(released_at__isnull=False, vacated_at__isnull=True),
                 name="pools_alloc_ending",
             ),
+            # "Is this unit ending?" for a page of units (availability's ending term, the node view): a probe
+            # into the few ending rows, not into every past allocation of the unit.
+            models.Index(
+                fields=["mig_instance", "gpu"],
+                condition=Q(released_at__isnull=False, vacated_at__isnull=True),
+                name="pools_alloc_ending_unit",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -101,12 +101,23 @@ class TierProfilePolicy(models.Model):
             raise ValidationError({"max_compute_slices": "The largest profile must be at least the smallest."})
 
 
-def admitted_q(gpu: str = "gpu__") -> Q:
+def admitted_q(gpu: str = "gpu__", table: dict[str, Policy] | None = None) -> Q:
     """MIG instances whose profile their node's tier admits, as one filter in SQL (`gpu`: path to the GPU).
 
     The node's TierProfilePolicy row decides; a tier without a row follows DEFAULT_POLICIES. Written as
     subqueries on the policy table, so every read of availability sees the rows without a query of its own.
+
+    `table`: the rows as the caller read them (TierProfilePolicyQuerySet.table(), in the same request), written
+    into the SQL as literals instead: the same rule, without a subquery per instance (PostgreSQL runs the
+    correlated EXISTS once a row, which dominated the dashboard's counts over 180,000 instances).
     """
+    if table is not None:
+        refused = Q(pk__in=[])
+        for tier, policy in sorted(table.items()):
+            if not policy.admits_all:
+                allowed = (policy.min_compute_slices, policy.max_compute_slices)
+                refused |= Q(**{f"{gpu}node__tier": tier}) & ~Q(profile__compute_slices__range=allowed)
+        return ~refused
     slices = OuterRef("profile__compute_slices")
     row = TierProfilePolicy.objects.filter(tier=OuterRef(f"{gpu}node__tier"))
     refused_by_row = Exists(row.filter(Q(min_compute_slices__gt=slices) | Q(max_compute_slices__lt=slices)))

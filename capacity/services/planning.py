@@ -130,11 +130,13 @@ def tier_plan(
     reserve_gpus: int | None = None,
     busy_devices: frozenset[str] | None = None,
     table: dict | None = None,
+    mig_counts: list[dict] | None = None,
 ) -> TierPlan:
     """The live fleet's units per tier, as approval would hand them out (optionally of one cluster).
 
     A fixed number of queries (nine) whatever the fleet's size; seven when the caller read the busy devices
-    (WorkloadProfile.objects.running().multi_device_uuids()) and the tier policies (capacity.tiers.policies()).
+    (WorkloadProfile.objects.running().multi_device_uuids()) and the tier policies (capacity.tiers.policies()),
+    six when it also read mig_unit_counts() of the same clusters (`mig_counts`).
     The maintenance reserve of a tier is, per cluster, the units of the `reserve_gpus` GPUs of that tier that
     carry the most (default settings.CAPACITY_MAINTENANCE_RESERVE_GPUS): approval does not enforce it; the
     plan shows what is free beyond it.
@@ -142,11 +144,11 @@ def tier_plan(
     reserve_gpus = settings.CAPACITY_MAINTENANCE_RESERVE_GPUS if reserve_gpus is None else reserve_gpus
     gpus = GpuCapacity.objects.all() if cluster is None else GpuCapacity.objects.filter(node__cluster=cluster)
     busy = WorkloadProfile.objects.running().multi_device_uuids() if busy_devices is None else busy_devices
+    table = tier_policy.policies() if table is None else table
     tally = _Tally()
-    _count_mig(tally, busy, cluster)
+    _count_mig(tally, busy, cluster, table, mig_counts)
     _count_whole(tally, busy, gpus)
     _count_shares(tally, gpus)
-    table = tier_policy.policies() if table is None else table
     figures: dict[str, TierFigures] = {}
 
     def of(tier: str) -> TierFigures:
@@ -184,33 +186,57 @@ def _largest(per_gpu: Counter, n: int) -> int:
     return total
 
 
-def _count_mig(tally: _Tally, busy: frozenset[str], cluster) -> None:
+def mig_unit_counts(busy: frozenset[str], table: dict, *, cluster_ids: list[int] | None = None) -> list[dict]:
+    """Present MIG instances (optionally of some clusters) with their availability as approval reads it
+    (MigInstanceQuerySet.annotate_availability(fleet=True), the tier policies `table` written in), counted by
+    cluster, node tier, GPU catalog product, profile (product, name, compute slices), availability, `reserved`
+    and `admitted` (the node's tier admits the profile). One query over every instance: tier_plan() and the
+    dashboard's unit groups share its rows rather than each reading the 180,000 instances of a fleet.
+
+    Keys: cluster_id, tier, gpu_product, product, name, compute_slices, availability, reserved, admitted, n.
+    """
+    # Not narrowed with `within` to the clusters: the holders would then be joined to their instances'
+    # GPUs and nodes, dearer than hashing the fleet's active MIG allocations from their index (bench fleet).
+    instances = MigInstance.objects.annotate_availability(busy, fleet=True, table=table).annotate(
+        admitted=as_boolean(admitted_q("gpu__", table))
+    )
+    if cluster_ids is not None:
+        instances = instances.filter(gpu__node__cluster_id__in=cluster_ids)
+    node = "gpu__node__"
+    names = {
+        f"{node}cluster_id": "cluster_id",
+        f"{node}tier": "tier",
+        "gpu__catalog_product": "gpu_product",
+        "profile__product": "product",
+        "profile__name": "name",
+        "profile__compute_slices": "compute_slices",
+    }
+    rows = instances.values(*names, "availability", "reserved", "admitted").annotate(n=Count("pk")).order_by()
+    return [{names.get(key, key): value for key, value in row.items()} for row in rows]
+
+
+def _count_mig(tally: _Tally, busy: frozenset[str], cluster, table: dict, counts: list[dict] | None) -> None:
     """MIG instances: those the node's tier's policy admits (admitted_q, the TierProfilePolicy rows in SQL, as
     approval's availability reads them) with their availability; the others are withheld, held or busy or
     not (a unit allocated before the policy changed shows In use until freed, but is no capacity of its tier).
-    Every tier's node may hand out its admitted instances: a request naming the node's tier reaches them."""
-    instances = MigInstance.objects.annotate_availability(busy, fleet=True).annotate(
-        admitted=as_boolean(admitted_q("gpu__"))
-    )
-    if cluster is not None:
-        instances = instances.filter(gpu__node__cluster=cluster)
-    node = "gpu__node__"
-    rows = instances.values(
-        f"{node}cluster_id", f"{node}tier", "profile__product", "profile__name", "availability", "reserved", "admitted"
-    ).annotate(n=Count("pk"))
-    for row in rows.order_by():
-        tier, n, availability = row[f"{node}tier"], row["n"], row["availability"]
+    Every tier's node may hand out its admitted instances: a request naming the node's tier reaches them.
+    `counts`: mig_unit_counts() of the same instances, when the caller read them."""
+    if counts is None:
+        counts = mig_unit_counts(busy, table, cluster_ids=None if cluster is None else [cluster.pk])
+    for row in counts:
+        tier, n, availability = row["tier"], row["n"], row["availability"]
         if not row["admitted"]:
             tally.withheld[tier] += n
             continue
-        spec = tally.spec(tier, SpecKind.MIG, row["profile__product"], row["profile__name"], None)
+        spec = tally.spec(tier, SpecKind.MIG, row["product"], row["name"], None)
         spec.total += n
         if row["reserved"] or availability == Availability.ENDING:
             spec.reserved += n
         elif availability == Availability.FREE:
             spec.free += n
+    node = "gpu__node__"
     # The same instances without their availability (the reserve and the GPUs per spec need only the layout).
-    carried = MigInstance.objects.present().filter(admitted_q("gpu__"))
+    carried = MigInstance.objects.present().filter(admitted_q("gpu__", table))
     if cluster is not None:
         carried = carried.filter(gpu__node__cluster=cluster)
     carried = carried.values(f"{node}cluster_id", f"{node}tier", "gpu_id", "profile__product", "profile__name")

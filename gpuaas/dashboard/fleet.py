@@ -16,9 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from capacity import tiers
-from capacity.choices import Tier
+from capacity.choices import MigInstanceState, Tier
 from capacity.mig.share import held_share, mig_share
-from capacity.models import USABLE_HEALTH, Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
+from capacity.models import USABLE_HEALTH, Cluster, GpuCapacity, NodeCapacity, WorkloadProfile
 from capacity.services import planning
 from pools.choices import RequestState
 from pools.models import Allocation, PoolRequest, gpu_count
@@ -40,50 +40,51 @@ class UnitGroup:
     gpus: Fraction  # the units' size in GPUs, summed
 
 
-def unit_groups(cluster_ids: list[int] | None = None, busy_devices: frozenset[str] | None = None) -> list[UnitGroup]:
-    """Every present unit, counted by cluster, product, shape and status. Three queries.
+def unit_groups(
+    cluster_ids: list[int] | None = None,
+    busy_devices: frozenset[str] | None = None,
+    table: dict | None = None,
+    mig_counts: list[dict] | None = None,
+) -> list[UnitGroup]:
+    """Every present unit, counted by cluster, product, shape and status. Two queries, plus one for the busy
+    devices and one for the tier policies unless the caller read them (`busy_devices` as in
+    GpuCapacityQuerySet.annotate_availability(), `table` as capacity.tiers.policies()), less one when it read
+    the MIG instances' counts (`mig_counts`: planning.mig_unit_counts() of the same clusters, shared with the
+    capacity plan).
 
-    Status is the unit's availability (the approval's definition); `busy_devices` as in
-    GpuCapacityQuerySet.annotate_availability().
+    Status is the unit's availability (the approval's definition).
     """
     if busy_devices is None:
         busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
-    # fleet=True: hashed subqueries, not a probe per unit, as this reads every unit (capacity.models.availability).
-    mig = MigInstance.objects.annotate_availability(busy_devices, fleet=True)
+    table = tiers.policies() if table is None else table
+    if mig_counts is None:
+        # fleet=True: hashed subqueries, not a probe per unit, as this reads every unit
+        # (capacity.models.availability); the tier policies as literals, not a subquery per instance.
+        mig_counts = planning.mig_unit_counts(busy_devices, table, cluster_ids=cluster_ids)
+    elif cluster_ids is not None:
+        wanted = set(cluster_ids)
+        mig_counts = [row for row in mig_counts if row["cluster_id"] in wanted]
     full = GpuCapacity.objects.units().annotate_availability(busy_devices, fleet=True)
     if cluster_ids is not None:
-        mig = mig.filter(gpu__node__cluster_id__in=cluster_ids)
         full = full.filter(node__cluster_id__in=cluster_ids)
-    mig_rows = (
-        mig.values(
-            "gpu__node__cluster_id",
-            "gpu__catalog_product",
-            "profile__name",
-            "profile__compute_slices",
-            "availability",
-            "reserved",
-        )
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
     full_rows = (
         full.values("node__cluster_id", "catalog_product", "availability", "reserved")
         .annotate(n=Count("pk"))
         .order_by()
     )
     groups = []
-    for row in mig_rows:
-        slices = row["profile__compute_slices"]
-        product = row["gpu__catalog_product"]
+    for row in mig_counts:
+        slices = row["compute_slices"]
+        product = row["gpu_product"]
         groups.append(
             UnitGroup(
-                cluster_id=row["gpu__node__cluster_id"],
+                cluster_id=row["cluster_id"],
                 product=product,
                 shape=shape_of(slices),
                 status=status_of(row["availability"]),
                 allocated=bool(row["reserved"]),
                 count=row["n"],
-                gpus=mig_share(product, row["profile__name"], slices) * row["n"],
+                gpus=mig_share(product, row["name"], slices) * row["n"],
             )
         )
     for row in full_rows:
@@ -160,10 +161,23 @@ def cluster_cards(clusters: list[Cluster], groups: list[UnitGroup]) -> list[dict
         )
         .order_by()
     }
+    # Present GPUs and instances as join conditions (GpuCapacityQuerySet.present(), MigInstanceQuerySet.present()
+    # on the joined rows), not `IN (present())`: PostgreSQL built those subqueries' hashes over every GPU and
+    # instance of the fleet once per parallel worker (2.4 s of the dashboard at 100,000 GPUs).
+    instance = "mig_instance__"
     held = (
         Allocation.objects.active()
-        .filter(gpu__in=GpuCapacity.objects.present(), gpu__node__cluster_id__in=ids)
-        .filter(Q(mig_instance__isnull=True) | Q(mig_instance__in=MigInstance.objects.present()))
+        .filter(gpu__lost_at__isnull=True, gpu__node__gone_at__isnull=True, gpu__node__cluster_id__in=ids)
+        .filter(
+            Q(mig_instance__isnull=True)
+            | Q(
+                **{
+                    f"{instance}state": MigInstanceState.ACTIVE,
+                    f"{instance}gpu__lost_at__isnull": True,
+                    f"{instance}gpu__node__gone_at__isnull": True,
+                }
+            )
+        )
         .counted("gpu__node__cluster_id")
     )
     by_cluster: dict[int, list[UnitGroup]] = defaultdict(list)
@@ -215,11 +229,14 @@ def tier_policies(table: dict | None = None) -> dict:
     }
 
 
-def capacity_plan_panel(busy_devices: frozenset[str] | None = None, table: dict | None = None) -> dict:
+def capacity_plan_panel(
+    busy_devices: frozenset[str] | None = None, table: dict | None = None, mig_counts: list[dict] | None = None
+) -> dict:
     """The live plan per tier (capacity.services.planning.tier_plan: what approval would hand out on each tier's
     nodes, and the maintenance reserve), as a panel. The figures the admin's Capacity plan page and
-    /api/v1/capacity-plan/ show; seven queries given the busy devices and the tier policies."""
-    plan = planning.tier_plan(busy_devices=busy_devices, table=table)
+    /api/v1/capacity-plan/ show; seven queries given the busy devices and the tier policies, six given the
+    fleet's planning.mig_unit_counts() too."""
+    plan = planning.tier_plan(busy_devices=busy_devices, table=table, mig_counts=mig_counts)
     items = [
         {
             "id": row.tier or "none",
@@ -311,7 +328,9 @@ def overview() -> dict:
     ids = [c.pk for c in clusters]
     busy = WorkloadProfile.objects.running().multi_device_uuids()  # read once: the cards and the plan
     table = tiers.policies()
-    groups = unit_groups(ids, busy)
+    # The MIG instances' counts of the whole fleet, read once for the cards, the profiles and the plan.
+    mig_counts = planning.mig_unit_counts(busy, table)
+    groups = unit_groups(ids, busy, table, mig_counts)
     cards = cluster_cards(clusters, groups)
     health = sources.health_counters(ids)
     series = sources.cluster_series(clusters)
@@ -333,7 +352,7 @@ def overview() -> dict:
         "clusters": cards,
         "profiles": profile_distribution(groups),
         "tier_policies": tier_policies(table),
-        "capacity_plan": capacity_plan_panel(busy, table),
+        "capacity_plan": capacity_plan_panel(busy, table, mig_counts),
         "pending": pending_approvals(),
         "driver_upgrades": upgrades.driver_upgrades_panel(),
         "health_events": sources.recent_health_events(),

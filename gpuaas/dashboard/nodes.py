@@ -84,18 +84,21 @@ def describe_gpus(
     is its availability, the approval's definition; one withheld by the tier policy is labelled with its
     node's tier's rule (capacity.tiers.availability_label).
     """
-    # `scope`: the same GPUs as a subquery, cheaper to send than hundreds of ids in every query.
+    # `scope`: the same GPUs as a subquery. The node view sends the page's ids as literals instead: with a
+    # subquery PostgreSQL cannot tell that a page is a few hundred GPUs, and reads every allocation.
     gpu_ids = [g.pk for g in gpus] if scope is None else scope
     if busy_devices is None:
         busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
+    table = tiers.policies() if table is None else table
     instances: dict[int, list[MigInstance]] = defaultdict(list)
+    # The instances' ids first, as literals: the holders of those instances only are read (within, an index
+    # probe each), not every active allocation of the fleet.
+    ids = list(MigInstance.objects.filter(gpu_id__in=gpu_ids).values_list("pk", flat=True))
     active = list(
-        MigInstance.objects.annotate_availability(busy_devices)
-        .filter(gpu_id__in=gpu_ids)
+        MigInstance.objects.annotate_availability(busy_devices, fleet=True, table=table, within={"pk__in": ids})
         .annotate(node_tier=F("gpu__node__tier"))
         .select_related("profile")
     )
-    table = tiers.policies() if table is None else table
     for instance in active:
         instances[instance.gpu_id].append(instance)
     allocations, workloads = _holders(gpus, active, gpu_ids)
@@ -159,15 +162,19 @@ def node_view(cluster: Cluster, page_number: int | str = 1) -> dict:
     nodes = NodeCapacity.objects.present().filter(cluster=cluster).order_by("name")
     page = Paginator(nodes, NODES_PER_PAGE).get_page(page_number)
     page_nodes = list(page.object_list)
-    on_page = GpuCapacity.objects.present().filter(node_id__in=[node.pk for node in page_nodes])
+    node_ids = [node.pk for node in page_nodes]
     busy_devices = WorkloadProfile.objects.running().multi_device_uuids()
-    gpus = list(on_page.annotate_availability(busy_devices).order_by("node_id", "index"))
+    # The page's GPU ids first, as literals: the holders of those GPUs only are read (within), not every
+    # allocation of the fleet.
+    page_ids = list(GpuCapacity.objects.present().filter(node_id__in=node_ids).values_list("pk", flat=True))
+    on_page = GpuCapacity.objects.present().annotate_availability(busy_devices, fleet=True, within={"pk__in": page_ids})
+    gpus = list(on_page.order_by("node_id", "index"))
     tiles_by_node: dict[int, list[dict]] = defaultdict(list)
     gpu_node = {gpu.pk: gpu.node_id for gpu in gpus}
     table = tiers.policies()
-    for tile in describe_gpus(gpus, on_page.values("pk"), busy_devices, table):
+    for tile in describe_gpus(gpus, None, busy_devices, table):
         tiles_by_node[gpu_node[tile["id"]]].append(tile)
-    groups = unit_groups([cluster.pk], busy_devices)
+    groups = unit_groups([cluster.pk], busy_devices, table)
     health = sources.health_counters([cluster.pk])
     return {
         "cluster": {"id": cluster.pk, "name": cluster.name, "status": cluster.status},

@@ -27,6 +27,30 @@ CHANGELISTS = [
     "admin:monitoring_trespassevent_changelist",
     "admin:monitoring_series_changelist",
     "admin:monitoring_healthevent_changelist",
+    "admin:pools_gpupool_changelist",
+    "admin:tenancy_project_changelist",
+    "admin:notifications_event_changelist",
+    "admin:notifications_delivery_changelist",
+]
+# Tables that grow with the fleet (units, nodes) or with history (one row or more per request, allocation,
+# hour, event): their changelists must page by estimate (core.admin_paging.FleetScaleAdminMixin).
+FLEET_SIZED = [
+    "capacity.NodeCapacity",
+    "capacity.GpuCapacity",
+    "capacity.MigInstance",
+    "capacity.WorkloadProfile",
+    "capacity.DiscoveryRun",
+    "pools.GpuPool",
+    "pools.PoolRequest",
+    "pools.Allocation",
+    "billing.UsageRecord",
+    "billing.Statement",
+    "monitoring.TrespassEvent",
+    "monitoring.Series",
+    "monitoring.HealthEvent",
+    "tenancy.Project",
+    "notifications.Event",
+    "notifications.Delivery",
 ]
 
 
@@ -59,6 +83,17 @@ def _paginator_text(response) -> str:
 def _analyze(table: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute(f'ANALYZE "{table}"')
+
+
+@pytest.mark.parametrize("label", FLEET_SIZED)
+def test_every_fleet_sized_changelist_pages_by_estimate(label):
+    from django.apps import apps
+    from django.contrib import admin
+
+    model_admin = admin.site._registry[apps.get_model(label)]
+    assert isinstance(model_admin, admin_paging.FleetScaleAdminMixin)
+    assert model_admin.paginator is admin_paging.EstimatedCountPaginator
+    assert model_admin.show_full_result_count is False
 
 
 @pytest.mark.parametrize("url_name", CHANGELISTS)

@@ -15,10 +15,12 @@ pytestmark = pytest.mark.django_db
 # 1 (2 on the node view: its tiles' labels and the rules listed) reads the tier profile policies.
 # 1 sums the held units' shares of a GPU (Allocation.objects.counted); 1 reads the rate cards the month's
 # showback is priced with (billing.services.lines groups usage by card, then prices each card once); 7 the
-# capacity plan per tier (capacity.services.planning.tier_plan, given the busy devices and the policies); 2 the
-# rolling upgrades under way and their clusters' maintenance windows (gpuaas.dashboard.upgrades).
+# capacity plan per tier (capacity.services.planning.tier_plan, given the busy devices, the policies and the MIG
+# instances' counts, which the cards and the plan share); 2 the rolling upgrades under way and their clusters'
+# maintenance windows (gpuaas.dashboard.upgrades). The node view reads its page's GPU ids and MIG instance ids
+# first (2), so that each availability query reads the holders of those units only (bench fleet, issue 28).
 OVERVIEW_MAX = 32
-CLUSTER_MAX = 21
+CLUSTER_MAX = 23
 # 2 of them read the trespass panel, 1 the pools' clusters (units per cluster), 1 best-effort requests, 1 the
 # pools' held units (their shares of a GPU), 1 the member's project ids (tenancy.roles.project_ids_of: read once
 # per request, then literals in every list's SQL).
