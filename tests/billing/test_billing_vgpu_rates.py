@@ -7,8 +7,7 @@ import pytest
 from billing_helpers import at
 
 from billing import services
-from pricing import lookup
-from pricing import rates
+from pricing import lookup, rates
 from pricing.models import RateCard, RateCardEntry
 from pricing.services import PriceBook
 

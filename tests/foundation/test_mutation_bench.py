@@ -28,7 +28,7 @@ def test_every_mapped_module_and_test_file_exists():
 
 
 def test_make_mutation_runs_only_mapped_modules():
-    """The Makefile's MUTATION_MODULES name modules by path: one that moved (billing/rates.py to pricing/) fails here."""
+    """The Makefile names MUTATION_MODULES by path: one that moved (billing/rates.py to pricing/) fails here."""
     text = (settings.BASE_DIR / "Makefile").read_text()
     listed = text.split("MUTATION_MODULES ?=", 1)[1].split("\nMUTATION_SAMPLE", 1)[0].replace("\\\n", " ").split()
     assert "pricing/rates.py" in listed
