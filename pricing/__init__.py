@@ -6,6 +6,7 @@ from a full-GPU price to MIG, time-slice, MPS and vGPU prices (rates), the card 
 in-memory PriceBook (services), and the lookup matching ranks offers by (lookup).
 
 Layer: below pools (matching prices its offers) and billing (metering prices hours); above capacity,
-whose catalog (products, MIG profiles, vGPU types, spec kinds) a card prices. Imports capacity and
-tenancy only, and the gpuaas kernel.
+whose catalog (products, MIG profiles, vGPU types, spec kinds) a card prices. Imports capacity only
+(lint-imports keeps it so); billing's rule that a metered card is never re-derived stays in billing
+(billing.services.rederive_card), since only billing can tell.
 """
