@@ -19,7 +19,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from capacity.choices import SpecKind
-from gpuaas.api import DomainConflict
+from core.api import DomainConflict
 from pricing.models import RateCard, billing_currency
 from pricing.rates import SpecKey, spec_key
 
