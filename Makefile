@@ -55,7 +55,7 @@ bench-smoke: $(STAMP)
 # not part of `make test`; .ci/run runs it when GPUAAS_CI_MUTATION=1. Each module prints its JSON line; one whose
 # kill rate is under 0.9, or with a survivor not listed in its EQUIVALENT_MUTANTS.md, fails the target.
 MUTATION_MODULES ?= billing/services/intervals.py billing/services/clock.py billing/periods.py \
-	billing/services/lines.py billing/services/statements.py billing/rates.py billing/services/metering.py \
+	billing/services/lines.py billing/services/statements.py pricing/rates.py billing/services/metering.py \
 	capacity/models/availability.py
 MUTATION_SAMPLE ?= 20
 MUTATION_SEED ?= 8

@@ -28,11 +28,11 @@ from django.db import connection, transaction
 from billing import services
 from billing.models import MeteringWatermark, Statement, UsageRecord
 from billing.periods import HOUR, month_bounds
-from billing.rates import spec_key
 from billing.services import PriceBook
 from capacity.choices import SpecKind
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
 from pools.models import Allocation, GpuPool, PoolRequest
+from pricing.rates import spec_key
 from tenancy.models import Project
 
 from .registry import Smoke, arg, benchmark

@@ -31,9 +31,9 @@ from django.db.models import Max
 from billing import services
 from billing.models import MeteringWatermark, Statement, StatementLine, UsageRecord
 from billing.periods import HOUR, month_bounds, month_start
-from billing.rates import spec_key
 from billing.services import PriceBook
 from capacity.mig.share import shares_per_gpu
+from pricing.rates import spec_key
 
 from .billing import FLOOR_SQL
 

@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "axes",
     "tenancy",
     "capacity",
+    "pricing",
     "pools",
     "operations",
     "billing",

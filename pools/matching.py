@@ -35,8 +35,8 @@ from capacity.mig.share import unit_share
 from capacity.models import GpuCapacity, SpecAndCount
 from capacity.tiers import DEFAULT_POLICIES, Policy, profile_allowed, withheld_label
 from capacity.vgpu import OVERHEAD_RANGE_PCT, VGPU_TYPES, VgpuType
+from pricing.lookup import PriceLookup, no_price
 
-from . import prices
 from .choices import IsolationNeed, WorkloadType
 from .models import Allocation
 from .specs import nominal_gb
@@ -283,7 +283,7 @@ def match(
     need: Need,
     candidates: Iterable[Candidate],
     *,
-    price: prices.PriceLookup = prices.no_price,
+    price: PriceLookup = no_price,
     policy_table: dict[str, Policy] | None = None,
 ) -> Match:
     """Every candidate measured against `need`; those meeting every need ranked (see the module docstring).

@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from capacity import tiers
 from capacity.choices import SpecKind
+from pricing.lookup import price_lookup
 
-from . import matching, prices, units
+from . import matching, units
 from .choices import WorkloadType
 from .forecast import estimate_start
 from .models import PoolRequest
@@ -54,7 +55,7 @@ def match_declared(
         candidates = [c for c in candidates if c.kind in kinds]
     if vgpu_type:
         candidates = [c for c in candidates if c.kind == SpecKind.VGPU and c.profile_name == vgpu_type]
-    result = matching.match(need, candidates, price=prices.price_lookup(), policy_table=tiers.policies())
+    result = matching.match(need, candidates, price=price_lookup(), policy_table=tiers.policies())
     if forecast:
         for offer in result.offers:
             forecast_start(offer, cluster_id=cluster_id, start_at=start_at, workload_type=workload_type)

@@ -5,9 +5,10 @@ from drf_spectacular.utils import extend_schema_field
 
 from capacity.api.strict import IsoDateTimeFilter
 from capacity.choices import SpecKind
+from pricing.models import RateCard
 
 from ..choices import RunKind, RunStatus, StatementState
-from ..models import BillingRun, RateCard, Statement, UsageRecord
+from ..models import BillingRun, Statement, UsageRecord
 from ..periods import PERIOD_SCHEMA, parse_period
 
 

@@ -8,10 +8,11 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
+from pricing.models import RateCard, RateCardEntry
 from tenancy.models import Project
 
 from .. import exports
-from ..models import BillingRun, RateCard, RateCardEntry, Statement, StatementLine, UsageRecord
+from ..models import BillingRun, Statement, StatementLine, UsageRecord
 from ..periods import PERIOD_SCHEMA, parse_period
 
 

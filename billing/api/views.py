@@ -3,7 +3,8 @@
 Visibility comes from ProjectScopedQuerysetMixin: members see their own projects' usage and
 statements, another project's statement is a 404; operators (staff) see the fleet. Only operators
 generate, finalise and adjust statements and close months (scope=Scope.OPERATOR). Rate cards are
-prices, readable by every signed-in user. A finalised statement is a 409.
+prices (pricing's models, served here at /api/billing/rate-cards/), readable by every signed-in user.
+A finalised statement is a 409.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from capacity.api.strict import reject_body
 from core.api import Conflict
 from core.permissions import ProjectScopedQuerysetMixin
 from core.scopes import Scope
+from pricing.models import RateCard, RateCardEntry
 
 from .. import exports, services
 from ..models import (
     BillingRun,
     MonthNotEnded,
-    RateCard,
-    RateCardEntry,
     Statement,
     StatementLine,
     UsageRecord,

@@ -13,7 +13,7 @@ EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def seed_default_card(apps, schema_editor):
-    from billing.rates import default_entries
+    from pricing.rates import default_entries
 
     RateCard = apps.get_model("billing", "RateCard")
     RateCardEntry = apps.get_model("billing", "RateCardEntry")

@@ -1,4 +1,4 @@
-"""Billing workflows: rate cards, hourly metering, credits, showback and monthly statements.
+"""Billing workflows: hourly metering, credits, showback and monthly statements.
 
 The rules (docs/billing.md has them in full):
 
@@ -17,16 +17,20 @@ The rules (docs/billing.md has them in full):
 - The rate is the card in force at the start of each hour: prices change on hour boundaries.
 - Amounts are never rounded before statement lines; each line is rounded once to cents.
 
-Modules, bottom up: intervals (interval maths), rate_cards (cards and the PriceBook), clock (when an
+Rate cards and the PriceBook are pricing's (pricing.services, re-exported here with rate_cards' guard
+on re-deriving a metered card). Modules, bottom up: intervals (interval maths), clock (when an
 allocation's clock ran and what of it is credited), credits (credits and showback refreshed while a
 period is open), metering (hour by hour under the watermark), lines (grouping and pricing records
 into statement lines), statements (drafts, close, finalise, adjustments). This package re-exports
 what the rest of gpuaas calls, so `from billing import services; services.close_month(...)` works.
 """
 
+from pricing.rates import EPOCH
+from pricing.services import PriceBook, copy_rate_card, create_rate_card, default_full_prices, seed_default_card
+
 from .clock import Unit, failed_windows, health_windows, hour_figures
 from .credits import refresh_credits, refresh_measurements
-from .intervals import EPOCH, Interval
+from .intervals import Interval
 from .lines import (
     billable_records,
     carry_sources,
@@ -37,14 +41,7 @@ from .lines import (
     usage_totals,
 )
 from .metering import MeterResult, catch_up_measurements, insert_records, meter_hour, meter_usage, watermark
-from .rate_cards import (
-    PriceBook,
-    copy_rate_card,
-    create_rate_card,
-    default_full_prices,
-    rederive_card,
-    seed_default_card,
-)
+from .rate_cards import rederive_card
 from .statements import (
     add_adjustment,
     close_month,

@@ -18,10 +18,12 @@ from fractions import Fraction
 from capacity.mig.share import shares_per_gpu, unit_share
 from pools.choices import PoolState, RequestState
 from pools.models import PoolRequestTransition
+from pricing import rates
+from pricing.rates import EPOCH
 
-from .. import measurements, rates
+from .. import measurements
 from ..periods import HOUR, floor_hour
-from .intervals import EPOCH, Interval, intersect, seconds_in, subtract
+from .intervals import Interval, intersect, seconds_in, subtract
 
 ALLOCATION_FIELDS = (
     "id",

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 Interval = tuple[datetime, datetime]
-
-# The beginning of billing time: the default card's effective_from, where a never-delivered request's credit starts.
-EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:

@@ -29,12 +29,13 @@ from django.utils import timezone
 
 from capacity.choices import SharingStrategy, SpecKind
 from pools.models import Allocation
+from pricing import rates
+from pricing.services import PriceBook
 
-from .. import measurements, rates
+from .. import measurements
 from ..choices import LineType, StatementState
 from ..models import CENTS, HOUR_S, LINE_ORDER, RateCard, Statement, StatementLine, UsageRecord
 from ..periods import floor_hour, month_bounds
-from .rate_cards import PriceBook
 
 HOURS_PLACES = Decimal("0.0001")
 SM_PLACES = Decimal("0.0001")

@@ -15,13 +15,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from pools.models import Loan
+from pricing import rates
+from pricing.services import PriceBook
 
-from .. import rates
 from ..choices import LineType
 from ..models import HOUR_S, LINE_ORDER, StatementLine
 from ..periods import month_bounds
 from .lines import _hours, round_money
-from .rate_cards import PriceBook
 
 
 def loans_in(period: date, project_ids=None):

@@ -23,15 +23,15 @@ from capacity.mig.share import shares_per_gpu
 from core.leases import crash_point
 from pools.choices import PoolState, RequestState
 from pools.models import Allocation, PoolRequestTransition
+from pricing.rates import spec_fields, spec_key
+from pricing.services import PriceBook
 
 from .. import backends, measurements
 from ..models import MeteringWatermark, UsageRecord
 from ..periods import HOUR, floor_hour
-from ..rates import spec_fields, spec_key
 from .clock import Unit, failed_windows, health_windows, hour_figures, units_of
 from .credits import refresh_credits, refresh_measurements
 from .intervals import Interval
-from .rate_cards import PriceBook
 
 # An allocation created late (allocated_at backdated to its approval), or whose pool finished
 # provisioning late, is backfilled when it has no record yet and started (or finished provisioning)

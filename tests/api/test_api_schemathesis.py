@@ -251,10 +251,11 @@ def wsgi_app(settings):
 def ids(project, other_project, operator, bob) -> dict[str, int]:
     """One real object per API resource (by the path after /api/v1/), for detail operations."""
     from billing import services as billing_services
-    from billing.models import BillingRun, RateCard, UsageRecord
+    from billing.models import BillingRun, UsageRecord
     from capacity.models import DiscoveryRun, MaintenanceWindow, MigLayout, SpecAndCount, TimeSlicingPolicy
     from monitoring.models import HealthEvent, IdleReservation, Series
     from pools.models import Allocation, BestEffortRequest
+    from pricing.models import RateCard
 
     world = build_world(project, other_project)
     add_signals(world)

@@ -8,7 +8,8 @@ from django.urls import reverse
 
 from billing import services
 from billing.choices import StatementState
-from billing.models import RateCard, Statement
+from billing.models import Statement
+from pricing.models import RateCard
 
 pytestmark = pytest.mark.django_db
 
@@ -73,5 +74,5 @@ def test_adjustment_through_the_admin_goes_through_the_service(client, operator,
 def test_card_in_force_is_read_only(client, operator):
     client.force_login(operator)
     card = RateCard.objects.get(effective_from=services.EPOCH)
-    html = client.get(reverse("admin:billing_ratecard_change", args=[card.pk])).content.decode()
+    html = client.get(reverse("admin:pricing_ratecard_change", args=[card.pk])).content.decode()
     assert 'name="_save"' not in html

@@ -157,7 +157,7 @@ def test_billing_time_begins_at_the_default_cards_epoch_and_seeding_it_again_add
     that card, not add a second one."""
     from datetime import UTC, datetime
 
-    from billing.models import RateCard
+    from pricing.models import RateCard
 
     before = list(RateCard.objects.values_list("pk", "effective_from"))
     assert [when for _, when in before] == [datetime(2000, 1, 1, tzinfo=UTC)]

@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from billing.measurements import clip_windows
-from billing.models import RateCard
 from billing.periods import ceil_hour, floor_hour, month_bounds, next_month, overlap_seconds, previous_month
 from billing.services.clock import Unit, hour_figures
 from billing.services.intervals import intersect, seconds_in, subtract
 from billing.services.lines import lines_for
+from pricing.models import RateCard
 
 SPAN_S = 3 * 3600  # windows are drawn within three hours of a random second of a random month
 
@@ -287,7 +287,7 @@ def test_line_amounts_are_the_rate_charged_second_by_second(rate, seconds, faile
 def test_derived_prices_split_the_full_gpu_price_by_its_shares(full, replicas, licence):
     """A full GPU costs its price (no licence), a time-slice replica 1/replicas of it, a vGPU 1/vGPUs plus the
     licence: the reference is exact Fraction arithmetic rounded half up to 6 places."""
-    from billing.rates import derive_price, spec_key
+    from pricing.rates import derive_price, spec_key
 
     assert derive_price(full, spec_key("full", "H100-80GB"), licence=licence) == _half_up(Fraction(full), 6)
     timeslice = spec_key("timeslice", "H100-80GB", replicas=replicas)

@@ -6,12 +6,13 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 from billing_helpers import at, month
 
-from billing import rates, services
+from billing import services
 from billing.choices import LineType
-from billing.models import RateCard
-from billing.services.rate_cards import PriceBook
 from pools.choices import LoanState
 from pools.models import Loan
+from pricing import rates
+from pricing.models import RateCard
+from pricing.services import PriceBook
 
 pytestmark = pytest.mark.django_db
 

@@ -16,10 +16,11 @@ from billing_helpers import at, transition
 from django.db import transaction
 
 from billing import services
-from billing.models import RateCard, UsageRecord
+from billing.models import UsageRecord
 from billing.services import metering
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
 from monitoring.models import HealthEvent
+from pricing.models import RateCard
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 

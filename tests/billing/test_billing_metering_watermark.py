@@ -13,11 +13,12 @@ from billing_helpers import at
 from django.db import transaction
 
 from billing import services
-from billing.models import MeteringWatermark, RateCard, UsageRecord
+from billing.models import MeteringWatermark, UsageRecord
 from billing.services import metering
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
 from monitoring.models import Rollup1h, RollupRun, Series
 from pools.models import PoolCluster
+from pricing.models import RateCard
 
 pytestmark = pytest.mark.django_db
 

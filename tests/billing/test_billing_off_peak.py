@@ -7,7 +7,8 @@ from billing_helpers import at, month
 from django.core.exceptions import ValidationError
 
 from billing import services
-from billing.models import RateCard, UsageRecord
+from billing.models import UsageRecord
+from pricing.models import RateCard
 
 pytestmark = pytest.mark.django_db
 

@@ -5,8 +5,9 @@ from decimal import Decimal
 import pytest
 from billing_helpers import at
 
-from billing import rates, services
-from billing.models import RateCard, RateCardEntry
+from billing import services
+from pricing import rates
+from pricing.models import RateCard, RateCardEntry
 
 pytestmark = pytest.mark.django_db
 

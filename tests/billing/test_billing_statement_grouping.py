@@ -18,9 +18,10 @@ from django.db.models.functions import ExtractHour, TruncMonth
 from django.db.models.lookups import GreaterThanOrEqual, LessThan
 
 from billing import services
-from billing.models import RateCard, Statement, StatementLine, UsageRecord
+from billing.models import Statement, StatementLine, UsageRecord
 from billing.services.lines import billable_records, carry_sources, lines_for
 from pools.models import GpuPool
+from pricing.models import RateCard
 
 pytestmark = pytest.mark.django_db
 KEYS = ("project_id", "pool_id", "kind", "product", "profile_name", "replicas", "hourly_rate")

@@ -14,8 +14,8 @@ from billing_helpers import at, month
 from billing import services
 from billing.choices import LineType
 from billing.models import Statement, StatementLine, UsageRecord
-from billing.rates import spec_key
-from billing.services.rate_cards import PriceBook
+from pricing.rates import spec_key
+from pricing.services import PriceBook
 
 pytestmark = pytest.mark.django_db
 
@@ -234,7 +234,7 @@ def test_a_daytime_off_peak_window_is_labelled_off_peak_on_the_statement(fleet, 
     card = services.create_rate_card(
         name="Day discount", effective_from=at("2026-03-01 00:00"), full_prices={"H100-80GB": Decimal("2.00")}
     )
-    from billing.models import RateCard
+    from pricing.models import RateCard
 
     RateCard.objects.filter(pk=card.pk).update(
         off_peak_start_hour=9, off_peak_end_hour=17, off_peak_multiplier=Decimal("0.500")
@@ -298,7 +298,7 @@ def test_billing_time_starts_at_the_default_cards_epoch(db):
     creates nothing, and usage from that first hour is priced by it."""
     from datetime import UTC, datetime
 
-    from billing.models import RateCard
+    from pricing.models import RateCard
 
     card, created = services.seed_default_card()
 

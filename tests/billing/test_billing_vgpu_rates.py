@@ -6,9 +6,10 @@ from decimal import Decimal
 import pytest
 from billing_helpers import at
 
-from billing import offers, rates, services
-from billing.models import RateCard, RateCardEntry
-from billing.services.rate_cards import PriceBook
+from billing import services
+from pricing import lookup, rates
+from pricing.models import RateCard, RateCardEntry
+from pricing.services import PriceBook
 
 pytestmark = pytest.mark.django_db
 
@@ -58,9 +59,9 @@ def test_an_overridden_vgpu_type_is_what_metering_and_offers_charge():
     book = PriceBook()
     card = book.card_at(at("2026-06-01 10:00"))
     assert book.price(card, XM20, None, at("2026-06-01 10:00")) == Decimal("0.900000")
-    lookup = offers.price_lookup()
-    assert lookup("vgpu", "H100-80GB", "H100XM-20C", 4) == Decimal("0.900000")
-    assert lookup("vgpu", "H100-80GB", "H100XM-40C", 2) == Decimal("1.350000")  # the type's own entry
+    price = lookup.price_lookup()
+    assert price("vgpu", "H100-80GB", "H100XM-20C", 4) == Decimal("0.900000")
+    assert price("vgpu", "H100-80GB", "H100XM-40C", 2) == Decimal("1.350000")  # the type's own entry
     # A type the card lacks is derived with the card's licence, not the setting's.
     book.maps[card.pk].pop(rates.spec_key("vgpu", "H100-80GB", "H100XM-8C", 10))
     assert book.price(card, rates.spec_key("vgpu", "H100-80GB", "H100XM-8C", 10), None) == Decimal("0.350000")

@@ -2,10 +2,10 @@
 
 from fractions import Fraction
 
-from billing import rates
 from capacity.choices import SpecKind
 from capacity.mig import share
 from capacity.mig.share import mig_share, unit_share
+from pricing import rates
 
 
 def test_a_mig_profile_is_the_larger_of_its_compute_and_memory_share():

@@ -11,10 +11,10 @@ from billing.models import UsageRecord
 from billing.periods import floor_hour, month_start
 from billing.services import generate_statement
 from billing.services.metering import meter_usage
-from billing.services.rate_cards import seed_default_card
 from capacity.choices import MigInstanceState
 from operations import reconfiguration as rc
 from pools.models import Allocation, GpuPool
+from pricing.services import seed_default_card
 
 pytestmark = pytest.mark.django_db
 

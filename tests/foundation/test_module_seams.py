@@ -8,7 +8,18 @@ import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("tenancy", "core", "capacity", "pools", "operations", "monitoring", "billing", "notifications", "gpuaas")
+APPS = (
+    "tenancy",
+    "core",
+    "capacity",
+    "pricing",
+    "pools",
+    "operations",
+    "monitoring",
+    "billing",
+    "notifications",
+    "gpuaas",
+)
 # The one place per app that asks which database it runs on; migration helpers run on the schema
 # editor's connection, and benchmarks report the database they measured.
 VENDOR_ALLOWED = {

@@ -27,6 +27,14 @@ def test_every_mapped_module_and_test_file_exists():
             assert (settings.BASE_DIR / test).is_file(), f"{module}: {test}"
 
 
+def test_make_mutation_runs_only_mapped_modules():
+    """The Makefile names MUTATION_MODULES by path: one that moved (billing/rates.py to pricing/) fails here."""
+    text = (settings.BASE_DIR / "Makefile").read_text()
+    listed = text.split("MUTATION_MODULES ?=", 1)[1].split("\nMUTATION_SAMPLE", 1)[0].replace("\\\n", " ").split()
+    assert "pricing/rates.py" in listed
+    assert [module for module in listed if module not in mutation.TESTS_FOR] == []
+
+
 def test_mutants_are_one_change_each_in_a_fixed_order_without_the_type_error_operators():
     mutants = mutation.mutants_of(SOURCE)
 

@@ -93,7 +93,7 @@ class Target:
 def _world_objects():
     """Two projects with pools, requests, allocations, metrics, billing rows; fleet objects; personas."""
     from billing import services as billing_services
-    from billing.models import BillingRun, RateCard, Statement, UsageRecord
+    from billing.models import BillingRun, Statement, UsageRecord
     from capacity.models import (
         DiscoveryRun,
         MaintenanceWindow,
@@ -108,6 +108,7 @@ def _world_objects():
     from monitoring.models import IdleReservation, Series, TrespassEvent
     from operations.models import DriverUpgrade
     from pools.models import Allocation, AutoApprovalPolicy, BestEffortRequest
+    from pricing.models import RateCard
     from tenancy.models import ApiToken, Project
     from tenancy.roles import operators_group, set_role
 
@@ -310,7 +311,7 @@ def _writes() -> tuple:
     from django.apps import apps
 
     rows = []
-    for app_label in ("pools", "capacity", "billing", "monitoring", "auth"):
+    for app_label in ("pools", "capacity", "pricing", "billing", "monitoring", "auth"):
         for model in apps.get_app_config(app_label).get_models():
             fields = {f.name for f in model._meta.concrete_fields}
             marks = [f for f in ("updated_at", "state", "revoked_at", "resolved_at", "released_at") if f in fields]

@@ -12,12 +12,12 @@ from billing import measurements
 from billing.choices import LineType
 from billing.models import StatementLine
 from billing.periods import floor_hour, month_start
-from billing.rates import spec_key
 from billing.services import generate_statement
 from billing.services.lines import round_money
-from billing.services.rate_cards import PriceBook, seed_default_card
 from monitoring.models import TrespassEvent
 from monitoring.services.trespass import detect_trespass
+from pricing.rates import spec_key
+from pricing.services import PriceBook, seed_default_card
 
 pytestmark = pytest.mark.django_db
 

@@ -5,10 +5,10 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from billing.services.rate_cards import seed_default_card
 from capacity.models import NodeCapacity
 from pools import services
 from pools.models import PoolRequest
+from pricing.services import seed_default_card
 
 pytestmark = pytest.mark.django_db
 

@@ -9,10 +9,10 @@ from fractions import Fraction
 
 import pytest
 
-from billing import rates
 from capacity.mig.catalog import PRODUCTS
 from capacity.tiers import DEFAULT_POLICIES, Policy
 from pools.matching import Need, full_candidate, match, mig_candidates, timeslice_candidate
+from pricing import rates
 
 FULL_PRICES = {"H100-80GB": Decimal("2.50"), "H200-141GB": Decimal("3.20")}
 FLEET = [

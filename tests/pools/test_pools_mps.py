@@ -15,14 +15,15 @@ from conftest import kube_for
 from django.utils import timezone
 
 from billing import services as billing
-from billing.models import RateCardEntry, StatementLine
-from billing.services.rate_cards import seed_default_card
+from billing.models import StatementLine
 from capacity.models import NodeCapacity, TimeSlicingPolicy, WorkloadProfile
 from capacity.services.discovery import discover_cluster
 from capacity.services.mig_configs import apply_time_slicing
 from pools import services
 from pools.models import Allocation, PoolRequest
 from pools.tasks import provision_pool_task
+from pricing.models import RateCardEntry
+from pricing.services import seed_default_card
 from simcluster.kube import ClusterApi
 
 pytestmark = pytest.mark.django_db
@@ -133,7 +134,7 @@ def test_an_mps_pool_is_requested_approved_run_metered_and_billed_as_mps_shares(
 
 
 def test_an_mps_share_is_priced_from_the_full_gpu_unless_the_card_says_otherwise():
-    from billing import rates
+    from pricing import rates
 
     key = rates.spec_key("mps", "H100-80GB", "ignored", 4)
     assert (key.profile_name, key.replicas, key.label()) == ("", 4, "H100-80GB 1/4 MPS share")

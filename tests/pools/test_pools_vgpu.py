@@ -8,15 +8,15 @@ from fractions import Fraction
 import pytest
 from conftest import kube_for
 
-from billing import rates
-from billing.offers import vgpu_price
-from billing.services.rate_cards import seed_default_card
 from capacity.adapters.kubernetes import Node
 from capacity.mig.catalog import PRODUCTS
 from capacity.models import SpecAndCount
 from capacity.services.discovery import node_specs, node_values
 from capacity.vgpu import VGPU_TYPES, vgpu_type_for_resource
 from pools.matching import Need, full_candidate, match, mig_candidates, timeslice_candidate, vgpu_candidate
+from pricing import rates
+from pricing.lookup import vgpu_price
+from pricing.services import seed_default_card
 
 URL = "/api/v1/pool-requests/"
 

@@ -19,7 +19,6 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.models import StatementLine
-from billing.services.rate_cards import seed_default_card
 from capacity.adapters.kubernetes import api_url_for
 from capacity.adapters.nvml import node_vgpus
 from capacity.models import NodeCapacity, SpecAndCount, WorkloadProfile
@@ -27,6 +26,7 @@ from capacity.services.discovery import discover_cluster
 from pools import services
 from pools.models import Allocation, PoolRequest
 from pools.tasks import provision_pool_task
+from pricing.services import seed_default_card
 from simcluster.gpuoperator import refresh_devices
 from simcluster.kube import ClusterApi
 

@@ -1,7 +1,7 @@
 """Price derivation: the rule that turns a full-GPU hourly price into MIG and time-slice prices.
 
-Pure functions, no Django models: the default-card data migration, the rate-card service and the
-meter all derive prices here, so they can never disagree.
+Pure functions, no Django models: the default-card data migration, the rate-card services, matching's
+price lookup and billing's meter all derive prices here, so they can never disagree.
 
 The rule (docs/billing.md, "Rate derivation"):
 
@@ -26,6 +26,7 @@ figure *is* the price. Every entry can be overridden by an operator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 
@@ -36,6 +37,8 @@ from capacity.mig.share import mig_share  # the one GPU-share rule (billing.serv
 from capacity.vgpu import VGPU_TYPES
 
 PRICE_PLACES = Decimal("0.000001")
+# The default card's effective_from: the beginning of billing time (a never-delivered request's credit starts here).
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 FULL, MIG, TIMESLICE, VGPU, MPS = "full", "mig", "timeslice", "vgpu", "mps"
 SHARED = (TIMESLICE, MPS)  # a replica of a node's shared GPU: priced per replica count
 # The seed: a vGPU runs 5-15% slower than bare metal (capacity.vgpu.OVERHEAD_RANGE_PCT); statements say so.
@@ -64,6 +67,11 @@ class SpecKey:
             fee = "licence" if licence is None else f"licence {Decimal(licence).normalize():f}/h"
             return f"{self.product} vGPU {self.profile_name} (1/{self.replicas} GPU + {fee}, {VGPU_OVERHEAD_NOTE})"
         return f"{self.product} full GPU"
+
+
+def on_the_hour(when: datetime) -> bool:
+    """Does `when` start a UTC hour? Prices change only there (a card's effective_from)."""
+    return when.astimezone(UTC).replace(minute=0, second=0, microsecond=0) == when
 
 
 def spec_key(kind: str, product: str, profile_name: str = "", replicas: int = 1) -> SpecKey:

@@ -1,7 +1,13 @@
-"""Prices for pools' matching: the rate card in force now, registered into pools.prices at start-up."""
+"""Hourly prices for matching's offers: the rate card in force now, read once per matching run.
+
+Pools ranks offers by these (pools.offers passes price_lookup() to pools.matching.match); with no
+card in force offers have no price, and matching ranks by the share of a GPU each withholds, which
+the default rate derivation (pricing.rates) prices in proportion anyway.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 
 from django.utils import timezone
@@ -9,8 +15,15 @@ from django.utils import timezone
 from . import rates
 from .models import RateCard
 
+# (kind, product, profile_name, replicas) -> price of one unit for one hour, or None when unknown.
+PriceLookup = Callable[[str, str, str, int], Decimal | None]
 
-def price_lookup():
+
+def no_price(kind: str, product: str, profile_name: str = "", replicas: int = 1) -> Decimal | None:
+    return None
+
+
+def price_lookup() -> PriceLookup:
     """One card read (entries prefetched); each offer is its entry, else derived from the product's full price."""
     card = RateCard.objects.effective_at(timezone.now())
     prices = card.price_map() if card is not None else {}
