@@ -99,7 +99,7 @@ NODE_FIELDS = (
 )
 SPEC_FIELDS = ("kind", "product", "profile_id", "profile_name", "count", "allocatable", "replicas")
 # Bump when node_values()/node_specs() change what they derive, so every node is rewritten once.
-FINGERPRINT_VERSION = "2"
+FINGERPRINT_VERSION = "3"
 _STRATEGIES = frozenset(MigStrategy.values)
 _TIERS = frozenset(Tier.values)
 
@@ -233,6 +233,10 @@ def node_specs(node: kube.Node, values: dict) -> list[Spec]:
                 kind, profile_name = SpecKind.MIG, single_profile
             else:
                 kind = SpecKind.TIMESLICE if replicas > 1 or base != resource else SpecKind.FULL
+                if kind == SpecKind.TIMESLICE and values["sharing_strategy"] == SharingStrategy.MPS:
+                    # The device plugin's config shares through `sharing.mps` (GFD labels the node
+                    # nvidia.com/gpu.sharing-strategy=mps): its replicas are MPS clients, their own unit kind.
+                    kind = SpecKind.MPS
         elif base.startswith(RESOURCE_MIG_PREFIX):
             kind, profile_name = SpecKind.MIG, base[len(RESOURCE_MIG_PREFIX) :]
             replicas = max(1, _int(labels.get(f"{base}.replicas"), 1))
