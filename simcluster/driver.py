@@ -127,7 +127,13 @@ def node_snapshot(cluster: Cluster, node: Node) -> dict:
                 "instances": instances,
                 # A vm-vgpu node: the vGPUs VMs hold on this GPU (simcluster.vgpudm), as the vGPU manager counts them.
                 "vgpus": [
-                    {"mdev": p["device"], "type": vgpu_type, "sm_util": p["sm_util"], "fb_used_bytes": p["used_bytes"]}
+                    {
+                        "mdev": p["device"],
+                        "type": vgpu_type,
+                        "sm_util": p["sm_util"],
+                        "fb_used_bytes": p["used_bytes"],
+                        "vm": p["pod"],
+                    }
                     for p in procs
                     if vgpudm.VGPU_DEVICE_MARK in p["device"]
                 ],

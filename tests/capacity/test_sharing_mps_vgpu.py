@@ -7,9 +7,9 @@ import yaml
 from reconfig_sim import start_sim
 
 from capacity.models import GpuCapacity, NodeCapacity, SpecAndCount, TimeSlicingPolicy
-from capacity.services.planning import tier_plan
 from capacity.services.discovery import discover_cluster
 from capacity.services.mig_configs import apply_time_slicing
+from capacity.services.planning import tier_plan
 from simcluster.gpuoperator import refresh_devices
 from simcluster.kube import ClusterApi
 
