@@ -292,7 +292,7 @@ class SimulatedLibrary(VgpuCalls):
 
     @classmethod
     def symbols(cls) -> set[str]:
-        return {name for name, value in cls.__dict__.items() if getattr(value, "c_symbol", False)}
+        return {name for name in dir(cls) if getattr(getattr(cls, name), "c_symbol", False)}
 
     # --- snapshot and handles -----------------------------------------------------------
 
@@ -1248,7 +1248,7 @@ class _LibraryProxy:
         self._library = library
 
     def __getattr__(self, name: str):
-        implementation = SimulatedLibrary.__dict__.get(name)
+        implementation = getattr(SimulatedLibrary, name, None)  # its own entry points and its mixins' (nvml_vgpu)
         if implementation is None or not getattr(implementation, "c_symbol", False):
             raise AttributeError(name)
         library = self._library
