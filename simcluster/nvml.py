@@ -57,6 +57,7 @@ from capacity.mig.catalog import CI_PROFILE_BY_SLICES, get_product
 from . import driver, topology
 from .hardware import ci_starts, remaining_capacity
 from .nvml_abi import (
+    PRIVILEGED_SYMBOLS,  # noqa: F401 (the unprivileged agent tests read it here)
     TransportError,
     _address,
     _bytes_in,
