@@ -44,6 +44,16 @@ class VgpuType:
         return f"{RESOURCE_PREFIX}{self.name}"
 
     @property
+    def permitted_device(self) -> dict:
+        """Its entry in the KubeVirt CR's spec.configuration.permittedHostDevices.mediatedDevices: the mdev type's
+        name, the sandbox device plugin's resource, provided by that plugin (externalResourceProvider)."""
+        return {
+            "mdevNameSelector": f"NVIDIA {self.name}",
+            "resourceName": self.resource_name,
+            "externalResourceProvider": True,
+        }
+
+    @property
     def compute_share(self) -> Fraction:
         """The time-sliced share of the GPU's compute each vGPU gets when all are busy."""
         return Fraction(1, self.max_per_gpu)

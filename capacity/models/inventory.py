@@ -184,13 +184,15 @@ def configured_vgpu_q() -> Q:
     names that type's config in gpuaas's device manager document (one config per type, named after it:
     capacity.vgpu.device_manager_document), or names none gpuaas wrote (no label, an operator's own config:
     what the device plugin advertises stands). A type the plugin still advertises after the label moved on
-    (the device manager is recreating the GPUs' vGPUs) is no offer: its vGPUs are going away."""
+    (the device manager is recreating the GPUs' vGPUs) is no offer: its vGPUs are going away; unless the device
+    manager reported the change failed (nvidia.com/vgpu.config.state=failed): the old vGPUs stay."""
     names = sorted(device_manager_document()["vgpu-configs"])
     label = f"node__labels__{VGPU_CONFIG_LABEL}"
     return (
         ~Q(node__labels__has_key=VGPU_CONFIG_LABEL)
         | ~Q(**{f"{label}__in": names})
         | Q(profile_name=KeyTextTransform(VGPU_CONFIG_LABEL, "node__labels"))
+        | Q(**{f"node__labels__{VGPU_CONFIG_STATE_LABEL}": "failed"})
     )
 
 

@@ -49,7 +49,7 @@ from capacity.adapters import kubernetes as kube
 from capacity.choices import Binding, ClusterStatus, DiscoveryStatus, MigStrategy, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
-from capacity.vgpu import VGPU_CONFIG_LABEL, configured_types, vgpu_type_for_resource
+from capacity.vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL, configured_types, vgpu_type_for_resource
 
 from . import bulk, hooks, workloads
 from .inventory import InventoryResult, inventory_nodes
@@ -243,8 +243,11 @@ def node_specs(node: kube.Node, values: dict) -> list[Spec]:
         elif (vgpu := vgpu_type_for_resource(resource)) is not None:
             # A vm-vgpu node: the sandbox device plugin advertises each vGPU type as its own resource. The node's
             # offer is its configured types (nvidia.com/vgpu.config -> the device manager config's types and
-            # vGPUs per GPU); a type still advertised after the label moved on is being torn down.
+            # vGPUs per GPU); a type still advertised after the label moved on is being torn down (unless the
+            # device manager reported the change failed).
             configured = configured_types(labels.get(VGPU_CONFIG_LABEL, ""))
+            if labels.get(VGPU_CONFIG_STATE_LABEL) == "failed":
+                configured = None  # the change did not happen: what is advertised is what the GPUs carry
             if configured is not None and vgpu.name not in configured:
                 logger.info("%s: %s advertised but the node is configured for %s", node.name, resource, configured)
                 continue

@@ -182,3 +182,9 @@ def test_a_vgpu_node_counts_as_its_configured_type_not_its_first_advertised(proj
     tier2 = tier_plan().tier("2")
     assert (tier2.total, tier2.unserved_gpus, tier2.specs) == (0, 2, [])
     assert dict(drain(project, operator)) == {}
+
+    # The device manager reports the change failed: the 40C vGPUs stay, and are offered again.
+    node.labels = {**node.labels, "nvidia.com/vgpu.config.state": "failed"}
+    node.save(update_fields=["labels"])
+    assert [(s.spec, s.total) for s in tier_plan().tier("2").specs] == [("H100XM-40C", 4)]
+    assert dict(drain(project, operator)) == {"2": 4}
