@@ -94,6 +94,11 @@ def test_the_agent_reports_each_vgpu_and_monitoring_stores_it_as_the_vms_project
     outsider = django_user_model.objects.create_user("charlie", "charlie@example.com", "pw-charlie-1")
     assert list(Series.objects.visible_to(bob).vgpus()) == [series]
     assert not Series.objects.visible_to(outsider).exists()
+    listed = api(bob).get("/api/v1/monitoring/series/", {"kind": "vgpu"}).json()["results"]
+    assert [(r["id"], r["kind"], r["vgpu_type"], r["vgpu_uuid"]) for r in listed] == [
+        (series.pk, "vgpu", "H100XM-20C", vgpu.mdev_uuid)
+    ]
+    assert api(outsider).get("/api/v1/monitoring/series/", {"kind": "vgpu"}).json()["results"] == []
 
     # The VM stops: the next poll reports no vGPU and the series keeps its history.
     with sim.state.lock:
