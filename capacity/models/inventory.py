@@ -9,7 +9,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from gpuaas.celery import node_queue
+from core.celery import node_queue
 
 from ..choices import (
     AgentHealth,
