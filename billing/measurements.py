@@ -80,7 +80,7 @@ def measured_use(units: list[MeteredUnit], hour: datetime) -> dict[int, Measured
     mig_ids = sorted({u.mig_instance_id for u in units if u.mig_instance_id})
     series_of_gpu: dict[int, int] = {}
     series_of_mig: dict[int, int] = {}
-    wanted = Q(gpu_id__in=gpu_ids, mig_instance__isnull=True)
+    wanted = Q(gpu_id__in=gpu_ids, mig_instance__isnull=True, vgpu_uuid="")  # the GPU, not its vGPUs
     if mig_ids:
         wanted |= Q(mig_instance_id__in=mig_ids)
     for series_id, gpu_id, mig_id in Series.objects.filter(wanted).values_list("id", "gpu_id", "mig_instance_id"):

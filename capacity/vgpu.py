@@ -44,6 +44,16 @@ class VgpuType:
         return f"{RESOURCE_PREFIX}{self.name}"
 
     @property
+    def permitted_device(self) -> dict:
+        """Its entry in the KubeVirt CR's spec.configuration.permittedHostDevices.mediatedDevices: the mdev type's
+        name, the sandbox device plugin's resource, provided by that plugin (externalResourceProvider)."""
+        return {
+            "mdevNameSelector": f"NVIDIA {self.name}",
+            "resourceName": self.resource_name,
+            "externalResourceProvider": True,
+        }
+
+    @property
     def compute_share(self) -> Fraction:
         """The time-sliced share of the GPU's compute each vGPU gets when all are busy."""
         return Fraction(1, self.max_per_gpu)
@@ -102,3 +112,17 @@ def device_manager_document() -> dict:
             for t in sorted(VGPU_TYPES.values(), key=lambda t: t.name)
         },
     }
+
+
+def configured_types(config: str) -> dict[str, int] | None:
+    """The vGPU types, and vGPUs per GPU of each, that the device manager config `config` (a node's
+    nvidia.com/vgpu.config label) gives every GPU; None for no label or a config gpuaas's document does not
+    hold (an operator's own: the node is then taken at what its device plugin advertises)."""
+    entries = device_manager_document()["vgpu-configs"].get(config)
+    if not entries:
+        return None
+    types: dict[str, int] = {}
+    for entry in entries:
+        for name, count in entry["vgpu-devices"].items():
+            types[name] = max(types.get(name, 0), int(count))
+    return types

@@ -18,8 +18,6 @@ from django.db import models
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from capacity.choices import SpecKind
-from pools.models import Allocation
 from tenancy.roles import in_projects_of, sees_all_projects
 
 from .choices import (
@@ -32,6 +30,7 @@ from .choices import (
     ShareState,
     TrespassKind,
 )
+from .series import Series, _allocations_of
 
 
 class RealField(models.FloatField):
@@ -39,75 +38,6 @@ class RealField(models.FloatField):
 
     def db_type(self, connection):
         return "real"
-
-
-def _allocations_of(user):
-    """Allocations (any time) of the projects `user` may view, as a queryset usable in subqueries.
-
-    Scoped with tenancy.roles.in_projects_of, so the planner starts from the user's own projects' allocations."""
-    condition = in_projects_of(user)
-    return Allocation.objects.all() if condition is None else Allocation.objects.filter(condition)
-
-
-class SeriesQuerySet(models.QuerySet):
-    def gpus(self):
-        return self.filter(mig_instance__isnull=True)
-
-    def mig_instances(self):
-        return self.filter(mig_instance__isnull=False)
-
-    def visible_to(self, user):
-        """Series of the partitions `user`'s projects hold or held: their MIG instances and full GPUs.
-
-        Time-sliced GPUs are shared between projects, so their GPU-level series are operator-only.
-        Points outside the allocation windows are removed by the readers (monitoring/readers.py).
-        """
-        if sees_all_projects(user):
-            return self
-        allocations = _allocations_of(user)
-        return self.filter(
-            Q(mig_instance__in=allocations.filter(kind=SpecKind.MIG).values("mig_instance"))
-            | Q(mig_instance__isnull=True, gpu__in=allocations.filter(kind=SpecKind.FULL).values("gpu"))
-        )
-
-
-class Series(models.Model):
-    """A GPU (mig_instance empty) or one MIG instance of it: what a Sample row is keyed by."""
-
-    id = models.AutoField(primary_key=True)
-    gpu = models.ForeignKey("capacity.GpuCapacity", on_delete=models.CASCADE, related_name="metric_series")
-    mig_instance = models.ForeignKey(
-        "capacity.MigInstance", null=True, blank=True, on_delete=models.CASCADE, related_name="metric_series"
-    )
-    mem_total_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory of the GPU or instance.")
-    source = models.CharField(max_length=8, choices=MetricSource, default=MetricSource.NVML)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    objects = SeriesQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["id"]
-        verbose_name = "metric series"
-        verbose_name_plural = "metric series"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["gpu"], condition=Q(mig_instance__isnull=True), name="monitoring_series_unique_gpu"
-            ),
-            models.UniqueConstraint(
-                fields=["mig_instance"],
-                condition=Q(mig_instance__isnull=False),
-                name="monitoring_series_unique_mig_instance",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        if self.mig_instance_id:
-            return f"MIG {self.mig_instance.uuid}"
-        return f"GPU {self.gpu.uuid}"
-
-    @property
-    def is_mig(self) -> bool:
-        return self.mig_instance_id is not None
 
 
 class Sample(models.Model):

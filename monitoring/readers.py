@@ -283,7 +283,11 @@ def latest_samples(series_ids: list[int], *, since: datetime) -> dict[int, Sampl
 
 
 def allocation_series(allocations) -> dict[int, int]:
-    """allocation id -> series id, for MIG and full-GPU allocations (time-slice units have no own series)."""
+    """allocation id -> series id, for MIG, full-GPU and vGPU allocations (time-slice units have no own series).
+
+    A vGPU allocation is quota on its type's resource in the project's namespace, not one mdev device: it is
+    paired with a vGPU series of its type whose VM (at the last poll) is the project's, one series per
+    allocation, the allocation's own GPU first (vgpu_series)."""
     allocations = list(allocations)
     mig_ids = [a.mig_instance_id for a in allocations if a.kind == SpecKind.MIG and a.mig_instance_id]
     gpu_ids = [a.gpu_id for a in allocations if a.kind == SpecKind.FULL]
@@ -291,12 +295,43 @@ def allocation_series(allocations) -> dict[int, int]:
     for chunk in _chunks(mig_ids):
         by_mig.update(Series.objects.filter(mig_instance_id__in=chunk).values_list("mig_instance_id", "id"))
     for chunk in _chunks(gpu_ids):
-        by_gpu.update(Series.objects.filter(gpu_id__in=chunk, mig_instance__isnull=True).values_list("gpu_id", "id"))
-    result = {}
+        by_gpu.update(Series.objects.gpus().filter(gpu_id__in=chunk).values_list("gpu_id", "id"))
+    result = vgpu_series([a for a in allocations if a.kind == SpecKind.VGPU])
     for a in allocations:
         sid = by_mig.get(a.mig_instance_id) if a.kind == SpecKind.MIG else by_gpu.get(a.gpu_id)
         if a.kind in (SpecKind.MIG, SpecKind.FULL) and sid is not None:
             result[a.pk] = sid
+    return result
+
+
+def vgpu_series(allocations) -> dict[int, int]:
+    """vGPU allocation id -> the series of a vGPU its project's VM holds, of the allocation's type: one query.
+    Allocations and series are paired per (project, type): those on the same GPU first, then in order."""
+    if not allocations:
+        return {}
+    rows = (
+        Series.objects.vgpus()
+        .filter(
+            vgpu_workload__project_id__in=sorted({a.project_id for a in allocations}),
+            vgpu_type__in=sorted({a.profile_name for a in allocations}),
+        )
+        .values_list("pk", "gpu_id", "vgpu_type", "vgpu_workload__project_id")
+        .order_by("gpu_id", "vgpu_uuid")
+    )
+    free: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+    for pk, gpu_id, vgpu_type, project_id in rows:
+        free[(project_id, vgpu_type)].append((gpu_id, pk))
+    result: dict[int, int] = {}
+    ordered = sorted(allocations, key=lambda a: (a.gpu_id, a.replica, a.pk))
+    for same_gpu in (True, False):
+        for a in ordered:
+            left = free.get((a.project_id, a.profile_name), [])
+            if a.pk in result or not left:
+                continue
+            match = next((item for item in left if item[0] == a.gpu_id), None) if same_gpu else left[0]
+            if match is not None:
+                left.remove(match)
+                result[a.pk] = match[1]
     return result
 
 

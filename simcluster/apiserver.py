@@ -10,6 +10,7 @@ Simulator endpoints live beside the API under the same prefix:
 
     GET  /version, /api, /apis, /api/v1    discovery, as a real server answers it
     /apis/kubevirt.io/v1/...virtualmachineinstances   KubeVirt VMIs (simcluster/kubevirt.py)
+    /apis/kubevirt.io/v1/...kubevirts                  the KubeVirt CR (simcluster/kubevirt_cr.py)
     GET  ...?watch=true                    JSON-line watch events (BOOKMARK, 410 Gone), see docs/simcluster.md
     GET  /sim/v1/info                      clusters, nodes, sim time
     GET  /sim/v1/faults | POST | DELETE    list / inject (`{"fault": ...}`) / reset faults
@@ -36,7 +37,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from . import dcgm, dra, driver, fieldmanager, kube, kubevirt, nvml, podresources, rbac
+from . import dcgm, dra, driver, fieldmanager, kube, kubevirt, kubevirt_cr, nvml, podresources, rbac
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
@@ -290,13 +291,13 @@ class _Handler(BaseHTTPRequestHandler):
         raise not_found
 
     def _kubevirt(self, method: str, api: kube.ClusterApi, rest: list[str], query: dict) -> None:
-        """/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances[/name] and the all-namespaces list."""
-        plural = kubevirt.PLURAL
-        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] == plural and len(rest) <= 4:
-            self._resource(method, api, plural, rest[1], rest[3] if len(rest) == 4 else None, query)
+        """/apis/kubevirt.io/v1/namespaces/{ns}/{virtualmachineinstances,kubevirts}[/name] and all-namespaces lists."""
+        plurals = (kubevirt.PLURAL, kubevirt_cr.PLURAL)
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in plurals and len(rest) <= 4:
+            self._resource(method, api, rest[2], rest[1], rest[3] if len(rest) == 4 else None, query)
             return
-        if rest == [plural] and method == "GET":
-            self._resource(method, api, plural, None, None, query)
+        if len(rest) == 1 and rest[0] in plurals and method == "GET":
+            self._resource(method, api, rest[0], None, None, query)
             return
         raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
 
@@ -646,7 +647,8 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
                     "kind": "VirtualMachineInstance",
                     "shortNames": ["vmi", "vmis"],
                     "verbs": _READ_WRITE,
-                }
+                },
+                {**kubevirt_cr.DISCOVERY, "verbs": _READ_WRITE},
             ],
         }
     if len(segments) in (2, 3) and segments[0] == "apis" and segments[1] in stored_groups:

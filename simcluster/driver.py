@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+from capacity.vgpu import VGPU_TYPES
+
 from . import gpuoperator, scheduler, vgpudm
 from .hardware import (
     NVML_ERROR_GPU_IS_LOST,
@@ -59,6 +61,14 @@ def unit_memory_mib(cluster: Cluster, node: Node) -> dict[tuple[int, int | None]
 def _cuda_int(version: str) -> int:
     major, _, minor = version.partition(".")
     return int(major) * 1000 + int(minor or 0) * 10
+
+
+def _vgpu_fb_used(used_bytes: int, gpu_mib: int, vgpu_type: str) -> int:
+    """A VM's framebuffer in use: the pod's share of the GPU's memory, taken of its vGPU's framebuffer instead."""
+    vgpu = VGPU_TYPES.get(vgpu_type)
+    if vgpu is None or not gpu_mib:
+        return used_bytes
+    return used_bytes * vgpu.framebuffer_gb * 1024 // gpu_mib
 
 
 def node_snapshot(cluster: Cluster, node: Node) -> dict:
@@ -127,7 +137,13 @@ def node_snapshot(cluster: Cluster, node: Node) -> dict:
                 "instances": instances,
                 # A vm-vgpu node: the vGPUs VMs hold on this GPU (simcluster.vgpudm), as the vGPU manager counts them.
                 "vgpus": [
-                    {"mdev": p["device"], "type": vgpu_type, "sm_util": p["sm_util"], "fb_used_bytes": p["used_bytes"]}
+                    {
+                        "mdev": p["device"],
+                        "type": vgpu_type,
+                        "sm_util": p["sm_util"],
+                        "fb_used_bytes": _vgpu_fb_used(p["used_bytes"], gpu.product.memory_mib, vgpu_type),
+                        "vm": p["pod"],
+                    }
                     for p in procs
                     if vgpudm.VGPU_DEVICE_MARK in p["device"]
                 ],

@@ -35,7 +35,7 @@ import json_merge_patch
 import jsonpatch
 import jsonpointer
 
-from . import admission, disruption, dra, fieldmanager, gpuoperator, kubevirt, scheduler
+from . import admission, disruption, dra, fieldmanager, gpuoperator, kubevirt, kubevirt_cr, scheduler
 from .state import Cluster, Node, Record
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -739,6 +739,7 @@ KINDS["poddisruptionbudgets"] = Kind(
     "poddisruptionbudgets", "PodDisruptionBudget", True, "subdomain", True, disruption.API_VERSION
 )
 KINDS[kubevirt.PLURAL] = Kind(kubevirt.PLURAL, "VirtualMachineInstance", True, "subdomain", True, kubevirt.API_VERSION)
+KINDS[kubevirt_cr.PLURAL] = Kind(kubevirt_cr.PLURAL, kubevirt_cr.KIND, True, "subdomain", True, kubevirt.API_VERSION)
 _RBAC = "rbac.authorization.k8s.io/v1"
 _ADMISSION = "admissionregistration.k8s.io/v1"
 STORED_ONLY = {

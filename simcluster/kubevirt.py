@@ -3,9 +3,9 @@
 A VMI asks for GPUs and vGPUs in `spec.domain.devices.gpus[]` (`name`, `deviceName`: the extended resource a
 device plugin advertises, `nvidia.com/NVIDIA_H100XM-20C` from NVIDIA/kubevirt-gpu-device-plugin, whose resource
 name is the mdev type's name with spaces as underscores: pkg/device_plugin/device_plugin.go). KubeVirt's webhook
-admits only devices the KubeVirt CR permits (`spec.configuration.permittedHostDevices.mediatedDevices[]`,
-`mdevNameSelector` + `resourceName`, `externalResourceProvider: true` when NVIDIA's plugin serves them, as in
-that repository's examples/kubevirt-featuregate-cm.yaml); here every `nvidia.com/` resource is permitted.
+checks each GPU's deviceName; here a name outside `nvidia.com/` is refused at once (422), and one no KubeVirt CR
+permits (`spec.configuration.permittedHostDevices`, simcluster.kubevirt_cr) gets no launcher pod: the VMI stays
+Scheduling with the reason until a CR permits it (the resync in `sync`).
 
 virt-controller runs each VMI in a virt-launcher pod that requests those resources (so ResourceQuota and the
 scheduler see the VM as that pod), labelled `kubevirt.io=virt-launcher` and `kubevirt.io/created-by=<VMI uid>`
@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
+from . import kubevirt_cr
 from .state import Cluster, Record
 
 if TYPE_CHECKING:
@@ -108,6 +109,11 @@ def on_created(api: ClusterApi, record: Record) -> None:
     from .kube import ApiError, ClusterApi  # cycle: kube stores VMIs through this module
 
     vmi = record.obj
+    why = kubevirt_cr.not_permitted(api.cluster, [gpu.get("deviceName", "") for gpu in gpus(vmi)])
+    if why:
+        api.cluster.vmi_waiting[vmi["metadata"]["uid"]] = why
+        return
+    api.cluster.vmi_waiting.pop(vmi["metadata"]["uid"], None)
     controller = ClusterApi(api.cluster, user=CONTROLLER_USER)
     try:
         controller.create("pods", vmi["metadata"]["namespace"], launcher_pod(vmi))
@@ -120,6 +126,7 @@ def on_deleted(api: ClusterApi, vmi: dict) -> None:
     from .kube import ClusterApi  # cycle: kube stores VMIs through this module
 
     api.cluster.vmi_errors.pop(vmi["metadata"]["uid"], None)
+    api.cluster.vmi_waiting.pop(vmi["metadata"]["uid"], None)
     pod = launcher_of(api.cluster, vmi)
     if pod is not None:
         meta = pod.obj["metadata"]
@@ -144,6 +151,11 @@ def render(cluster: Cluster, vmi: dict) -> dict:
     pod = launcher_of(cluster, vmi)
     when = vmi["metadata"].get("creationTimestamp")
     status: dict = {"phase": "Pending", "conditions": [], "guestOSInfo": {}}
+    if pod is None and uid in cluster.vmi_waiting:
+        status["phase"] = "Scheduling"
+        status["conditions"] = [_condition("PodScheduled", "Unschedulable", cluster.vmi_waiting[uid], when)]
+        out["status"] = status
+        return out
     if pod is None:
         error = cluster.vmi_errors.get(uid)
         if error:
@@ -171,3 +183,13 @@ def render(cluster: Cluster, vmi: dict) -> dict:
         out["metadata"].setdefault("labels", {})[NODE_NAME_LABEL] = node_name
     out["status"] = status
     return out
+
+
+def sync(cluster: Cluster) -> None:
+    """virt-controller's resync: VMIs waiting for a host device the KubeVirt CR did not permit get their launcher
+    pod once it does."""
+    from .kube import ClusterApi  # cycle: kube stores VMIs through this module
+
+    for record in list(cluster.virtualmachineinstances.values()):
+        if record.obj["metadata"]["uid"] in cluster.vmi_waiting:
+            on_created(ClusterApi(cluster), record)

@@ -53,10 +53,24 @@ from urllib.parse import quote, urlsplit
 import pynvml
 
 from capacity.mig.catalog import CI_PROFILE_BY_SLICES, get_product
-from capacity.vgpu import VGPU_TYPES
 
 from . import driver, topology
 from .hardware import ci_starts, remaining_capacity
+from .nvml_abi import (
+    PRIVILEGED_SYMBOLS,  # noqa: F401 (the unprivileged agent tests read it here)
+    TransportError,
+    _address,
+    _bytes_in,
+    _c_call,
+    _int,
+    _out_array,
+    _Return,
+    _set,
+    _store_pointer,
+    _target,
+    _write_string,
+)
+from .nvml_vgpu import VgpuCalls
 
 _UNAVAILABLE = 0xFFFFFFFF
 EVENT_SNAPSHOT_S = 1.0  # how old a snapshot may be to answer "no new events" without a round trip
@@ -71,25 +85,6 @@ _ERROR_STRINGS = {
     pynvml.NVML_ERROR_NO_DATA: "No data",
     pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
 }
-# The C symbols nvml.h documents as "Requires privileged user" (or root): a non-root agent without the
-# /proc/driver/nvidia/capabilities/mig/{config,monitor} capabilities gets NVML_ERROR_NO_PERMISSION.
-PRIVILEGED_SYMBOLS = frozenset(
-    {
-        "nvmlDeviceSetMigMode",
-        "nvmlDeviceCreateGpuInstance",
-        "nvmlDeviceCreateGpuInstanceWithPlacement",
-        "nvmlDeviceGetGpuInstances",
-        "nvmlDeviceGetGpuInstanceById",
-        "nvmlDeviceGetGpuInstanceRemainingCapacity",
-        "nvmlGpuInstanceDestroy",
-        "nvmlGpuInstanceCreateComputeInstance",
-        "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
-        "nvmlGpuInstanceGetComputeInstances",
-        "nvmlGpuInstanceGetComputeInstanceById",
-        "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
-        "nvmlComputeInstanceDestroy",
-    }
-)
 
 
 class Board:
@@ -152,24 +147,6 @@ _GPM_SHARES = {
     pynvml.NVML_GPM_METRIC_FP32_UTIL: 0.25,
     pynvml.NVML_GPM_METRIC_FP16_UTIL: 0.2,
 }
-
-
-_VGPU_TYPE_IDS = {name: i + 1 for i, name in enumerate(sorted(VGPU_TYPES))}
-
-
-def _vgpu_id(gpu: dict, vgpu: dict) -> int:
-    return 1000 * gpu["index"] + int(vgpu["mdev"].rsplit("-", 1)[1]) + 1
-
-
-class _Return(Exception):
-    """Internal: abort a simulated C call with an NVML return code."""
-
-    def __init__(self, code: int):
-        self.code = code
-
-
-class TransportError(Exception):
-    """The simulator could not be reached or answered something unexpected."""
 
 
 # ----------------------------------------------------------------------------------------
@@ -261,72 +238,6 @@ class HttpBackend:
 # ctypes plumbing
 
 
-def _target(ref):
-    """What an out-parameter points at: byref(x) -> x, pointer(x) -> x, x -> x."""
-    obj = getattr(ref, "_obj", None)
-    if obj is not None:
-        return obj
-    if isinstance(ref, ctypes._Pointer):
-        return ref.contents
-    return ref
-
-
-def _set(ref, value) -> None:
-    _target(ref).value = value
-
-
-def _int(value) -> int:
-    return int(value.value) if hasattr(value, "value") else int(value)
-
-
-def _bytes_in(value) -> bytes:
-    raw = value.value if hasattr(value, "value") else value
-    return raw if isinstance(raw, bytes) else str(raw).encode()
-
-
-def _write_string(buf, size, text: str) -> None:
-    data = text.encode()
-    if len(data) + 1 > _int(size):
-        raise _Return(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-    buf.value = data
-
-
-def _address(handle) -> int | None:
-    """The address a handle holds. Every simulated call resolves one: a typed pointer's `contents` is several
-    times cheaper than ctypes.cast, which stays for NULL, void pointers and the like."""
-    if handle is None:
-        return None
-    try:
-        return ctypes.addressof(handle.contents)
-    except (AttributeError, TypeError, ValueError):
-        pass
-    try:
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    except ctypes.ArgumentError:
-        return None
-
-
-def _store_pointer(ref, address: int) -> None:
-    target = _target(ref)
-    ctypes.cast(ctypes.pointer(target), ctypes.POINTER(ctypes.c_void_p))[0] = address
-
-
-def _out_array(ref, count: int):
-    """A ctypes array view of `count` elements where the caller's buffer lives.
-
-    A real array is bounds-checked (NVML_ERROR_INSUFFICIENT_SIZE); a pointer to a single
-    element is written through like C would.
-    """
-    target = _target(ref)
-    if isinstance(target, ctypes.Array):
-        if len(target) < count:
-            raise _Return(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        return target
-    if count == 0:
-        return []
-    return (type(target) * count).from_address(ctypes.addressof(target))
-
-
 def _write_pci(info, bus_id: str, device_id: int | None = None) -> None:
     """Fill an nvmlPciInfo_t for `bus_id` ("00000000:18:00.0"); an NVIDIA device id when given (GPUs)."""
     info.busId = bus_id.encode()
@@ -362,31 +273,7 @@ def _snapshot_view(snap: dict) -> dict:
 # The simulated C library
 
 
-def _c_call(fn):
-    """Wrap a simulated C entry point: initialisation check, NVML return codes."""
-    name = fn.__name__
-
-    def entry(self, *args):
-        if name not in ("nvmlInitWithFlags", "nvmlErrorString") and self._init_count <= 0:
-            return pynvml.NVML_ERROR_UNINITIALIZED
-        if not self._privileged and name in PRIVILEGED_SYMBOLS:
-            return pynvml.NVML_ERROR_NO_PERMISSION
-        try:
-            result = fn(self, *args)
-        except _Return as ret:
-            return ret.code
-        except driver.NodeGone:
-            return pynvml.NVML_ERROR_UNKNOWN
-        except TransportError:
-            return pynvml.NVML_ERROR_UNKNOWN
-        return pynvml.NVML_SUCCESS if result is None else result
-
-    entry.__name__ = name
-    entry.c_symbol = True
-    return entry
-
-
-class SimulatedLibrary:
+class SimulatedLibrary(VgpuCalls):
     """The C entry points of libnvidia-ml that pynvml calls, answered from a node snapshot."""
 
     def __init__(self, backend, *, max_age: float, privileged: bool = True):
@@ -406,7 +293,7 @@ class SimulatedLibrary:
 
     @classmethod
     def symbols(cls) -> set[str]:
-        return {name for name, value in cls.__dict__.items() if getattr(value, "c_symbol", False)}
+        return {name for name in dir(cls) if getattr(getattr(cls, name), "c_symbol", False)}
 
     # --- snapshot and handles -----------------------------------------------------------
 
@@ -1130,68 +1017,6 @@ class SimulatedLibrary:
             out[i].decUtil = 0
         _set(count, len(procs))
 
-    # --- vGPU host (vm-vgpu nodes): active vGPUs, their type, mdev UUID, framebuffer and utilisation ------------
-    # Instance ids are 1000 * GPU index + vGPU number + 1; type ids the catalog's sorted position + 1; a type's
-    # name is the mdev type name, "NVIDIA <type>" (what kubevirt-gpu-device-plugin turns into its resource name).
-
-    def _vgpu(self, instance) -> dict:
-        wanted = _int(instance)
-        for gpu in self._current()["snap"]["gpus"]:
-            for vgpu in gpu.get("vgpus", ()):
-                if _vgpu_id(gpu, vgpu) == wanted:
-                    return vgpu
-        raise _Return(pynvml.NVML_ERROR_NOT_FOUND)
-
-    @_c_call
-    def nvmlDeviceGetActiveVgpus(self, handle, count, instances):
-        gpu = self._full_gpu(handle)
-        vgpus = gpu.get("vgpus", [])
-        if instances is None:
-            _set(count, len(vgpus))
-            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if vgpus else None
-        out = _out_array(instances, len(vgpus))
-        for i, vgpu in enumerate(vgpus):
-            out[i] = _vgpu_id(gpu, vgpu)
-        _set(count, len(vgpus))
-
-    @_c_call
-    def nvmlVgpuInstanceGetType(self, instance, ref):
-        _set(ref, _VGPU_TYPE_IDS.get(self._vgpu(instance)["type"], 0))
-
-    @_c_call
-    def nvmlVgpuTypeGetName(self, type_id, buf, size):
-        names = {v: k for k, v in _VGPU_TYPE_IDS.items()}
-        name = names.get(_int(type_id))
-        if name is None:
-            raise _Return(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        _write_string(buf, _target(size), f"NVIDIA {name}")
-
-    @_c_call
-    def nvmlVgpuInstanceGetMdevUUID(self, instance, buf, size):
-        _write_string(_target(buf), size, self._vgpu(instance)["mdev"])  # pynvml passes byref(buffer)
-
-    @_c_call
-    def nvmlVgpuInstanceGetFbUsage(self, instance, ref):
-        _set(ref, self._vgpu(instance)["fb_used_bytes"])
-
-    @_c_call
-    def nvmlDeviceGetVgpuUtilization(self, handle, last_seen, value_type, count, samples):
-        gpu = self._full_gpu(handle)
-        vgpus = gpu.get("vgpus", [])
-        _set(value_type, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)
-        if samples is None:
-            _set(count, len(vgpus))
-            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if vgpus else None
-        out = _out_array(samples, len(vgpus))
-        for i, vgpu in enumerate(vgpus):
-            out[i].vgpuInstance = _vgpu_id(gpu, vgpu)
-            out[i].timeStamp = int(self._current()["snap"]["time"] * 1_000_000)
-            out[i].smUtil.uiVal = int(vgpu["sm_util"])
-            out[i].memUtil.uiVal = int(vgpu["sm_util"] * 55 // 100)
-            out[i].encUtil.uiVal = 0
-            out[i].decUtil.uiVal = 0
-        _set(count, len(vgpus))
-
     # --- clocks, performance state, power limits, BAR1, field values -----------------------
 
     @staticmethod
@@ -1424,7 +1249,7 @@ class _LibraryProxy:
         self._library = library
 
     def __getattr__(self, name: str):
-        implementation = SimulatedLibrary.__dict__.get(name)
+        implementation = getattr(SimulatedLibrary, name, None)  # its own entry points and its mixins' (nvml_vgpu)
         if implementation is None or not getattr(implementation, "c_symbol", False):
             raise AttributeError(name)
         library = self._library

@@ -56,7 +56,7 @@ import yaml
 
 from capacity.mig.catalog import Product, Profile, get_product, named_configs
 
-from . import gpuoperator
+from . import gpuoperator, kubevirt_cr
 from .kube import ApiError, ClusterApi, node_json
 from .state import ClusterSettings, SimState
 
@@ -326,6 +326,7 @@ class Scenario:
     def _build_cluster(self, state: SimState, spec: ClusterSpec) -> None:
         cluster = state.add_cluster(spec.name, copy.deepcopy(spec.settings))
         api = ClusterApi(cluster)
+        kubevirt_cr.install(api)
         ns = cluster.settings.operator_namespace
         custom = {g.mig_config: g.custom_config for g in spec.groups if g.custom_config}
         if custom:

@@ -202,6 +202,9 @@ class Cluster:
         # kubevirt.io/v1 VirtualMachineInstances by key (simcluster.kubevirt); launcher pods refused, by VMI uid.
         self.virtualmachineinstances: dict[tuple[str, str], Record] = {}
         self.vmi_errors: dict[str, str] = {}
+        # KubeVirt CRs by key (simcluster.kubevirt_cr); VMIs waiting for a host device no CR permits, by uid.
+        self.kubevirts: dict[tuple[str, str], Record] = {}
+        self.vmi_waiting: dict[str, str] = {}
         # Stored only (what onboarding applies): ServiceAccounts, DaemonSets (no pods are made from them), RBAC
         # and ValidatingAdmissionPolicies (admission enforces deploy/'s policies, simcluster.admission).
         self.serviceaccounts: dict[tuple[str, str], Record] = {}
@@ -455,11 +458,12 @@ class SimState:
 
     def run_kubelet(self, cluster: str | None = None, *, due_only: bool = False) -> None:
         """Move pods along their phases: start the due ones (or all, for tests), remove the due Terminating."""
-        from . import scheduler
+        from . import kubevirt, scheduler
 
         with self.lock:
             targets = [self.cluster(cluster)] if cluster else list(self.clusters.values())
             for c in targets:
+                kubevirt.sync(c)
                 scheduler.run_pod_timers(c, time.monotonic(), force=not due_only)
 
     def run_mig_manager(self, cluster: str | None = None, *, due_only: bool = False) -> None:

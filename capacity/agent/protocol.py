@@ -167,8 +167,12 @@ def _mig(data: Any) -> nvml.MigMetrics:
     return _build(nvml.MigMetrics, data, {"processes": _process})
 
 
+def _vgpu(data: Any) -> nvml.VgpuMetrics:
+    return _build(nvml.VgpuMetrics, data, {})
+
+
 def _gpu(data: Any) -> nvml.GpuMetrics:
-    return _build(nvml.GpuMetrics, data, {"mig": _mig, "processes": _process, "xids": _xid})
+    return _build(nvml.GpuMetrics, data, {"mig": _mig, "processes": _process, "xids": _xid, "vgpus": _vgpu})
 
 
 _METRICS_KEYS = tuple(

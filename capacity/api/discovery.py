@@ -356,6 +356,7 @@ class SpecViewSet(viewsets.ReadOnlyModelViewSet):
             spec = SpecAndCount(
                 kind=total["kind"], product=total["product"], profile_name=total["profile_name"], replicas=1
             )
-            name = spec.label if total["kind"] != SpecKind.TIMESLICE else f"{total['product']} time-slice"
+            shared = {SpecKind.TIMESLICE: "time-slice", SpecKind.MPS: "MPS client"}.get(total["kind"])
+            name = f"{total['product']} {shared}" if shared else spec.label
             rows.append({**total, "label": f"{name} x {total['count']}"})
         return Response(SpecTotalSerializer(rows, many=True).data)

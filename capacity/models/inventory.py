@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
+from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -20,7 +21,7 @@ from ..choices import (
     SpecKind,
     Tier,
 )
-from ..vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL
+from ..vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL, device_manager_document
 from .availability import (
     USABLE_HEALTH,
     as_boolean,
@@ -176,14 +177,40 @@ class NodeCapacity(models.Model):
         return self.inventory_read_at is not None and self.inventory_read_at >= moment.replace(microsecond=0)
 
 
-def vgpu_node_q(vgpu_type: str = "", node: str = "node") -> Q:
-    """GPUs (`node`: the path to their node) of nodes whose sandbox device plugin advertises vGPUs (of
-    `vgpu_type`, or of any type): the SpecAndCount rows discovery wrote."""
+def configured_vgpu_q() -> Q:
+    """SpecAndCount rows of kind vgpu whose type the node is configured for: its nvidia.com/vgpu.config label
+    names that type's config in gpuaas's device manager document (one config per type, named after it:
+    capacity.vgpu.device_manager_document), or names none gpuaas wrote (no label, an operator's own config:
+    what the device plugin advertises stands). A type the plugin still advertises after the label moved on
+    (the device manager is recreating the GPUs' vGPUs) is no offer: its vGPUs are going away; unless the device
+    manager reported the change failed (nvidia.com/vgpu.config.state=failed): the old vGPUs stay."""
+    names = sorted(device_manager_document()["vgpu-configs"])
+    label = f"node__labels__{VGPU_CONFIG_LABEL}"
+    return (
+        ~Q(node__labels__has_key=VGPU_CONFIG_LABEL)
+        | ~Q(**{f"{label}__in": names})
+        | Q(profile_name=KeyTextTransform(VGPU_CONFIG_LABEL, "node__labels"))
+        | Q(**{f"node__labels__{VGPU_CONFIG_STATE_LABEL}": "failed"})
+    )
+
+
+def vgpu_offers(node: str = "node"):
+    """The vGPU offers (SpecAndCount rows of kind vgpu) of the node at OuterRef(`node`) that it is configured
+    for (configured_vgpu_q)."""
     from .specs import SpecAndCount  # cycle: specs imports this module
 
-    offers = SpecAndCount.objects.filter(node=OuterRef(node), kind=SpecKind.VGPU)
+    return SpecAndCount.objects.filter(configured_vgpu_q(), node=OuterRef(node), kind=SpecKind.VGPU)
+
+
+def vgpu_node_q(vgpu_type: str = "", node: str = "node") -> Q:
+    """GPUs (`node`: the path to their node) of nodes whose sandbox device plugin advertises vGPUs: of any
+    type (a vm-vgpu node's GPUs are never whole-GPU hosts, configured or not), or offering `vgpu_type` as
+    their configured type (vgpu_offers: what approval hands out and the tier plan counts)."""
+    from .specs import SpecAndCount  # cycle: specs imports this module
+
     if vgpu_type:
-        offers = offers.filter(profile_name=vgpu_type)
+        return Q(Exists(vgpu_offers(node).filter(profile_name=vgpu_type)))
+    offers = SpecAndCount.objects.filter(node=OuterRef(node), kind=SpecKind.VGPU)
     return Q(Exists(offers))
 
 

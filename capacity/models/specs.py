@@ -66,4 +66,8 @@ class SpecAndCount(models.Model):
             return f"{self.product} {self.profile_name}"
         if self.kind == SpecKind.TIMESLICE:
             return f"{self.product} 1/{self.replicas} time-slice"
+        if self.kind == SpecKind.MPS:
+            return f"{self.product} 1/{self.replicas} MPS client"
+        if self.kind == SpecKind.VGPU:
+            return f"{self.product} vGPU {self.profile_name}"
         return f"{self.product} full GPU"

@@ -50,7 +50,7 @@ from capacity.adapters import kubernetes as kube
 from capacity.choices import Binding, ClusterStatus, DiscoveryStatus, MigStrategy, SharingStrategy, SpecKind, Tier
 from capacity.mig.catalog import Product, find_product
 from capacity.models import Cluster, DiscoveryRun, MigProfile, NodeCapacity, SpecAndCount
-from capacity.vgpu import vgpu_type_for_resource
+from capacity.vgpu import VGPU_CONFIG_LABEL, VGPU_CONFIG_STATE_LABEL, configured_types, vgpu_type_for_resource
 
 from . import bulk, workloads
 from .inventory import InventoryResult, inventory_nodes
@@ -100,7 +100,7 @@ NODE_FIELDS = (
 )
 SPEC_FIELDS = ("kind", "product", "profile_id", "profile_name", "count", "allocatable", "replicas")
 # Bump when node_values()/node_specs() change what they derive, so every node is rewritten once.
-FINGERPRINT_VERSION = "2"
+FINGERPRINT_VERSION = "3"
 _STRATEGIES = frozenset(MigStrategy.values)
 _TIERS = frozenset(Tier.values)
 
@@ -234,12 +234,26 @@ def node_specs(node: kube.Node, values: dict) -> list[Spec]:
                 kind, profile_name = SpecKind.MIG, single_profile
             else:
                 kind = SpecKind.TIMESLICE if replicas > 1 or base != resource else SpecKind.FULL
+                if kind == SpecKind.TIMESLICE and values["sharing_strategy"] == SharingStrategy.MPS:
+                    # The device plugin's config shares through `sharing.mps` (GFD labels the node
+                    # nvidia.com/gpu.sharing-strategy=mps): its replicas are MPS clients, their own unit kind.
+                    kind = SpecKind.MPS
         elif base.startswith(RESOURCE_MIG_PREFIX):
             kind, profile_name = SpecKind.MIG, base[len(RESOURCE_MIG_PREFIX) :]
             replicas = max(1, _int(labels.get(f"{base}.replicas"), 1))
         elif (vgpu := vgpu_type_for_resource(resource)) is not None:
-            # A vm-vgpu node: the sandbox device plugin advertises each vGPU type as its own resource.
-            specs.append(Spec(resource, SpecKind.VGPU, vgpu.product, vgpu.name, count, allocatable, vgpu.max_per_gpu))
+            # A vm-vgpu node: the sandbox device plugin advertises each vGPU type as its own resource. The node's
+            # offer is its configured types (nvidia.com/vgpu.config -> the device manager config's types and
+            # vGPUs per GPU); a type still advertised after the label moved on is being torn down (unless the
+            # device manager reported the change failed).
+            configured = configured_types(labels.get(VGPU_CONFIG_LABEL, ""))
+            if labels.get(VGPU_CONFIG_STATE_LABEL) == "failed":
+                configured = None  # the change did not happen: what is advertised is what the GPUs carry
+            if configured is not None and vgpu.name not in configured:
+                logger.info("%s: %s advertised but the node is configured for %s", node.name, resource, configured)
+                continue
+            per_gpu = configured[vgpu.name] if configured else vgpu.max_per_gpu
+            specs.append(Spec(resource, SpecKind.VGPU, vgpu.product, vgpu.name, count, allocatable, per_gpu))
             continue
         else:
             continue

@@ -21,14 +21,15 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
 from django.conf import settings
-from django.db.models import Count, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, Q, Subquery, Sum
 
 from capacity import tiers as tier_policy
 from capacity.choices import Availability, SpecKind, Tier
 from capacity.mig import tiers
 from capacity.mig.catalog import find_product
-from capacity.models import GpuCapacity, MigInstance, SpecAndCount, WorkloadProfile
+from capacity.models import GpuCapacity, MigInstance, WorkloadProfile
 from capacity.models.availability import as_boolean
+from capacity.models.inventory import vgpu_offers
 from capacity.models.tiers import admitted_q
 from capacity.vgpu import VGPU_TYPES
 
@@ -282,7 +283,9 @@ def _count_shares(tally: _Tally, gpus) -> None:
     """Time-slice replicas and MPS clients (GpuCapacity.objects.timeslice_hosts()) and vGPUs of each vm-vgpu
     node's type (vgpu_hosts(); per GPU, the type's vGPUs per GPU): shares, those held (annotate_shares()),
     and those free on GPUs that meet the unit conditions (with_free_shares()'s)."""
-    vgpu_type = SpecAndCount.objects.filter(node=OuterRef("node"), kind=SpecKind.VGPU).order_by("profile_name")
+    # The node's configured type (its nvidia.com/vgpu.config), as approval's vgpu_hosts(type) reads it; not
+    # whichever type the device plugin happens to advertise first.
+    vgpu_type = vgpu_offers().order_by("profile_name")
     usable = as_boolean(Q(*GpuCapacity.objects.share_conditions()))
     columns = ("node__cluster_id", "node__tier", "catalog_product", "product", "usable")
     sliced = (

@@ -5,8 +5,10 @@ label `nvidia.com/vgpu.config`, applies the config of that name from its ConfigM
 Operator's ClusterPolicy `vgpuDeviceManager.config.name`; the operator ships `default-vgpu-devices-config`,
 NVIDIA/gpu-operator controllers/object_controls.go), and reports `nvidia.com/vgpu.config.state`: `pending`
 while it pauses the sandbox device plugin and recreates the vGPUs, then `success` or `failed`. gpuaas writes
-its own ConfigMap (VGPU_DEVICES_CONFIGMAP, one config per catalog type: capacity.vgpu.device_manager_document)
-and sets the label; discovery then reads the state label and the types the kubevirt-gpu-device-plugin
+its own ConfigMap (VGPU_DEVICES_CONFIGMAP, one config per catalog type: capacity.vgpu.device_manager_document),
+makes sure the KubeVirt CR permits the type's mediated device (KubeVirt runs no VMI asking for a device its
+spec.configuration.permittedHostDevices does not list: capacity.adapters.kubernetes.kubevirt) and sets the label;
+discovery then reads the state label and the types the kubevirt-gpu-device-plugin
 advertises (`nvidia.com/NVIDIA_<type>`, SpecAndCount rows of kind vgpu).
 
 A GPU's vGPUs are all of one type (equal-size mode) and a vGPU a VM holds cannot be destroyed, so a type
@@ -103,9 +105,10 @@ def write_device_manager_config(client: kube.KubernetesClient) -> dict:
 
 
 def set_vgpu_config(node: NodeCapacity, vgpu_type: str, *, client: kube.KubernetesClient | None = None):
-    """Give every GPU of a vm-vgpu node vGPUs of `vgpu_type`: write the device manager's ConfigMap, then set
-    the node's nvidia.com/vgpu.config label. Returns a VgpuConfigChange; raises VgpuConfigError (nothing
-    written) for a node not in vm-vgpu mode, a type its GPU does not offer, or vGPUs in use.
+    """Give every GPU of a vm-vgpu node vGPUs of `vgpu_type`: write the device manager's ConfigMap, permit the
+    type's mediated device in the KubeVirt CR, then set the node's nvidia.com/vgpu.config label. Returns a
+    VgpuConfigChange; raises VgpuConfigError (nothing written) for a node not in vm-vgpu mode, a type its GPU
+    does not offer, or vGPUs in use.
 
     Locking: the cluster row (FOR NO KEY UPDATE, the capacity services' contract) then the node row FOR UPDATE,
     for the whole call, so two changes of one node are serialised against each other and against discovery. Idempotent:
@@ -145,6 +148,7 @@ def set_vgpu_config(node: NodeCapacity, vgpu_type: str, *, client: kube.Kubernet
 
         def run(k: kube.KubernetesClient) -> None:
             write_device_manager_config(k)
+            k.permit_mediated_devices([VGPU_TYPES[vgpu_type].permitted_device])  # before the vGPUs appear
             k.patch_node_labels(node.name, {VGPU_CONFIG_LABEL: vgpu_type})
 
         try:

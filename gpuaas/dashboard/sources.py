@@ -81,7 +81,9 @@ def latest_unit_metrics(gpu_ids) -> dict:
     since = timezone.now() - timedelta(seconds=3 * settings.METRICS_INTERVAL_S)
     units = {
         sid: (gpu, mig)
-        for sid, gpu, mig in Series.objects.filter(gpu_id__in=gpu_ids).values_list("id", "gpu_id", "mig_instance_id")
+        for sid, gpu, mig in Series.objects.filter(gpu_id__in=gpu_ids, vgpu_uuid="").values_list(
+            "id", "gpu_id", "mig_instance_id"
+        )
     }
     latest = {}
     for sid, ts, power, sm_active, gpu_util, temp in sample_rows(
@@ -349,7 +351,7 @@ def cluster_series(clusters: list[Cluster]) -> dict:
     MIG-enabled GPUs).
     """
     names = {c.pk: c.name for c in clusters}
-    gpu_level = Q(series__mig_instance__isnull=True)
+    gpu_level = Q(series__mig_instance__isnull=True, series__vgpu_uuid="")  # a vGPU is not a GPU
     rows = (
         Rollup5m.objects.filter(bucket__gte=_since(), series__gpu__node__cluster_id__in=list(names))
         .values("series__gpu__node__cluster_id", "bucket")
@@ -402,14 +404,14 @@ def _point(ts, values: dict) -> dict:
 
 
 def gpu_series(gpu) -> dict:
-    """One line per series of the GPU: the GPU itself and each of its MIG instances. Three queries.
+    """One line per series of the GPU: the GPU itself, each of its MIG instances or vGPUs. Three queries.
 
     Read with monitoring.readers.series_points at the 5-minute step: finished rollups, then the
     samples of the bucket still open, so the chart is never a rollup period behind.
     """
     series = list(
         Series.objects.filter(gpu=gpu)
-        .values("id", "mig_instance_id", "mig_instance__profile__name", "mig_instance__placement_start")
+        .values("id", "mig_instance_id", "mig_instance__profile__name", "mig_instance__placement_start", "vgpu_type")
         .order_by("mig_instance__placement_start", "id")
     )
     now = timezone.now()
@@ -425,7 +427,7 @@ def gpu_series(gpu) -> dict:
             "label": (
                 f"{s['mig_instance__profile__name']} @{s['mig_instance__placement_start']}"
                 if s["mig_instance_id"]
-                else f"GPU {gpu.index}"
+                else (f"vGPU {s['vgpu_type']}" if s["vgpu_type"] else f"GPU {gpu.index}")
             ),
             "points": [_point(p["ts"], p) for p in points.get(s["id"], [])],
         }
@@ -481,9 +483,7 @@ def pool_series(pool) -> dict:
         return unavailable("The pool holds no units yet.")
     sm = {p["ts"]: p["sm_active"] for p in readers.pool_utilisation(pool, start, now, step="5m")["points"]}
     gpu_series_ids = dict(
-        Series.objects.filter(gpu_id__in={a.gpu_id for a in allocations}, mig_instance__isnull=True).values_list(
-            "gpu_id", "id"
-        )
+        Series.objects.gpus().filter(gpu_id__in={a.gpu_id for a in allocations}).values_list("gpu_id", "id")
     )
     windows: dict[int, list] = defaultdict(list)
     for allocation in allocations:

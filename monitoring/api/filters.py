@@ -13,7 +13,9 @@ class SeriesFilter(filters.FilterSet):
     node = filters.CharFilter(field_name="gpu__node__name")
     gpu = filters.CharFilter(field_name="gpu__uuid", help_text="GPU UUID")
     mig_instance = filters.CharFilter(field_name="mig_instance__uuid", help_text="MIG instance UUID")
-    kind = filters.ChoiceFilter(choices=[("gpu", "GPU"), ("mig", "MIG instance")], method="filter_kind")
+    kind = filters.ChoiceFilter(
+        choices=[("gpu", "GPU"), ("mig", "MIG instance"), ("vgpu", "vGPU")], method="filter_kind"
+    )
     source = filters.ChoiceFilter(choices=MetricSource.choices)
 
     class Meta:
@@ -21,7 +23,7 @@ class SeriesFilter(filters.FilterSet):
         fields = ["cluster", "node", "gpu", "mig_instance", "kind", "source"]
 
     def filter_kind(self, queryset, name, value):
-        return queryset.gpus() if value == "gpu" else queryset.mig_instances()
+        return {"gpu": queryset.gpus, "mig": queryset.mig_instances, "vgpu": queryset.vgpus}[value]()
 
 
 class HealthEventFilter(filters.FilterSet):

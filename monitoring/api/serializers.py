@@ -43,12 +43,14 @@ class SeriesSerializer(serializers.ModelSerializer):
             "mig_instance_uuid",
             "profile",
             "gi_id",
+            "vgpu_uuid",
+            "vgpu_type",
             "mem_total_mib",
             "source",
         ]
 
     def get_kind(self, obj: Series) -> str:
-        return "mig" if obj.mig_instance_id else "gpu"
+        return "mig" if obj.mig_instance_id else ("vgpu" if obj.vgpu_uuid else "gpu")
 
 
 class RangeQuerySerializer(QuerySerializer):

@@ -30,7 +30,7 @@ from django.utils import timezone
 from capacity.adapters import nvml
 from capacity.choices import MigInstanceState
 from capacity.mig.catalog import find_product
-from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
+from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from capacity.services import workloads
 from monitoring import dcgm
 from monitoring import health as rules
@@ -76,6 +76,19 @@ class UnitSample:
     # (product, MIG profile or "" for a whole GPU) when NVML listed no process on the unit this poll: its memory
     # in use is then the driver's own reservation (services/idle_memory.py learns it).
     idle_kind: tuple[str, str] | None = None
+    # A vGPU of a vm-vgpu host (its mdev UUID and type) and the running VM workload holding it (None: no VM known).
+    vgpu_uuid: str = ""
+    vgpu_type: str = ""
+    vgpu_workload_id: int | None = None
+
+    @property
+    def unit(self) -> tuple:
+        """The series key: (gpu, MIG instance) or (gpu, None, vGPU mdev UUID)."""
+        return (
+            (self.gpu_id, self.mig_instance_id, self.vgpu_uuid)
+            if self.vgpu_uuid
+            else (self.gpu_id, self.mig_instance_id)
+        )
 
 
 @dataclass(slots=True)
@@ -83,6 +96,7 @@ class CollectResult:
     samples: int = 0
     gpus: int = 0
     mig_instances: int = 0
+    vgpus: int = 0
     lost: int = 0
     unknown: list[str] = field(default_factory=list)
     error: str = ""
@@ -94,6 +108,7 @@ class CollectResult:
             "samples": self.samples,
             "gpus": self.gpus,
             "mig_instances": self.mig_instances,
+            "vgpus": self.vgpus,
             "lost": self.lost,
             "unknown": self.unknown[:20],
             "error": self.error,
@@ -148,11 +163,16 @@ class NodeReading:
 
 
 def map_nvml(
-    node: NodeCapacity, readings: list[nvml.GpuMetrics], gpus: list[GpuRow], instances: list[MigRow]
+    node: NodeCapacity,
+    readings: list[nvml.GpuMetrics],
+    gpus: list[GpuRow],
+    instances: list[MigRow],
+    vms: dict[str, int] | None = None,
 ) -> NodeReading:
     """Map one NVML poll of `node` to sample and health rows: GPUs by UUID (else index), MIG instances by
-    UUID (else parent GPU + GI id). `gpus`: the node's present GPUs; `instances`: their active MIG
-    instances. Reads nothing from the database."""
+    UUID (else parent GPU + GI id), a vm-vgpu host's vGPUs by their mdev UUID on their GPU. `gpus`: the node's
+    present GPUs; `instances`: their active MIG instances; `vms`: mdev UUID -> the running VM workload holding
+    it (vgpu_workloads). Reads nothing from the database."""
     out = NodeReading(node)
     result = out.result
     by_uuid = {g.uuid: g for g in gpus}
@@ -193,6 +213,11 @@ def map_nvml(
             unit_slices.append((m.sm_active, instance.compute_slices))
         if values["sm_active"] is None and r.mig_enabled:
             values["sm_active"] = _derived_sm_active(gpu, unit_slices, expected=len(r.mig))
+        for v in r.vgpus:
+            if not v.mdev_uuid:
+                continue
+            result.vgpus += 1
+            out.samples.append(_vgpu_sample(gpu.pk, v, (vms or {}).get(v.mdev_uuid)))
         idle = not r.mig_enabled and not r.processes
         kind = (gpu.catalog_product or gpu.product, "") if idle else None
         out.samples.append(UnitSample(gpu.pk, None, values, r.memory_total_mib, kind))
@@ -212,6 +237,37 @@ def map_nvml(
         if not r.mig_enabled and node.timeslice_replicas > 1:
             out.shared.append((gpu, r))
     return out
+
+
+def _vgpu_sample(gpu_id: int, v: nvml.VgpuMetrics, workload_id: int | None) -> UnitSample:
+    """A vGPU's sample: NVML's per-vGPU SM utilisation in gpu_util (the share of time a kernel ran on the vGPU,
+    like utilisation.gpu; GPM SM activity is not offered per vGPU), framebuffer in use in mem_used_mib, the type's
+    framebuffer as the series' memory total. Memory, encoder and decoder utilisation are not stored (no columns)."""
+    return UnitSample(
+        gpu_id,
+        None,
+        {"gpu_util": v.sm_util_pct, "mem_used_mib": v.fb_used_mib},
+        v.fb_total_mib,
+        vgpu_uuid=v.mdev_uuid[:64],
+        vgpu_type=v.vgpu_type[:32],
+        vgpu_workload_id=workload_id,
+    )
+
+
+def vgpu_workloads(node_ids: list[int]) -> dict[int, dict[str, int]]:
+    """node id -> {device id (a vGPU's mdev UUID): the running VM workload holding it}: the virt-launcher pods
+    discovery attributed (WorkloadProfile.vmi_name, device_ids from the kubelet's PodResources). One query."""
+    found: dict[int, dict[str, int]] = defaultdict(dict)
+    rows = (
+        WorkloadProfile.objects.running()
+        .filter(node_id__in=sorted(node_ids))
+        .exclude(vmi_name="")
+        .values_list("node_id", "pk", "device_ids")
+    )
+    for node_id, pk, ids in rows.order_by("pk"):
+        for device_id in ids or ():
+            found[node_id][device_id] = pk
+    return found
 
 
 _NVML_GPU_FIELDS = (
@@ -266,11 +322,12 @@ def write_samples(samples: list[UnitSample], *, ts: datetime, source: str) -> in
     """Series ids, one bulk insert-or-ignore, memory totals kept on the series; rows offered."""
     if not samples:
         return 0
-    series = series_rows((s.gpu_id, s.mig_instance_id) for s in samples)
-    rows = [sample_row(series[(s.gpu_id, s.mig_instance_id)][0], ts, s.values) for s in samples]
+    series = series_rows(s.unit for s in samples)
+    rows = [sample_row(series[s.unit][0], ts, s.values) for s in samples]
     rows.sort(key=lambda row: row[2])  # series_id order: index inserts walk the btree once
     ingest_samples(rows)
     _update_series(series, samples, source)
+    _update_vgpu_series(series, [s for s in samples if s.vgpu_uuid])
     learn_idle_memory(samples, at=ts)
     return len(rows)
 
@@ -284,11 +341,28 @@ def _update_series(series: dict, samples: list[UnitSample], source: str) -> None
     """
     stale: dict[tuple[int | None, str], list[int]] = defaultdict(list)
     for s in samples:
-        pk, total, was = series[(s.gpu_id, s.mig_instance_id)]
+        pk, total, was = series[s.unit]
         if (s.mem_total_mib is not None and s.mem_total_mib != total) or was != source:
             stale[(s.mem_total_mib if s.mem_total_mib is not None else total, source)].append(pk)
     for (total, new_source), pks in sorted(stale.items(), key=lambda item: (item[0][0] or 0, item[0][1])):
         Series.objects.filter(pk__in=sorted(pks)).update(mem_total_mib=total, source=new_source)
+
+
+def _update_vgpu_series(series: dict, samples: list[UnitSample]) -> None:
+    """Keep each vGPU series' type and VM workload in step: one read, one UPDATE per distinct (type, workload)
+    pair that changed (a VM started or stopped on the vGPU); none in a steady poll."""
+    if not samples:
+        return
+    ids = {series[s.unit][0]: s for s in samples}
+    stale: dict[tuple[str, int | None], list[int]] = defaultdict(list)
+    for pk, vgpu_type, workload_id in Series.objects.filter(pk__in=sorted(ids)).values_list(
+        "pk", "vgpu_type", "vgpu_workload_id"
+    ):
+        s = ids[pk]
+        if (vgpu_type, workload_id) != (s.vgpu_type, s.vgpu_workload_id):
+            stale[(s.vgpu_type, s.vgpu_workload_id)].append(pk)
+    for (vgpu_type, workload_id), pks in sorted(stale.items(), key=lambda item: (item[0][0], item[0][1] or 0)):
+        Series.objects.filter(pk__in=sorted(pks)).update(vgpu_type=vgpu_type, vgpu_workload_id=workload_id)
 
 
 def _record_collector(

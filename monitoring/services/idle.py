@@ -10,7 +10,10 @@ it is an upper bound of SM activity, so a low value is still a safe "idle".
 Proposal: release when the unit's memory stayed under MONITORING_IDLE_MEM_MIB (nothing loaded);
 otherwise downsize to the smallest MIG profile of the same product whose memory holds the peak
 with 10 % headroom and that has fewer compute slices; release when none does.
-Time-sliced replicas are not assessed: their GPU-level activity belongs to several tenants.
+Time-sliced replicas are not assessed: their GPU-level activity belongs to several tenants. A vGPU is
+assessed on its own series (a vm-vgpu host reports each vGPU: NVML's per-vGPU SM utilisation, framebuffer in
+use), the one its project's VM holds (readers.vgpu_series); an idle vGPU is proposed for release, or for a
+smaller vGPU type of the same GPU whose framebuffer holds the peak with headroom.
 Activity follows the device: a unit's own series says what ran on it, so a reservation whose pods ran
 elsewhere is idle; and while another project's pod trespassed on it (TrespassEvent, foreign pod), that
 share of the window is taken out of the owner's activity (taken as even over the window).
@@ -28,6 +31,7 @@ from django.utils import timezone
 from capacity.choices import SpecKind
 from capacity.mig.catalog import find_product
 from capacity.models import MigProfile
+from capacity.vgpu import VGPU_TYPES, types_for_product
 from monitoring import readers, signals
 from monitoring.choices import IdleProposal, IdleState
 from monitoring.models import IdleReservation
@@ -45,6 +49,8 @@ def suggest(allocation, mem_used_max: int | None) -> tuple[str, str]:
     """(proposal, suggested profile name) for an idle allocation."""
     if mem_used_max is None or mem_used_max <= settings.MONITORING_IDLE_MEM_MIB:
         return IdleProposal.RELEASE, ""
+    if allocation.kind == SpecKind.VGPU:
+        return _smaller_vgpu(allocation, mem_used_max)
     product = find_product(allocation.product)
     current = allocation.compute_slices or (product.compute_slices if product else 7)
     candidates = (
@@ -62,6 +68,20 @@ def suggest(allocation, mem_used_max: int | None) -> tuple[str, str]:
     return IdleProposal.DOWNSIZE, smaller.name
 
 
+def _smaller_vgpu(allocation, mem_used_max: int) -> tuple[str, str]:
+    current = VGPU_TYPES.get(allocation.profile_name)
+    if current is None:
+        return IdleProposal.RELEASE, ""
+    fits = [
+        t
+        for t in types_for_product(current.product)
+        if t.name.rsplit("-", 1)[0] == current.name.rsplit("-", 1)[0]  # the same board's types (H100XM-*)
+        and t.framebuffer_gb < current.framebuffer_gb
+        and t.framebuffer_gb * 1024 >= mem_used_max * HEADROOM
+    ]
+    return (IdleProposal.DOWNSIZE, fits[0].name) if fits else (IdleProposal.RELEASE, "")
+
+
 def detect_idle(*, now: datetime | None = None) -> dict[str, int]:
     """Flag idle active allocations, refresh open flags, clear flags of busy or released units.
 
@@ -74,12 +94,14 @@ def detect_idle(*, now: datetime | None = None) -> dict[str, int]:
     min_coverage = settings.MONITORING_IDLE_MIN_COVERAGE_PCT / 100
     allocations = list(
         Allocation.objects.active()
-        .filter(kind__in=[SpecKind.MIG, SpecKind.FULL], allocated_at__lte=start)
+        .filter(kind__in=[SpecKind.MIG, SpecKind.FULL, SpecKind.VGPU], allocated_at__lte=start)
         .order_by("pk")
     )
     series = readers.allocation_series(allocations)
     stats = readers.window_stats(sorted(set(series.values())), start, now)
-    foreign = foreign_seconds({a.pk: (a.gpu_id, a.mig_instance_id) for a in allocations}, start, now)
+    # A vGPU's GPU carries other projects' VMs by design: no trespass to take out.
+    owned = {a.pk: (a.gpu_id, a.mig_instance_id) for a in allocations if a.kind != SpecKind.VGPU}
+    foreign = foreign_seconds(owned, start, now)
     result = {"assessed": 0, "flagged": 0, "cleared": 0, "no_data": 0}
     idle_ids = []
     with transaction.atomic():

@@ -37,36 +37,42 @@ def sample_row(series_id: int, ts: datetime, values: dict) -> tuple:
     return tuple(row)
 
 
-def series_ids(units: Iterable[tuple[int, int | None]]) -> dict[tuple[int, int | None], int]:
-    """Series id of each (gpu_id, mig_instance_id), created when missing (see series_rows)."""
+def series_ids(units: Iterable[tuple]) -> dict[tuple, int]:
+    """Series id of each (gpu_id, mig_instance_id) or (gpu_id, None, vGPU mdev UUID), created when missing
+    (see series_rows)."""
     return {unit: row[0] for unit, row in series_rows(units).items()}
 
 
-def series_rows(units: Iterable[tuple[int, int | None]]) -> dict[tuple[int, int | None], tuple[int, int | None, str]]:
-    """(id, mem_total_mib, source) of the series of each (gpu_id, mig_instance_id), created when missing.
+def series_rows(units: Iterable[tuple]) -> dict[tuple, tuple[int, int | None, str]]:
+    """(id, mem_total_mib, source) of the series of each unit, created when missing. A unit is
+    (gpu_id, mig_instance_id) for a GPU or MIG instance, or (gpu_id, None, mdev UUID) for a vGPU.
 
-    Idempotent and race-free: creation ignores conflicts on the two partial unique constraints, then
+    Idempotent and race-free: creation ignores conflicts on the partial unique constraints, then
     everything is re-read. One query when every series exists (the steady state of a poll).
     """
     wanted = set(units)
     if not wanted:
         return {}
-    gpu_ids = sorted({g for g, _ in wanted})
-    columns = ("id", "gpu_id", "mig_instance_id", "mem_total_mib", "source")
-    found = {
-        (g, m): (pk, total, source)
-        for pk, g, m, total, source in Series.objects.filter(gpu_id__in=gpu_ids).values_list(*columns)
-    }
+    gpu_ids = sorted({u[0] for u in wanted})
+    columns = ("id", "gpu_id", "mig_instance_id", "vgpu_uuid", "mem_total_mib", "source")
+
+    def read() -> dict:
+        return {
+            ((g, m, v) if v else (g, m)): (pk, total, source)
+            for pk, g, m, v, total, source in Series.objects.filter(gpu_id__in=gpu_ids).values_list(*columns)
+        }
+
+    found = read()
     missing = wanted - found.keys()
     if missing:
         Series.objects.bulk_create(
-            [Series(gpu_id=g, mig_instance_id=m) for g, m in sorted(missing, key=lambda u: (u[0], u[1] or 0))],
+            [
+                Series(gpu_id=u[0], mig_instance_id=u[1], vgpu_uuid=u[2] if len(u) > 2 else "")
+                for u in sorted(missing, key=lambda u: (u[0], u[1] or 0, u[2] if len(u) > 2 else ""))
+            ],
             ignore_conflicts=True,
         )
-        found = {
-            (g, m): (pk, total, source)
-            for pk, g, m, total, source in Series.objects.filter(gpu_id__in=gpu_ids).values_list(*columns)
-        }
+        found = read()
     return {unit: found[unit] for unit in wanted}
 
 

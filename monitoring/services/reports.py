@@ -43,7 +43,7 @@ from capacity.tasks import queue_discovery
 from monitoring.choices import MetricSource
 from monitoring.models import Collector
 
-from .collect import CollectResult, GpuRow, MigRow, NodeReading, map_nvml, poll_slot, write_samples
+from .collect import CollectResult, GpuRow, MigRow, NodeReading, map_nvml, poll_slot, vgpu_workloads, write_samples
 from .health import apply_health
 from .timeslice import check_node_shares
 
@@ -98,6 +98,8 @@ def ingest_reports(reports: list, *, window: bool = True) -> IngestOutcome:
         _log_refused(outcome)
         return outcome
     gpus, instances = _units(nodes.values())
+    hosts = {nodes.get((r["cluster"], r["node"])) for r, readings, *_ in accepted if any(g.vgpus for g in readings)}
+    vms = vgpu_workloads([n.pk for n in hosts if n is not None]) if hosts - {None} else {}
     by_slot: dict[datetime, list[tuple[NodeReading, int]]] = defaultdict(list)
     for report, readings, error, elapsed_ms in accepted:
         node = nodes.get((report["cluster"], report["node"]))
@@ -108,7 +110,7 @@ def ingest_reports(reports: list, *, window: bool = True) -> IngestOutcome:
         if error:
             reading = NodeReading(node, result=CollectResult(error=error))
         else:
-            reading = map_nvml(node, readings, gpus.get(node.pk, []), instances.get(node.pk, []))
+            reading = map_nvml(node, readings, gpus.get(node.pk, []), instances.get(node.pk, []), vms.get(node.pk))
         by_slot[ts].append((reading, elapsed_ms))
         outcome.results[node.pk] = reading.result
     for ts, batch in sorted(by_slot.items()):
@@ -140,7 +142,7 @@ def _record_late(late: list, nodes: dict[tuple[str, str], NodeCapacity], outcome
         node = nodes.get((report["cluster"], report["node"]))
         if node is None:
             continue
-        units = sum(1 + len(r.mig) for r in readings if not r.lost)
+        units = sum(1 + len(r.mig) + len(r.vgpus) for r in readings if not r.lost)
         by_node[node.pk] += units
         outcome.late_dropped_samples += units
     if not by_node:

@@ -168,7 +168,7 @@ def _activity(units: list[Unit], *, at: datetime) -> list[Finding]:
     mig_ids = [m for _, m in units if m]
     gpu_ids = [g for g, m in units if not m]
     series: dict[int, tuple[Unit, tuple[str, str]]] = {}
-    wanted = Q(mig_instance_id__in=mig_ids) | Q(gpu_id__in=gpu_ids, mig_instance__isnull=True)
+    wanted = Q(mig_instance_id__in=mig_ids) | Q(gpu_id__in=gpu_ids, mig_instance__isnull=True, vgpu_uuid="")
     rows = Series.objects.filter(wanted).values_list(
         "id", "gpu_id", "mig_instance_id", "gpu__catalog_product", "gpu__product", "mig_instance__profile__name"
     )

@@ -188,3 +188,23 @@ def test_pod_requests_count_extended_resources_and_init_containers():
     )
     assert pod.requests == {"nvidia.com/gpu": 3, "nvidia.com/mig-1g.10gb": 2}
     assert (pod.node_name, pod.phase, pod.finished, pod.deleted) == ("gpu-1", "Running", False, False)
+
+
+def test_a_node_shared_through_mps_offers_mps_clients_not_time_slices():
+    """GFD labels a node whose device plugin config uses `sharing.mps` nvidia.com/gpu.sharing-strategy=mps
+    (NVIDIA/k8s-device-plugin docs: "Shared Access to GPUs with CUDA MPS"): its replicas are MPS clients."""
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-H200-SHARED",
+        "nvidia.com/gpu.count": "2",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.sharing-strategy": "mps",
+    }
+    for resource in ("nvidia.com/gpu", "nvidia.com/gpu.shared"):
+        node = parse_node(node_json(labels, {resource: "8"}))
+        values = node_values(node)
+        assert (values["sharing_strategy"], values["timeslice_replicas"]) == ("mps", 4)
+        assert node_specs(node, values) == [Spec(resource, "mps", "H200-141GB", "", 8, 8, 4)]
+    sliced = parse_node(
+        node_json({**labels, "nvidia.com/gpu.sharing-strategy": "time-slicing"}, {"nvidia.com/gpu": "8"})
+    )
+    assert [s.kind for s in node_specs(sliced, node_values(sliced))] == ["timeslice"]

@@ -6,9 +6,10 @@ import pytest
 import yaml
 from reconfig_sim import start_sim
 
-from capacity.models import NodeCapacity, SpecAndCount, TimeSlicingPolicy
+from capacity.models import GpuCapacity, NodeCapacity, SpecAndCount, TimeSlicingPolicy
 from capacity.services.discovery import discover_cluster
 from capacity.services.mig_configs import apply_time_slicing
+from capacity.services.planning import tier_plan
 from simcluster.gpuoperator import refresh_devices
 from simcluster.kube import ClusterApi
 
@@ -43,6 +44,12 @@ def test_mps_policy_reaches_the_device_plugin_config_and_the_node(sim):
     assert discover_cluster(sim.cluster.pk, inventory="none").run.status == "succeeded"
     row = NodeCapacity.objects.get(cluster=sim.cluster, name="gpu-dev")
     assert (row.sharing_strategy, row.timeslice_replicas) == ("mps", 4)
+    # Its offer is MPS clients everywhere: the spec row, the tier plan, what approval draws from (issue #30).
+    assert list(row.specs.values_list("kind", "replicas")) == [("mps", 4)]
+    plan = tier_plan()
+    assert {(s.kind, s.per_gpu) for t in plan.tiers for s in t.specs if s.product == "H100-80GB"} >= {("mps", 4)}
+    assert not GpuCapacity.objects.filter(node=row).timeslice_hosts(mps=False).exists()
+    assert GpuCapacity.objects.filter(node=row).timeslice_hosts(mps=True).count() == row.gpus.count()
 
 
 def test_time_slicing_policy_has_no_client_limits(sim):

@@ -28,11 +28,17 @@ from capacity.models import DiscoveryRun, TimeSlicingPolicy  # noqa: E402
 from capacity.services.clusters import register_cluster  # noqa: E402
 from capacity.services.discovery import discover_cluster  # noqa: E402
 from capacity.services.mig_configs import apply_time_slicing  # noqa: E402
+from capacity.services.vgpu import set_vgpu_config  # noqa: E402
 from operations import reconfiguration as rc  # noqa: E402
 from pools import lending, services  # noqa: E402
 from pools.models import Allocation, GpuPool  # noqa: E402
 from pools.provisioning import deprovision_pool, provision_pool, reconcile, reconcile_provisioned  # noqa: E402
-from simcluster import SimServer, load_scenario  # noqa: E402
+from simcluster import (  # noqa: E402
+    SimServer,
+    kubevirt_cr,  # noqa: E402
+    load_scenario,
+)
+from simcluster.gpuoperator import refresh_devices  # noqa: E402
 from simcluster.kube import ClusterApi  # noqa: E402
 from simcluster.rbac import Access, Role, access_of, advice, compare  # noqa: E402
 from tenancy.models import Project  # noqa: E402
@@ -133,6 +139,15 @@ def run_every_flow(sim, project, operator) -> None:
 
     TimeSlicingPolicy.objects.create(cluster=sim.cluster, node_group="dev", replicas=4)
     assert apply_time_slicing(sim.cluster)["labelled"] == 1
+
+    # vGPU: a vm-vgpu node's type set (device manager ConfigMap, the KubeVirt CR's permitted devices, the label).
+    with sim.state.lock:
+        kubevirt_cr.install(ClusterApi(sim.sim_cluster))
+        vm_node = sim.sim_cluster.nodes["gpu-full"]
+        vm_node.labels.update({"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": "H100XM-40C"})
+        refresh_devices(sim.sim_cluster, vm_node)
+    sim.discover()
+    assert set_vgpu_config(node_row("gpu-full"), "H100XM-20C").changed
 
 
 def run_dra_flow(tmp_path, role: Role, requests: list[Access], project, operator) -> None:

@@ -23,6 +23,7 @@ from capacity.adapters.kubernetes import api_url_for
 from capacity.adapters.nvml import node_vgpus
 from capacity.models import NodeCapacity, SpecAndCount, WorkloadProfile
 from capacity.services.discovery import discover_cluster
+from capacity.vgpu import VGPU_TYPES
 from pools import services
 from pools.models import Allocation, PoolRequest
 from pools.tasks import provision_pool_task
@@ -34,9 +35,22 @@ NODE = "prod-h100-full-02"
 URL = "/api/v1/pool-requests/"
 
 
+def _permit(sim, *vgpu_types):
+    """The KubeVirt CR permits these types' mediated devices (as gpuaas writes them when it sets a type)."""
+    with kube_for(sim.clusters["prod"]) as kube:
+        return kube.permit_mediated_devices([VGPU_TYPES[t].permitted_device for t in vgpu_types])
+
+
+def _permitted(sim):
+    with kube_for(sim.clusters["prod"]) as kube:
+        cr = kube.kubevirt_cr()
+    return cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+
+
 def _vm_vgpu_node(sim, vgpu_type="H100XM-40C"):
-    """One of the demo's full-GPU nodes switched to the GPU Operator's vm-vgpu mode, tier 2, rediscovered.
-    The device manager's jobs run only when a test says so (run_mig_manager), never on the clock."""
+    """One of the demo's full-GPU nodes switched to the GPU Operator's vm-vgpu mode, tier 2, rediscovered, its
+    type permitted in the KubeVirt CR. The device manager's jobs run only when a test says so (run_mig_manager),
+    never on the clock."""
     with sim.state.lock:
         sim.state.mig_manager_delay = 3600
         node = sim.state.cluster("prod").nodes[NODE]
@@ -44,6 +58,7 @@ def _vm_vgpu_node(sim, vgpu_type="H100XM-40C"):
             {"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": vgpu_type, "gpuaas.io/tier": "2"}
         )
         refresh_devices(sim.state.cluster("prod"), node)
+    _permit(sim, vgpu_type)
     _discover(sim)
     return NodeCapacity.objects.get(name=NODE)
 
@@ -99,10 +114,22 @@ def test_a_vgpu_pool_goes_from_request_to_a_running_vm_to_a_statement_line(sim, 
         labels = kube.get_node(NODE).labels
     assert document["vgpu-configs"]["H100XM-20C"] == [{"devices": "all", "vgpu-devices": {"H100XM-20C": 4}}]
     assert (labels["nvidia.com/vgpu.config"], labels["nvidia.com/vgpu.config.state"]) == ("H100XM-20C", "pending")
+    # ... and KubeVirt is told VMs may use the type's mediated device (the 40C entry stays).
+    assert [d["resourceName"] for d in _permitted(sim)] == [
+        "nvidia.com/NVIDIA_H100XM-40C",
+        "nvidia.com/NVIDIA_H100XM-20C",
+    ]
+    assert _permitted(sim)[1] == {
+        "mdevNameSelector": "NVIDIA H100XM-20C",
+        "resourceName": "nvidia.com/NVIDIA_H100XM-20C",
+        "externalResourceProvider": True,
+    }
+    assert _permit(sim, "H100XM-20C") is False  # idempotent: nothing written
     _discover(sim)
     node.refresh_from_db()
     assert (node.vgpu_config, node.vgpu_config_state) == ("H100XM-20C", "pending")
-    assert SpecAndCount.objects.get(node=node, kind="vgpu").profile_name == "H100XM-40C"  # not recreated yet
+    # Not recreated yet: the 40C vGPUs are still advertised but going away, so the node offers no vGPU meanwhile.
+    assert not SpecAndCount.objects.filter(node=node, kind="vgpu").exists()
 
     sim.state.run_mig_manager()  # reconfiguration takes time; the device manager's job runs now
     _discover(sim)
@@ -203,6 +230,7 @@ def test_the_device_manager_itself_refuses_to_recreate_vgpus_a_vm_holds(sim, api
 
 def test_a_vmi_asking_for_a_type_the_node_does_not_offer_stays_unscheduled(sim, api, operator):
     _vm_vgpu_node(sim, "H100XM-20C")
+    _permit(sim, "H100XM-10C")  # permitted, but no node offers it
     _create_vmi(sim, "vms", _vmi("wrong-vm", device="nvidia.com/NVIDIA_H100XM-10C"))
     sim.state.run_kubelet()
     vmi = _get_vmi(sim, "vms", "wrong-vm")
@@ -257,5 +285,36 @@ def test_a_cluster_that_refuses_the_label_is_a_503_and_nothing_is_recorded(sim, 
     response = _set_type(api, operator, node, "H100XM-40C")
     assert response.status_code == 503
     assert response.json()["detail"].startswith("cluster prod refused the change: ")
+    node.refresh_from_db()
+    assert node.vgpu_config == "H100XM-20C"
+
+
+def test_a_vmi_whose_type_kubevirt_does_not_permit_stays_scheduling_with_the_reason(sim):
+    """A node configured behind gpuaas's back: its vGPUs are advertised, but the KubeVirt CR does not list the type,
+    so KubeVirt starts no VM on it; once gpuaas permits it (as setting the type does) the VM runs."""
+    with sim.state.lock:
+        node = sim.state.cluster("prod").nodes[NODE]
+        node.labels.update({"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": "H100XM-20C"})
+        refresh_devices(sim.state.cluster("prod"), node)
+    _create_vmi(sim, "vms", _vmi("early-vm"))
+    sim.state.run_kubelet()
+    vmi = _get_vmi(sim, "vms", "early-vm")
+    (condition,) = vmi["status"]["conditions"]
+    assert (vmi["status"]["phase"], condition["reason"]) == ("Scheduling", "Unschedulable")
+    assert "nvidia.com/NVIDIA_H100XM-20C not permitted" in condition["message"]
+
+    assert _permit(sim, "H100XM-20C") is True
+    sim.state.run_kubelet()
+    vmi = _get_vmi(sim, "vms", "early-vm")
+    assert (vmi["status"]["phase"], vmi["status"]["nodeName"]) == ("Running", NODE)
+
+
+def test_a_cluster_without_kubevirt_refuses_the_type_and_nothing_is_recorded(sim, api, operator):
+    node = _vm_vgpu_node(sim, "H100XM-20C")
+    with sim.state.lock:
+        sim.state.cluster("prod").kubevirts.clear()
+    response = _set_type(api, operator, node, "H100XM-40C")
+    assert response.status_code == 503
+    assert "no KubeVirt CR" in response.json()["detail"]
     node.refresh_from_db()
     assert node.vgpu_config == "H100XM-20C"

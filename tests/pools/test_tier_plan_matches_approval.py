@@ -158,3 +158,33 @@ def test_the_demo_fleet(sim, project, operator):
     assert unavailable == {"1": 0, "2": 2, "3": 0, "full": 4}
     result = assert_plan_is_what_approval_hands_out(project, operator)
     assert dict(result["handed"]) == {"1": 16, "2": 38, "3": 64, "full": 12}
+
+
+def test_a_vgpu_node_counts_as_its_configured_type_not_its_first_advertised(project, operator):
+    """A vm-vgpu node configured (nvidia.com/vgpu.config) for H100XM-40C whose device plugin still advertises
+    H100XM-20C too (listed first): discovery records the configured type, the plan counts 2 x 2 vGPUs of it and
+    approval hands out exactly those. Once the label names another type (set_vgpu_config, before discovery saw
+    the device manager recreate the vGPUs) neither the plan nor approval counts the old type's vGPUs."""
+    nodes = [NodeSpec(0, "H100-80GB", "2", "vgpu", 2, (0, 0), 2, 0, "ok")]
+    build_fleet(Fleet(), {"nodes": nodes, "pad": (0, 0), "tier2_min": 1})
+    node = NodeCapacity.objects.get(name="c-n0-vgpu")
+    assert list(node.specs.values_list("kind", "profile_name", "replicas")) == [("vgpu", "H100XM-40C", 2)]
+    tier2 = tier_plan().tier("2")
+    assert [(s.kind, s.spec, s.per_gpu, s.total) for s in tier2.specs] == [("vgpu", "H100XM-40C", 2, 4)]
+    assert (tier2.total, tier2.unserved_gpus) == (4, 0)
+    result = assert_plan_is_what_approval_hands_out(project, operator)
+    assert dict(result["handed"]) == {"2": 4}
+    assert set(Allocation.objects.active().values_list("profile_name", flat=True)) == {"H100XM-40C"}
+
+    Allocation.objects.all().delete()
+    node.labels = {**node.labels, "nvidia.com/vgpu.config": "H100XM-20C"}
+    node.save(update_fields=["labels"])
+    tier2 = tier_plan().tier("2")
+    assert (tier2.total, tier2.unserved_gpus, tier2.specs) == (0, 2, [])
+    assert dict(drain(project, operator)) == {}
+
+    # The device manager reports the change failed: the 40C vGPUs stay, and are offered again.
+    node.labels = {**node.labels, "nvidia.com/vgpu.config.state": "failed"}
+    node.save(update_fields=["labels"])
+    assert [(s.spec, s.total) for s in tier_plan().tier("2").specs] == [("H100XM-40C", 4)]
+    assert dict(drain(project, operator)) == {"2": 4}

@@ -8,13 +8,15 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from capacity.choices import SharingStrategy, SpecKind, Tier
+from capacity.adapters.kubernetes import parse_node
+from capacity.choices import SharingStrategy, Tier
 from capacity.models import (
     Cluster,
     SpecAndCount,
     TierProfilePolicy,
 )
-from capacity.vgpu import VGPU_TYPES
+from capacity.services import discovery
+from capacity.vgpu import VGPU_CONFIG_LABEL, VGPU_TYPES, VM_VGPU, WORKLOAD_CONFIG_LABEL
 
 # Per product, per-GPU MIG layouts, including the 1g/2g slices the tier-1 policy refuses.
 LAYOUTS = {
@@ -75,6 +77,44 @@ def _pad(rows, clusters: int, nodes: int) -> None:
         rows.node(f"gone-{base}-{i}", cluster=spare[0].name, gone_at="2026-01-01T00:00Z")
 
 
+def _discovered_specs(node, spec: NodeSpec, use: str) -> None:
+    """The node's SpecAndCount rows as discovery derives them (node_specs) from the labels and extended resources
+    its device plugin would show. A vm-vgpu node is configured (nvidia.com/vgpu.config) for one of its product's
+    two types and its plugin advertises both, the other still listed: with `spec.vgpu` 0 the configured type is
+    not the first advertised. A shared node's replicas are MPS clients when its sharing strategy is MPS."""
+    labels = {"nvidia.com/gpu.product": node.gpu_product, "nvidia.com/gpu.count": str(spec.gpus)}
+    if use == "vgpu":
+        configured, other = VGPU_OF[spec.product][spec.vgpu], VGPU_OF[spec.product][1 - spec.vgpu]
+        labels |= {WORKLOAD_CONFIG_LABEL: VM_VGPU, VGPU_CONFIG_LABEL: configured}
+        resources = {
+            VGPU_TYPES[t].resource_name: str(spec.gpus * VGPU_TYPES[t].max_per_gpu) for t in (other, configured)
+        }
+        node.labels = labels
+        node.save(update_fields=["labels"])
+    else:
+        labels |= {
+            "nvidia.com/gpu.replicas": str(spec.replicas),
+            "nvidia.com/gpu.sharing-strategy": node.sharing_strategy,
+        }
+        resources = {"nvidia.com/gpu": str(spec.gpus * spec.replicas)}
+    raw = {
+        "metadata": {"name": node.name, "labels": labels},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+    kube_node = parse_node(raw)
+    for found in discovery.node_specs(kube_node, discovery.node_values(kube_node)):
+        SpecAndCount.objects.create(
+            node=node,
+            kind=found.kind,
+            product=found.product,
+            profile_name=found.profile_name,
+            resource_name=found.resource_name,
+            count=found.count,
+            allocatable=found.allocatable,
+            replicas=found.replicas,
+        )
+
+
 def build_fleet(rows, fleet: dict, prefix: str = "c") -> None:
     """The fleet's nodes on two clusters, `{prefix}0` and `{prefix}1`, written through `rows` (the pools tests'
     Fleet, tests/pools/conftest.py, which records rows as discovery would)."""
@@ -94,18 +134,8 @@ def build_fleet(rows, fleet: dict, prefix: str = "c") -> None:
             cordoned=spec.state == "cordoned",
             sharing_strategy=SharingStrategy.MPS if use == "mps" else SharingStrategy.TIME_SLICING,
         )
-        if use == "vgpu":
-            vgpu = VGPU_TYPES[VGPU_OF[spec.product][spec.vgpu]]
-            SpecAndCount.objects.create(
-                node=node,
-                kind=SpecKind.VGPU,
-                product=spec.product,
-                profile_name=vgpu.name,
-                resource_name=vgpu.resource_name,
-                count=spec.gpus * vgpu.max_per_gpu,
-                allocatable=spec.gpus * vgpu.max_per_gpu,
-                replicas=vgpu.max_per_gpu,
-            )
+        if use in ("vgpu", "timeslice", "mps"):
+            _discovered_specs(node, spec, use)
         for index in range(spec.gpus):
             health = "unhealthy" if spec.state == "unhealthy" and index == 0 else "ok"
             if use == "mig":

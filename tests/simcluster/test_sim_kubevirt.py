@@ -16,6 +16,15 @@ from simcluster.kube import ClusterApi
 
 NODE = "prod-h100-full-02"
 VMIS = "/apis/kubevirt.io/v1/namespaces/vms/virtualmachineinstances"
+KUBEVIRT = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt"
+MDEV_20C = {"mdevNameSelector": "NVIDIA H100XM-20C", "resourceName": "nvidia.com/NVIDIA_H100XM-20C"}
+
+
+def permit(cluster, *entries):
+    """The cluster admin's edit of the KubeVirt CR: these mediated devices permitted (provided by NVIDIA's plugin)."""
+    devices = [{**e, "externalResourceProvider": True} for e in entries]
+    patch = {"spec": {"configuration": {"permittedHostDevices": {"mediatedDevices": devices}}}}
+    ClusterApi(cluster).patch("kubevirts", "kubevirt", "kubevirt", patch, "application/merge-patch+json")
 
 
 @pytest.fixture
@@ -28,6 +37,7 @@ def server():
         node.labels.update({"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": "H100XM-20C"})
         refresh_devices(cluster, node)
         ClusterApi(cluster).create("namespaces", None, {"metadata": {"name": "vms"}})
+        permit(cluster, MDEV_20C)
     with SimServer(state) as srv:
         yield srv
 
@@ -57,8 +67,38 @@ def test_the_group_is_discoverable(server):
     assert code == 200 and "kubevirt.io" in [g["name"] for g in groups["groups"]]
     code, resources = call(server, "GET", "/apis/kubevirt.io/v1")
     assert [(r["name"], r["kind"], r["namespaced"]) for r in resources["resources"]] == [
-        ("virtualmachineinstances", "VirtualMachineInstance", True)
+        ("virtualmachineinstances", "VirtualMachineInstance", True),
+        ("kubevirts", "KubeVirt", True),
     ]
+
+
+def test_the_kubevirt_cr_is_served_and_lists_what_it_permits(server):
+    code, cr = call(server, "GET", KUBEVIRT)
+    assert (code, cr["kind"], cr["apiVersion"]) == (200, "KubeVirt", "kubevirt.io/v1")
+    (device,) = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+    assert device == {**MDEV_20C, "externalResourceProvider": True}
+    code, listed = call(server, "GET", "/apis/kubevirt.io/v1/kubevirts")
+    assert (code, [i["metadata"]["name"] for i in listed["items"]]) == (200, ["kubevirt"])
+
+
+def test_a_vmi_whose_mdev_is_not_permitted_stays_scheduling_until_the_cr_permits_it(server):
+    with server.state.lock:
+        permit(server.state.cluster("prod"))  # nothing permitted
+    code, created = call(server, "POST", VMIS, vmi("vm-p"))
+    assert code == 201
+    server.state.run_kubelet()
+    code, answer = call(server, "GET", f"{VMIS}/vm-p")
+    assert answer["status"]["phase"] == "Scheduling"
+    (condition,) = answer["status"]["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == ("PodScheduled", "False", "Unschedulable")
+    assert condition["message"].startswith("nvidia.com/NVIDIA_H100XM-20C not permitted in the KubeVirt CR's")
+    assert call(server, "GET", "/api/v1/namespaces/vms/pods")[1]["items"] == []  # no launcher pod
+
+    with server.state.lock:
+        permit(server.state.cluster("prod"), MDEV_20C)
+    server.state.run_kubelet()  # virt-controller's resync, then the kubelet starts the pod
+    code, answer = call(server, "GET", f"{VMIS}/vm-p")
+    assert (answer["status"]["phase"], answer["status"]["nodeName"]) == ("Running", NODE)
 
 
 def test_a_vmi_runs_in_a_launcher_pod_holding_its_vgpu_and_deleting_it_frees_the_vgpu(server):

@@ -24,7 +24,8 @@ Split by job:
 - nodes, pods, namespaces: the calls on each kind of object (namespaces also holds resource quotas
   and ConfigMaps), and dra (resource.k8s.io/v1: ResourceSlices, ResourceClaims, gpuaas's
   ResourceClaimTemplates), combined into `KubernetesClient` in client;
-- apply: server-side apply of any kind as field manager `gpuaas` (with dry-run), the kind's URL from discovery.
+- apply: server-side apply of any kind as field manager `gpuaas` (with dry-run), the kind's URL from discovery;
+- kubevirt: the KubeVirt CR's permitted mediated devices (vGPU types VMs may use).
 """
 
 from .apply import APPLY_PATCH, FIELD_MANAGER

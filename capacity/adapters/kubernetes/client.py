@@ -5,13 +5,16 @@ from __future__ import annotations
 from .clusterpolicy import ClusterPolicyCalls
 from .configuration import configuration_for, load_configuration
 from .dra import DraCalls
+from .kubevirt import KubevirtCalls
 from .namespaces import NamespaceCalls
 from .nodes import NodeCalls
 from .pods import PodCalls
 from .scheduling import SchedulingCalls
 
 
-class KubernetesClient(NodeCalls, PodCalls, NamespaceCalls, DraCalls, SchedulingCalls, ClusterPolicyCalls):
+class KubernetesClient(
+    NodeCalls, PodCalls, NamespaceCalls, DraCalls, SchedulingCalls, KubevirtCalls, ClusterPolicyCalls
+):
     """One cluster's API: reads return parsed dataclasses, writes return the object as a dict.
 
     Use as a context manager (or call close()) so the connection pool is released.

@@ -25,6 +25,7 @@ from .sessions import (
     node_errors,
     session,
 )
+from .vgpu import VgpuMetrics, read_vgpus
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class GpuMetrics:
     xids: list[XidEvent] | None = None  # None: XID events unavailable on this GPU
     mig: list[MigMetrics] = field(default_factory=list)
     processes: list[ProcessInfo] = field(default_factory=list)
+    vgpus: list[VgpuMetrics] = field(default_factory=list)  # a vm-vgpu host's vGPUs on this GPU (nvml.vgpu)
 
 
 class _XidWatcher:
@@ -304,6 +306,7 @@ def node_metrics(api_url: str, node_name: str, *, gpm_interval_s: float = 0.15) 
                     else:
                         m.processes = read_processes(s, handle)
                         read_process_utilization(s, handle, m.processes)
+                        m.vgpus = read_vgpus(s, handle)
                     if watcher is not None and watcher.register(s, index, handle):
                         m.xids = []
                     if _gpm_supported(s, handle):
@@ -347,4 +350,4 @@ def node_metrics(api_url: str, node_name: str, *, gpm_interval_s: float = 0.15) 
 def _mark_lost(m: GpuMetrics, exc: BaseException) -> None:
     m.lost = True
     m.error = f"GPU is lost ({exc})"
-    m.mig, m.processes, m.xids = [], [], None
+    m.mig, m.processes, m.xids, m.vgpus = [], [], None, []

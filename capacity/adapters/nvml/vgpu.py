@@ -3,10 +3,16 @@
 NVML's vGPU management calls, as pynvml binds them: nvmlDeviceGetActiveVgpus (the GPU's vGPU instances),
 nvmlVgpuInstanceGetType + nvmlVgpuTypeGetName (the type, "NVIDIA H100XM-20C"), nvmlVgpuInstanceGetMdevUUID (the
 mdev UUID: the device id kubevirt-gpu-device-plugin hands the VM, so a reading joins the VM's workload row),
-nvmlVgpuInstanceGetFbUsage (framebuffer used, bytes) and nvmlDeviceGetVgpuUtilization (per-vGPU SM, memory,
-encoder, decoder utilisation samples, c_nvmlVgpuInstanceUtilizationSample_t). On a GPU without the vGPU manager
-the calls answer NotSupported: no readings, never zeros. Not read here: licence state
-(nvmlVgpuInstanceGetLicenseStatus), per-process utilisation inside VMs, the guest's own view.
+nvmlVgpuInstanceGetFbUsage (framebuffer used, bytes), nvmlVgpuTypeGetFramebufferSize (the type's framebuffer),
+nvmlVgpuInstanceGetVmID (the VM's id and its kind: a domain UUID on KVM, NVML_VGPU_VM_ID_UUID) and
+nvmlDeviceGetVgpuUtilization (per-vGPU SM, frame-buffer memory, encoder and decoder utilisation, percent:
+nvmlVgpuInstanceUtilizationSample_t in NVIDIA's NVML API Reference, "vGPU Structs"). On a GPU without the vGPU
+manager the calls answer NotSupported: no readings, never zeros. Not read here: licence state
+(nvmlVgpuInstanceGetLicenseStatus), per-process utilisation inside VMs (nvmlDeviceGetVgpuProcessUtilization:
+the guest's processes, which the host side can name but gpuaas does not attribute), the guest's own view.
+
+The node agent reads these with its metrics poll (nvml.metrics.node_metrics: GpuMetrics.vgpus); monitoring stores
+one series per vGPU (monitoring.services.collect).
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ class VgpuMetrics:
     sm_util_pct: int | None
     memory_util_pct: int | None
     fb_used_mib: int | None
+    enc_util_pct: int | None = None
+    dec_util_pct: int | None = None
+    fb_total_mib: int | None = None  # the type's framebuffer
+    vm_id: str = ""  # NVML's VM id (KVM: the domain UUID)
 
 
 def _type_name(raw: str | None) -> str:
@@ -47,6 +57,8 @@ def read_vgpus(s: NvmlSession, handle: Any) -> list[VgpuMetrics]:
     for instance in instances:
         type_id = s.optional("nvmlVgpuInstanceGetType", instance)
         fb = s.optional("nvmlVgpuInstanceGetFbUsage", instance)
+        fb_total = s.optional("nvmlVgpuTypeGetFramebufferSize", type_id) if type_id else None
+        vm = s.optional("nvmlVgpuInstanceGetVmID", instance)
         sample = samples.get(int(getattr(instance, "value", instance)))
         result.append(
             VgpuMetrics(
@@ -56,6 +68,10 @@ def read_vgpus(s: NvmlSession, handle: Any) -> list[VgpuMetrics]:
                 sm_util_pct=None if sample is None else int(sample.smUtil.uiVal),
                 memory_util_pct=None if sample is None else int(sample.memUtil.uiVal),
                 fb_used_mib=None if fb is None else int(fb) // (1024 * 1024),
+                enc_util_pct=None if sample is None else int(sample.encUtil.uiVal),
+                dec_util_pct=None if sample is None else int(sample.decUtil.uiVal),
+                fb_total_mib=None if fb_total is None else int(fb_total) // (1024 * 1024),
+                vm_id=(as_text(vm[0]) or "") if vm else "",
             )
         )
     return result
