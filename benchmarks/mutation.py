@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
 import random
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,10 +36,13 @@ from pathlib import Path
 
 from django.conf import settings
 
+from .mutation_copy import IGNORED_IN_COPY, Copy
+from .mutation_select import CoverageMap, lines_reached
 from .registry import Smoke, arg, benchmark
 from .targets import correctness
 
 KILL_RATE_TARGET = 0.9
+SELECTIONS = ("coverage", "all")
 
 # The tests that reach each module: the test files that exercise its code, directly or through the services
 # that call it. Kept by hand beside the modules they guard; tests/foundation/test_mutation_bench.py checks that
@@ -159,10 +159,6 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
 # TypeError, so every one is killed by any test that runs the line and would only inflate the score.
 LEFT_OUT = re.compile(r"_(BitOr|BitAnd|BitXor|LShift|RShift|Pow)$")
 
-IGNORED_IN_COPY = shutil.ignore_patterns(".git", ".venv", "var", "__pycache__", "node_modules", "*.sqlite3*")
-# The run's own environment for the test processes: the embedded defaults, never the caller's database or broker.
-DROPPED_ENV = ("DATABASE_URL", "CELERY_BROKER_URL", "GPUAAS_REQUIRE_SERVICES", "GPUAAS_VAR_DIR", "BENCH_CLONE_DATABASE")
-
 
 @dataclass(frozen=True)
 class Mutant:
@@ -268,63 +264,20 @@ def equivalents(module: str) -> dict[tuple[str, str], str]:
     return out
 
 
-class Copy:
-    """A throwaway copy of the project, with a migrated SQLite template every test process starts from."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.var = root / "var"
-        self.template = self.var / "mutation-template.sqlite3"
-        self.test_db = self.var / "mutation-test.sqlite3"
-        self.last_output = ""
-
-    def env(self, *, write_bytecode: bool) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
-        env.update(DEBUG="1", GPUAAS_VAR_DIR=str(self.var), GPUAAS_MUTATION_TEST_DB=str(self.test_db))
-        if not write_bytecode:  # a mutant written in the same second as the last must never be read from a stale .pyc
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
-        return env
-
-    def migrate(self) -> None:
-        self.var.mkdir(exist_ok=True)
-        env = {**self.env(write_bytecode=True), "DATABASE_URL": f"sqlite:///{self.template}"}
-        done = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
-            cwd=self.root,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"migrate failed in the copy: {done.stderr.strip()[-500:]}")
-
-    def pytest(self, tests: list[str], timeout_s: float, *, write_bytecode: bool = False) -> tuple[str, int | None]:
-        """("passed" | "failed" | "timeout" | "error", exit code) of the tests against the copy as it is now."""
-        shutil.copyfile(self.template, self.test_db)
-        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "benchmarks.mutation_db", "--reuse-db", *tests]
-        try:
-            done = subprocess.run(
-                command,
-                cwd=self.root,
-                env=self.env(write_bytecode=write_bytecode),
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return "timeout", None
-        code = done.returncode
-        self.last_output = done.stdout[-2000:] + done.stderr[-2000:]
-        return ("passed" if code == 0 else "failed" if code in (1, 2) else "error"), code
-
-
 def run_mutation_bench(
-    *, module: str, sample: int = 0, seed: int = 8, tests: str = "", timeout: float = 0, stdout=None
+    *,
+    module: str,
+    sample: int = 0,
+    seed: int = 8,
+    tests: str = "",
+    timeout: float = 0,
+    selection: str = "coverage",
+    stdout=None,
 ) -> dict:
     started = time.perf_counter()
     module = module.removeprefix("./")
+    if selection not in SELECTIONS:
+        return {"benchmark": "mutation", "error": f"--selection {selection}: use one of {', '.join(SELECTIONS)}"}
     source_path = settings.BASE_DIR / module
     if not source_path.is_file() or source_path.suffix != ".py":
         return {"benchmark": "mutation", "error": f"--module {module}: no such Python file under {settings.BASE_DIR}"}
@@ -351,7 +304,8 @@ def run_mutation_bench(
         copy.migrate()
         target = copy.root / module
         base_started = time.perf_counter()
-        baseline, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True)
+        cover = f"{copy.var / 'mutation-coverage'}|{target}" if selection == "coverage" else ""
+        baseline, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True, cover=cover)
         baseline_s = time.perf_counter() - base_started
         if baseline != "passed":
             return {
@@ -362,23 +316,47 @@ def run_mutation_bench(
         for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
             cached.unlink()
         per_mutant_s = timeout or max(60.0, 3 * baseline_s)
+        covered = None
+        if selection == "coverage":
+            order = (copy.var / "mutation-coverage.order").read_text().splitlines()
+            covered = CoverageMap.read(copy.var / "mutation-coverage", target, order)
+        mutant_seconds: list[float] = []
         killed, survivors, errors = 0, [], []
         timeouts = 0
         for n, mutant in enumerate(mutants, 1):
-            target.write_text(mutant.code)
-            try:
-                outcome, code = copy.pytest(selected, timeout_s=per_mutant_s)
-            finally:
-                target.write_text(source)
+            # coverage: only the tests that ran the mutated statement; none ran it: a survivor without a run
+            only = covered.tests_for(lines_reached(source, mutant.line)) if covered else None
+            tests_run = len(only) if only is not None else None
+            mutant_started = time.perf_counter()
+            if only == []:
+                outcome, code = "not_covered", None
+            else:
+                target.write_text(mutant.code)
+                try:
+                    outcome, code = copy.pytest(selected, timeout_s=per_mutant_s, select=only)
+                finally:
+                    target.write_text(source)
+                mutant_seconds.append(time.perf_counter() - mutant_started)
             where = mutant.where(module)
             if outcome in ("failed", "timeout"):
                 killed += 1
                 timeouts += outcome == "timeout"
-            elif outcome == "passed":
-                survivors.append({"where": where, "operator": mutant.operator, "change": mutant.change})
+            elif outcome in ("passed", "not_covered"):
+                survivors.append(
+                    {
+                        "where": where,
+                        "operator": mutant.operator,
+                        "change": mutant.change,
+                        "tests_run": tests_run,
+                        "not_covered": outcome == "not_covered",
+                    }
+                )
             else:
                 errors.append({"where": where, "operator": mutant.operator, "exit": code})
-            say(f"mutation: {n}/{len(mutants)} {outcome} {where} {mutant.operator}: {mutant.change}")
+            ran_tests = "all" if tests_run is None else tests_run
+            say(
+                f"mutation: {n}/{len(mutants)} {outcome} ({ran_tests} tests) {where} {mutant.operator}: {mutant.change}"
+            )
 
     known = equivalents(module)  # read at the end: reasons written while the run went on count
     for survivor in survivors:
@@ -406,6 +384,10 @@ def run_mutation_bench(
         "unexplained_survivors": len(unexplained),
         "survivors": survivors,
         "baseline_s": round(baseline_s, 1),
+        "selection": selection,
+        "not_covered": sum(1 for s in survivors if s["not_covered"]),
+        "mutant_s_mean": round(sum(mutant_seconds) / len(mutant_seconds), 1) if mutant_seconds else None,
+        "mutant_s_max": round(max(mutant_seconds), 1) if mutant_seconds else None,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -419,6 +401,12 @@ def run_mutation_bench(
         arg("--seed", type=int, default=8, help="Seed of the draw."),
         arg("--tests", default="", help="Comma-separated test paths instead of the module's mapped tests."),
         arg("--timeout", type=float, default=0, help="Seconds one mutant's tests may take (0: 3 x the baseline)."),
+        arg(
+            "--selection",
+            default="coverage",
+            choices=SELECTIONS,
+            help="coverage: each mutant runs the mapped tests that execute its line; all: every mapped test.",
+        ),
     ],
     targets=[
         correctness("mutants", ">=", 1),
@@ -440,5 +428,17 @@ def run_mutation_bench(
         )
     ),
 )
-def mutation(*, stdout, module: str, sample: int = 0, seed: int = 8, tests: str = "", timeout: float = 0, **_) -> dict:
-    return run_mutation_bench(module=module, sample=sample, seed=seed, tests=tests, timeout=timeout, stdout=stdout)
+def mutation(
+    *,
+    stdout,
+    module: str,
+    sample: int = 0,
+    seed: int = 8,
+    tests: str = "",
+    timeout: float = 0,
+    selection="coverage",
+    **_,
+) -> dict:
+    return run_mutation_bench(
+        module=module, sample=sample, seed=seed, tests=tests, timeout=timeout, selection=selection, stdout=stdout
+    )
