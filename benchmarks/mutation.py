@@ -15,6 +15,11 @@ Speed: every test process starts from one SQLite test database migrated once per
 pytest-django's --reuse-db, benchmarks.mutation_db), so a mutant costs Django's start-up and its tests, not the
 migrations. Tests marked `postgres` or `redis` are skipped there, as on the embedded default.
 
+Selection (benchmarks/mutation_select.py): by default each mutant runs only the mapped tests that executed its
+statement in one unmutated run under coverage.py (a context per test); a change that runs at import runs them
+all, and one no mapped test executes is a survivor reported `not_covered`, without a run. `--selection all`
+runs every mapped test for every mutant.
+
 Outcomes: pytest exit 1 or 2 (a test failed, or the mutant broke import or collection) or a timeout: killed;
 exit 0: survived; any other exit (internal error, usage error, no test collected): an error, which fails the run.
 A survivor listed in the module's test folder's EQUIVALENT_MUTANTS.md (`| path:line | operator | change | reason |`)
