@@ -277,6 +277,7 @@ def run_mutation_bench(
     tests: str = "",
     timeout: float = 0,
     selection: str = "coverage",
+    also_seeds: list[int] | tuple[int, ...] = (),
     stdout=None,
 ) -> dict:
     started = time.perf_counter()
@@ -296,8 +297,10 @@ def run_mutation_bench(
 
     source = source_path.read_text()
     population = mutants_of(source)
-    chosen = sorted(random.Random(seed).sample(range(len(population)), min(sample, len(population)))) if sample else []
-    mutants = [population[i] for i in chosen] if sample else population
+    seeds = list(dict.fromkeys([seed, *also_seeds]))
+    draws = {s: _draw(len(population), sample, s) for s in seeds}
+    indices = sorted(set().union(*draws.values()))  # a mutant two seeds draw runs once
+    mutants = [population[i] for i in indices]
 
     def say(text: str) -> None:
         if stdout is not None:
@@ -326,9 +329,8 @@ def run_mutation_bench(
             order = (copy.var / "mutation-coverage.order").read_text().splitlines()
             covered = CoverageMap.read(copy.var / "mutation-coverage", target, order)
         mutant_seconds: list[float] = []
-        killed, survivors, errors = 0, [], []
-        timeouts = 0
-        for n, mutant in enumerate(mutants, 1):
+        results: dict[int, tuple[str, dict]] = {}  # occurrence in the population -> (outcome, row)
+        for n, (index, mutant) in enumerate(zip(indices, mutants, strict=True), 1):
             # coverage: only the tests that ran the mutated statement; none ran it: a survivor without a run
             only = covered.tests_for(lines_reached(source, mutant.line)) if covered else None
             tests_run = len(only) if only is not None else None
@@ -343,32 +345,22 @@ def run_mutation_bench(
                     target.write_text(source)
                 mutant_seconds.append(time.perf_counter() - mutant_started)
             where = mutant.where(module)
-            if outcome in ("failed", "timeout"):
-                killed += 1
-                timeouts += outcome == "timeout"
-            elif outcome in ("passed", "not_covered"):
-                survivors.append(
-                    {
-                        "where": where,
-                        "operator": mutant.operator,
-                        "change": mutant.change,
-                        "tests_run": tests_run,
-                        "not_covered": outcome == "not_covered",
-                    }
-                )
-            else:
-                errors.append({"where": where, "operator": mutant.operator, "exit": code})
+            row = {"where": where, "operator": mutant.operator, "change": mutant.change, "tests_run": tests_run}
+            results[index] = (
+                outcome,
+                {**row, "not_covered": outcome == "not_covered", "exit": code},
+            )
             ran_tests = "all" if tests_run is None else tests_run
             say(
                 f"mutation: {n}/{len(mutants)} {outcome} ({ran_tests} tests) {where} {mutant.operator}: {mutant.change}"
             )
 
     known = equivalents(module)  # read at the end: reasons written while the run went on count
-    for survivor in survivors:
-        survivor["equivalent"] = known.get((survivor["where"], survivor["operator"]))
-    ran = killed + len(survivors)
-    unexplained = [s for s in survivors if not s["equivalent"]]
-    equivalent = len(survivors) - len(unexplained)
+    by_seed = [{"seed": s, **_tally([results[i] for i in sorted(draws[s])], known)} for s in seeds]
+    first = by_seed[0]
+    killed, survivors, timeouts = first["killed"], first["survivors"], first["timeouts"]
+    errors = _tally(list(results.values()), known)["error_mutants"]  # any seed's: an error fails the whole run
+    ran, equivalent, unexplained = first["mutants"], first["equivalent"], first["unexplained_survivors"]
     return {
         "benchmark": "mutation",
         "tool": "cosmic-ray 8.7.0 (operators and mutation; runner: this module)",
@@ -386,14 +378,47 @@ def run_mutation_bench(
         "kill_rate": round(killed / ran, 4) if ran else None,
         "kill_rate_without_equivalents": round(killed / (ran - equivalent), 4) if ran - equivalent else None,
         "equivalent": equivalent,
-        "unexplained_survivors": len(unexplained),
+        "unexplained_survivors": unexplained,
         "survivors": survivors,
         "baseline_s": round(baseline_s, 1),
         "selection": selection,
+        "by_seed": [{k: v for k, v in row.items() if k != "error_mutants"} for row in by_seed],
+        "kill_rate_min": min((row["kill_rate"] for row in by_seed), default=None, key=lambda r: -1 if r is None else r),
+        "unexplained_survivors_all_seeds": sum(row["unexplained_survivors"] for row in by_seed),
         "not_covered": sum(1 for s in survivors if s["not_covered"]),
+        "mutants_run": len(mutants),
         "mutant_s_mean": round(sum(mutant_seconds) / len(mutant_seconds), 1) if mutant_seconds else None,
         "mutant_s_max": round(max(mutant_seconds), 1) if mutant_seconds else None,
         "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _draw(size: int, sample: int, seed: int) -> set[int]:
+    """The occurrences `--sample N --seed S` draws from a population of `size` (0: every mutant)."""
+    return set(random.Random(seed).sample(range(size), min(sample, size))) if sample else set(range(size))
+
+
+def _tally(results: list[tuple[str, dict]], known: dict[tuple[str, str], str]) -> dict:
+    """One seed's figures from the outcomes of the mutants it drew."""
+    outcomes = [outcome for outcome, _ in results]
+    killed = sum(1 for o in outcomes if o in ("failed", "timeout"))
+    survivors = [
+        {**{k: v for k, v in row.items() if k != "exit"}, "equivalent": known.get((row["where"], row["operator"]))}
+        for outcome, row in results
+        if outcome in ("passed", "not_covered")
+    ]
+    errors = [{k: row[k] for k in ("where", "operator", "exit")} for outcome, row in results if outcome == "error"]
+    ran = killed + len(survivors)
+    equivalent = sum(1 for s in survivors if s["equivalent"])
+    return {
+        "mutants": ran,
+        "killed": killed,
+        "kill_rate": round(killed / ran, 4) if ran else None,
+        "equivalent": equivalent,
+        "unexplained_survivors": len(survivors) - equivalent,
+        "timeouts": outcomes.count("timeout"),
+        "survivors": survivors,
+        "error_mutants": errors,
     }
 
 
@@ -404,6 +429,12 @@ def run_mutation_bench(
         arg("--module", required=True, help="The module to mutate, a path from the project root."),
         arg("--sample", type=int, default=0, help="Mutants to draw at random (0: every mutant)."),
         arg("--seed", type=int, default=8, help="Seed of the draw."),
+        arg(
+            "--also-seeds",
+            default="",
+            help="Comma-separated further seeds drawn in the same run (one copy and one unmutated run for all); "
+            "`by_seed` gives each seed's figures, the other keys the --seed draw's.",
+        ),
         arg("--tests", default="", help="Comma-separated test paths instead of the module's mapped tests."),
         arg("--timeout", type=float, default=0, help="Seconds one mutant's tests may take (0: 3 x the baseline)."),
         arg(
@@ -418,6 +449,8 @@ def run_mutation_bench(
         correctness("errors", "==", 0),
         correctness("kill_rate", ">=", KILL_RATE_TARGET),
         correctness("unexplained_survivors", "==", 0),
+        correctness("kill_rate_min", ">=", KILL_RATE_TARGET),
+        correctness("unexplained_survivors_all_seeds", "==", 0),
     ],
     # The smoke tries 3 mutants against the pure property tests only, so it fits the smoke's 240 s on a busy machine.
     smoke=Smoke(
@@ -442,8 +475,20 @@ def mutation(
     tests: str = "",
     timeout: float = 0,
     selection="coverage",
+    also_seeds: str = "",
     **_,
 ) -> dict:
+    try:
+        more = [int(s) for s in also_seeds.split(",") if s.strip()]
+    except ValueError:
+        return {"benchmark": "mutation", "error": f"--also-seeds {also_seeds}: give whole numbers, e.g. 1,2"}
     return run_mutation_bench(
-        module=module, sample=sample, seed=seed, tests=tests, timeout=timeout, selection=selection, stdout=stdout
+        module=module,
+        sample=sample,
+        seed=seed,
+        also_seeds=more,
+        tests=tests,
+        timeout=timeout,
+        selection=selection,
+        stdout=stdout,
     )

@@ -200,3 +200,23 @@ def test_the_selected_files_are_given_to_pytest_once_each_in_order():
 def test_an_unknown_selection_is_an_error_naming_the_choices():
     out = mutation.run_mutation_bench(module="billing/periods.py", selection="some")
     assert out["error"] == "--selection some: use one of coverage, all"
+
+
+def test_further_seeds_share_one_run_and_each_seed_is_scored_on_its_own_draw():
+    draws = {seed: mutation._draw(50, 5, seed) for seed in (8, 1)}
+    assert draws[8] == mutation._draw(50, 5, 8) and len(draws[8]) == 5  # a fixed seed draws the same mutants
+    assert mutation._draw(3, 5, 8) == mutation._draw(3, 0, 1) == {0, 1, 2}  # a sample over the population: all
+    row = {"where": "m.py:3", "operator": "NumberReplacer", "change": "1 -> 2", "tests_run": 2, "not_covered": False}
+    results = [
+        ("failed", {**row, "exit": 1}),
+        ("timeout", {**row, "exit": None}),
+        ("passed", {**row, "where": "m.py:4", "exit": 0}),
+        ("not_covered", {**row, "where": "m.py:5", "tests_run": 0, "not_covered": True, "exit": None}),
+    ]
+    tally = mutation._tally(results, {("m.py:4", "NumberReplacer"): "never read"})
+    assert (tally["mutants"], tally["killed"], tally["kill_rate"], tally["timeouts"]) == (4, 2, 0.5, 1)
+    assert (tally["equivalent"], tally["unexplained_survivors"]) == (1, 1)
+    assert [(s["where"], s["equivalent"], s["not_covered"]) for s in tally["survivors"]] == [
+        ("m.py:4", "never read", False),
+        ("m.py:5", None, True),
+    ]
