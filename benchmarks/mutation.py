@@ -346,6 +346,7 @@ def run_mutation_bench(
                 mutant_seconds.append(time.perf_counter() - mutant_started)
             where = mutant.where(module)
             row = {"where": where, "operator": mutant.operator, "change": mutant.change, "tests_run": tests_run}
+            row["seconds"] = round(time.perf_counter() - mutant_started, 1)
             results[index] = (
                 outcome,
                 {**row, "not_covered": outcome == "not_covered", "exit": code},
