@@ -15,11 +15,13 @@ Coverage-guided selection (benchmarks/mutation_select.py):
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 _coverage = None
+_modules: dict = {}
 
 
 def pytest_configure(config) -> None:
@@ -62,11 +64,26 @@ def pytest_runtest_protocol(item, nextitem):
     if _coverage is None:
         yield
         return
+    _forget_cached_answers()
     _coverage.switch_context(item.nodeid)
     try:
         yield
     finally:
         _coverage.switch_context("")
+
+
+def _forget_cached_answers() -> None:
+    """Empty the measured module's own caches (functools.lru_cache) before each test while coverage measures.
+
+    Otherwise a test that reads an answer an earlier test cached would not run the lines that compute it, and
+    would not be selected for a mutant of them, though the mutant's answer is what it reads."""
+    source = os.path.realpath(os.environ["GPUAAS_MUTATION_COVER"].split("|", 1)[1])
+    if source not in _modules:  # found once: the module is imported before the first test runs
+        found = (m for m in list(sys.modules.values()) if getattr(m, "__file__", None))
+        _modules[source] = next((m for m in found if os.path.realpath(m.__file__) == source), None)
+    for value in vars(_modules[source] or object()).values():
+        if callable(getattr(value, "cache_clear", None)):
+            value.cache_clear()
 
 
 def pytest_sessionfinish(session) -> None:

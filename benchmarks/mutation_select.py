@@ -16,8 +16,12 @@ unmutated, so it cannot kill the mutant. Two things make "executes the mutated c
   ran any line of that statement (for a compound statement, any line of its body too: a test that ran the body
   ran the header first). This is a superset of the tests that ran the changed code.
 
-What it cannot see (and the suite does not do in the mapped tests): a fixture wider than one test whose value
-was built by the mutated code, or a cache filled by one test and read by another. A mutant on a line no mapped
+- A test can read an answer an earlier test cached without running the lines that compute it: while coverage
+  measures, the plugin empties the module's own `functools.lru_cache` functions before each test, so every test
+  that needs such an answer runs its lines and is selected.
+
+What it cannot see: a fixture wider than one test whose value was built by the mutated code, or a cache outside
+the module filled by one test from the module's answers and read by another. A mutant on a line no mapped
 test executes is a survivor without any test run (`not_covered`).
 """
 

@@ -118,8 +118,13 @@ def label(n):
 
 def never_called(x):
     return x * 2
+
+
+@functools.lru_cache
+def square(n):
+    return n * n
 """
-FAKE_TESTS = """from fake_overlap import label, overlap
+FAKE_TESTS = """from fake_overlap import label, overlap, square
 
 
 def test_overlapping():
@@ -132,6 +137,14 @@ def test_apart():
 
 def test_label():
     assert label(3) == "#3"
+
+
+def test_square():
+    assert square(4) == 16
+
+
+def test_square_again():  # reads the answer test_square cached, unless the cache is emptied between tests
+    assert square(4) == 16
 """
 
 
@@ -169,7 +182,8 @@ def test_the_coverage_map_names_the_tests_that_ran_each_line_and_a_mutant_runs_o
     assert measured.returncode == 0, measured.stdout + measured.stderr
 
     order = Path(f"{data}.order").read_text().splitlines()
-    assert order == ["test_fake.py::test_overlapping", "test_fake.py::test_apart", "test_fake.py::test_label"]
+    names = ("overlapping", "apart", "label", "square", "square_again")
+    assert order == [f"test_fake.py::test_{name}" for name in names]
     cover = mutation_select.CoverageMap.read(data, source, order)
     reached = mutation_select.lines_reached
     assert cover.tests_for(reached(FAKE_MODULE, 9)) == ["test_fake.py::test_overlapping"]
@@ -178,6 +192,7 @@ def test_the_coverage_map_names_the_tests_that_ran_each_line_and_a_mutant_runs_o
     assert cover.tests_for(reached(FAKE_MODULE, 15)) == ["test_fake.py::test_label"]
     assert cover.tests_for(reached(FAKE_MODULE, 3)) == order  # import time: every test
     assert cover.tests_for(reached(FAKE_MODULE, 23)) == []  # never run: a survivor without a run (not_covered)
+    assert cover.tests_for(reached(FAKE_MODULE, 28)) == order[3:]  # the module's caches are emptied per test
 
     # `- start` made `+ start`: the one selected test kills it, and the deselected ones are not run at all
     (tmp_path / "fake_overlap.py").write_text(FAKE_MODULE.replace("- start", "+ start"))
@@ -185,11 +200,11 @@ def test_the_coverage_map_names_the_tests_that_ran_each_line_and_a_mutant_runs_o
     (tmp_path / "select.txt").write_text("\n".join(selected))
     killed = _pytest(tmp_path, {**env, "GPUAAS_MUTATION_SELECT": str(tmp_path / "select.txt")}, "test_fake.py")
     assert killed.returncode == 1
-    assert "1 failed, 2 deselected" in killed.stdout
+    assert "1 failed, 4 deselected" in killed.stdout
     (tmp_path / "select.txt").write_text("test_fake.py::test_apart")  # a test that never runs the line: survives
     survived = _pytest(tmp_path, {**env, "GPUAAS_MUTATION_SELECT": str(tmp_path / "select.txt")}, "test_fake.py")
     assert survived.returncode == 0
-    assert "1 passed, 2 deselected" in survived.stdout
+    assert "1 passed, 4 deselected" in survived.stdout
 
 
 def test_the_selected_files_are_given_to_pytest_once_each_in_order():
