@@ -261,3 +261,15 @@ def test_validate_layout_agrees_with_brute_force(data):
         assert [p.start for p in result.placements] == sorted(p.start for p in result.placements)
     else:
         assert result.reason
+
+
+def test_among_equally_useful_arrangements_the_profile_with_more_compute_takes_the_lower_start():
+    # 2g.10gb and 1g.10gb both take two memory slices; both arrangements leave the same free space, and the
+    # search places larger instances first (memory, then compute), so the lowest-starts tie-break gives the
+    # 2g.10gb slice 0. Sorting same-size profiles by name instead would put a 1g.10gb there.
+    result = validate_layout("A100-40GB", parse_layout("1g.5gb,1g.10gb=2,2g.10gb"))
+
+    assert result.valid
+    assert starts(result) == [("2g.10gb", 0), ("1g.10gb", 2), ("1g.5gb", 4), ("1g.10gb", 6)]
+    pinned = validate_layout("A100-40GB", parse_layout("1g.10gb=2,2g.10gb"), fixed=[("1g.10gb", 0)])
+    assert starts(pinned) == [("1g.10gb", 0), ("2g.10gb", 2), ("1g.10gb", 4), ("1g.10gb", 6)]
