@@ -1,5 +1,7 @@
 """MIG layout parsing and validation against the placement facts in reference/nvidia.md §1.3."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -273,3 +275,12 @@ def test_among_equally_useful_arrangements_the_profile_with_more_compute_takes_t
     assert starts(result) == [("2g.10gb", 0), ("1g.10gb", 2), ("1g.5gb", 4), ("1g.10gb", 6)]
     pinned = validate_layout("A100-40GB", parse_layout("1g.10gb=2,2g.10gb"), fixed=[("1g.10gb", 0)])
     assert starts(pinned) == [("1g.10gb", 0), ("2g.10gb", 2), ("1g.10gb", 4), ("1g.10gb", 6)]
+
+
+def test_a_layout_answer_cannot_be_changed_by_its_reader():
+    # validate_layout's answers come from a cache shared by every caller (the planner asks thousands of times)
+    result = validate_layout(H100, parse_layout("3g.40gb"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.valid = False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.placements[0].start = 4
