@@ -284,3 +284,10 @@ def test_a_layout_answer_cannot_be_changed_by_its_reader():
         result.valid = False
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.placements[0].start = 4
+
+
+def test_the_overlap_reason_is_the_same_whichever_order_the_fixed_instances_come_in():
+    fixed = [("3g.40gb", 0), ("1g.10gb", 0)]
+    answers = {validate_layout(H100, [], fixed=order).reason for order in (fixed, fixed[::-1])}
+
+    assert answers == {"overlapping placements: 1g.10gb at 0 and 3g.40gb at 0"}
