@@ -7,14 +7,14 @@ its own with benchmarks.dashboard's builder) and times, through Django's test cl
 - the dashboard JSON (`/admin/dashboard/data.json`) and its query count;
 - one page of the node view of the largest cluster (`/admin/dashboard/clusters/<id>/data.json`);
 - each big admin changelist: its time, its query count and whether its count was the planner's
-  estimate (gpuaas.admin_paging) rather than COUNT(*);
+  estimate (core.admin_paging) rather than COUNT(*);
 - the statements' CSV export (the admin action over every statement): time to the first data row, the
   whole time, and the peak of Python memory while streaming it (tracemalloc).
 
 Each figure comes with its floor where one is meaningful (the cheapest read of the same rows: one
 COUNT(*) over every unit for the dashboard, the page's GPU rows for the node view) and a `<figure>_met`
 flag for its target. Targets are the issue's: dashboard <= 1 s, node view <= 100 ms, changelists
-counted without a scan (estimated above gpuaas.admin_paging.ESTIMATE_ABOVE rows), CSV streamed.
+counted without a scan (estimated above core.admin_paging.ESTIMATE_ABOVE rows), CSV streamed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from billing.models import Statement, StatementLine, UsageRecord
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
-from gpuaas.admin_paging import ESTIMATE_ABOVE
+from core.admin_paging import ESTIMATE_ABOVE
 from monitoring.models import Series, TrespassEvent
 from pools.models import Allocation, GpuPool, PoolRequest
 from tenancy.models import Project

@@ -72,7 +72,7 @@ from capacity.agent import transport
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from capacity.services.discovery import INVENTORY_NONE, discover_cluster
 from capacity.services.inventory import reconcile_inventory
-from gpuaas.celery import app, node_queue
+from core.celery import app, node_queue
 from monitoring.models import SAMPLE_COLUMNS, Collector, Sample
 from monitoring.services.collect import poll_slot
 from monitoring.services.ingest import ingest_samples

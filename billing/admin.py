@@ -16,8 +16,8 @@ from django.forms.models import BaseInlineFormSet
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 
-from gpuaas.admin_paging import FleetScaleAdminMixin
-from gpuaas.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
+from core.admin_paging import FleetScaleAdminMixin
+from core.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 from tenancy.roles import operator_can
 
 from . import charts, exports, services

@@ -20,7 +20,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from capacity.choices import SpecKind
-from gpuaas.api import DomainConflict
+from core.api import DomainConflict
 
 from .choices import LineType, RunKind, RunStatus, StatementState
 from .periods import month_bounds

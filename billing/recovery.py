@@ -1,7 +1,7 @@
 """Recovery of billing work after a worker's death: leases on metering and month closes, and the sweep.
 
 Metering holds a lease on the MeteringWatermark row while it runs, a month close on its BillingRun
-row (gpuaas.leases: renewed by a heartbeat thread). The sweep (beat, every WORKFLOW_SWEEP_S)
+row (core.leases: renewed by a heartbeat thread). The sweep (beat, every WORKFLOW_SWEEP_S)
 re-enqueues metering when a complete hour is waiting and no live run holds the lease, and each
 running close whose lease ran out. Re-running is safe: hours are claimed through the watermark in
 the transaction that inserts their rows (a killed run's hour rolls back whole), usage rows are
@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from gpuaas.leases import lease_s, lease_until
+from core.leases import lease_s, lease_until
 
 from .choices import RunKind, RunStatus
 from .models import BillingRun, MeteringWatermark

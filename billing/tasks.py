@@ -8,7 +8,7 @@ from celery import shared_task
 from django.db import OperationalError
 from django.utils import timezone
 
-from gpuaas.leases import Heartbeat, lease_until
+from core.leases import Heartbeat, lease_until
 
 from . import recovery, services
 from .choices import RunKind, RunStatus

@@ -17,8 +17,8 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
-from gpuaas.admin_paging import FleetScaleAdminMixin
-from gpuaas.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
+from core.admin_paging import FleetScaleAdminMixin
+from core.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 
 from . import tiers
 from .adapters import kubernetes as kube

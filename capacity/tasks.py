@@ -22,7 +22,7 @@ from capacity.models import Cluster
 from capacity.services.discovery import discover_cluster
 from capacity.services.mig_configs import apply_time_slicing, write_mig_parted_config
 from capacity.services.tiers import reconcile_tier_labels
-from gpuaas.celery import node_queue
+from core.celery import node_queue
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Shared REST API pieces: pagination, the filter backend and the router every app registers on.
 
-Who may call what is decided in one place, gpuaas/permissions.py (DeclaredScope, the default
+Who may call what is decided in one place, core/permissions.py (DeclaredScope, the default
 permission class, and the queryset mixins every scoped view uses).
 
 Numbers in a query string are checked here, once for every list endpoint: a page number or an

@@ -1,4 +1,4 @@
-"""`manage.py check` refuses routes that declare no scope (gpuaas.scopes), so none reaches production.
+"""`manage.py check` refuses routes that declare no scope (core.scopes), so none reaches production.
 
 `routes()` walks every URL pattern once; tests/foundation/test_route_matrix.py walks the same list.
 Django admin pages are the admin's business (admin_view plus each ModelAdmin's has_*_permission)

@@ -29,7 +29,7 @@ from capacity.adapters.kubernetes import KubernetesClient
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigLayout, NodeCapacity
 from capacity.services.clusters import register_cluster
 from capacity.services.discovery import INVENTORY_INLINE, discover_cluster
-from gpuaas.celery import node_queue
+from core.celery import node_queue
 from monitoring.models import HealthEvent, Sample
 from monitoring.services.collect import UnitSample, poll_slot, write_samples
 from monitoring.services.idle import detect_idle

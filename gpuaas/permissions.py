@@ -1,7 +1,7 @@
 """The API's permission choke point: every view declares its scope, and a view that declares none is refused.
 
 DeclaredScope is the default permission class (settings.REST_FRAMEWORK): it reads the view's `scope`
-(gpuaas.scopes.Scope) and applies that scope's rule. Project-scoped querysets pass through
+(core.scopes.Scope) and applies that scope's rule. Project-scoped querysets pass through
 ProjectScopedQuerysetMixin, the caller's own rows through OwnUserQuerysetMixin, operator routes
 through OperatorPermissions (the one IsOperator). A custom action may narrow its viewset's scope
 with `@action(..., scope=Scope.OPERATOR)`. How to declare a new view: docs/security.md.
@@ -131,5 +131,5 @@ class DeclaredScope(BasePermission):
                 self.message = f"{type(view).__name__} declares scope {scope!r} without {SCOPE_MIXINS[scope].__name__}."
                 return False
             return is_signed_in(request.user)
-        self.message = f"{type(view).__name__} declares no scope (gpuaas.scopes.Scope): refused."
+        self.message = f"{type(view).__name__} declares no scope (core.scopes.Scope): refused."
         return False

@@ -1,4 +1,4 @@
-"""The OpenAPI schema class (settings: DEFAULT_SCHEMA_CLASS). Its own module: gpuaas.api is imported
+"""The OpenAPI schema class (settings: DEFAULT_SCHEMA_CLASS). Its own module: core.api is imported
 while DRF loads its settings, and drf-spectacular's AutoSchema imports DRF's settings back."""
 
 import re

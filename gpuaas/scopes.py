@@ -1,6 +1,6 @@
 """Who may reach a route: every view declares one scope, and a view that declares none is refused.
 
-The API's default permission class (gpuaas.permissions.DeclaredScope) reads a view's `scope`; plain Django
+The API's default permission class (core.permissions.DeclaredScope) reads a view's `scope`; plain Django
 views (project pages, the dashboard, /metrics) declare theirs with the `scoped()` decorator, which
 also enforces it. `manage.py check` (gpuaas/checks.py) lists every route without a valid scope, and
 tests/foundation/test_route_matrix.py walks every URL pattern for every persona against one table of
@@ -19,7 +19,7 @@ from tenancy.roles import operator_can, require_operator_perms
 
 
 class Scope:
-    """The five answers to "whose rows does this route show or change?" (gpuaas/permissions.py applies them)."""
+    """The five answers to "whose rows does this route show or change?" (core/permissions.py applies them)."""
 
     PROJECT = "project"  # the caller's projects' rows, through ProjectScopedQuerysetMixin
     OPERATOR = "operator"  # operators holding the action's model permissions (OperatorPermissions)

@@ -258,13 +258,13 @@ REST_FRAMEWORK = {
         "tenancy.oidc.authentication.OidcBearerAuthentication",  # the provider's access tokens (OIDC_ISSUER)
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["gpuaas.permissions.DeclaredScope"],  # refuses a view that declares no scope
-    "DEFAULT_PAGINATION_CLASS": "gpuaas.api.Pagination",
-    "EXCEPTION_HANDLER": "gpuaas.api.exception_handler",  # domain refusals (DomainConflict) are 409s
+    "DEFAULT_PERMISSION_CLASSES": ["core.permissions.DeclaredScope"],  # refuses a view that declares no scope
+    "DEFAULT_PAGINATION_CLASS": "core.api.Pagination",
+    "EXCEPTION_HANDLER": "core.api.exception_handler",  # domain refusals (DomainConflict) are 409s
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [
-        "gpuaas.api.FilterBackend",  # integer filters bounded to their column's range
-        "gpuaas.api.OrderingFilter",  # DRF's, with a NUL character refused as the schema says
+        "core.api.FilterBackend",  # integer filters bounded to their column's range
+        "core.api.OrderingFilter",  # DRF's, with a NUL character refused as the schema says
     ],
     "DEFAULT_THROTTLE_CLASSES": [
         "gpuaas.access.AnonThrottle",  # per client address behind the ingress (TRUSTED_PROXY_COUNT)
@@ -371,7 +371,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
-# --- Recovery of long operations (gpuaas/leases.py; docs/reliability.md) -----------------------
+# --- Recovery of long operations (core/leases.py; docs/reliability.md) -----------------------
 # A claimed workflow step holds a lease that its worker renews every third of it; once a lease runs
 # out (worker SIGKILLed, message lost), the next sweep re-enqueues the work. Recovery takes at most
 # WORKFLOW_LEASE_S + WORKFLOW_SWEEP_S: keep the sum under a minute.

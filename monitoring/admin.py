@@ -13,8 +13,8 @@ from django.contrib.admin.views.main import ChangeList
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from gpuaas.admin_paging import FleetScaleAdminMixin
-from gpuaas.admin_permissions import OperatorActionsMixin, ReadOnlyAdminMixin
+from core.admin_paging import FleetScaleAdminMixin
+from core.admin_permissions import OperatorActionsMixin, ReadOnlyAdminMixin
 
 from . import readers
 from .buckets import BUCKET, floor

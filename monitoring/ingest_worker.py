@@ -28,7 +28,7 @@ from django.db import close_old_connections
 
 from capacity.agent import protocol, transport
 from capacity.services.inventory import ingest_inventory_reports
-from gpuaas.leases import crash_point
+from core.leases import crash_point
 
 from .services.reports import IngestOutcome, ingest_reports
 

@@ -23,7 +23,7 @@ from capacity.adapters import kubernetes as kube
 from capacity.agent import transport
 from capacity.agent.tasks import read_node_metrics_task
 from capacity.models import Cluster, NodeCapacity
-from gpuaas.celery import node_queue
+from core.celery import node_queue
 from monitoring.services import run_tracked
 from monitoring.services.collect import poll_slot, scrape_cluster
 from monitoring.services.health import cordon_node

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
-from gpuaas.scopes import Scope, scoped
+from core.scopes import Scope, scoped
 
 from .exposition import exposition
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 
-from gpuaas.admin_permissions import ReadOnlyInline
+from core.admin_permissions import ReadOnlyInline
 
 from . import services
 from .choices import PROJECT_KINDS

@@ -1,7 +1,7 @@
 """Notification settings pages: a user's own preferences (/accounts/notifications/) and a project's
 webhooks (/projects/<slug>/notifications/).
 
-Scopes (gpuaas.scopes): own preferences are OWN_USER (only request.user's rows, for the projects the
+Scopes (core.scopes): own preferences are OWN_USER (only request.user's rows, for the projects the
 user belongs to); a project's page is PROJECT: every role reads it (another project's is a 404), only
 the project's admins and operators holding notifications.change_webhookendpoint change its webhooks
 (others get 403, nothing written). Secrets are shown to those who may change them.
@@ -17,7 +17,7 @@ from django.urls import path
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
-from gpuaas.scopes import Scope, scoped
+from core.scopes import Scope, scoped
 from tenancy import roles
 from tenancy.models import Project
 

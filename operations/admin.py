@@ -42,7 +42,7 @@ from capacity.models import (
     NodeDrainStep,
 )
 from capacity.services import mig_configs, planning
-from gpuaas.admin_permissions import OperatorActionsMixin, ReadOnlyInline
+from core.admin_permissions import OperatorActionsMixin, ReadOnlyInline
 from tenancy.roles import require_operator_perms
 
 from . import maintenance, rebalancing

@@ -15,8 +15,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from capacity.models import Cluster
-from gpuaas.admin_paging import FleetScaleAdminMixin
-from gpuaas.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
+from core.admin_paging import FleetScaleAdminMixin
+from core.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 from tenancy import roles
 
 from . import lending, queue, services

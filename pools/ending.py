@@ -18,7 +18,7 @@ evicted). `sweep_ending()` runs every ALLOCATION_ENDING_SWEEP_S (beat, `sweep_en
   sweep); ALLOCATION_ENDING_FORCE_AFTER_S later (the hard deadline) a pod still there is deleted.
   Every attempt is audited (pools.Eviction).
 
-A sweep claims the units it evicts from with a lease (`ending_lease_expires_at`, gpuaas.leases): a second
+A sweep claims the units it evicts from with a lease (`ending_lease_expires_at`, core.leases): a second
 sweep running meanwhile leaves them alone, and a sweep killed half-way leaves a lease that runs out, so the
 next beat takes the unit up again. Nothing is kept in the worker: all state is in the rows.
 """
@@ -37,7 +37,7 @@ from django.utils import timezone
 from capacity.adapters.kubernetes import KubernetesClient, KubernetesError, NotFound, TooManyRequests
 from capacity.choices import SpecKind
 from capacity.models import Cluster, WorkloadProfile
-from gpuaas.leases import lease_until
+from core.leases import lease_until
 
 from .choices import EvictionOutcome
 from .models import Allocation, Eviction

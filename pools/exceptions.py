@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from gpuaas.api import DomainConflict
+from core.api import DomainConflict
 
 
 class DomainError(DomainConflict):
-    """A request the workflow refuses in its current state (HTTP 409 with `detail`, gpuaas.api)."""
+    """A request the workflow refuses in its current state (HTTP 409 with `detail`, core.api)."""
 
 
 class IllegalTransition(DomainError):

@@ -54,7 +54,7 @@ from capacity.adapters.cel import checked_device_selector
 from capacity.adapters.kubernetes import NODE_SELECTOR_ANNOTATION, KubernetesClient, KubernetesError, Node, NotFound
 from capacity.choices import Binding, SharingStrategy, SpecKind
 from capacity.models import Cluster, SpecAndCount, TimeSlicingPolicy
-from gpuaas.leases import Heartbeat, crash_point
+from core.leases import Heartbeat, crash_point
 from tenancy.models import Project
 
 from . import services

@@ -12,7 +12,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from capacity.mig.catalog import PRODUCTS
-from gpuaas.admin_permissions import ReadOnlyInline
+from core.admin_permissions import ReadOnlyInline
 from tenancy import roles
 
 from . import forecast, procurement, queue

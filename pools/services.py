@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from capacity.choices import Binding
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigReconfiguration, NodeCapacity
-from gpuaas.leases import lease_until
+from core.leases import lease_until
 from tenancy.models import Project
 
 from . import ending, signals, specs, topology, units
@@ -652,7 +652,7 @@ def claim_provisioning(pool: GpuPool, *, token: str, task_id: str = "") -> bool:
 
     One conditional UPDATE: the pool must be provisioning and unclaimed, already ours (a redelivered
     task), or held by a run whose lease ran out (its worker died). The claim holds a lease of
-    WORKFLOW_LEASE_S that the running worker renews (gpuaas.leases.Heartbeat).
+    WORKFLOW_LEASE_S that the running worker renews (core.leases.Heartbeat).
     """
     now = timezone.now()
     free = Q(claimed_by="") | Q(claimed_by=token) | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)

@@ -1,6 +1,6 @@
-"""REST routes of the billing app, registered on the shared router (gpuaas/api.py)."""
+"""REST routes of the billing app, registered on the shared router (core/api.py)."""
 
-from gpuaas.api import router
+from core.api import router
 
 from . import views
 

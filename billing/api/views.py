@@ -19,9 +19,9 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.api.strict import reject_body
-from gpuaas.api import Conflict
-from gpuaas.permissions import ProjectScopedQuerysetMixin
-from gpuaas.scopes import Scope
+from core.api import Conflict
+from core.permissions import ProjectScopedQuerysetMixin
+from core.scopes import Scope
 
 from .. import exports, services
 from ..models import (

@@ -20,7 +20,7 @@ from django.db.models import Exists, F, Min, OuterRef, Q
 from django.utils import timezone
 
 from capacity.mig.share import shares_per_gpu
-from gpuaas.leases import crash_point
+from core.leases import crash_point
 from pools.choices import PoolState, RequestState
 from pools.models import Allocation, PoolRequestTransition
 

@@ -15,7 +15,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.utils import timezone
 
-from gpuaas.leases import crash_point
+from core.leases import crash_point
 from pools.models import GpuPool
 from tenancy.models import Project
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import current_app, shared_task
 
-from gpuaas.leases import crash_point
+from core.leases import crash_point
 
 from . import node, transport
 

@@ -33,7 +33,7 @@ from kombu import Connection, Exchange, Queue
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from gpuaas.celery import app
+from core.celery import app
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from capacity.choices import MigInstanceState, SpecKind, Tier
 from capacity.models import Cluster, DiscoveryRun, GpuCapacity, MigInstance, NodeCapacity, SpecAndCount
 from capacity.services import vgpu
-from gpuaas.scopes import Scope
+from core.scopes import Scope
 
 from .onboarding import NodeAgentSerializer, OnboardActionMixin, OnboardingSerializer, agents_of
 

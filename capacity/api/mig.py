@@ -22,8 +22,8 @@ from capacity.api.strict import StrictModelSerializer, reject_body
 from capacity.choices import Tier
 from capacity.models import SHARING_POLICY_FIELDS, Cluster, MaintenanceWindow, MigLayout, TimeSlicingPolicy
 from capacity.services import mig_configs, planning
-from gpuaas.api import QuerySerializer
-from gpuaas.scopes import Scope
+from core.api import QuerySerializer
+from core.scopes import Scope
 
 
 def _model_errors(instance) -> None:

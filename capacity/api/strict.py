@@ -6,7 +6,7 @@ create a request for the default count).
 
 Lives in capacity, the lowest app, so that every app's API can use it (capacity <- pools <-
 monitoring/billing <- gpuaas). The schema says the same thing: request bodies of these serializers
-carry `additionalProperties: false` (see gpuaas.api.ApiAutoSchema).
+carry `additionalProperties: false` (see core.api.ApiAutoSchema).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from capacity.choices import Tier
 from capacity.models import NodeCapacity, TierAssignment, TierProfilePolicy
 from capacity.services import tiers as tier_services
 from capacity.tiers import DEFAULT_POLICIES, policy_label
-from gpuaas.scopes import Scope
+from core.scopes import Scope
 
 
 class TierAssignmentSerializer(StrictModelSerializer):

@@ -1,11 +1,11 @@
-"""REST routes of the capacity app, registered on the shared router (gpuaas/api.py).
+"""REST routes of the capacity app, registered on the shared router (core/api.py).
 
 MIG reconfigurations, the take-offline check and rebalancing span capacity and pools: operations/api/urls.py.
 """
 
 from django.urls import path
 
-from gpuaas.api import router
+from core.api import router
 
 from . import discovery, mig, tiers
 

@@ -8,7 +8,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from gpuaas.celery import node_queue
+from core.celery import node_queue
 
 from ..choices import (
     AgentHealth,

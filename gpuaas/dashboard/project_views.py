@@ -1,6 +1,6 @@
 """The project view for project members, outside the admin: /projects/ (login required, session auth).
 
-Every view declares its scope with gpuaas.scopes.scoped() (sign-in enforced there); project pages
+Every view declares its scope with core.scopes.scoped() (sign-in enforced there); project pages
 read through tenancy.roles.projects_for(user): another project's page or pool is a 404, never a 403.
 """
 

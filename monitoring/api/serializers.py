@@ -8,7 +8,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from gpuaas.api import QuerySerializer
+from core.api import QuerySerializer
 from pools.api.serializers import PoolClusterSerializer
 
 from ..choices import RollupLevel

@@ -19,7 +19,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.choices import SpecKind
-from gpuaas.permissions import ProjectScopedQuerysetMixin
+from core.permissions import ProjectScopedQuerysetMixin
 from pools.api.filters import GpuPoolFilter
 from pools.models import Allocation, GpuPool
 from tenancy.roles import projects_for, sees_all_projects

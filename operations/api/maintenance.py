@@ -15,7 +15,7 @@ from rest_framework.response import Response
 
 from capacity.api.strict import StrictSerializer, reject_body
 from capacity.models import NodeCapacity, NodeDrain, NodeDrainStep
-from gpuaas.scopes import Scope
+from core.scopes import Scope
 from operations import maintenance
 from operations.reconfiguration import Refused
 

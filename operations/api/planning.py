@@ -15,8 +15,8 @@ from capacity.api.fields import CatalogProductField
 from capacity.api.strict import StrictSerializer
 from capacity.mig.catalog import get_product
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
-from gpuaas.api import QuerySerializer
-from gpuaas.scopes import Scope
+from core.api import QuerySerializer
+from core.scopes import Scope
 from operations import maintenance, rebalancing
 
 

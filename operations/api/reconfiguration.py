@@ -20,8 +20,8 @@ from rest_framework.response import Response
 from capacity.api.strict import StrictSerializer, reject_body
 from capacity.choices import ReconfigurationBackend
 from capacity.models import FORCE_PERMISSION, MigLayout, MigReconfiguration, MigReconfigurationStep, NodeCapacity
-from gpuaas.api import Conflict
-from gpuaas.scopes import Scope
+from core.api import Conflict
+from core.scopes import Scope
 from operations import reconfiguration as rc
 from tenancy.roles import operator_can
 

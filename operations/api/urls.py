@@ -1,8 +1,8 @@
-"""REST routes of the operations app, registered on the shared router (gpuaas/api.py)."""
+"""REST routes of the operations app, registered on the shared router (core/api.py)."""
 
 from django.urls import path
 
-from gpuaas.api import router
+from core.api import router
 
 from . import maintenance, planning, reconfiguration
 

@@ -30,7 +30,7 @@ step=<step> AND (state IN ('pending','waiting') OR (state='running' AND claim_to
 touched one row. A redelivered task (same id, after a worker died: acks_late) re-claims its own step
 and carries on; every step is re-entrant (apply looks at what is already there, cordon and label
 writes are idempotent). The claim carries a lease (lease_expires_at, WORKFLOW_LEASE_S) that a
-heartbeat thread renews while the step runs (gpuaas.leases.Heartbeat); a running step whose lease
+heartbeat thread renews while the step runs (core.leases.Heartbeat); a running step whose lease
 ran out belongs to a dead worker, and sweep() (beat, every MIG_RECONFIG_SWEEP_S) puts it back to
 pending and re-sends it, without waiting for the broker's redelivery. Waiting steps never sleep:
 they return Wait and are re-enqueued with a countdown (MIG_RECONFIG_POLL_S, far below the broker's

@@ -31,7 +31,7 @@ from capacity.choices import ReconfigurationStep as Step
 from capacity.models import MigReconfiguration
 from capacity.services.inventory import ingest_inventory_reports
 from capacity.tasks import enqueue_inventory
-from gpuaas.celery import node_queue
+from core.celery import node_queue
 
 from .records import audit
 

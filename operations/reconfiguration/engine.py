@@ -23,7 +23,7 @@ from capacity.choices import ReconfigurationEvent as Event
 from capacity.choices import ReconfigurationState as State
 from capacity.choices import ReconfigurationStep as Step
 from capacity.models import MigReconfiguration
-from gpuaas.leases import Heartbeat, crash_point, lease_s, lease_until
+from core.leases import Heartbeat, crash_point, lease_s, lease_until
 from pools.services import enqueue_queue_processing
 
 from .outcomes import Advance, ReconfigurationError, Wait

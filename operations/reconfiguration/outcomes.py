@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuaas.api import DomainConflict
+from core.api import DomainConflict
 
 
 class ReconfigurationError(Exception):

@@ -13,8 +13,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.api.fields import CatalogProductField
-from gpuaas.api import QuerySerializer
-from gpuaas.scopes import Scope
+from core.api import QuerySerializer
+from core.scopes import Scope
 
 from .. import procurement
 

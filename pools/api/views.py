@@ -1,6 +1,6 @@
 """Self-service API: my projects and their members, pool requests, pools, allocations, API tokens.
 
-Visibility comes from ProjectScopedQuerysetMixin (gpuaas/permissions.py, the API's one choke point): another
+Visibility comes from ProjectScopedQuerysetMixin (core/permissions.py, the API's one choke point): another
 project's object is not found (404).
 What a visible object allows depends on the caller's role there: viewers read, members
 request capacity, project admins also manage members and release; operators (staff holding the
@@ -22,9 +22,9 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.api.strict import reject_body
-from gpuaas.api import Conflict, usernames_only
-from gpuaas.permissions import OwnUserQuerysetMixin, ProjectScopedQuerysetMixin
-from gpuaas.scopes import Scope
+from core.api import Conflict, usernames_only
+from core.permissions import OwnUserQuerysetMixin, ProjectScopedQuerysetMixin
+from core.scopes import Scope
 from tenancy import roles
 from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project

@@ -12,7 +12,7 @@ from decimal import Decimal
 import pytest
 from rest_framework.test import APIClient
 
-from gpuaas.api import BIGINT_RANGE
+from core.api import BIGINT_RANGE
 
 pytestmark = pytest.mark.django_db
 

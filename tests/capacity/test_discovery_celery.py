@@ -8,7 +8,7 @@ from celery.contrib.testing.worker import start_worker
 from capacity.agent import transport
 from capacity.models import DiscoveryRun, GpuCapacity, NodeCapacity
 from capacity.tasks import discover_cluster_task
-from gpuaas.celery import app, node_queue
+from core.celery import app, node_queue
 from monitoring.ingest_worker import IngestWorker
 
 pytestmark = [

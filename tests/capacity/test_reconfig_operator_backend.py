@@ -11,7 +11,7 @@ from capacity.adapters import kubernetes as kube
 from capacity.adapters import nvml
 from capacity.agent.tasks import read_node_inventory_task
 from capacity.models import MigLayout, MigReconfigurationStep, NodeCapacity
-from gpuaas.celery import node_queue
+from core.celery import node_queue
 from operations import reconfiguration as rc
 from operations.tasks import reconfiguration_step_task
 from simcluster.gpuoperator import GPUAAS_MIG_CONFIGMAP, mig_config_source, parse_mig_parted

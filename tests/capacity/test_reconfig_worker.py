@@ -44,7 +44,7 @@ def consume(ingest: IngestWorker) -> None:
 def test_a_real_worker_runs_the_whole_workflow(tmp_path, settings, backend):
     from celery.contrib.testing.worker import start_worker
 
-    from gpuaas.celery import app, node_queue
+    from core.celery import app, node_queue
 
     settings.MIG_RECONFIG_POLL_S = 1
     sim = start_sim(tmp_path, [("gpu-a", "H100-80GB", 2, {0: ["3g.40gb", "3g.40gb"]}, "")], mig_manager_delay=0.2)

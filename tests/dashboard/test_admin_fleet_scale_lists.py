@@ -1,6 +1,6 @@
 """The big admin changelists: a fixed number of queries whatever the fleet, and no COUNT(*) over a big table.
 
-On PostgreSQL a changelist above gpuaas.admin_paging.ESTIMATE_ABOVE rows takes the planner's estimate
+On PostgreSQL a changelist above core.admin_paging.ESTIMATE_ABOVE rows takes the planner's estimate
 (pg_class.reltuples unfiltered, EXPLAIN filtered) and says "about N"; on SQLite, and below the threshold,
 the count is exact.
 """
@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from capacity.models import GpuCapacity
-from gpuaas import admin_paging
+from core import admin_paging
 
 pytestmark = pytest.mark.django_db
 

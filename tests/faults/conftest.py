@@ -1,7 +1,7 @@
 """The fault suite: real Celery worker processes that SIGKILL themselves at a chosen step.
 
 Workers run as subprocesses (`celery worker -P solo`, so the task runs in the process that dies)
-against the test database and Redis, with GPUAAS_CRASH_AT naming crash points (gpuaas.leases.
+against the test database and Redis, with GPUAAS_CRASH_AT naming crash points (core.leases.
 crash_point) and a marker directory so each point fires once. `drive()` replaces a dead worker with
 a fresh one and runs the sweeps, as beat would, until the workflow is done or the deadline passes.
 The killed worker's message stays unacknowledged in Redis for the visibility timeout (an hour): only
@@ -35,7 +35,7 @@ def database_url() -> str:
 
 
 def purge(queues: list[str]) -> None:
-    from gpuaas.celery import app
+    from core.celery import app
 
     with app.connection_for_write() as connection:
         channel = connection.default_channel
@@ -151,7 +151,7 @@ class Agent(_Restarted):
         from django.conf import settings
 
         from capacity.agent import protocol
-        from gpuaas.celery import node_queue
+        from core.celery import node_queue
 
         self.queue = node_queue(cluster, node)
         self.log = tmp_path / "agent.log"

@@ -4,7 +4,7 @@ import pytest
 from conftest import drive
 from reconfig_sim import node_row, start_sim
 
-from gpuaas.celery import node_queue
+from core.celery import node_queue
 from operations import reconfiguration as rc
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]

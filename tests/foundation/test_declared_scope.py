@@ -12,8 +12,8 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from gpuaas.checks import check_declared_scopes, routes
-from gpuaas.permissions import ProjectScopedQuerysetMixin
-from gpuaas.scopes import Scope, scoped
+from core.permissions import ProjectScopedQuerysetMixin
+from core.scopes import Scope, scoped
 from tenancy.models import Project
 
 pytestmark = pytest.mark.django_db

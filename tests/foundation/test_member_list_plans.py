@@ -1,6 +1,6 @@
 """A member's list pages start from the member's own projects, whatever the rest of the fleet holds.
 
-The PostgreSQL test builds bench api's world (tenancy.roles.in_projects_of, gpuaas.permissions.
+The PostgreSQL test builds bench api's world (tenancy.roles.in_projects_of, core.permissions.
 ProjectScopedQuerysetMixin): thousands of other projects with requests, pools, allocations, usage,
 statements and trespass events, and a member of a few of the oldest projects (the worst case for a
 plan that walks the newest rows and filters). Each member list is requested through the API, and every
@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 from benchmarks.pools import build_api_world
 from billing.models import Statement, UsageRecord
 from capacity.models import Cluster
-from gpuaas.api import usernames_only
+from core.api import usernames_only
 from monitoring.choices import TrespassKind
 from monitoring.models import TrespassEvent
 from pools.models import Allocation, GpuPool, PoolRequest

@@ -16,7 +16,7 @@ VENDOR_ALLOWED = {
     "monitoring/backends/__init__.py",
     "billing/backends/__init__.py",
     "billing/triggers.py",
-    "gpuaas/admin_paging.py",  # the kernel's one: estimated changelist counts come from PostgreSQL's statistics
+    "core/admin_paging.py",  # the kernel's one: estimated changelist counts come from PostgreSQL's statistics
 }
 
 

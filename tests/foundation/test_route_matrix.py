@@ -33,8 +33,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from gpuaas.checks import routes
-from gpuaas.permissions import ProjectScopedQuerysetMixin
-from gpuaas.scopes import Scope
+from core.permissions import ProjectScopedQuerysetMixin
+from core.scopes import Scope
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
 from dashboard_world import add_signals, build_world  # noqa: E402

@@ -69,7 +69,7 @@ def beat_settings(**env) -> dict:
     """The beat settings Celery sees in a fresh process with `env` (DeprecationWarnings are errors)."""
     full = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "gpuaas.settings", "DEBUG": "1", **env}
     script = (
-        "import django, json; django.setup(); from gpuaas.celery import app; c = app.conf; print(json.dumps({"
+        "import django, json; django.setup(); from core.celery import app; c = app.conf; print(json.dumps({"
         "'scheduler': c.beat_scheduler, 'loop': c.beat_max_loop_interval, 'url': c.get('REDBEAT_REDIS_URL'), "
         "'lock': c.get('REDBEAT_LOCK_TIMEOUT'), 'options': c.get('REDBEAT_REDIS_OPTIONS')}))"
     )

@@ -53,7 +53,7 @@ def test_operator_permission_refuses_an_unknown_method_with_405(rf, operator):
     from rest_framework.exceptions import MethodNotAllowed
     from rest_framework.request import Request
 
-    from gpuaas.permissions import OperatorPermissions
+    from core.permissions import OperatorPermissions
     from pools.api.views import AutoApprovalPolicyViewSet
 
     request = Request(rf.generic("TRACE", "/api/v1/auto-approval-policies/"))

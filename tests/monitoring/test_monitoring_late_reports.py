@@ -20,7 +20,7 @@ from capacity.adapters import kubernetes as kube
 from capacity.agent import node as agent
 from capacity.agent import transport
 from capacity.agent.tasks import read_node_metrics_task
-from gpuaas.celery import app
+from core.celery import app
 from monitoring.buckets import BUCKET, ceil
 from monitoring.ingest_worker import IngestWorker
 from monitoring.models import Collector, Rollup5m, Sample

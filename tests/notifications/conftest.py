@@ -74,7 +74,7 @@ def receiver():
 def eager(settings):
     """Run tasks in-process (the unit tests' mode; one test runs a real worker on Redis). Exceptions are not
     propagated: Celery's eager apply() re-applies a retry only then, as a worker would (without the countdown)."""
-    from gpuaas.celery import app
+    from core.celery import app
 
     before = app.conf.task_always_eager, app.conf.task_eager_propagates
     app.conf.task_always_eager, app.conf.task_eager_propagates = True, False

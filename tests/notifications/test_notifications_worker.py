@@ -10,7 +10,7 @@ from celery.contrib.testing.worker import start_worker
 from django.db import transaction
 from django.utils import timezone
 
-from gpuaas.celery import app
+from core.celery import app
 from notifications.choices import DeliveryState
 from notifications.models import Delivery, Preference
 from pools import signals

@@ -9,7 +9,7 @@ from django.contrib import admin
 from django.urls import reverse
 
 from gpuaas.admin import GpuaasAdminSite
-from gpuaas.celery import app
+from core.celery import app
 
 REPO = Path(settings.BASE_DIR)
 

@@ -126,7 +126,7 @@ def test_the_heartbeat_renews_only_its_own_claim(fleet, project, settings):
     """While the body runs the lease moves forward; a claim taken over by another run is not renewed."""
     import time
 
-    from gpuaas.leases import Heartbeat
+    from core.leases import Heartbeat
     from pools.models import PoolRequest
 
     settings.WORKFLOW_LEASE_S = 2
