@@ -56,13 +56,16 @@ bench-smoke: $(STAMP)
 # kill rate is under 0.9, or with a survivor not listed in its EQUIVALENT_MUTANTS.md, fails the target.
 MUTATION_MODULES ?= billing/services/intervals.py billing/services/clock.py billing/periods.py \
 	billing/services/lines.py billing/services/statements.py pricing/rates.py billing/services/metering.py \
-	capacity/models/availability.py
+	capacity/models/availability.py pools/queue_order.py
 MUTATION_SAMPLE ?= 20
 MUTATION_SEED ?= 8
+# e.g. MUTATION_ALSO_SEEDS=1,2: the issue's three seeds in one run per module (one copy, one unmutated run)
+MUTATION_ALSO_SEEDS ?=
 .PHONY: mutation
 mutation: $(STAMP)
 	@rc=0; for module in $(MUTATION_MODULES); do \
-		$(PY) manage.py bench mutation --module $$module --sample $(MUTATION_SAMPLE) --seed $(MUTATION_SEED) || rc=1; \
+		$(PY) manage.py bench mutation --module $$module --sample $(MUTATION_SAMPLE) --seed $(MUTATION_SEED) \
+			--also-seeds "$(MUTATION_ALSO_SEEDS)" || rc=1; \
 	done; exit $$rc
 
 schema: $(STAMP)

@@ -15,6 +15,11 @@ Speed: every test process starts from one SQLite test database migrated once per
 pytest-django's --reuse-db, benchmarks.mutation_db), so a mutant costs Django's start-up and its tests, not the
 migrations. Tests marked `postgres` or `redis` are skipped there, as on the embedded default.
 
+Selection (benchmarks/mutation_select.py): by default each mutant runs only the mapped tests that executed its
+statement in one unmutated run under coverage.py (a context per test); a change that runs at import runs them
+all, and one no mapped test executes is a survivor reported `not_covered`, without a run. `--selection all`
+runs every mapped test for every mutant.
+
 Outcomes: pytest exit 1 or 2 (a test failed, or the mutant broke import or collection) or a timeout: killed;
 exit 0: survived; any other exit (internal error, usage error, no test collected): an error, which fails the run.
 A survivor listed in the module's test folder's EQUIVALENT_MUTANTS.md (`| path:line | operator | change | reason |`)
@@ -26,12 +31,9 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
 import random
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,10 +41,13 @@ from pathlib import Path
 
 from django.conf import settings
 
+from .mutation_copy import IGNORED_IN_COPY, Copy
+from .mutation_select import CoverageMap, lines_reached
 from .registry import Smoke, arg, benchmark
 from .targets import correctness
 
 KILL_RATE_TARGET = 0.9
+SELECTIONS = ("coverage", "all")
 
 # The tests that reach each module: the test files that exercise its code, directly or through the services
 # that call it. Kept by hand beside the modules they guard; tests/foundation/test_mutation_bench.py checks that
@@ -160,10 +165,6 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
 # TypeError, so every one is killed by any test that runs the line and would only inflate the score.
 LEFT_OUT = re.compile(r"_(BitOr|BitAnd|BitXor|LShift|RShift|Pow)$")
 
-IGNORED_IN_COPY = shutil.ignore_patterns(".git", ".venv", "var", "__pycache__", "node_modules", "*.sqlite3*")
-# The run's own environment for the test processes: the embedded defaults, never the caller's database or broker.
-DROPPED_ENV = ("DATABASE_URL", "CELERY_BROKER_URL", "GPUAAS_REQUIRE_SERVICES", "GPUAAS_VAR_DIR", "BENCH_CLONE_DATABASE")
-
 
 @dataclass(frozen=True)
 class Mutant:
@@ -269,63 +270,21 @@ def equivalents(module: str) -> dict[tuple[str, str], str]:
     return out
 
 
-class Copy:
-    """A throwaway copy of the project, with a migrated SQLite template every test process starts from."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.var = root / "var"
-        self.template = self.var / "mutation-template.sqlite3"
-        self.test_db = self.var / "mutation-test.sqlite3"
-        self.last_output = ""
-
-    def env(self, *, write_bytecode: bool) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
-        env.update(DEBUG="1", GPUAAS_VAR_DIR=str(self.var), GPUAAS_MUTATION_TEST_DB=str(self.test_db))
-        if not write_bytecode:  # a mutant written in the same second as the last must never be read from a stale .pyc
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
-        return env
-
-    def migrate(self) -> None:
-        self.var.mkdir(exist_ok=True)
-        env = {**self.env(write_bytecode=True), "DATABASE_URL": f"sqlite:///{self.template}"}
-        done = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
-            cwd=self.root,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"migrate failed in the copy: {done.stderr.strip()[-500:]}")
-
-    def pytest(self, tests: list[str], timeout_s: float, *, write_bytecode: bool = False) -> tuple[str, int | None]:
-        """("passed" | "failed" | "timeout" | "error", exit code) of the tests against the copy as it is now."""
-        shutil.copyfile(self.template, self.test_db)
-        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "benchmarks.mutation_db", "--reuse-db", *tests]
-        try:
-            done = subprocess.run(
-                command,
-                cwd=self.root,
-                env=self.env(write_bytecode=write_bytecode),
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return "timeout", None
-        code = done.returncode
-        self.last_output = done.stdout[-2000:] + done.stderr[-2000:]
-        return ("passed" if code == 0 else "failed" if code in (1, 2) else "error"), code
-
-
 def run_mutation_bench(
-    *, module: str, sample: int = 0, seed: int = 8, tests: str = "", timeout: float = 0, stdout=None
+    *,
+    module: str,
+    sample: int = 0,
+    seed: int = 8,
+    tests: str = "",
+    timeout: float = 0,
+    selection: str = "coverage",
+    also_seeds: list[int] | tuple[int, ...] = (),
+    stdout=None,
 ) -> dict:
     started = time.perf_counter()
     module = module.removeprefix("./")
+    if selection not in SELECTIONS:
+        return {"benchmark": "mutation", "error": f"--selection {selection}: use one of {', '.join(SELECTIONS)}"}
     source_path = settings.BASE_DIR / module
     if not source_path.is_file() or source_path.suffix != ".py":
         return {"benchmark": "mutation", "error": f"--module {module}: no such Python file under {settings.BASE_DIR}"}
@@ -339,8 +298,10 @@ def run_mutation_bench(
 
     source = source_path.read_text()
     population = mutants_of(source)
-    chosen = sorted(random.Random(seed).sample(range(len(population)), min(sample, len(population)))) if sample else []
-    mutants = [population[i] for i in chosen] if sample else population
+    seeds = list(dict.fromkeys([seed, *also_seeds]))
+    draws = {s: _draw(len(population), sample, s) for s in seeds}
+    indices = sorted(set().union(*draws.values()))  # a mutant two seeds draw runs once
+    mutants = [population[i] for i in indices]
 
     def say(text: str) -> None:
         if stdout is not None:
@@ -352,7 +313,8 @@ def run_mutation_bench(
         copy.migrate()
         target = copy.root / module
         base_started = time.perf_counter()
-        baseline, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True)
+        cover = f"{copy.var / 'mutation-coverage'}|{target}" if selection == "coverage" else ""
+        baseline, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True, cover=cover)
         baseline_s = time.perf_counter() - base_started
         if baseline != "passed":
             return {
@@ -363,30 +325,44 @@ def run_mutation_bench(
         for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
             cached.unlink()
         per_mutant_s = timeout or max(60.0, 3 * baseline_s)
-        killed, survivors, errors = 0, [], []
-        timeouts = 0
-        for n, mutant in enumerate(mutants, 1):
-            target.write_text(mutant.code)
-            try:
-                outcome, code = copy.pytest(selected, timeout_s=per_mutant_s)
-            finally:
-                target.write_text(source)
-            where = mutant.where(module)
-            if outcome in ("failed", "timeout"):
-                killed += 1
-                timeouts += outcome == "timeout"
-            elif outcome == "passed":
-                survivors.append({"where": where, "operator": mutant.operator, "change": mutant.change})
+        covered = None
+        if selection == "coverage":
+            order = (copy.var / "mutation-coverage.order").read_text().splitlines()
+            covered = CoverageMap.read(copy.var / "mutation-coverage", target, order)
+        mutant_seconds: list[float] = []
+        results: dict[int, tuple[str, dict]] = {}  # occurrence in the population -> (outcome, row)
+        for n, (index, mutant) in enumerate(zip(indices, mutants, strict=True), 1):
+            # coverage: only the tests that ran the mutated statement; none ran it: a survivor without a run
+            only = covered.tests_for(lines_reached(source, mutant.line)) if covered else None
+            tests_run = len(only) if only is not None else None
+            mutant_started = time.perf_counter()
+            if only == []:
+                outcome, code = "not_covered", None
             else:
-                errors.append({"where": where, "operator": mutant.operator, "exit": code})
-            say(f"mutation: {n}/{len(mutants)} {outcome} {where} {mutant.operator}: {mutant.change}")
+                target.write_text(mutant.code)
+                try:
+                    outcome, code = copy.pytest(selected, timeout_s=per_mutant_s, select=only)
+                finally:
+                    target.write_text(source)
+                mutant_seconds.append(time.perf_counter() - mutant_started)
+            where = mutant.where(module)
+            row = {"where": where, "operator": mutant.operator, "change": mutant.change, "tests_run": tests_run}
+            row["seconds"] = round(time.perf_counter() - mutant_started, 1)
+            results[index] = (
+                outcome,
+                {**row, "not_covered": outcome == "not_covered", "exit": code},
+            )
+            ran_tests = "all" if tests_run is None else tests_run
+            say(
+                f"mutation: {n}/{len(mutants)} {outcome} ({ran_tests} tests) {where} {mutant.operator}: {mutant.change}"
+            )
 
     known = equivalents(module)  # read at the end: reasons written while the run went on count
-    for survivor in survivors:
-        survivor["equivalent"] = known.get((survivor["where"], survivor["operator"]))
-    ran = killed + len(survivors)
-    unexplained = [s for s in survivors if not s["equivalent"]]
-    equivalent = len(survivors) - len(unexplained)
+    by_seed = [{"seed": s, **_tally([results[i] for i in sorted(draws[s])], known)} for s in seeds]
+    first = by_seed[0]
+    killed, survivors, timeouts = first["killed"], first["survivors"], first["timeouts"]
+    errors = _tally(list(results.values()), known)["error_mutants"]  # any seed's: an error fails the whole run
+    ran, equivalent, unexplained = first["mutants"], first["equivalent"], first["unexplained_survivors"]
     return {
         "benchmark": "mutation",
         "tool": "cosmic-ray 8.7.0 (operators and mutation; runner: this module)",
@@ -404,10 +380,47 @@ def run_mutation_bench(
         "kill_rate": round(killed / ran, 4) if ran else None,
         "kill_rate_without_equivalents": round(killed / (ran - equivalent), 4) if ran - equivalent else None,
         "equivalent": equivalent,
-        "unexplained_survivors": len(unexplained),
+        "unexplained_survivors": unexplained,
         "survivors": survivors,
         "baseline_s": round(baseline_s, 1),
+        "selection": selection,
+        "by_seed": [{k: v for k, v in row.items() if k != "error_mutants"} for row in by_seed],
+        "kill_rate_min": min((row["kill_rate"] for row in by_seed), default=None, key=lambda r: -1 if r is None else r),
+        "unexplained_survivors_all_seeds": sum(row["unexplained_survivors"] for row in by_seed),
+        "not_covered": sum(1 for s in survivors if s["not_covered"]),
+        "mutants_run": len(mutants),
+        "mutant_s_mean": round(sum(mutant_seconds) / len(mutant_seconds), 1) if mutant_seconds else None,
+        "mutant_s_max": round(max(mutant_seconds), 1) if mutant_seconds else None,
         "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _draw(size: int, sample: int, seed: int) -> set[int]:
+    """The occurrences `--sample N --seed S` draws from a population of `size` (0: every mutant)."""
+    return set(random.Random(seed).sample(range(size), min(sample, size))) if sample else set(range(size))
+
+
+def _tally(results: list[tuple[str, dict]], known: dict[tuple[str, str], str]) -> dict:
+    """One seed's figures from the outcomes of the mutants it drew."""
+    outcomes = [outcome for outcome, _ in results]
+    killed = sum(1 for o in outcomes if o in ("failed", "timeout"))
+    survivors = [
+        {**{k: v for k, v in row.items() if k != "exit"}, "equivalent": known.get((row["where"], row["operator"]))}
+        for outcome, row in results
+        if outcome in ("passed", "not_covered")
+    ]
+    errors = [{k: row[k] for k in ("where", "operator", "exit")} for outcome, row in results if outcome == "error"]
+    ran = killed + len(survivors)
+    equivalent = sum(1 for s in survivors if s["equivalent"])
+    return {
+        "mutants": ran,
+        "killed": killed,
+        "kill_rate": round(killed / ran, 4) if ran else None,
+        "equivalent": equivalent,
+        "unexplained_survivors": len(survivors) - equivalent,
+        "timeouts": outcomes.count("timeout"),
+        "survivors": survivors,
+        "error_mutants": errors,
     }
 
 
@@ -418,14 +431,28 @@ def run_mutation_bench(
         arg("--module", required=True, help="The module to mutate, a path from the project root."),
         arg("--sample", type=int, default=0, help="Mutants to draw at random (0: every mutant)."),
         arg("--seed", type=int, default=8, help="Seed of the draw."),
+        arg(
+            "--also-seeds",
+            default="",
+            help="Comma-separated further seeds drawn in the same run (one copy and one unmutated run for all); "
+            "`by_seed` gives each seed's figures, the other keys the --seed draw's.",
+        ),
         arg("--tests", default="", help="Comma-separated test paths instead of the module's mapped tests."),
         arg("--timeout", type=float, default=0, help="Seconds one mutant's tests may take (0: 3 x the baseline)."),
+        arg(
+            "--selection",
+            default="coverage",
+            choices=SELECTIONS,
+            help="coverage: each mutant runs the mapped tests that execute its line; all: every mapped test.",
+        ),
     ],
     targets=[
         correctness("mutants", ">=", 1),
         correctness("errors", "==", 0),
         correctness("kill_rate", ">=", KILL_RATE_TARGET),
         correctness("unexplained_survivors", "==", 0),
+        correctness("kill_rate_min", ">=", KILL_RATE_TARGET),
+        correctness("unexplained_survivors_all_seeds", "==", 0),
     ],
     # The smoke tries 3 mutants against the pure property tests only, so it fits the smoke's 240 s on a busy machine.
     smoke=Smoke(
@@ -441,5 +468,29 @@ def run_mutation_bench(
         )
     ),
 )
-def mutation(*, stdout, module: str, sample: int = 0, seed: int = 8, tests: str = "", timeout: float = 0, **_) -> dict:
-    return run_mutation_bench(module=module, sample=sample, seed=seed, tests=tests, timeout=timeout, stdout=stdout)
+def mutation(
+    *,
+    stdout,
+    module: str,
+    sample: int = 0,
+    seed: int = 8,
+    tests: str = "",
+    timeout: float = 0,
+    selection="coverage",
+    also_seeds: str = "",
+    **_,
+) -> dict:
+    try:
+        more = [int(s) for s in also_seeds.split(",") if s.strip()]
+    except ValueError:
+        return {"benchmark": "mutation", "error": f"--also-seeds {also_seeds}: give whole numbers, e.g. 1,2"}
+    return run_mutation_bench(
+        module=module,
+        sample=sample,
+        seed=seed,
+        also_seeds=more,
+        tests=tests,
+        timeout=timeout,
+        selection=selection,
+        stdout=stdout,
+    )

@@ -89,7 +89,7 @@ class Place:
     entry: QueueEntry
     position: int  # 1-based
     fair_share: float
-    aged: bool = False  # served by age now, no longer by fair share
+    aged: bool  # served by age now, no longer by fair share
 
 
 def ordered(*, now: dt.datetime | None = None, entries=None) -> list[Place]:
@@ -108,7 +108,7 @@ def ordered(*, now: dt.datetime | None = None, entries=None) -> list[Place]:
             entry.manual_rank or 0,
             PRIORITY_RANK[request.effective_priority],
             entry.pk not in aged,
-            0.0 if entry.pk in aged else shares[request.project_id],
+            None if entry.pk in aged else shares[request.project_id],  # aged: by age alone
             entry.queued_at,
             entry.pk,
         )

@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from .catalog import Product, Profile, get_product
 
@@ -118,7 +118,7 @@ def free_score(product: Product | str, placements: Iterable[Placement]) -> tuple
     return _score(product, state)
 
 
-@lru_cache(maxsize=64)
+@cache  # one entry per catalogued product
 def valid_layouts(product_key: str) -> tuple[tuple[str, ...], ...]:
     """Every non-empty profile multiset that fits on one empty GPU, names in catalog order.
 
@@ -139,7 +139,7 @@ def valid_layouts(product_key: str) -> tuple[tuple[str, ...], ...]:
     return tuple(found)
 
 
-@lru_cache(maxsize=64)
+@cache  # one entry per catalogued product
 def maximal_layouts(product_key: str) -> tuple[tuple[str, ...], ...]:
     """The valid layouts to which no further instance can be added."""
     product = get_product(product_key)

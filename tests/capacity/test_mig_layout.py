@@ -1,5 +1,7 @@
 """MIG layout parsing and validation against the placement facts in reference/nvidia.md §1.3."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -261,3 +263,31 @@ def test_validate_layout_agrees_with_brute_force(data):
         assert [p.start for p in result.placements] == sorted(p.start for p in result.placements)
     else:
         assert result.reason
+
+
+def test_among_equally_useful_arrangements_the_profile_with_more_compute_takes_the_lower_start():
+    # 2g.10gb and 1g.10gb both take two memory slices; both arrangements leave the same free space, and the
+    # search places larger instances first (memory, then compute), so the lowest-starts tie-break gives the
+    # 2g.10gb slice 0. Sorting same-size profiles by name instead would put a 1g.10gb there.
+    result = validate_layout("A100-40GB", parse_layout("1g.5gb,1g.10gb=2,2g.10gb"))
+
+    assert result.valid
+    assert starts(result) == [("2g.10gb", 0), ("1g.10gb", 2), ("1g.5gb", 4), ("1g.10gb", 6)]
+    pinned = validate_layout("A100-40GB", parse_layout("1g.10gb=2,2g.10gb"), fixed=[("1g.10gb", 0)])
+    assert starts(pinned) == [("1g.10gb", 0), ("2g.10gb", 2), ("1g.10gb", 4), ("1g.10gb", 6)]
+
+
+def test_a_layout_answer_cannot_be_changed_by_its_reader():
+    # validate_layout's answers come from a cache shared by every caller (the planner asks thousands of times)
+    result = validate_layout(H100, parse_layout("3g.40gb"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.valid = False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.placements[0].start = 4
+
+
+def test_the_overlap_reason_is_the_same_whichever_order_the_fixed_instances_come_in():
+    fixed = [("3g.40gb", 0), ("1g.10gb", 0)]
+    answers = {validate_layout(H100, [], fixed=order).reason for order in (fixed, fixed[::-1])}
+
+    assert answers == {"overlapping placements: 1g.10gb at 0 and 3g.40gb at 0"}

@@ -5,12 +5,15 @@ The benchmark itself (a pytest process per mutant) is run by `bench smoke` and `
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
-from benchmarks import mutation
+from benchmarks import mutation, mutation_select
 from benchmarks.registry import REGISTRY, load
 
 SOURCE = """def overlap(a0, a1, b0, b1):
@@ -97,3 +100,146 @@ def test_the_benchmark_is_registered_with_its_correctness_targets(figure):
     bench = REGISTRY["mutation"]
     assert figure in {str(t.figure) for t in bench.targets if t.kind == "correctness"}
     assert bench.smoke.args[:2] == ("--module", "billing/services/intervals.py")
+
+
+# Coverage-guided selection (benchmarks/mutation_select.py): a tiny fake module and its tests, run for real.
+FAKE_MODULE = """import functools
+
+STEP = 1
+
+
+def overlap(a0, a1, b0, b1):
+    start, end = max(a0, b0), min(a1, b1)
+    if end > start:
+        return (end
+                - start)
+    return 0
+
+
+def label(n):
+    @functools.lru_cache(maxsize=STEP + 1)
+    def cached(m):
+        return f"#{m}"
+
+    return cached(n)
+
+
+def never_called(x):
+    return x * 2
+
+
+@functools.lru_cache
+def square(n):
+    return n * n
+"""
+FAKE_TESTS = """from fake_overlap import label, overlap, square
+
+
+def test_overlapping():
+    assert overlap(0, 10, 5, 20) == 5
+
+
+def test_apart():
+    assert overlap(0, 1, 5, 6) == 0
+
+
+def test_label():
+    assert label(3) == "#3"
+
+
+def test_square():
+    assert square(4) == 16
+
+
+def test_square_again():  # reads the answer test_square cached, unless the cache is emptied between tests
+    assert square(4) == 16
+"""
+
+
+def test_a_change_inside_a_function_reaches_its_innermost_statement_and_import_time_code_reaches_every_test():
+    reached = mutation_select.lines_reached
+    assert reached(FAKE_MODULE, 3) is None  # STEP: module level, runs at import
+    assert reached(FAKE_MODULE, 6) is None  # the def line (defaults, decorators) runs at import too
+    assert reached(FAKE_MODULE, 7) == range(7, 8)
+    assert reached(FAKE_MODULE, 10) == range(9, 11)  # a continuation line: the whole `return (end / - start)`
+    assert reached(FAKE_MODULE, 8) == range(8, 11)  # the `if` header: the if and its body
+    assert reached(FAKE_MODULE, 15) == range(15, 18)  # a nested def's decorator runs when label() runs
+    assert reached(FAKE_MODULE, 2) is None  # a blank line holds no statement
+    assert reached(FAKE_MODULE, 23) == range(23, 24)
+
+
+def _fake_project(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "fake_overlap.py").write_text(FAKE_MODULE)
+    (tmp_path / "test_fake.py").write_text(FAKE_TESTS)
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTEST_ADDOPTS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(settings.BASE_DIR)])
+    return env
+
+
+def _pytest(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.mutation_db"]
+    return subprocess.run(
+        [*command, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_the_coverage_map_names_the_tests_that_ran_each_line_and_a_mutant_runs_only_those(tmp_path):
+    env = _fake_project(tmp_path)
+    data, source = tmp_path / "cov", tmp_path / "fake_overlap.py"
+    measured = _pytest(tmp_path, {**env, "GPUAAS_MUTATION_COVER": f"{data}|{source}"}, "test_fake.py")
+    assert measured.returncode == 0, measured.stdout + measured.stderr
+
+    order = Path(f"{data}.order").read_text().splitlines()
+    names = ("overlapping", "apart", "label", "square", "square_again")
+    assert order == [f"test_fake.py::test_{name}" for name in names]
+    cover = mutation_select.CoverageMap.read(data, source, order)
+    reached = mutation_select.lines_reached
+    assert cover.tests_for(reached(FAKE_MODULE, 9)) == ["test_fake.py::test_overlapping"]
+    assert cover.tests_for(reached(FAKE_MODULE, 11)) == ["test_fake.py::test_apart"]
+    assert cover.tests_for(reached(FAKE_MODULE, 7)) == order[:2]
+    assert cover.tests_for(reached(FAKE_MODULE, 15)) == ["test_fake.py::test_label"]
+    assert cover.tests_for(reached(FAKE_MODULE, 3)) == order  # import time: every test
+    assert cover.tests_for(reached(FAKE_MODULE, 23)) == []  # never run: a survivor without a run (not_covered)
+    assert cover.tests_for(reached(FAKE_MODULE, 28)) == order[3:]  # the module's caches are emptied per test
+
+    # `- start` made `+ start`: the one selected test kills it, and the deselected ones are not run at all
+    (tmp_path / "fake_overlap.py").write_text(FAKE_MODULE.replace("- start", "+ start"))
+    selected = cover.tests_for(reached(FAKE_MODULE, 10))
+    (tmp_path / "select.txt").write_text("\n".join(selected))
+    killed = _pytest(tmp_path, {**env, "GPUAAS_MUTATION_SELECT": str(tmp_path / "select.txt")}, "test_fake.py")
+    assert killed.returncode == 1
+    assert "1 failed, 4 deselected" in killed.stdout
+    (tmp_path / "select.txt").write_text("test_fake.py::test_apart")  # a test that never runs the line: survives
+    survived = _pytest(tmp_path, {**env, "GPUAAS_MUTATION_SELECT": str(tmp_path / "select.txt")}, "test_fake.py")
+    assert survived.returncode == 0
+    assert "1 passed, 4 deselected" in survived.stdout
+
+
+def test_the_selected_files_are_given_to_pytest_once_each_in_order():
+    ids = ["tests/b.py::test_1", "tests/a.py::test_2[x-1]", "tests/b.py::K::test_3"]
+    assert mutation_select.files_of(ids) == ["tests/b.py", "tests/a.py"]
+
+
+def test_an_unknown_selection_is_an_error_naming_the_choices():
+    out = mutation.run_mutation_bench(module="billing/periods.py", selection="some")
+    assert out["error"] == "--selection some: use one of coverage, all"
+
+
+def test_further_seeds_share_one_run_and_each_seed_is_scored_on_its_own_draw():
+    draws = {seed: mutation._draw(50, 5, seed) for seed in (8, 1)}
+    assert draws[8] == mutation._draw(50, 5, 8) and len(draws[8]) == 5  # a fixed seed draws the same mutants
+    assert mutation._draw(3, 5, 8) == mutation._draw(3, 0, 1) == {0, 1, 2}  # a sample over the population: all
+    row = {"where": "m.py:3", "operator": "NumberReplacer", "change": "1 -> 2", "tests_run": 2, "not_covered": False}
+    results = [
+        ("failed", {**row, "exit": 1}),
+        ("timeout", {**row, "exit": None}),
+        ("passed", {**row, "where": "m.py:4", "exit": 0}),
+        ("not_covered", {**row, "where": "m.py:5", "tests_run": 0, "not_covered": True, "exit": None}),
+    ]
+    tally = mutation._tally(results, {("m.py:4", "NumberReplacer"): "never read"})
+    assert (tally["mutants"], tally["killed"], tally["kill_rate"], tally["timeouts"]) == (4, 2, 0.5, 1)
+    assert (tally["equivalent"], tally["unexplained_survivors"]) == (1, 1)
+    assert [(s["where"], s["equivalent"], s["not_covered"]) for s in tally["survivors"]] == [
+        ("m.py:4", "never read", False),
+        ("m.py:5", None, True),
+    ]

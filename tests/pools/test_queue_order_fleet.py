@@ -170,3 +170,14 @@ def test_requests_with_the_same_key_compete(projects, units):
         project=projects["alpha"], name="k", cluster=units["full"].node.cluster, spec_kind="full", product="A100-80GB"
     )
     assert queue_order.spec_key(request) == ("full", "A100-80GB", "", request.tier, units["full"].node.cluster_id)
+
+
+def test_a_hold_shorter_than_an_hour_counts_its_minutes(projects, units, settings):
+    settings.QUEUE_FAIR_SHARE_WINDOW_H = 24
+    alpha, beta = projects["alpha"], projects["beta"]
+    _hold(alpha, units["full"], start=hours_ago(0.5))  # a whole GPU for the last 30 minutes
+    _hold(beta, units["ts_gpu"], start=hours_ago(2), end=hours_ago(1.75), kind=SpecKind.TIMESLICE, replica=0)
+
+    hours = queue_order.recent_gpu_hours([alpha.pk, beta.pk], now=NOW)
+
+    assert hours == pytest.approx({alpha.pk: 0.5, beta.pk: 0.25 * 0.25})
