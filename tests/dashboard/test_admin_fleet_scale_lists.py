@@ -42,7 +42,7 @@ FLEET_SIZED = [
     "capacity.DiscoveryRun",
     "pools.GpuPool",
     "pools.PoolRequest",
-    "pools.Allocation",
+    "capacity.Allocation",
     "billing.UsageRecord",
     "billing.Statement",
     "monitoring.TrespassEvent",
