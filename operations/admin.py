@@ -47,6 +47,7 @@ from tenancy.roles import require_operator_perms
 
 from . import admin_upgrades, maintenance, rebalancing  # noqa: F401 (admin_upgrades registers its admin)
 from . import reconfiguration as rc
+from .admin_actions import WorkflowActionsMixin
 
 # --- Reconfigurations ----------------------------------------------------------------------------
 
@@ -131,7 +132,9 @@ class StepInline(ReadOnlyInline):
 
 
 @admin.register(MigReconfiguration)
-class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
+class MigReconfigurationAdmin(WorkflowActionsMixin, OperatorActionsMixin, admin.ModelAdmin):
+    action_nouns = ("reconfiguration", "reconfigurations")
+    action_related = ("cluster", "node")
     list_display = ["id", "node", "source", "backend", "step", "state", "drain", "force", "created_by", "created_at"]
     list_filter = ["state", "step", "backend", "cluster"]
     list_select_related = ["node__cluster", "created_by"]
@@ -192,18 +195,6 @@ class MigReconfigurationAdmin(OperatorActionsMixin, admin.ModelAdmin):
         return format_html("{}{}", legend_html(), mark_safe("".join(rows)))
 
     # --- actions ----------------------------------------------------------------------------
-
-    def _each(self, request, queryset, service, verb):
-        done, errors = 0, []
-        for reconf in queryset.select_related("cluster", "node"):
-            try:
-                service(reconf, actor=request.user)
-                done += 1
-            except rc.IllegalTransition as exc:
-                errors.append(str(exc))
-        self.message_user(request, ngettext(f"%d reconfiguration {verb}.", f"%d reconfigurations {verb}.", done) % done)
-        for error in errors:
-            self.message_user(request, error, messages.WARNING)
 
     @admin.action(description="Resume at the failed step", permissions=["operate"])
     def resume_selected(self, request, queryset):
@@ -461,7 +452,9 @@ class DrainStepInline(StepInline):
 
 
 @admin.register(NodeDrain)
-class NodeDrainAdmin(OperatorActionsMixin, admin.ModelAdmin):
+class NodeDrainAdmin(WorkflowActionsMixin, OperatorActionsMixin, admin.ModelAdmin):
+    action_nouns = ("drain", "drains")
+    action_related = ("cluster", "node")
     """Start a drain on the add page; follow its phase, moves and trail; give the node back or resume."""
 
     list_display = ["id", "node", "phase", "reason", "moved", "evict_after", "created_by", "created_at"]
@@ -537,18 +530,6 @@ class NodeDrainAdmin(OperatorActionsMixin, admin.ModelAdmin):
 
     def save_related(self, request, form, formsets, change):
         """Nothing to save: the service wrote the drain and its first trail row."""
-
-    def _each(self, request, queryset, service, verb):
-        done, errors = 0, []
-        for drain in queryset.select_related("cluster", "node"):
-            try:
-                service(drain, actor=request.user)
-                done += 1
-            except rc.IllegalTransition as exc:
-                errors.append(str(exc))
-        self.message_user(request, ngettext(f"%d drain {verb}.", f"%d drains {verb}.", done) % done)
-        for error in errors:
-            self.message_user(request, error, messages.WARNING)
 
     @admin.action(description="Give the node back (uncordoned once healthy)", permissions=["operate"])
     def give_back_selected(self, request, queryset):

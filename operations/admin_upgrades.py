@@ -9,19 +9,18 @@ cancel with the actions, which call the services. Registered from operations/adm
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils.html import format_html
-from django.utils.translation import ngettext
 
 from capacity.models import NodeCapacity
 from core.admin_permissions import OperatorActionsMixin, ReadOnlyInline
 from operations.choices import UpgradeMode
 
+from .admin_actions import WorkflowActionsMixin
 from .maintenance import rollout
 from .models import DriverUpgrade, DriverUpgradeNode
-from .reconfiguration.outcomes import IllegalTransition
 
 
 class StartUpgradeForm(forms.ModelForm):
@@ -77,7 +76,8 @@ class UpgradeNodeInline(ReadOnlyInline):
 
 
 @admin.register(DriverUpgrade)
-class DriverUpgradeAdmin(OperatorActionsMixin, admin.ModelAdmin):
+class DriverUpgradeAdmin(WorkflowActionsMixin, OperatorActionsMixin, admin.ModelAdmin):
+    action_nouns = ("rollout", "rollouts")
     list_display = [
         "id",
         "name",
@@ -164,18 +164,6 @@ class DriverUpgradeAdmin(OperatorActionsMixin, admin.ModelAdmin):
 
     def save_related(self, request, form, formsets, change):
         """Nothing to save: the service wrote the rollout and its nodes."""
-
-    def _each(self, request, queryset, service, verb):
-        done, errors = 0, []
-        for upgrade in queryset:
-            try:
-                service(upgrade, actor=request.user)
-                done += 1
-            except IllegalTransition as exc:
-                errors.append(str(exc))
-        self.message_user(request, ngettext(f"%d rollout {verb}.", f"%d rollouts {verb}.", done) % done)
-        for error in errors:
-            self.message_user(request, error, messages.WARNING)
 
     @admin.action(description="Pause (no new wave starts)", permissions=["operate"])
     def pause_selected(self, request, queryset):
