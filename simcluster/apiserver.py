@@ -9,6 +9,7 @@ serves every cluster of a SimState, each under its own path prefix:
 Simulator endpoints live beside the API under the same prefix:
 
     GET  /version, /api, /apis, /api/v1    discovery, as a real server answers it
+    GET  /openapi/v2, /openapi/v3[/<gv>]   OpenAPI documents of the served kinds (simcluster/openapi.py)
     /apis/kubevirt.io/v1/...virtualmachineinstances   KubeVirt VMIs (simcluster/kubevirt.py)
     /apis/kubevirt.io/v1/...kubevirts                  the KubeVirt CR (simcluster/kubevirt_cr.py)
     GET  ...?watch=true                    JSON-line watch events (BOOKMARK, 410 Gone), see docs/simcluster.md
@@ -37,7 +38,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from . import dcgm, dra, driver, fieldmanager, kube, kubevirt, kubevirt_cr, nvml, podresources, rbac
+from . import dcgm, dra, driver, fieldmanager, kube, kubevirt, kubevirt_cr, nvml, openapi, podresources, rbac
 from .kubeconfig import write_kubeconfig
 from .state import Cluster, SimState
 
@@ -210,6 +211,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/healthz", "/readyz", "/livez"):
             self._send(200, b"ok")
             return
+        if method == "GET" and segments[0] == "openapi":
+            self._openapi(cluster, segments[1:], query)
+            return
         if method == "GET" and (answer := _discovery(cluster, segments, self.headers.get("Host", ""))) is not None:
             self._send_json(200, answer)
             return
@@ -270,6 +274,35 @@ class _Handler(BaseHTTPRequestHandler):
             self._resource(method, api, rest[0], None, rest[1] if len(rest) == 2 else None, query)
             return
         raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+
+    def _openapi(self, cluster: Cluster, rest: list[str], query: dict) -> None:
+        """/openapi/v2 (JSON only) and /openapi/v3[/api/v1|/apis/<group>/<version>] (simcluster/openapi.py)."""
+        lists = _resource_lists(cluster)
+        accept = self.headers.get("Accept") or "*/*"
+        if not any(t.split(";")[0].strip() in ("*/*", "application/*", _JSON) for t in accept.split(",")):
+            self._send(406, b"")
+            return
+        if rest == ["v2"]:
+            self._send(200, openapi.encode(openapi.v2_document(lists))[0])
+            return
+        documents = {
+            ("api/" if gv == "v1" else "apis/") + gv: openapi.encode(openapi.v3_document(gv, resources))
+            for gv, resources in lists.items()
+        }
+        if rest == ["v3"]:
+            self._send_json(200, openapi.v3_discovery({gv: etag for gv, (_, etag) in documents.items()}))
+            return
+        if rest[:1] != ["v3"] or "/".join(rest[1:]) not in documents:
+            raise kube.ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        gv = "/".join(rest[1:])
+        body, etag = documents[gv]
+        headers = {"ETag": f'"{etag}"', "Vary": "Accept"}
+        if wanted := (query.get("hash") or [""])[-1]:
+            if wanted != etag:
+                self._send(301, b"", {"Location": f"{urlsplit(self.path).path}?hash={etag}"})
+                return
+            headers["Cache-Control"] = "public, immutable"
+        self._send(200, body, headers)
 
     def _dra(self, method: str, api: kube.ClusterApi, rest: list[str], query: dict) -> None:
         """/apis/resource.k8s.io/v1/{resourceslices,deviceclasses}[/name] and
@@ -332,34 +365,36 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if method == "POST":
                 payload = self._body()
+                warnings = _field_validation(plural, payload, query)
                 with lock:
                     code, body = api.create(plural, namespace, payload)
-                self._send(code, body)
+                self._send(code, body, warnings)
                 return
             raise kube.ApiError(
                 405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
             )
+        warnings = None
+        if method in ("PUT", "PATCH"):
+            payload = self._body()
+            warnings = _field_validation(plural, payload, query)
         if method == "GET":
             with lock:
                 body = api.get(plural, namespace, name)
             if self._wants_table():
                 body = _as_table(body)
         elif method == "PUT":
-            payload = self._body()
             with lock:
                 body = api.replace(plural, namespace, name, payload)
         elif method == "PATCH" and self.headers.get("Content-Type", "").split(";")[0].strip().lower() == _APPLY:
-            payload = self._body()
             force = (query.get("force") or ["false"])[-1].lower() in ("1", "true")
             if not (query.get("fieldManager") or [""])[-1]:
                 required = [("fieldManager", "Required value: is required for apply patch")]
                 raise kube.invalid("PatchOptions", "", required)
             with lock:
                 code, body = api.apply(plural, namespace, name, payload, force=force)
-            self._send(code, body)
+            self._send(code, body, warnings)
             return
         elif method == "PATCH":
-            payload = self._body()
             with lock:
                 body = api.patch(plural, namespace, name, payload, self.headers.get("Content-Type", ""))
         elif method == "DELETE":
@@ -370,7 +405,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise kube.ApiError(
                 405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
             )
-        self._send(200, body)
+        self._send(200, body, warnings)
 
     def _wants_table(self) -> bool:
         """kubectl get asks for `application/json;as=Table;v=v1;g=meta.k8s.io` (server-side printing)."""
@@ -566,6 +601,15 @@ _RESOURCES = (
     ("resourcequotas", "ResourceQuota", True, _READ_WRITE),
     ("serviceaccounts", "ServiceAccount", True, _READ_WRITE),
 )
+# kube-apiserver's short names for them (`kubectl get cm`).
+_SHORT_NAMES = {
+    "configmaps": ["cm"],
+    "namespaces": ["ns"],
+    "nodes": ["no"],
+    "pods": ["po"],
+    "resourcequotas": ["quota"],
+}
+_SHORT_NAMES["serviceaccounts"] = ["sa"]
 _DRA_RESOURCES = (
     ("deviceclasses", "DeviceClass", False, _READ_WRITE),
     ("resourceclaims", "ResourceClaim", True, _READ_WRITE),
@@ -713,12 +757,40 @@ def _discovery(cluster: Cluster, segments: list[str], host: str) -> dict | None:
                     "namespaced": namespaced,
                     "kind": kind,
                     "verbs": verbs,
+                    **({"shortNames": _SHORT_NAMES[name]} if name in _SHORT_NAMES else {}),
                     **({"group": "policy", "version": "v1"} if "/" in name else {}),
                 }
                 for name, kind, namespaced, verbs in _RESOURCES
             ],
         }
     return None
+
+
+def _resource_lists(cluster: Cluster) -> dict[str, list[dict]]:
+    """groupVersion -> the resources discovery lists for it: what the OpenAPI documents describe."""
+    lists = {"v1": _discovery(cluster, ["api", "v1"], "")["resources"]}
+    for group in _discovery(cluster, ["apis"], "")["groups"]:
+        group_version = group["preferredVersion"]["groupVersion"]
+        lists[group_version] = _discovery(cluster, ["apis", *group_version.split("/")], "")["resources"]
+    return lists
+
+
+def _field_validation(plural: str, body: object, query: dict) -> dict | None:
+    """kube-apiserver's `fieldValidation` (Ignore | Warn | Strict) of a write's body: unknown fields are a
+    400 under Strict, a `Warning` header under Warn. Answers the headers to send, if any."""
+    directive = (query.get("fieldValidation") or ["Ignore"])[-1]
+    if directive not in ("Ignore", "Warn", "Strict"):
+        raise kube.bad_request(f'fieldValidation: Unsupported value: "{directive}"')
+    if directive == "Ignore" or not isinstance(body, dict):
+        return None
+    known = kube.KINDS.get(plural)
+    group, _, version = (known.api_version if known else "v1").rpartition("/")
+    unknown = openapi.unknown_fields(body, group, version, known.kind if known else "Node")
+    if not unknown:
+        return None
+    if directive == "Strict":
+        raise kube.bad_request("strict decoding error: " + ", ".join(f'unknown field "{f}"' for f in unknown))
+    return {"Warning": ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown)}
 
 
 def _node_info(node) -> dict:

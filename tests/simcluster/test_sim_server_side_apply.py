@@ -185,17 +185,14 @@ def test_kubectl_apply_server_side(kubeconfigs, tmp_path):
             timeout=60,
         )
 
-    # --validate=false: the simulator serves no /openapi (kubectl's client-side schema check).
-    first = kubectl("apply", "--server-side", "--validate=false", "-f", str(manifest))
+    first = kubectl("apply", "--server-side", "-f", str(manifest))
     assert first.returncode == 0, first.stderr
     assert "serverside-applied" in first.stdout
     manifest.write_text(json.dumps(daemonset("agent:2")))
-    clash = kubectl("apply", "--server-side", "--validate=false", "--field-manager=other", "-f", str(manifest))
+    clash = kubectl("apply", "--server-side", "--field-manager=other", "-f", str(manifest))
     assert clash.returncode != 0
     assert "conflict" in clash.stderr.lower()
-    forced = kubectl(
-        "apply", "--server-side", "--validate=false", "--field-manager=other", "--force-conflicts", "-f", str(manifest)
-    )
+    forced = kubectl("apply", "--server-side", "--field-manager=other", "--force-conflicts", "-f", str(manifest))
     assert forced.returncode == 0, forced.stderr
     got = kubectl("get", "daemonset", "agent", "-o", "json")
     assert json.loads(got.stdout)["spec"]["template"]["spec"]["containers"][0]["image"] == "agent:2"
