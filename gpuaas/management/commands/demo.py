@@ -2,8 +2,8 @@
 
 Starts the simulated cluster, migrates, creates the demo logins, discovers the clusters, seeds a world
 with something to see in every screen, then runs a Celery worker, beat, the ingest worker and the web
-server (PROCESSES). Every process is supervised (gpuaas.supervise): one that exits is logged and
-restarted with backoff while the others keep running. Ctrl-C stops every process it started.
+server (PROCESSES). Every process runs under supervisord (gpuaas.processes): one that exits is logged and
+restarted while the others keep running. Ctrl-C stops every process it started.
 Running it again reuses var/ and changes nothing that exists.
 """
 
@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from gpuaas.demo_env import SIM_OIDC_ISSUER, SIM_OIDC_PORT
-from gpuaas.supervise import Program, Supervisor
+from gpuaas.processes import Program, Supervisord
 
 WEB_ADDR = ("127.0.0.1", 8000)
 SIM_PORT = 6443
@@ -125,7 +125,12 @@ class Command(BaseCommand):
                     " pass --oidc-port, or run with OIDC_ISSUER= (local passwords only)"
                 )
             os.environ["OIDC_ISSUER"] = f"http://127.0.0.1:{oidc_port}"
-        self.supervisor = Supervisor(log=self._log, status_path=settings.VAR_DIR / "demo-status.json")
+        self.supervisor = Supervisord(
+            settings.VAR_DIR / "supervisor",
+            log=self._log,
+            status_path=settings.VAR_DIR / "demo-status.json",
+            cwd=Path(settings.BASE_DIR),
+        )
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         # A shell without job control starts `cmd &` with SIGINT ignored; the soak bench stops us with it.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -142,7 +147,7 @@ class Command(BaseCommand):
         self.stdout.write(f"{time.strftime('%H:%M:%S')} {line}")
 
     def _program(self, name: str, *argv: str, log: str) -> Program:
-        return self.supervisor.add(Program(name, [sys.executable, *argv], settings.VAR_DIR / "logs" / log), start=True)
+        return self.supervisor.add(Program(name, [sys.executable, *argv], settings.VAR_DIR / "logs" / log))
 
     def _unkind_environment(self) -> None:
         """Give the worker a MIG_PARTED_SYNC_S that outlasts the simulated kubelet's ConfigMap sync.
@@ -165,6 +170,7 @@ class Command(BaseCommand):
         out = self.stdout
         out.write("1/5 database: migrating")
         call_command("migrate", verbosity=0)
+        self.supervisor.start()
         out.write(f"2/5 simulated cluster: starting on 127.0.0.1:{sim_port}")
         kube_dir = settings.VAR_DIR / "simcluster"
         self._program(
@@ -257,6 +263,7 @@ class Command(BaseCommand):
         while time.monotonic() < deadline:
             if _port_busy("127.0.0.1", port):
                 return
+            self.supervisor.poll()
             if not all(self.supervisor.alive(name) for name in self.supervisor.programs):
                 break
             time.sleep(0.2)
