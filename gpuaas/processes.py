@@ -104,6 +104,8 @@ class Supervisord:
             "[unix_http_server]\n"
             f"file={self.socket}\n"
             "chmod=0700\n"
+            "[supervisorctl]\n"
+            f"serverurl=unix://{self.socket}\n"
             "[rpcinterface:supervisor]\n"
             "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n"
             "[include]\n"
