@@ -608,8 +608,8 @@ _SHORT_NAMES = {
     "nodes": ["no"],
     "pods": ["po"],
     "resourcequotas": ["quota"],
+    "serviceaccounts": ["sa"],
 }
-_SHORT_NAMES["serviceaccounts"] = ["sa"]
 _DRA_RESOURCES = (
     ("deviceclasses", "DeviceClass", False, _READ_WRITE),
     ("resourceclaims", "ResourceClaim", True, _READ_WRITE),
