@@ -11,6 +11,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.leases import LeasedStep
+
 from ..choices import DrainStep, ReconfigurationEvent, ReconfigurationState
 from .clusters import Cluster
 from .inventory import NodeCapacity
@@ -21,12 +23,13 @@ class NodeDrainQuerySet(MigReconfigurationQuerySet):
     """open() and stale() as for reconfigurations: the same states, the same leases."""
 
 
-class NodeDrain(models.Model):
+class NodeDrain(LeasedStep):
     """A node going offline: check the reserve, notify, cordon, move each reservation, evict after the
     grace, hand the node over, and uncordon it when it is given back healthy.
 
     `step` is the step to run (or running); `state` says how it stands (the reconfiguration's states).
     `moves` lists what the move step did: {"allocation", "project", "from", "to"} per reservation.
+    The claim's columns are core.leases.LeasedStep's.
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="node_drains")
@@ -42,10 +45,6 @@ class NodeDrain(models.Model):
     state = models.CharField(
         max_length=16, choices=ReconfigurationState, default=ReconfigurationState.PENDING, editable=False
     )
-    claim_token = models.CharField(max_length=64, blank=True, editable=False)
-    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
-    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
-    step_deadline = models.DateTimeField(null=True, blank=True, editable=False)
     was_cordoned = models.BooleanField(null=True, editable=False, help_text="Cordoned before we started.")
     moves = models.JSONField(default=list, blank=True, editable=False)
     give_back_at = models.DateTimeField(
@@ -61,8 +60,6 @@ class NodeDrain(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True, editable=False)
     failed_step = models.CharField(max_length=16, choices=DrainStep, blank=True, editable=False)
     error = models.TextField(blank=True, editable=False)
-    task_id = models.CharField(max_length=64, blank=True, editable=False)
-    attempts = models.PositiveSmallIntegerField(default=0, editable=False, help_text="Resumes so far.")
     created_by = models.ForeignKey(
         _settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -10,13 +10,15 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.leases import LeasedQuerySet, LeasedStep
+
 from ..choices import ReconfigurationBackend, ReconfigurationEvent, ReconfigurationState, ReconfigurationStep
 from .clusters import Cluster
 from .inventory import NodeCapacity
 from .layouts import MigLayout
 
 
-class MigReconfigurationQuerySet(models.QuerySet):
+class MigReconfigurationQuerySet(LeasedQuerySet):
     OPEN_STATES = (
         ReconfigurationState.PENDING,
         ReconfigurationState.RUNNING,
@@ -30,20 +32,19 @@ class MigReconfigurationQuerySet(models.QuerySet):
 
     def stale(self, now):
         """Running steps whose claim's lease ran out by `now`: their worker died (no heartbeat)."""
-        return self.filter(state=ReconfigurationState.RUNNING).filter(
-            models.Q(lease_expires_at__lt=now) | models.Q(lease_expires_at__isnull=True)
-        )
+        return self.filter(state=ReconfigurationState.RUNNING).lease_ran_out(now, or_unset=True)
 
 
 # Forcing a reconfiguration outside the node's maintenance windows (API, admin form, rebalance page).
 FORCE_PERMISSION = "capacity.force_migreconfiguration"
 
 
-class MigReconfiguration(models.Model):
+class MigReconfiguration(LeasedStep):
     """One node's MIG change, as a state machine: plan, check, cordon, drain, apply, verify, uncordon.
 
     `step` is the step to run (or running); `state` says how it stands. Each step is claimed with a
     conditional UPDATE and is re-entrant, so a redelivered task carries on where a dead worker stopped.
+    The claim's columns are core.leases.LeasedStep's.
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="mig_reconfigurations")
@@ -80,15 +81,12 @@ class MigReconfiguration(models.Model):
     state = models.CharField(
         max_length=16, choices=ReconfigurationState, default=ReconfigurationState.PENDING, editable=False
     )
-    claim_token = models.CharField(max_length=64, blank=True, editable=False)
-    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
-    lease_expires_at = models.DateTimeField(
+    lease_expires_at = models.DateTimeField(  # LeasedStep's, with its help text (as migrated)
         null=True,
         blank=True,
         editable=False,
         help_text="The running step's claim lapses then unless its worker renews it.",
     )
-    step_deadline = models.DateTimeField(null=True, blank=True, editable=False)
     was_cordoned = models.BooleanField(null=True, editable=False, help_text="Cordoned before we started.")
     planned_at = models.DateTimeField(null=True, blank=True, editable=False)
     checked_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -100,8 +98,6 @@ class MigReconfiguration(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True, editable=False)
     failed_step = models.CharField(max_length=16, choices=ReconfigurationStep, blank=True, editable=False)
     error = models.TextField(blank=True, editable=False)
-    task_id = models.CharField(max_length=64, blank=True, editable=False)
-    attempts = models.PositiveSmallIntegerField(default=0, editable=False, help_text="Resumes so far.")
     rollback_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="rollbacks", editable=False
     )
