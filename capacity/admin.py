@@ -192,16 +192,7 @@ class ClusterOnboardingAdmin(ReadOnlyAdmin):
 
 @admin.register(DiscoveryRun)
 class DiscoveryRunAdmin(FleetScaleAdminMixin, ReadOnlyAdmin):
-    list_display = [
-        "cluster",
-        "status",
-        "started_at",
-        "finished_at",
-        "nodes_seen",
-        "gpus_seen",
-        "nodes_gone",
-        "short_error",
-    ]
+    list_display = [*DiscoveryRun.SUMMARY_FIELDS, "short_error"]
     list_filter = ["status", "cluster"]
     list_select_related = ["cluster"]
     search_fields = ["cluster__name", "error"]

@@ -74,6 +74,9 @@ class DriverUpgrade(Leased):
 
     objects = DriverUpgradeQuerySet.as_manager()
 
+    # What the operator chose at the start, in the order the admin page and the API show it.
+    SETTINGS_FIELDS = ("cluster", "name", "node_group", "mode", "max_parallel", "max_parallel_source", "grace_s")
+
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name = "driver upgrade (rolling)"

@@ -81,13 +81,7 @@ class DiscoveryRunSerializer(serializers.ModelSerializer):
         model = DiscoveryRun
         fields = [
             "id",
-            "cluster",
-            "status",
-            "started_at",
-            "finished_at",
-            "nodes_seen",
-            "gpus_seen",
-            "nodes_gone",
+            *DiscoveryRun.SUMMARY_FIELDS,
             "error",
             "task_id",
         ]
@@ -146,16 +140,7 @@ class GpuSerializer(serializers.ModelSerializer):
             "node",
             "index",
             "uuid",
-            "product",
-            "catalog_product",
-            "memory_mib",
-            "mig_mode_current",
-            "mig_mode_pending",
-            "health",
-            "driver_version",
-            "cuda_version",
-            "serial",
-            "pci_bus_id",
+            *GpuCapacity.REPORTED_FIELDS,
             "last_seen_at",
             "lost_at",
         ]

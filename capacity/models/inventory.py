@@ -397,6 +397,20 @@ class GpuCapacity(models.Model):
 
     objects = GpuCapacityQuerySet.as_manager()
 
+    # What the node's NVML (the agent's inventory report) says of the GPU: ingest writes them, the API shows them.
+    REPORTED_FIELDS = (
+        "product",
+        "catalog_product",
+        "memory_mib",
+        "mig_mode_current",
+        "mig_mode_pending",
+        "health",
+        "driver_version",
+        "cuda_version",
+        "serial",
+        "pci_bus_id",
+    )
+
     class Meta:
         ordering = ["node_id", "index"]
         verbose_name = "GPU capacity"
