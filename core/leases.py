@@ -11,7 +11,7 @@ to a live worker: recovery within lease + sweep period, never waiting on the bro
 `crash_point()` is the test-only hook of the fault suite (tests/faults/): a worker started with
 GPUAAS_CRASH_AT naming a point SIGKILLs itself when it gets there. Production never sets it.
 
-`Leased` and `LeasedStep` are the claim columns those rows share (abstract: each app's table keeps its own
+`Leased`, `LeasedWork` and `LeasedStep` are the claim columns those rows share (abstract: each app's table keeps its own
 columns), `LeasedQuerySet` the claim and the sweep's questions, and `give_back_lapsed()` the sweep's
 conditional hand-back, so that the reconfiguration engine, drains and rollouts claim and recover alike.
 """
@@ -83,7 +83,22 @@ class Leased(models.Model):
         return type(self)._default_manager.filter(pk=self.pk, claim_token=token, **conditions)
 
 
-class LeasedStep(Leased):
+class LeasedWork(Leased):
+    """Claimed work an operator started (a rollout, a reconfiguration, a drain): who and when, how it ended."""
+
+    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
+    error = models.TextField(blank=True, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+class LeasedStep(LeasedWork):
     """A workflow row run step by step (the reconfiguration engine's Workflow): the claim of the current step,
     its task, its deadline and how many times an operator resumed it."""
 

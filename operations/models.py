@@ -9,12 +9,11 @@ Docs: docs/maintenance.md, "Rolling driver upgrades".
 
 from __future__ import annotations
 
-from django.conf import settings as _settings
 from django.db import models
 from django.db.models import Count, Exists, OuterRef, Q
 
 from capacity.models import Cluster, NodeCapacity, NodeDrain
-from core.leases import Leased, LeasedQuerySet
+from core.leases import LeasedQuerySet, LeasedWork
 
 from .choices import UpgradeMode, UpgradeNodeState, UpgradeState
 
@@ -41,13 +40,13 @@ class DriverUpgradeQuerySet(LeasedQuerySet):
         )
 
 
-class DriverUpgrade(Leased):
+class DriverUpgrade(LeasedWork):
     """A rolling driver/firmware upgrade of a set of a cluster's nodes, in waves inside maintenance windows.
 
     Each wave is at most `max_parallel` nodes whose reservations the free reserve absorbs together
     (operations.maintenance.next_wave); each node is drained and moved (a NodeDrain) and then upgraded by
     the GPU Operator's controller (`mode` controller) or by the operator (`own_drain`). `claim_token` and
-    `lease_expires_at` (core.leases.Leased) are the tick's claim (one worker at a time); `tick_due_at` when the
+    `lease_expires_at` (core.leases.LeasedWork) are the tick's claim (one worker at a time); `tick_due_at` when the
     next tick is due.
     """
 
@@ -64,13 +63,6 @@ class DriverUpgrade(Leased):
     next_window_at = models.DateTimeField(null=True, blank=True, editable=False)
     tick_due_at = models.DateTimeField(null=True, blank=True, editable=False)
     started_at = models.DateTimeField(null=True, blank=True, editable=False)
-    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
-    error = models.TextField(blank=True, editable=False)
-    created_by = models.ForeignKey(
-        _settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     objects = DriverUpgradeQuerySet.as_manager()
 

@@ -36,21 +36,14 @@ class MigReconfigurationQuerySet(LeasedQuerySet):
 
 
 class NodeWorkflow(LeasedStep):
-    """A workflow that holds one node while it runs (a MIG reconfiguration, a drain): the claim (LeasedStep), how
-    it stands, whether the node was cordoned before, how it ended and who started it. At most one open per node.
+    """A workflow that holds one node while it runs (a MIG reconfiguration, a drain): the claim and who started
+    it (LeasedStep), how it stands and whether the node was cordoned before. At most one open per node.
     """
 
     state = models.CharField(
         max_length=16, choices=ReconfigurationState, default=ReconfigurationState.PENDING, editable=False
     )
     was_cordoned = models.BooleanField(null=True, editable=False, help_text="Cordoned before we started.")
-    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
-    error = models.TextField(blank=True, editable=False)
-    created_by = models.ForeignKey(
-        _settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         abstract = True
