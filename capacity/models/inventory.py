@@ -134,6 +134,9 @@ class NodeCapacity(models.Model):
 
     objects = NodeCapacityQuerySet.as_manager()
 
+    # What the node's labels say of its GPUs and MIG (discovery writes them, the API shows them), in this order.
+    LABELLED_FIELDS = ("gpu_memory_mib", "tier", "node_group", "mig_strategy", "mig_config", "mig_config_state")
+
     class Meta:
         ordering = ["cluster_id", "name"]
         verbose_name = "node capacity"
