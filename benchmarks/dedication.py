@@ -29,11 +29,9 @@ idle units that read like real idle boards, attributed only by PodResources
 
 from __future__ import annotations
 
-import itertools
 import random
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 from django.test.utils import override_settings
@@ -43,13 +41,12 @@ from capacity.services.discovery import discover_cluster
 from capacity.services.inventory import inventory_nodes
 from monitoring.models import TrespassEvent
 from monitoring.services.trespass import detect_trespass, unit_key
-from pools.models import Allocation, GpuPool, PoolRequest
+from pools.models import Allocation
 from simcluster import SimServer
-from simcluster.kube import ClusterApi
 from simcluster.scenarios import Scenario
-from simcluster.scheduler import assigned_devices
 from tenancy.models import Project
 
+from .dealt_units import GPU_RESOURCE, PodChurn, deal
 from .dra_check import measure_dra_wrong_device
 from .ending_check import measure_ending_and_loans
 from .podresources_fleet import measure_podresources_fleet
@@ -59,7 +56,6 @@ from .targets import correctness, performance
 
 CLUSTER = "dedication"
 MIG_RESOURCE = "nvidia.com/mig-3g.40gb"
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def _scenario(nodes: int) -> Scenario:
@@ -97,108 +93,34 @@ def _scenario(nodes: int) -> Scenario:
 def _allocate(cluster: Cluster, projects: list[Project], rng: random.Random) -> dict[str, dict[int, list[str]]]:
     """Share every node between two or three projects, one unit per node left free. Returns
     {node name: {project id: [device uuids held]}}."""
-    units: dict[str, list[tuple[GpuCapacity, MigInstance | None]]] = defaultdict(list)
-    migs = MigInstance.objects.active().filter(gpu__node__cluster=cluster).select_related("gpu__node", "profile")
-    for instance in migs.order_by("gpu__node__name", "gpu__index", "placement_start"):
-        units[instance.gpu.node.name].append((instance.gpu, instance))
-    gpus = GpuCapacity.objects.filter(node__cluster=cluster, mig_mode_current=False).select_related("node")
-    for gpu in gpus.order_by("node__name", "index"):
-        units[gpu.node.name].append((gpu, None))
-    pools: dict[int, GpuPool] = {}
-    rows, held = [], {}
-    for node_name, node_units in sorted(units.items()):
-        holders = rng.sample(projects, rng.choice((2, 3)))
-        held[node_name] = {p.pk: [] for p in holders}
-        for i, (gpu, instance) in enumerate(node_units[:-1]):  # the last unit stays unallocated
-            project = holders[i % len(holders)]
-            kind = "mig" if instance else "full"
-            if (project.pk, kind) not in pools:
-                request = PoolRequest.objects.create(project=project, product="H100-80GB", state="active", count=1)
-                pools[(project.pk, kind)] = GpuPool.objects.create(
-                    project=project,
-                    request=request,
-                    cluster=cluster,
-                    name=f"{kind}-{project.slug}",
-                    workload_type="inference",
-                    state="active",
-                )
-            rows.append(
-                Allocation(
-                    pool=pools[(project.pk, kind)],
-                    project=project,
-                    kind=kind,
-                    gpu=gpu,
-                    mig_instance=instance,
-                    resource_name=instance.profile.resource_name if instance else GPU_RESOURCE,
-                    product="H100-80GB",
-                    profile_name=instance.profile.name if instance else "",
-                    compute_slices=instance.profile.compute_slices if instance else 7,
-                )
-            )
-            held[node_name][project.pk].append(instance.uuid if instance else gpu.uuid)
-    Allocation.objects.bulk_create(rows, batch_size=2000)
-    return held
+    held = deal(
+        cluster,
+        lambda: rng.sample(projects, rng.choice((2, 3))),
+        lambda i, holders: holders[i % len(holders)],
+        product=lambda gpu: "H100-80GB",
+    )
+    return {node: {pk: [uuid for _, uuid in units] for pk, units in holders.items()} for node, holders in held.items()}
 
 
-class Churn:
-    """Pods through the simulator's API, as projects would create and delete them."""
-
-    def __init__(self, state, projects: list[Project]):
-        self.state = state
-        self.cluster = state.cluster(CLUSTER)
-        self.api = ClusterApi(self.cluster)
-        self.names = itertools.count(1)
-        self.pods: list[tuple[str, str]] = []
-        with state.lock:
-            for project in projects:
-                self.api.create("namespaces", None, {"metadata": {"name": project.namespace}})
-
-    def run(self, namespace: str, node: str) -> None:
-        resource = MIG_RESOURCE if node.startswith("mig") else GPU_RESOURCE
-        name = f"w{next(self.names)}"
-        body = {
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [{"name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}],
-            },
-        }
-        with self.state.lock:
-            self.api.create("pods", namespace, body)
-        self.pods.append((namespace, name))
-
-    def delete(self, namespace: str, name: str) -> None:
-        with self.state.lock:
-            self.api.delete("pods", namespace, name, 0)
-        self.pods.remove((namespace, name))
-
-    def bound(self) -> list[tuple[str, str, str, list[str]]]:
-        """(namespace, name, uid, device ids) of every running pod the device plugin gave devices."""
-        with self.state.lock:
-            out = []
-            for (namespace, name), record in self.cluster.pods.items():
-                meta, status = record.obj["metadata"], record.obj.get("status") or {}
-                ids = assigned_devices(self.cluster, namespace, name)  # what the kubelet's PodResources lists
-                if ids and status.get("phase") == "Running":
-                    out.append((namespace, name, meta.get("uid", ""), ids))
-            return out
+def _resource(node: str) -> str:
+    return MIG_RESOURCE if node.startswith("mig") else GPU_RESOURCE
 
 
-def _churn(churn: Churn, held, projects, rng: random.Random) -> None:
+def _churn(churn: PodChurn, held, projects, rng: random.Random) -> None:
     namespace = {p.pk: p.namespace for p in projects}
     for node, holders in sorted(held.items()):  # first wave: every holder fills its units but one
         for project_id, devices in holders.items():
             for _ in range(max(0, len(devices) - 1)):
-                churn.run(namespace[project_id], node)
+                churn.run(namespace[project_id], node, _resource(node))
     for pod in rng.sample(list(churn.pods), len(churn.pods) // 3):
         churn.delete(*pod)
     for node, holders in sorted(held.items()):  # second wave: some come back, some go elsewhere
         for project_id in holders:
             if rng.random() < 0.5:
-                churn.run(namespace[project_id], node)
+                churn.run(namespace[project_id], node, _resource(node))
         if rng.random() < 0.2:
             outsider = rng.choice([p for p in projects if p.pk not in holders])
-            churn.run(outsider.namespace, node)
+            churn.run(outsider.namespace, node, _resource(node))
 
 
 def _truth(cluster: Cluster, bound) -> tuple[set, dict]:
@@ -288,7 +210,7 @@ def dedication(
                 for i in range(projects)
             ]
             held = _allocate(cluster, people, rng)
-            churn = Churn(state, people)
+            churn = PodChurn(state, CLUSTER, people, prefix="w")
             _churn(churn, held, people, rng)
             bound = churn.bound()
             truth, expected = _truth(cluster, bound)

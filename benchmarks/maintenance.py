@@ -18,10 +18,8 @@ upgrade_waves, wave_s (the longest wave, simulated), upgraded, failed_nodes_hand
 
 from __future__ import annotations
 
-import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
 from unittest import mock
 
 from django.db import connection
@@ -30,19 +28,18 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from capacity.models import Cluster, GpuCapacity, MaintenanceWindow, MigInstance, NodeCapacity, NodeDrain
-from capacity.services.discovery import discover_cluster
 from notifications.models import Event
 from operations import maintenance
 from operations.maintenance import rollout, rollout_tick
 from operations.models import IN_FLIGHT, DriverUpgrade
 from pools.models import Allocation, GpuPool, PoolRequest
-from simcluster import SimServer, SimState
+from simcluster import SimState
 from simcluster.gpuoperator import DriverUpgradeController
 from simcluster.kube import ClusterApi
 from tenancy.models import Project
 
 from .capacity import delete_bench_clusters, stale_bench_clusters, unique_name
-from .mig_reconfigure import _build  # the same fleet: H100-80GB nodes, every GPU at 3g.40gb x 2
+from .mig_reconfigure import discovered_fleet  # the same fleet: H100-80GB nodes, every GPU at 3g.40gb x 2
 from .registry import Smoke, arg, benchmark
 from .targets import Expr, correctness, performance
 
@@ -232,89 +229,72 @@ def run_maintenance_bench(
 ) -> dict:
     _delete(stale_bench_clusters(BENCH_PREFIX))
     name = unique_name(BENCH_PREFIX, nodes)
-    patches = [
+    stubs = [
         mock.patch("operations.tasks.enqueue_drain_step"),  # the steps are called here, one after the other
         mock.patch("operations.tasks.enqueue_driver_upgrade_tick"),  # and the rollout's tick
         mock.patch("pools.tasks.reconcile_project_task.delay_on_commit"),  # the clusters' quotas: not measured
         mock.patch("pools.tasks.process_queue_task.delay_on_commit"),
         mock.patch("notifications.tasks.fan_out_task.delay_on_commit"),
+        override_settings(DRIVER_UPGRADE_TIMEOUT_S=upgrade_timeout_s, DRIVER_UPGRADE_POLL_S=30),
     ]
-    for patch in patches:
-        patch.start()
-    timeouts = override_settings(DRIVER_UPGRADE_TIMEOUT_S=upgrade_timeout_s, DRIVER_UPGRADE_POLL_S=30)
-    timeouts.enable()
-    state = _build(name, nodes, gpus_per_node)
-    server = SimServer(state).start()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = server.write_kubeconfigs(Path(tmp))[name]
-            cluster = Cluster.objects.create(name=name, kubeconfig_path=str(path))
-            outcome = discover_cluster(cluster.pk, inventory="inline")
-            if outcome.run.status != "succeeded":
-                raise RuntimeError(f"discovery failed: {outcome.run.error}")
-            node = NodeCapacity.objects.get(cluster=cluster, name="gpu-0000")
-            reserved = _reserve(cluster, name, projects=projects, load=load, drained=node.name)
-            on_node = [a for a in reserved if a.gpu.node_id == node.pk]
-            ids = [a.pk for a in on_node]
-            before = {a.pk: a.project_id for a in on_node}
-            others_nodes = {
-                (p, n)
-                for p, n in Allocation.objects.active()
-                .filter(gpu__node__cluster=cluster)
-                .exclude(gpu__node=node)
-                .values_list("project_id", "gpu__node_id")
-            }
-            pods = _start_pods(state, name, node.name, on_node)
+    with discovered_fleet(name, nodes, gpus_per_node, stubs=stubs, delete=_delete) as (state, cluster):
+        node = NodeCapacity.objects.get(cluster=cluster, name="gpu-0000")
+        reserved = _reserve(cluster, name, projects=projects, load=load, drained=node.name)
+        on_node = [a for a in reserved if a.gpu.node_id == node.pk]
+        ids = [a.pk for a in on_node]
+        before = {a.pk: a.project_id for a in on_node}
+        others_nodes = {
+            (p, n)
+            for p, n in Allocation.objects.active()
+            .filter(gpu__node__cluster=cluster)
+            .exclude(gpu__node=node)
+            .values_list("project_id", "gpu__node_id")
+        }
+        pods = _start_pods(state, name, node.name, on_node)
 
-            clock = timezone.now()
-            short_s = 0.0
-            evicted_before = 0
-            calls = 0
-            last = ""
-            started = time.perf_counter()
-            with CaptureQueriesContext(connection) as captured:
-                drain = maintenance.start(node, reason="benchmark", grace_s=grace_s)
-                while calls < 40:
-                    drain.refresh_from_db()
-                    if drain.state in ("succeeded", "failed"):
-                        break
-                    if drain.step == "handover" and drain.give_back_at is None and calls and last == "waiting":
-                        maintenance.give_back(drain)  # the operator's work is done at once
-                        continue
-                    if drain.step == "evict" and drain.evict_after and clock < drain.evict_after:
-                        last = maintenance.run_step(drain.pk, drain.step, token="bench", now=clock)
-                        evicted_before += len(pods) - _running(state, name, pods)
-                        step_s = (drain.evict_after - clock).total_seconds()
-                    else:
-                        last = maintenance.run_step(drain.pk, drain.step, token="bench", now=clock)
-                        step_s = 1.0  # a step call is counted as one simulated second
-                    calls += 1
-                    short_s += _short(drain, ids) * step_s
-                    clock += timedelta(seconds=step_s)
-            wall_s = time.perf_counter() - started
-            drain.refresh_from_db()
-            moved = Allocation.objects.filter(pk__in=ids, released_at__isnull=True).exclude(gpu__node=node)
-            own_node = sum(1 for pk, n in moved.values_list("pk", "gpu__node_id") if (before[pk], n) in others_nodes)
-            evicted_after = len(pods) - _running(state, name, pods) - evicted_before
-            drain_wall_s = wall_s
-            started = time.perf_counter()
-            upgrade = _rolling_upgrade(
-                state,
-                name,
-                cluster,
-                count=min(upgrade_nodes, nodes - 1),
-                max_parallel=max_parallel,
-                grace_s=upgrade_grace_s,
-                window_s=window_s,
-                tick_s=30.0,
-            )
-            upgrade["upgrade_wall_s"] = round(time.perf_counter() - started, 3)
-    finally:
-        for patch in patches:
-            patch.stop()
-        timeouts.disable()
-        server.stop()
-        _delete(Cluster.objects.filter(name=name))
+        clock = timezone.now()
+        short_s = 0.0
+        evicted_before = 0
+        calls = 0
+        last = ""
+        started = time.perf_counter()
+        with CaptureQueriesContext(connection) as captured:
+            drain = maintenance.start(node, reason="benchmark", grace_s=grace_s)
+            while calls < 40:
+                drain.refresh_from_db()
+                if drain.state in ("succeeded", "failed"):
+                    break
+                if drain.step == "handover" and drain.give_back_at is None and calls and last == "waiting":
+                    maintenance.give_back(drain)  # the operator's work is done at once
+                    continue
+                if drain.step == "evict" and drain.evict_after and clock < drain.evict_after:
+                    last = maintenance.run_step(drain.pk, drain.step, token="bench", now=clock)
+                    evicted_before += len(pods) - _running(state, name, pods)
+                    step_s = (drain.evict_after - clock).total_seconds()
+                else:
+                    last = maintenance.run_step(drain.pk, drain.step, token="bench", now=clock)
+                    step_s = 1.0  # a step call is counted as one simulated second
+                calls += 1
+                short_s += _short(drain, ids) * step_s
+                clock += timedelta(seconds=step_s)
+        wall_s = time.perf_counter() - started
+        drain.refresh_from_db()
+        moved = Allocation.objects.filter(pk__in=ids, released_at__isnull=True).exclude(gpu__node=node)
+        own_node = sum(1 for pk, n in moved.values_list("pk", "gpu__node_id") if (before[pk], n) in others_nodes)
+        evicted_after = len(pods) - _running(state, name, pods) - evicted_before
+        drain_wall_s = wall_s
+        started = time.perf_counter()
+        upgrade = _rolling_upgrade(
+            state,
+            name,
+            cluster,
+            count=min(upgrade_nodes, nodes - 1),
+            max_parallel=max_parallel,
+            grace_s=upgrade_grace_s,
+            window_s=window_s,
+            tick_s=30.0,
+        )
+        upgrade["upgrade_wall_s"] = round(time.perf_counter() - started, 3)
     return {
         "benchmark": "maintenance",
         "database": connection.vendor,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -62,68 +63,68 @@ def _build(name: str, nodes: int, gpus_per_node: int):
     return state
 
 
+@contextmanager
+def discovered_fleet(name: str, nodes: int, gpus_per_node: int, *, stubs, delete):
+    """_build's fleet, served by a SimServer and discovered inline as Cluster `name`, with `stubs` (mock.patch,
+    override_settings) in force; yields (state, cluster). On the way out the stubs end, the server stops and
+    `delete(clusters)` removes what the benchmark wrote."""
+    with ExitStack() as stack:
+        stack.callback(lambda: delete(Cluster.objects.filter(name=name)))
+        server = SimServer(state := _build(name, nodes, gpus_per_node)).start()
+        stack.callback(server.stop)
+        for stub in stubs:
+            stack.enter_context(stub)
+        path = server.write_kubeconfigs(Path(stack.enter_context(tempfile.TemporaryDirectory())))[name]
+        cluster = Cluster.objects.create(name=name, kubeconfig_path=str(path))
+        outcome = discover_cluster(cluster.pk, inventory="inline")
+        if outcome.run.status != "succeeded":
+            raise RuntimeError(f"discovery failed: {outcome.run.error}")
+        yield state, cluster
+
+
 def run_mig_reconfigure_bench(*, nodes: int, gpus_per_node: int, backend: str) -> dict:
     _delete_bench_clusters(stale_bench_clusters(BENCH_PREFIX))
     name = unique_name(BENCH_PREFIX, nodes, backend)
     # The steps are called here, one after the other: nothing goes to the broker.
-    no_broker = mock.patch("operations.tasks.enqueue_reconfiguration_step")
-    no_broker.start()
-    # Nor the node agents' work (inventory requests, MIG commands): it is done below, in this process.
-    no_agent = [
+    stubs = [
+        mock.patch("operations.tasks.enqueue_reconfiguration_step"),
+        # Nor the node agents' work (inventory requests, MIG commands): it is done below, in this process.
         mock.patch("operations.reconfiguration.commands.enqueue_inventory"),
         mock.patch("operations.reconfiguration.commands._send"),
+        # The simulated MIG manager's mounted ConfigMap is refreshed at once: no kubelet delay to wait out.
+        override_settings(MIG_PARTED_SYNC_S=0),
     ]
-    for patch in no_agent:
-        patch.start()
-    # The simulated MIG manager's mounted ConfigMap is refreshed at once: no kubelet delay to wait out.
-    instant_mount = override_settings(MIG_PARTED_SYNC_S=0)
-    instant_mount.enable()
-    state = _build(name, nodes, gpus_per_node)
-    server = SimServer(state).start()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = server.write_kubeconfigs(Path(tmp))[name]
-            cluster = Cluster.objects.create(name=name, kubeconfig_path=str(path))
-            api_url = kube.api_url_for(cluster)
-            outcome = discover_cluster(cluster.pk, inventory="inline")
-            if outcome.run.status != "succeeded":
-                raise RuntimeError(f"discovery failed: {outcome.run.error}")
-            seconds, queries, steps, failed = [], [], [], []
-            for node in NodeCapacity.objects.filter(cluster=cluster).order_by("name"):
-                source, target = rc.target_from(node, named="all-balanced")
-                started = time.perf_counter()
-                with CaptureQueriesContext(connection) as captured:
-                    reconf = rc.create(node, target, source=source, backend=backend, force=True)
-                    calls = 0
-                    while reconf.state not in ("succeeded", "failed") and calls < 30:
-                        outcome = rc.run_step(reconf.pk, reconf.step, token="bench")
-                        calls += 1
-                        if outcome == "waiting" and reconf.step == "apply" and backend == "agent":
-                            reconf.refresh_from_db()  # the agent carries out the command, its result is recorded
-                            record_result(agent.apply_mig(reconf.agent_command, api_url=api_url))
-                        elif outcome == "waiting" and reconf.step == "apply":
-                            state.run_mig_manager(name)
-                        if backend == "operator" and (reconf.step, outcome) in (
-                            ("apply", "advanced"),
-                            ("verify", "waiting"),
-                        ):  # the inventory apply and verify ask for: the agent's read, the ingest's write
-                            ingest_inventory_reports([agent.read_inventory(name, node.name, api_url=api_url)])
-                        reconf.refresh_from_db()
-                seconds.append(time.perf_counter() - started)
-                queries.append(len(captured))
-                steps.append(calls)
-                if reconf.state != "succeeded":
-                    failed.append(f"{node.name}: {reconf.error}")
+    with discovered_fleet(name, nodes, gpus_per_node, stubs=stubs, delete=_delete_bench_clusters) as (state, cluster):
+        api_url = kube.api_url_for(cluster)
+        seconds, queries, steps, failed = [], [], [], []
+        for node in NodeCapacity.objects.filter(cluster=cluster).order_by("name"):
+            source, target = rc.target_from(node, named="all-balanced")
             started = time.perf_counter()
-            document = mig_configs.mig_parted_document(cluster)
-            document_s = time.perf_counter() - started
-    finally:
-        instant_mount.disable()
-        for patch in no_agent:
-            patch.stop()
-        no_broker.stop()
-        server.stop()
-        _delete_bench_clusters(Cluster.objects.filter(name=name))
+            with CaptureQueriesContext(connection) as captured:
+                reconf = rc.create(node, target, source=source, backend=backend, force=True)
+                calls = 0
+                while reconf.state not in ("succeeded", "failed") and calls < 30:
+                    outcome = rc.run_step(reconf.pk, reconf.step, token="bench")
+                    calls += 1
+                    if outcome == "waiting" and reconf.step == "apply" and backend == "agent":
+                        reconf.refresh_from_db()  # the agent carries out the command, its result is recorded
+                        record_result(agent.apply_mig(reconf.agent_command, api_url=api_url))
+                    elif outcome == "waiting" and reconf.step == "apply":
+                        state.run_mig_manager(name)
+                    if backend == "operator" and (reconf.step, outcome) in (
+                        ("apply", "advanced"),
+                        ("verify", "waiting"),
+                    ):  # the inventory apply and verify ask for: the agent's read, the ingest's write
+                        ingest_inventory_reports([agent.read_inventory(name, node.name, api_url=api_url)])
+                    reconf.refresh_from_db()
+            seconds.append(time.perf_counter() - started)
+            queries.append(len(captured))
+            steps.append(calls)
+            if reconf.state != "succeeded":
+                failed.append(f"{node.name}: {reconf.error}")
+        started = time.perf_counter()
+        document = mig_configs.mig_parted_document(cluster)
+        document_s = time.perf_counter() - started
     return {
         "benchmark": "mig-reconfigure",
         "database": connection.vendor,

@@ -24,7 +24,6 @@ trespass check.
 
 from __future__ import annotations
 
-import itertools
 import random
 import tempfile
 from datetime import timedelta
@@ -39,15 +38,14 @@ from capacity.services.inventory import inventory_nodes
 from monitoring.models import TrespassEvent
 from monitoring.services.reports import poll_node
 from monitoring.services.trespass import detect_trespass, unit_key
-from pools.models import Allocation, GpuPool, PoolRequest
+from pools.models import Allocation
 from simcluster import SimServer
-from simcluster.kube import ClusterApi
 from simcluster.scenarios import Scenario
-from simcluster.scheduler import assigned_devices
 from tenancy.models import Project
 
+from .dealt_units import GPU_RESOURCE, PodChurn, deal
+
 CLUSTER = "dp-fleet"
-GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCTS = (("H100-80GB", "3g.40gb"), ("H200-141GB", "3g.71gb"))
 
 
@@ -82,94 +80,16 @@ def _scenario(nodes: int, seed: int) -> Scenario:
 def _allocate(cluster: Cluster, projects: list[Project], rng: random.Random) -> dict[str, dict[int, list]]:
     """Two holders per node, units dealt in pairs, the node's last unit left unallocated.
     Returns {node: {project id: [(resource, uuid)]}}."""
-    units: dict[str, list[tuple[GpuCapacity, MigInstance | None]]] = {}
-    migs = MigInstance.objects.active().filter(gpu__node__cluster=cluster).select_related("gpu__node", "profile")
-    for instance in migs.order_by("gpu__node__name", "gpu__index", "placement_start"):
-        units.setdefault(instance.gpu.node.name, []).append((instance.gpu, instance))
-    gpus = GpuCapacity.objects.filter(node__cluster=cluster, mig_mode_current=False).select_related("node")
-    for gpu in gpus.order_by("node__name", "index"):
-        units.setdefault(gpu.node.name, []).append((gpu, None))
-    pools: dict[tuple[int, str], GpuPool] = {}
-    rows, held = [], {}
-    for node_name, node_units in sorted(units.items()):
-        holders = rng.sample(projects, 2)
-        held[node_name] = {p.pk: [] for p in holders}
-        for i, (gpu, instance) in enumerate(node_units[:-1]):
-            project = holders[(i // 2) % 2]
-            kind = "mig" if instance else "full"
-            if (project.pk, kind) not in pools:
-                request = PoolRequest.objects.create(
-                    project=project, product=gpu.catalog_product, state="active", count=1
-                )
-                pools[(project.pk, kind)] = GpuPool.objects.create(
-                    project=project,
-                    request=request,
-                    cluster=cluster,
-                    name=f"dp-{kind}-{project.slug}",
-                    workload_type="inference",
-                    state="active",
-                )
-            resource = instance.profile.resource_name if instance else GPU_RESOURCE
-            rows.append(
-                Allocation(
-                    pool=pools[(project.pk, kind)],
-                    project=project,
-                    kind=kind,
-                    gpu=gpu,
-                    mig_instance=instance,
-                    resource_name=resource,
-                    product=gpu.catalog_product,
-                    profile_name=instance.profile.name if instance else "",
-                    compute_slices=instance.profile.compute_slices if instance else 7,
-                )
-            )
-            held[node_name][project.pk].append((resource, instance.uuid if instance else gpu.uuid))
-    Allocation.objects.bulk_create(rows, batch_size=2000)
-    return held
+    return deal(
+        cluster,
+        lambda: rng.sample(projects, 2),
+        lambda i, holders: holders[(i // 2) % 2],
+        product=lambda gpu: gpu.catalog_product,
+        pool_prefix="dp-",
+    )
 
 
-class _Churn:
-    def __init__(self, state, projects: list[Project]):
-        self.state = state
-        self.cluster = state.cluster(CLUSTER)
-        self.api = ClusterApi(self.cluster)
-        self.names = itertools.count(1)
-        self.pods: list[tuple[str, str]] = []
-        with state.lock:
-            for project in projects:
-                self.api.create("namespaces", None, {"metadata": {"name": project.namespace}})
-
-    def run(self, namespace: str, node: str, resource: str, count: int) -> None:
-        name = f"p{next(self.names)}"
-        limits = {resource: str(count)}
-        body = {
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}],
-            },
-        }
-        with self.state.lock:
-            self.api.create("pods", namespace, body)
-        self.pods.append((namespace, name))
-
-    def delete(self, namespace: str, name: str) -> None:
-        with self.state.lock:
-            self.api.delete("pods", namespace, name, 0)
-        self.pods.remove((namespace, name))
-
-    def bound(self) -> list[tuple[str, str, list[str]]]:
-        """(namespace, uid, device ids) of every running pod the simulated kubelet gave devices."""
-        with self.state.lock:
-            out = []
-            for (namespace, name), record in self.cluster.pods.items():
-                ids = assigned_devices(self.cluster, namespace, name)
-                if ids and (record.obj.get("status") or {}).get("phase") == "Running":
-                    out.append((namespace, record.obj["metadata"]["uid"], ids))
-            return out
-
-
-def _churn(churn: _Churn, held, projects, rng: random.Random) -> None:
+def _churn(churn: PodChurn, held, projects, rng: random.Random) -> None:
     namespace = {p.pk: p.namespace for p in projects}
     for node, holders in sorted(held.items()):
         for project_id, units in holders.items():
@@ -210,9 +130,9 @@ def measure_podresources_fleet(nodes: int, projects: int, seed: int) -> dict:
                 for i in range(max(3, projects))
             ]
             held = _allocate(cluster, people, rng)
-            churn = _Churn(state, people)
+            churn = PodChurn(state, CLUSTER, people, prefix="p")
             _churn(churn, held, people, rng)
-            bound = churn.bound()
+            bound = [(namespace, uid, ids) for namespace, _, uid, ids in churn.bound()]
 
             # The poll cycle: discovery (devices unknown), the named nodes' inventories (PodResources), metrics.
             outcome = discover_cluster(cluster.pk, inventory="none")

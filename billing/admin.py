@@ -22,6 +22,7 @@ from tenancy.roles import operator_can
 
 from . import charts, exports, services
 from .choices import RunKind, StatementState
+from .columns import STATEMENT_AMOUNTS
 from .models import (
     BillingRun,
     MeteringWatermark,
@@ -85,13 +86,7 @@ class StatementAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
         "month",
         "state",
         "currency",
-        "reserved_amount",
-        "credit_amount",
-        "adjustment_amount",
-        "total_amount",
-        "used_amount",
-        "idle_amount",
-        "unmeasured_amount",
+        *STATEMENT_AMOUNTS,
         "line_count",
     ]
     list_filter = ["state", "period"]

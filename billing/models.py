@@ -24,6 +24,7 @@ from pricing.models import RateCard, billing_currency
 from pricing.rates import SpecKey, spec_key
 
 from .choices import LineType, RunKind, RunStatus, StatementState
+from .columns import STATEMENT_AMOUNTS
 from .periods import month_bounds
 
 HOUR_S = 3600
@@ -175,13 +176,7 @@ class Statement(models.Model):
         "state",
         "currency",
         "reserved_hours",
-        "reserved_amount",
-        "credit_amount",
-        "adjustment_amount",
-        "total_amount",
-        "used_amount",
-        "idle_amount",
-        "unmeasured_amount",
+        *STATEMENT_AMOUNTS,
         "energy_kwh",
         "generated_at",
         "finalised_at",

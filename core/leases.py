@@ -10,6 +10,10 @@ to a live worker: recovery within lease + sweep period, never waiting on the bro
 
 `crash_point()` is the test-only hook of the fault suite (tests/faults/): a worker started with
 GPUAAS_CRASH_AT naming a point SIGKILLs itself when it gets there. Production never sets it.
+
+`Leased`, `LeasedWork` and `LeasedStep` are the claim columns those rows share (abstract: each app's table keeps its own
+columns), `LeasedQuerySet` the claim and the sweep's questions, and `give_back_lapsed()` the sweep's
+conditional hand-back, so that the reconfiguration engine, drains and rollouts claim and recover alike.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, models, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 logger = logging.getLogger(__name__)
@@ -34,6 +40,98 @@ def lease_s() -> int:
 
 def lease_until(now: datetime | None = None) -> datetime:
     return (now or timezone.now()) + timedelta(seconds=lease_s())
+
+
+class LeasedQuerySet(models.QuerySet):
+    """The claim's questions: who may take a row now, and whose lease ran out."""
+
+    def claimable(self, token: str, now: datetime):
+        """Rows free to claim with `token`: unclaimed, already ours (a redelivered message), or whose lease ran out."""
+        return self.filter(Q(claim_token="") | Q(claim_token=token) | Q(lease_expires_at__lt=now))
+
+    def claim(self, token: str, now: datetime, **fields) -> int:
+        """Take the claimable rows for `token` under a fresh lease (a conditional UPDATE); how many were taken."""
+        return self.claimable(token, now).update(claim_token=token[:64], lease_expires_at=lease_until(), **fields)
+
+    def held(self):
+        return self.exclude(claim_token="")
+
+    def lease_ran_out(self, now: datetime, *, or_unset: bool = False):
+        """Rows whose lease ended before `now` (with `or_unset`, rows with no lease at all too)."""
+        lapsed = Q(lease_expires_at__lt=now)
+        return self.filter(lapsed | Q(lease_expires_at__isnull=True) if or_unset else lapsed)
+
+
+class Leased(models.Model):
+    """A row one worker at a time claims: the claim's token and the lease that a Heartbeat renews."""
+
+    claim_token = models.CharField(max_length=64, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = LeasedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    @staticmethod
+    def released(**fields) -> dict:
+        """UPDATE fields that give the claim back (and end its lease)."""
+        return {"claim_token": "", "lease_expires_at": None, **fields}
+
+    def owned(self, token: str, **conditions):
+        """This row while `token` holds its claim (what a Heartbeat renews and a worker's writes go through)."""
+        return type(self)._default_manager.filter(pk=self.pk, claim_token=token, **conditions)
+
+
+class LeasedWork(Leased):
+    """Claimed work an operator started (a rollout, a reconfiguration, a drain): who and when, how it ended."""
+
+    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
+    error = models.TextField(blank=True, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+class LeasedStep(LeasedWork):
+    """A workflow row run step by step (the reconfiguration engine's Workflow): the claim of the current step,
+    its task, its deadline and how many times an operator resumed it."""
+
+    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    step_deadline = models.DateTimeField(null=True, blank=True, editable=False)
+    task_id = models.CharField(max_length=64, blank=True, editable=False)
+    attempts = models.PositiveSmallIntegerField(default=0, editable=False, help_text="Resumes so far.")
+
+    class Meta:
+        abstract = True
+
+    @staticmethod
+    def released(**fields) -> dict:
+        """UPDATE fields that give the step's claim back (and end its lease)."""
+        return Leased.released(claimed_at=None, **fields)
+
+    @classmethod
+    def resumed(cls, **fields) -> dict:
+        """UPDATE fields that re-open a failed step for another run (one more attempt, no deadline, no error)."""
+        return cls.released(error="", step_deadline=None, attempts=F("attempts") + 1, **fields)
+
+
+def give_back_lapsed(rows: Iterable[Leased], release: Callable[[], dict], then: Callable, **conditions) -> list:
+    """The sweep's hand-back: each of `rows` (whose lease ran out) loses its claim by a conditional UPDATE on the
+    token it had (and `conditions`), so two sweeps never both win; `then(row)` runs in the same transaction.
+    Returns the rows given back."""
+    given = []
+    for row in rows:
+        with transaction.atomic():
+            if row.owned(row.claim_token, **conditions).update(**release()) == 1:
+                then(row)
+                given.append(row)
+    return given
 
 
 class Heartbeat:

@@ -4,8 +4,8 @@ Reconfiguring happens on the add page: a form, then a confirmation page with the
 evict, allocations touched, slots before and after), then the reconfiguration is created and its
 first step enqueued on commit. State fields are read-only; actions call the services.
 MigReconfigurationAdmin.get_urls() mounts three staff pages: capacity plan, take-offline check and
-rebalancing proposal. (Layouts, maintenance windows, time-slicing and the MIG pictures on the GPU
-and node pages are capacity's: capacity/admin.py.)
+rebalancing proposal. Drains' pages: admin_drains.py, rolling upgrades': admin_upgrades.py. (Layouts,
+maintenance windows, time-slicing and the MIG pictures on the GPU and node pages are capacity's.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
@@ -25,7 +24,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from capacity.adapters import kubernetes as kube
-from capacity.admin import TIME_SLICING_WARNING
+from capacity.admin_layouts import TIME_SLICING_WARNING
 from capacity.choices import ReconfigurationBackend
 from capacity.mig.catalog import PRODUCTS
 from capacity.mig.layout import parse_layout
@@ -38,16 +37,14 @@ from capacity.models import (
     MigReconfiguration,
     MigReconfigurationStep,
     NodeCapacity,
-    NodeDrain,
-    NodeDrainStep,
 )
 from capacity.services import mig_configs, planning
-from core.admin_permissions import OperatorActionsMixin, ReadOnlyInline
+from core.admin_permissions import OperatorActionsMixin
 from tenancy.roles import require_operator_perms
 
-from . import admin_upgrades, maintenance, rebalancing  # noqa: F401 (admin_upgrades registers its admin)
+from . import admin_drains, admin_upgrades, maintenance, rebalancing  # noqa: F401 (admin_*: registering)
 from . import reconfiguration as rc
-from .admin_actions import WorkflowActionsMixin
+from .admin_actions import TrailInline, WorkflowActionsMixin
 
 # --- Reconfigurations ----------------------------------------------------------------------------
 
@@ -122,13 +119,8 @@ class ReconfigureForm(forms.Form):
         return data
 
 
-class StepInline(ReadOnlyInline):
+class StepInline(TrailInline):
     model = MigReconfigurationStep
-    fields = ["at", "step", "event", "message", "task_id", "actor"]
-    ordering = ["at", "id"]
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(MigReconfiguration)
@@ -416,125 +408,3 @@ class RebalanceForm(forms.Form):
 
     def clean_backend(self):
         return self.cleaned_data.get("backend") or ReconfigurationBackend.AGENT
-
-
-# --- Drain-and-move (operations/maintenance) -------------------------------------------------------
-
-
-class StartDrainForm(forms.ModelForm):
-    """Node, reason and notice; clean() shows the refusal (with the shortfall) before anything is written."""
-
-    class Meta:
-        model = NodeDrain
-        fields = ["node", "reason", "grace_s"]
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if "node" in self.fields:  # the add page; a drain's own page shows it read-only
-            self.fields["node"].queryset = NodeCapacity.objects.present().select_related("cluster")
-            self.fields["grace_s"].initial = settings.MAINTENANCE_GRACE_S
-
-    def clean(self):
-        data = super().clean()
-        node = data.get("node")
-        if node is not None:
-            check = maintenance.take_offline_check(nodes=[node])
-            if not check.covered:
-                short = ", ".join(f"{n} x {unit}" for unit, n in check.shortfall.items())
-                raise ValidationError(f"The free reserve cannot absorb {node}'s reservations: short of {short}.")
-            if MigReconfiguration.objects.open().filter(node=node).exists():
-                raise ValidationError({"node": f"{node} has an open MIG reconfiguration."})
-        return data
-
-
-class DrainStepInline(StepInline):
-    model = NodeDrainStep
-
-
-@admin.register(NodeDrain)
-class NodeDrainAdmin(WorkflowActionsMixin, OperatorActionsMixin, admin.ModelAdmin):
-    action_nouns = ("drain", "drains")
-    action_related = ("cluster", "node")
-    """Start a drain on the add page; follow its phase, moves and trail; give the node back or resume."""
-
-    list_display = ["id", "node", "phase", "reason", "moved", "evict_after", "created_by", "created_at"]
-    list_filter = ["state", "step", "cluster"]
-    list_select_related = ["node__cluster", "created_by"]
-    search_fields = ["node__name", "reason", "error"]
-    inlines = [DrainStepInline]
-    actions = ["give_back_selected", "resume_selected"]
-    form = StartDrainForm
-    readonly_fields = [
-        "cluster",
-        "node",
-        "reason",
-        "grace_s",
-        "evict_after",
-        "phase",
-        "step",
-        "state",
-        "error",
-        "failed_step",
-        "moves_table",
-        "was_cordoned",
-        "give_back_at",
-        "attempts",
-        *NodeDrain.STEP_TIMESTAMPS.values(),
-        "finished_at",
-        "task_id",
-        "created_by",
-        "created_at",
-    ]
-
-    def get_fields(self, request, obj=None):
-        return ["node", "reason", "grace_s"] if obj is None else self.readonly_fields
-
-    def get_readonly_fields(self, request, obj=None):
-        return [] if obj is None else self.readonly_fields
-
-    def get_inlines(self, request, obj):
-        return [] if obj is None else self.inlines
-
-    def has_change_permission(self, request, obj=None):
-        return obj is None and super().has_change_permission(request, obj)
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description="moved")
-    def moved(self, obj):
-        return len(obj.moves)
-
-    @admin.display(description="moves")
-    def moves_table(self, obj):
-        if not obj.moves:
-            return "(none yet)"
-        return format_html(
-            "<table>{}</table>",
-            mark_safe(
-                "".join(
-                    format_html("<tr><td>#{}</td><td>{}</td><td>{} &rarr; {}</td></tr>", *m.values()) for m in obj.moves
-                )
-            ),
-        )
-
-    def save_model(self, request, obj, form, change):
-        """Start it through the service (refusals were shown by the form; a race still refuses here)."""
-        drain = maintenance.start(
-            form.cleaned_data["node"],
-            reason=form.cleaned_data["reason"],
-            grace_s=form.cleaned_data["grace_s"],
-            actor=request.user,
-        )
-        obj.pk, obj.created_at = drain.pk, drain.created_at
-
-    def save_related(self, request, form, formsets, change):
-        """Nothing to save: the service wrote the drain and its first trail row."""
-
-    @admin.action(description="Give the node back (uncordoned once healthy)", permissions=["operate"])
-    def give_back_selected(self, request, queryset):
-        self._each(request, queryset, maintenance.give_back, "given back")
-
-    @admin.action(description="Resume at the failed step", permissions=["operate"])
-    def resume_selected(self, request, queryset):
-        self._each(request, queryset, maintenance.resume, "resumed")

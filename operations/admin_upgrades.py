@@ -18,7 +18,7 @@ from capacity.models import NodeCapacity
 from core.admin_permissions import OperatorActionsMixin, ReadOnlyInline
 from operations.choices import UpgradeMode
 
-from .admin_actions import WorkflowActionsMixin
+from .admin_actions import StartedOnAddPageMixin, WorkflowActionsMixin
 from .maintenance import rollout
 from .models import DriverUpgrade, DriverUpgradeNode
 
@@ -76,7 +76,7 @@ class UpgradeNodeInline(ReadOnlyInline):
 
 
 @admin.register(DriverUpgrade)
-class DriverUpgradeAdmin(WorkflowActionsMixin, OperatorActionsMixin, admin.ModelAdmin):
+class DriverUpgradeAdmin(StartedOnAddPageMixin, WorkflowActionsMixin, OperatorActionsMixin, admin.ModelAdmin):
     action_nouns = ("rollout", "rollouts")
     list_display = [
         "id",
@@ -97,14 +97,9 @@ class DriverUpgradeAdmin(WorkflowActionsMixin, OperatorActionsMixin, admin.Model
     inlines = [UpgradeNodeInline]
     actions = ["pause_selected", "resume_selected", "cancel_selected"]
     form = StartUpgradeForm
+    start_fields = ["cluster", "node_group", "nodes", "name", "mode", "max_parallel", "grace_s"]
     readonly_fields = [
-        "cluster",
-        "name",
-        "node_group",
-        "mode",
-        "max_parallel",
-        "max_parallel_source",
-        "grace_s",
+        *DriverUpgrade.SETTINGS_FIELDS,
         "state",
         "current_wave",
         "progress",
@@ -121,23 +116,6 @@ class DriverUpgradeAdmin(WorkflowActionsMixin, OperatorActionsMixin, admin.Model
     def get_queryset(self, request):
         # Per-state node counts as aggregates of one query, not a count per row.
         return super().get_queryset(request).with_progress()
-
-    def get_fields(self, request, obj=None):
-        if obj is None:
-            return ["cluster", "node_group", "nodes", "name", "mode", "max_parallel", "grace_s"]
-        return self.readonly_fields
-
-    def get_readonly_fields(self, request, obj=None):
-        return [] if obj is None else self.readonly_fields
-
-    def get_inlines(self, request, obj):
-        return [] if obj is None else self.inlines
-
-    def has_change_permission(self, request, obj=None):
-        return obj is None and super().has_change_permission(request, obj)
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="done / total")
     def progress(self, obj):

@@ -9,11 +9,11 @@ Docs: docs/maintenance.md, "Rolling driver upgrades".
 
 from __future__ import annotations
 
-from django.conf import settings as _settings
 from django.db import models
 from django.db.models import Count, Exists, OuterRef, Q
 
 from capacity.models import Cluster, NodeCapacity, NodeDrain
+from core.leases import LeasedQuerySet, LeasedWork
 
 from .choices import UpgradeMode, UpgradeNodeState, UpgradeState
 
@@ -21,7 +21,7 @@ IN_FLIGHT = (UpgradeNodeState.DRAINING, UpgradeNodeState.UPGRADING)
 OPEN_STATES = (UpgradeState.PENDING, UpgradeState.RUNNING, UpgradeState.PAUSED)
 
 
-class DriverUpgradeQuerySet(models.QuerySet):
+class DriverUpgradeQuerySet(LeasedQuerySet):
     def open(self):
         return self.filter(state__in=OPEN_STATES)
 
@@ -40,13 +40,14 @@ class DriverUpgradeQuerySet(models.QuerySet):
         )
 
 
-class DriverUpgrade(models.Model):
+class DriverUpgrade(LeasedWork):
     """A rolling driver/firmware upgrade of a set of a cluster's nodes, in waves inside maintenance windows.
 
     Each wave is at most `max_parallel` nodes whose reservations the free reserve absorbs together
     (operations.maintenance.next_wave); each node is drained and moved (a NodeDrain) and then upgraded by
     the GPU Operator's controller (`mode` controller) or by the operator (`own_drain`). `claim_token` and
-    `lease_expires_at` are the tick's claim (one worker at a time); `tick_due_at` when the next tick is due.
+    `lease_expires_at` (core.leases.LeasedWork) are the tick's claim (one worker at a time); `tick_due_at` when the
+    next tick is due.
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="driver_upgrades")
@@ -60,19 +61,13 @@ class DriverUpgrade(models.Model):
     current_wave = models.PositiveIntegerField(default=0, editable=False)
     waiting_for = models.CharField(max_length=300, blank=True, editable=False, help_text="Why no wave starts now.")
     next_window_at = models.DateTimeField(null=True, blank=True, editable=False)
-    claim_token = models.CharField(max_length=64, blank=True, editable=False)
-    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     tick_due_at = models.DateTimeField(null=True, blank=True, editable=False)
     started_at = models.DateTimeField(null=True, blank=True, editable=False)
-    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
-    error = models.TextField(blank=True, editable=False)
-    created_by = models.ForeignKey(
-        _settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     objects = DriverUpgradeQuerySet.as_manager()
+
+    # What the operator chose at the start, in the order the admin page and the API show it.
+    SETTINGS_FIELDS = ("cluster", "name", "node_group", "mode", "max_parallel", "max_parallel_source", "grace_s")
 
     class Meta:
         ordering = ["-created_at", "-id"]

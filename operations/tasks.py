@@ -26,6 +26,14 @@ from operations.reconfiguration import run_step, sweep
 RECONFIGURATION_STEP_EXPIRES_S = 10 * 60
 
 
+def _send(task, args: tuple, countdown: int | None) -> None:
+    """Send a workflow message that expires RECONFIGURATION_STEP_EXPIRES_S after it is due (the sweeps re-send)."""
+    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
+    if countdown:
+        options["countdown"] = countdown
+    task.apply_async(args, **options)
+
+
 @shared_task(name="capacity.tasks.reconfiguration_step_task", bind=True, acks_late=True)
 def reconfiguration_step_task(self, reconfiguration_id: int, step: str) -> str:
     """Run one step of a MIG reconfiguration. Idempotent: the step is claimed with a conditional
@@ -37,10 +45,7 @@ def reconfiguration_step_task(self, reconfiguration_id: int, step: str) -> str:
 def enqueue_reconfiguration_step(reconfiguration_id: int, step: str, *, countdown: int | None = None) -> None:
     """Send one step (call after commit) to the control plane's default queue: every step needs the database.
     What a step needs from the node's NVML it asks of the node's agent (reconfiguration.commands)."""
-    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
-    if countdown:
-        options["countdown"] = countdown
-    reconfiguration_step_task.apply_async((reconfiguration_id, step), **options)
+    _send(reconfiguration_step_task, (reconfiguration_id, step), countdown)
 
 
 @shared_task(name="capacity.tasks.sweep_reconfigurations_task", acks_late=True)
@@ -61,10 +66,7 @@ def drain_step_task(self, drain_id: int, step: str) -> str:
 
 def enqueue_drain_step(drain_id: int, step: str, *, countdown: int | None = None) -> None:
     """Send one drain step (call after commit) to the control plane's default queue."""
-    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
-    if countdown:
-        options["countdown"] = countdown
-    drain_step_task.apply_async((drain_id, step), **options)
+    _send(drain_step_task, (drain_id, step), countdown)
 
 
 @shared_task(name="operations.tasks.sweep_drains_task", acks_late=True)
@@ -85,10 +87,7 @@ def driver_upgrade_tick_task(self, rollout_id: int) -> str:
 
 def enqueue_driver_upgrade_tick(rollout_id: int, *, countdown: int | None = None) -> None:
     """Send one tick (call after commit) to the control plane's default queue."""
-    options: dict = {"expires": (countdown or 0) + RECONFIGURATION_STEP_EXPIRES_S}
-    if countdown:
-        options["countdown"] = countdown
-    driver_upgrade_tick_task.apply_async((rollout_id,), **options)
+    _send(driver_upgrade_tick_task, (rollout_id,), countdown)
 
 
 @shared_task(name="operations.tasks.sweep_driver_upgrades_task", acks_late=True)

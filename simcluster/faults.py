@@ -13,6 +13,7 @@ times out can consume several "timeout" faults.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -159,10 +160,13 @@ class Faults:
 
     # --- GPUs -------------------------------------------------------------------------
 
+    @contextmanager
     def _gpu(self, cluster: str | None, node: str, gpu: int):
-        c = self.state.cluster(cluster)
-        n = c.nodes[node]
-        return c, n, n.gpu(gpu)
+        """Under the state's lock: the cluster, the node and its GPU `gpu` (each fault below changes them)."""
+        with self.state.lock:
+            c = self.state.cluster(cluster)
+            n = c.nodes[node]
+            yield c, n, n.gpu(gpu)
 
     def gpu_lost(self, cluster: str | None, node: str, gpu: int) -> None:
         """The GPU falls off the bus: NVML answers GPU_IS_LOST for it, XID 79 is queued and
@@ -170,45 +174,40 @@ class Faults:
         next relabel, as GFD only notices on restart."""
         from . import gpuoperator
 
-        with self.state.lock:
-            c, n, g = self._gpu(cluster, node, gpu)
+        with self._gpu(cluster, node, gpu) as (c, n, g):
             g.lost = True
             c.push_event(n, g.index, EVENT_XID, XID_FALLEN_OFF_BUS)
             gpuoperator.refresh_devices(c, n)
 
     def xid(self, cluster: str | None, node: str, gpu: int, code: int = 79, gpu_instance: int | None = None) -> None:
         """Queue an XID critical-error event on the GPU (optionally for one GI)."""
-        with self.state.lock:
-            c, n, g = self._gpu(cluster, node, gpu)
+        with self._gpu(cluster, node, gpu) as (c, n, g):
             c.push_event(n, g.index, EVENT_XID, int(code), gpu_instance)
 
     def ecc_double_bit(self, cluster: str | None, node: str, gpu: int, count: int = 1) -> None:
         """Uncorrectable (double-bit) ECC errors: volatile and aggregate counters grow and a
         DoubleBitEccError event is queued."""
-        with self.state.lock:
-            c, n, g = self._gpu(cluster, node, gpu)
-            g.ecc_uncorrected_volatile += count
-            g.ecc_uncorrected_aggregate += count
-            c.push_event(n, g.index, EVENT_DOUBLE_BIT_ECC, 0)
+        self._ecc(cluster, node, gpu, count, "uncorrected", EVENT_DOUBLE_BIT_ECC)
 
     def ecc_single_bit(self, cluster: str | None, node: str, gpu: int, count: int = 1) -> None:
-        with self.state.lock:
-            c, n, g = self._gpu(cluster, node, gpu)
-            g.ecc_corrected_volatile += count
-            g.ecc_corrected_aggregate += count
-            c.push_event(n, g.index, EVENT_SINGLE_BIT_ECC, 0)
+        self._ecc(cluster, node, gpu, count, "corrected", EVENT_SINGLE_BIT_ECC)
+
+    def _ecc(self, cluster: str | None, node: str, gpu: int, count: int, kind: str, event: int) -> None:
+        """`count` more ECC errors of `kind` (corrected, uncorrected) in both counters, and the NVML event queued."""
+        with self._gpu(cluster, node, gpu) as (c, n, g):
+            for counter in (f"ecc_{kind}_volatile", f"ecc_{kind}_aggregate"):
+                setattr(g, counter, getattr(g, counter) + count)
+            c.push_event(n, g.index, event, 0)
 
     def row_remap_pending(self, cluster: str | None, node: str, gpu: int, uncorrectable: int = 1) -> None:
         """A row remap is pending (needs a GPU reset): nvmlDeviceGetRemappedRows shows it."""
-        with self.state.lock:
-            _, _, g = self._gpu(cluster, node, gpu)
+        with self._gpu(cluster, node, gpu) as (_, _, g):
             g.remapped_uncorrectable += uncorrectable
             g.remap_pending = True
 
     def thermal_throttle(self, cluster: str | None, node: str, gpu: int, on: bool = True) -> None:
         """Set SW+HW thermal slowdown clock-event reasons; temperature rises, power drops."""
-        with self.state.lock:
-            _, _, g = self._gpu(cluster, node, gpu)
+        with self._gpu(cluster, node, gpu) as (_, _, g):
             g.thermal_throttle = on
 
     # --- trespass ----------------------------------------------------------------------
@@ -278,21 +277,7 @@ class Faults:
                     if changed:
                         gpuoperator.refresh_devices(c, n)
 
-    KNOBS = (
-        "api_error",
-        "api_timeout",
-        "api_page_error",
-        "node_vanish",
-        "node_ready",
-        "gpu_lost",
-        "xid",
-        "ecc_double_bit",
-        "ecc_single_bit",
-        "row_remap_pending",
-        "thermal_throttle",
-        "trespass",
-        "reset",
-    )
+    # The knobs that act on a cluster (apply() fills in the default one), then the whole simulator's.
     _CLUSTER_SCOPED = (
         "node_vanish",
         "node_ready",
@@ -304,6 +289,7 @@ class Faults:
         "thermal_throttle",
         "trespass",
     )
+    KNOBS = ("api_error", "api_timeout", "api_page_error", *_CLUSTER_SCOPED, "reset")
 
     def apply(self, spec: dict, *, default_cluster: Cluster | None = None) -> dict:
         """Run one knob from its JSON form: {"fault": name, ...kwargs}."""

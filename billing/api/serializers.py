@@ -12,6 +12,7 @@ from pricing.models import RateCard, RateCardEntry
 from tenancy.models import Project
 
 from .. import exports
+from ..columns import METERED_COLUMNS
 from ..models import BillingRun, Statement, StatementLine, UsageRecord
 from ..periods import PERIOD_SCHEMA, parse_period
 
@@ -53,14 +54,7 @@ class UsageRecordSerializer(serializers.ModelSerializer):
             "hour",
             "project",
             "pool",
-            "kind",
-            "product",
-            "profile_name",
-            "replicas",
-            "seconds",
-            "failed_credit_seconds",
-            "health_credit_seconds",
-            "hourly_rate",
+            *METERED_COLUMNS,
             "rate_card",
             "reserved_amount",
             "used_amount",

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from ..columns import ALLOCATION_COLUMNS
 from ..models import UsageRecord
 
 # Array type of each UsageRecord column that metering writes, for unnest().
@@ -50,13 +51,7 @@ METERS_IN_SQL = True
 
 # Columns of the allocation query meter_plain_hour is given, in this order.
 PLAIN_COLUMNS = (
-    "id",
-    "project_id",
-    "pool_id",
-    "kind",
-    "product",
-    "profile_name",
-    "compute_slices",
+    *ALLOCATION_COLUMNS,
     "node_replicas",
     "allocated_at",
     "released_at",

@@ -22,17 +22,12 @@ from pricing import rates
 from pricing.rates import EPOCH
 
 from .. import measurements
+from ..columns import ALLOCATION_COLUMNS
 from ..periods import HOUR, floor_hour
 from .intervals import Interval, intersect, seconds_in, subtract
 
 ALLOCATION_FIELDS = (
-    "id",
-    "project_id",
-    "pool_id",
-    "kind",
-    "product",
-    "profile_name",
-    "compute_slices",
+    *ALLOCATION_COLUMNS,
     "gpu_id",
     "mig_instance_id",
     "allocated_at",

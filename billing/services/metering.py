@@ -27,6 +27,7 @@ from pricing.rates import spec_fields, spec_key
 from pricing.services import PriceBook
 
 from .. import backends, measurements
+from ..columns import ALLOCATION_COLUMNS, METERED_COLUMNS
 from ..models import MeteringWatermark, UsageRecord
 from ..periods import HOUR, floor_hour
 from .clock import Unit, failed_windows, health_windows, hour_figures, units_of
@@ -43,14 +44,7 @@ RECORD_COLUMNS = (
     "hour",
     "project_id",
     "pool_id",
-    "kind",
-    "product",
-    "profile_name",
-    "replicas",
-    "seconds",
-    "failed_credit_seconds",
-    "health_credit_seconds",
-    "hourly_rate",
+    *METERED_COLUMNS,
     "rate_card_id",
     "sm_activity",
     "energy_kwh",
@@ -200,13 +194,7 @@ def _meter_plain(allocations, hour: datetime, end: datetime, book: PriceBook) ->
     distinct (kind, product, profile, node replicas, compute slices) priced here by the PriceBook."""
     card = book.card_at(hour)
     rows = allocations.order_by().values_list(
-        "id",
-        "project_id",
-        "pool_id",
-        "kind",
-        "product",
-        "profile_name",
-        "compute_slices",
+        *ALLOCATION_COLUMNS,
         "gpu__node__timeslice_replicas",
         "allocated_at",
         "released_at",

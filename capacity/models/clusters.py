@@ -71,6 +71,9 @@ class DiscoveryRun(models.Model):
     error = models.TextField(blank=True)
     task_id = models.CharField(max_length=64, blank=True)
 
+    # What a run found, as the admin's list and the API show it.
+    SUMMARY_FIELDS = ("cluster", "status", "started_at", "finished_at", "nodes_seen", "gpus_seen", "nodes_gone")
+
     class Meta:
         ordering = ["-started_at", "-id"]
         indexes = [models.Index(fields=["cluster", "-started_at"], name="capacity_discoveryrun_recent")]

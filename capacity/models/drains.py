@@ -6,27 +6,25 @@ steps (operations/maintenance); docs: docs/maintenance.md.
 
 from __future__ import annotations
 
-from django.conf import settings as _settings
 from django.db import models
-from django.db.models import Q
-from django.utils import timezone
 
-from ..choices import DrainStep, ReconfigurationEvent, ReconfigurationState
+from ..choices import DrainStep, ReconfigurationState
 from .clusters import Cluster
 from .inventory import NodeCapacity
-from .reconfiguration import MigReconfigurationQuerySet
+from .reconfiguration import MigReconfigurationQuerySet, NodeWorkflow, WorkflowTrail
 
 
 class NodeDrainQuerySet(MigReconfigurationQuerySet):
     """open() and stale() as for reconfigurations: the same states, the same leases."""
 
 
-class NodeDrain(models.Model):
+class NodeDrain(NodeWorkflow):
     """A node going offline: check the reserve, notify, cordon, move each reservation, evict after the
     grace, hand the node over, and uncordon it when it is given back healthy.
 
     `step` is the step to run (or running); `state` says how it stands (the reconfiguration's states).
     `moves` lists what the move step did: {"allocation", "project", "from", "to"} per reservation.
+    The claim's and the state's columns are NodeWorkflow's.
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="node_drains")
@@ -39,14 +37,6 @@ class NodeDrain(models.Model):
     )
     evict_after = models.DateTimeField(null=True, blank=True, editable=False, help_text="Notice deadline.")
     step = models.CharField(max_length=16, choices=DrainStep, default=DrainStep.CHECK, editable=False)
-    state = models.CharField(
-        max_length=16, choices=ReconfigurationState, default=ReconfigurationState.PENDING, editable=False
-    )
-    claim_token = models.CharField(max_length=64, blank=True, editable=False)
-    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
-    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
-    step_deadline = models.DateTimeField(null=True, blank=True, editable=False)
-    was_cordoned = models.BooleanField(null=True, editable=False, help_text="Cordoned before we started.")
     moves = models.JSONField(default=list, blank=True, editable=False)
     give_back_at = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="When the operator (or the upgrade) gave the node back."
@@ -58,16 +48,7 @@ class NodeDrain(models.Model):
     evicted_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="Handed over from then.")
     returned_at = models.DateTimeField(null=True, blank=True, editable=False)
     uncordoned_at = models.DateTimeField(null=True, blank=True, editable=False)
-    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
     failed_step = models.CharField(max_length=16, choices=DrainStep, blank=True, editable=False)
-    error = models.TextField(blank=True, editable=False)
-    task_id = models.CharField(max_length=64, blank=True, editable=False)
-    attempts = models.PositiveSmallIntegerField(default=0, editable=False, help_text="Resumes so far.")
-    created_by = models.ForeignKey(
-        _settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     objects = NodeDrainQuerySet.as_manager()
 
@@ -82,24 +63,12 @@ class NodeDrain(models.Model):
         DrainStep.UNCORDON: "uncordoned_at",
     }
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
+    class Meta(NodeWorkflow.Meta):
         verbose_name = "node drain (maintenance)"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["node"],
-                condition=Q(state__in=["pending", "running", "waiting", "failed"]),
-                name="capacity_nodedrain_one_open_per_node",
-            ),
-        ]
         indexes = [models.Index(fields=["state", "claimed_at"], name="capacity_nodedrain_state_claim")]
 
     def __str__(self) -> str:
         return f"drain #{self.pk} {self.node} ({self.phase})"
-
-    @property
-    def is_open(self) -> bool:
-        return self.state in NodeDrainQuerySet.OPEN_STATES
 
     @property
     def handed_over(self) -> bool:
@@ -114,17 +83,11 @@ class NodeDrain(models.Model):
         return f"{self.step}/{self.state}"
 
 
-class NodeDrainStep(models.Model):
+class NodeDrainStep(WorkflowTrail):
     """Audit trail of a drain: one row per step event (started, completed, waiting, failed, moved, ...)."""
 
     drain = models.ForeignKey(NodeDrain, on_delete=models.CASCADE, related_name="steps")
     step = models.CharField(max_length=16, choices=DrainStep)
-    event = models.CharField(max_length=16, choices=ReconfigurationEvent)
-    message = models.TextField(blank=True)
-    detail = models.JSONField(default=dict, blank=True)
-    task_id = models.CharField(max_length=64, blank=True)
-    actor = models.ForeignKey(_settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["drain_id", "at", "id"]

@@ -134,6 +134,9 @@ class NodeCapacity(models.Model):
 
     objects = NodeCapacityQuerySet.as_manager()
 
+    # What the node's labels say of its GPUs and MIG (discovery writes them, the API shows them), in this order.
+    LABELLED_FIELDS = ("gpu_memory_mib", "tier", "node_group", "mig_strategy", "mig_config", "mig_config_state")
+
     class Meta:
         ordering = ["cluster_id", "name"]
         verbose_name = "node capacity"
@@ -396,6 +399,20 @@ class GpuCapacity(models.Model):
     lost_at = models.DateTimeField(null=True, blank=True)
 
     objects = GpuCapacityQuerySet.as_manager()
+
+    # What the node's NVML (the agent's inventory report) says of the GPU: ingest writes them, the API shows them.
+    REPORTED_FIELDS = (
+        "product",
+        "catalog_product",
+        "memory_mib",
+        "mig_mode_current",
+        "mig_mode_pending",
+        "health",
+        "driver_version",
+        "cuda_version",
+        "serial",
+        "pci_bus_id",
+    )
 
     class Meta:
         ordering = ["node_id", "index"]

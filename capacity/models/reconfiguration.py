@@ -10,13 +10,15 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.leases import LeasedQuerySet, LeasedStep
+
 from ..choices import ReconfigurationBackend, ReconfigurationEvent, ReconfigurationState, ReconfigurationStep
 from .clusters import Cluster
 from .inventory import NodeCapacity
 from .layouts import MigLayout
 
 
-class MigReconfigurationQuerySet(models.QuerySet):
+class MigReconfigurationQuerySet(LeasedQuerySet):
     OPEN_STATES = (
         ReconfigurationState.PENDING,
         ReconfigurationState.RUNNING,
@@ -30,20 +32,59 @@ class MigReconfigurationQuerySet(models.QuerySet):
 
     def stale(self, now):
         """Running steps whose claim's lease ran out by `now`: their worker died (no heartbeat)."""
-        return self.filter(state=ReconfigurationState.RUNNING).filter(
-            models.Q(lease_expires_at__lt=now) | models.Q(lease_expires_at__isnull=True)
-        )
+        return self.filter(state=ReconfigurationState.RUNNING).lease_ran_out(now, or_unset=True)
+
+
+class NodeWorkflow(LeasedStep):
+    """A workflow that holds one node while it runs (a MIG reconfiguration, a drain): the claim and who started
+    it (LeasedStep), how it stands and whether the node was cordoned before. At most one open per node.
+    """
+
+    state = models.CharField(
+        max_length=16, choices=ReconfigurationState, default=ReconfigurationState.PENDING, editable=False
+    )
+    was_cordoned = models.BooleanField(null=True, editable=False, help_text="Cordoned before we started.")
+
+    class Meta:
+        abstract = True
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=Q(state__in=["pending", "running", "waiting", "failed"]),
+                name="%(app_label)s_%(class)s_one_open_per_node",
+            ),
+        ]
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in MigReconfigurationQuerySet.OPEN_STATES
+
+
+class WorkflowTrail(models.Model):
+    """One row of a NodeWorkflow's audit trail: a step's event (started, completed, waiting, failed, ...)."""
+
+    event = models.CharField(max_length=16, choices=ReconfigurationEvent)
+    message = models.TextField(blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+    actor = models.ForeignKey(_settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
 
 
 # Forcing a reconfiguration outside the node's maintenance windows (API, admin form, rebalance page).
 FORCE_PERMISSION = "capacity.force_migreconfiguration"
 
 
-class MigReconfiguration(models.Model):
+class MigReconfiguration(NodeWorkflow):
     """One node's MIG change, as a state machine: plan, check, cordon, drain, apply, verify, uncordon.
 
     `step` is the step to run (or running); `state` says how it stands. Each step is claimed with a
     conditional UPDATE and is re-entrant, so a redelivered task carries on where a dead worker stopped.
+    The claim's and the state's columns are NodeWorkflow's.
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="mig_reconfigurations")
@@ -77,19 +118,12 @@ class MigReconfiguration(models.Model):
     step = models.CharField(
         max_length=16, choices=ReconfigurationStep, default=ReconfigurationStep.PLAN, editable=False
     )
-    state = models.CharField(
-        max_length=16, choices=ReconfigurationState, default=ReconfigurationState.PENDING, editable=False
-    )
-    claim_token = models.CharField(max_length=64, blank=True, editable=False)
-    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
-    lease_expires_at = models.DateTimeField(
+    lease_expires_at = models.DateTimeField(  # LeasedStep's, with its help text (as migrated)
         null=True,
         blank=True,
         editable=False,
         help_text="The running step's claim lapses then unless its worker renews it.",
     )
-    step_deadline = models.DateTimeField(null=True, blank=True, editable=False)
-    was_cordoned = models.BooleanField(null=True, editable=False, help_text="Cordoned before we started.")
     planned_at = models.DateTimeField(null=True, blank=True, editable=False)
     checked_at = models.DateTimeField(null=True, blank=True, editable=False)
     cordoned_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -97,19 +131,10 @@ class MigReconfiguration(models.Model):
     applied_at = models.DateTimeField(null=True, blank=True, editable=False)
     verified_at = models.DateTimeField(null=True, blank=True, editable=False)
     uncordoned_at = models.DateTimeField(null=True, blank=True, editable=False)
-    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
     failed_step = models.CharField(max_length=16, choices=ReconfigurationStep, blank=True, editable=False)
-    error = models.TextField(blank=True, editable=False)
-    task_id = models.CharField(max_length=64, blank=True, editable=False)
-    attempts = models.PositiveSmallIntegerField(default=0, editable=False, help_text="Resumes so far.")
     rollback_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="rollbacks", editable=False
     )
-    created_by = models.ForeignKey(
-        _settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     objects = MigReconfigurationQuerySet.as_manager()
 
@@ -124,25 +149,13 @@ class MigReconfiguration(models.Model):
         ReconfigurationStep.UNCORDON: "uncordoned_at",
     }
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
+    class Meta(NodeWorkflow.Meta):
         permissions = [("force_migreconfiguration", "Can force a MIG reconfiguration outside maintenance windows")]
         verbose_name = "MIG reconfiguration"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["node"],
-                condition=Q(state__in=["pending", "running", "waiting", "failed"]),
-                name="capacity_migreconfiguration_one_open_per_node",
-            ),
-        ]
         indexes = [models.Index(fields=["state", "claimed_at"], name="capacity_migreconf_state_claim")]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.node} -> {self.source or 'custom'} ({self.step}/{self.state})"
-
-    @property
-    def is_open(self) -> bool:
-        return self.state in MigReconfigurationQuerySet.OPEN_STATES
 
     @property
     def can_resume(self) -> bool:
@@ -156,17 +169,11 @@ class MigReconfiguration(models.Model):
         return self.target.get(str(index), "unchanged")
 
 
-class MigReconfigurationStep(models.Model):
+class MigReconfigurationStep(WorkflowTrail):
     """Audit trail: one row per step event (started, completed, waiting, failed, resumed, ...)."""
 
     reconfiguration = models.ForeignKey(MigReconfiguration, on_delete=models.CASCADE, related_name="steps")
     step = models.CharField(max_length=16, choices=ReconfigurationStep)
-    event = models.CharField(max_length=16, choices=ReconfigurationEvent)
-    message = models.TextField(blank=True)
-    detail = models.JSONField(default=dict, blank=True)
-    task_id = models.CharField(max_length=64, blank=True)
-    actor = models.ForeignKey(_settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["reconfiguration_id", "at", "id"]

@@ -84,12 +84,7 @@ INVENTORY_MODES = (INVENTORY_ENQUEUE, INVENTORY_INLINE, INVENTORY_NONE)
 NODE_FIELDS = (
     "gpu_product",
     "gpu_count",
-    "gpu_memory_mib",
-    "tier",
-    "node_group",
-    "mig_strategy",
-    "mig_config",
-    "mig_config_state",
+    *NodeCapacity.LABELLED_FIELDS,
     "timeslice_replicas",
     "sharing_strategy",
     "ready",

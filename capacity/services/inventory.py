@@ -50,23 +50,7 @@ from .workloads import DeviceResolver
 
 logger = logging.getLogger(__name__)
 
-GPU_FIELDS = (
-    "node_id",
-    "index",
-    "product",
-    "catalog_product",
-    "memory_mib",
-    "mig_mode_current",
-    "mig_mode_pending",
-    "health",
-    "driver_version",
-    "cuda_version",
-    "serial",
-    "pci_bus_id",
-    "nvlink_group",
-    "pcie_group",
-    "numa_group",
-)
+GPU_FIELDS = ("node_id", "index", *GpuCapacity.REPORTED_FIELDS, "nvlink_group", "pcie_group", "numa_group")
 MIG_FIELDS = ("gpu_id", "profile_id", "placement_id", "placement_start", "placement_size", "gi_id", "ci_id")
 _GPU_UPDATE = [*GPU_FIELDS, "last_seen_at", "lost_at"]
 _MIG_UPDATE = [*MIG_FIELDS, "state", "last_seen_at", "gone_at"]

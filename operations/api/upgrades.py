@@ -58,13 +58,7 @@ class DriverUpgradeSerializer(serializers.ModelSerializer):
         model = DriverUpgrade
         fields = [
             "id",
-            "cluster",
-            "name",
-            "node_group",
-            "mode",
-            "max_parallel",
-            "max_parallel_source",
-            "grace_s",
+            *DriverUpgrade.SETTINGS_FIELDS,
             "state",
             "current_wave",
             "waiting_for",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from capacity.choices import DrainStep as Step
@@ -16,7 +15,7 @@ from capacity.choices import ReconfigurationEvent as Event
 from capacity.choices import ReconfigurationState as State
 from capacity.models import MigReconfiguration, NodeCapacity, NodeDrain
 from operations.reconfiguration.outcomes import IllegalTransition, Refused
-from operations.reconfiguration.records import stamp, user_or_none
+from operations.reconfiguration.records import resume_failed, user_or_none
 
 from .check import take_offline_check
 from .records import audit, enqueue
@@ -91,19 +90,4 @@ def give_back(drain: NodeDrain, *, actor=None, note: str = "") -> NodeDrain:
 
 def resume(drain: NodeDrain, *, actor=None) -> NodeDrain:
     """Re-run the failed step (IllegalTransition unless failed)."""
-    updates = {
-        "state": State.PENDING,
-        "error": "",
-        "step_deadline": None,
-        "claim_token": "",
-        "claimed_at": None,
-        "attempts": F("attempts") + 1,
-    }
-    with transaction.atomic():
-        if NodeDrain.objects.filter(pk=drain.pk, state=State.FAILED).update(**stamp(**updates)) != 1:
-            drain.refresh_from_db()
-            raise IllegalTransition(f"drain #{drain.pk} is {drain.state}, not failed")
-        drain.refresh_from_db()
-        audit(drain, drain.step, Event.RESUMED, f"resumed at {drain.step}", actor=user_or_none(actor))
-        enqueue(drain, drain.step)
-    return drain
+    return resume_failed(drain, label="drain", audit=audit, enqueue=enqueue, actor=actor, state=State.PENDING)

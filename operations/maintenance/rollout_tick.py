@@ -33,7 +33,7 @@ from django.utils import timezone
 from capacity.choices import DrainStep
 from capacity.choices import ReconfigurationState as DrainState
 from capacity.models import MaintenanceWindow
-from core.leases import Heartbeat, crash_point, lease_s, lease_until
+from core.leases import Heartbeat, crash_point, give_back_lapsed, lease_s
 from operations.choices import UpgradeMode, UpgradeNodeState, UpgradeState
 from operations.models import IN_FLIGHT, DriverUpgrade, DriverUpgradeNode
 from operations.reconfiguration.outcomes import IllegalTransition, Refused
@@ -64,13 +64,7 @@ def tick(rollout_id: int, *, token: str, now: datetime | None = None) -> str:
         return "gone"
     if row["claim_token"] != token and row["tick_due_at"] and now < row["tick_due_at"] - timedelta(seconds=1):
         return "early"
-    claimable = Q(claim_token="") | Q(claim_token=token) | Q(lease_expires_at__lt=now)
-    claimed = (
-        DriverUpgrade.objects.to_tick()
-        .filter(claimable, pk=rollout_id)
-        .update(claim_token=token[:64], lease_expires_at=lease_until())
-    )
-    if claimed != 1:
+    if DriverUpgrade.objects.to_tick().filter(pk=rollout_id).claim(token, now) != 1:
         return "done" if not DriverUpgrade.objects.to_tick().filter(pk=rollout_id).exists() else "busy"
     owned = DriverUpgrade.objects.filter(pk=rollout_id, claim_token=token[:64])
     with Heartbeat(owned):
@@ -79,7 +73,7 @@ def tick(rollout_id: int, *, token: str, now: datetime | None = None) -> str:
     with transaction.atomic():
         following = DriverUpgrade.objects.to_tick().filter(pk=rollout_id).exists()
         due = now + timedelta(seconds=poll_s())
-        owned.update(claim_token="", lease_expires_at=None, tick_due_at=due if following else None)
+        owned.update(**DriverUpgrade.released(tick_due_at=due if following else None))
         if following:
             transaction.on_commit(lambda: enqueue_driver_upgrade_tick(rollout_id, countdown=poll_s()))
     return outcome
@@ -244,17 +238,17 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
     from operations.tasks import enqueue_driver_upgrade_tick  # cycle: operations.tasks imports this package
 
     now = now or timezone.now()
-    stale = requeued = 0
-    resent: list[int] = []
+    requeued = 0
     live = DriverUpgrade.objects.to_tick()
-    for pk, token in live.exclude(claim_token="").filter(lease_expires_at__lt=now).values_list("pk", "claim_token"):
-        with transaction.atomic():
-            if DriverUpgrade.objects.filter(pk=pk, claim_token=token).update(
-                claim_token="", lease_expires_at=None, tick_due_at=None
-            ):
-                transaction.on_commit(lambda pk=pk: enqueue_driver_upgrade_tick(pk))
-                resent.append(pk)
-                stale += 1
+    resent = [
+        rollout.pk
+        for rollout in give_back_lapsed(
+            live.held().lease_ran_out(now).only("pk", "claim_token"),
+            lambda: DriverUpgrade.released(tick_due_at=None),
+            lambda rollout: transaction.on_commit(lambda pk=rollout.pk: enqueue_driver_upgrade_tick(pk)),
+        )
+    ]
+    stale = len(resent)
     overdue = now - timedelta(seconds=lease_s() + poll_s())
     lost = live.filter(Q(tick_due_at__lt=overdue) | Q(tick_due_at__isnull=True), claim_token="")
     for pk, due in lost.exclude(pk__in=resent).values_list("pk", "tick_due_at"):

@@ -23,7 +23,7 @@ from capacity.choices import ReconfigurationEvent as Event
 from capacity.choices import ReconfigurationState as State
 from capacity.choices import ReconfigurationStep as Step
 from capacity.models import MigReconfiguration
-from core.leases import Heartbeat, crash_point, lease_s, lease_until
+from core.leases import Heartbeat, crash_point, give_back_lapsed, lease_s, lease_until
 from pools.services import enqueue_queue_processing
 
 from .outcomes import Advance, ReconfigurationError, Wait
@@ -37,8 +37,8 @@ ORDER = [Step.PLAN, Step.CHECK, Step.CORDON, Step.DRAIN, Step.APPLY, Step.VERIFY
 
 @dataclass(frozen=True)
 class Workflow:
-    """One kind of workflow the engine runs. `model`'s rows carry step, state, claim_token, claimed_at,
-    task_id, lease_expires_at, step_deadline, failed_step, error, finished_at, updated_at, the
+    """One kind of workflow the engine runs. `model` is a core.leases.LeasedStep whose rows also carry step,
+    state, failed_step, error, finished_at, updated_at, the
     STEP_TIMESTAMPS map, a `steps` trail (step, event, message, at) and objects.stale(now)."""
 
     name: str  # crash points and logs
@@ -139,21 +139,21 @@ def run_workflow_step(flow: Workflow, reconf_id: int, step: str, *, token: str, 
 
 
 def _owned(flow: Workflow, reconf, step, token):
-    return flow.model.objects.filter(pk=reconf.pk, step=step, state=State.RUNNING, claim_token=token)
+    return reconf.owned(token, step=step, state=State.RUNNING)
 
 
 def _advance(flow: Workflow, reconf, step, token, result: Advance, now) -> str:
     following = result.jump or flow.order[list(flow.order).index(step) + 1]
     done = following == flow.order[-1]
-    fields = {
-        flow.model.STEP_TIMESTAMPS[step]: now,
-        "step": following,
-        "state": State.SUCCEEDED if done else State.PENDING,
-        "claim_token": "",
-        "claimed_at": None,
-        "step_deadline": None,
-        **result.updates,
-    }
+    fields = flow.model.released(
+        **{
+            flow.model.STEP_TIMESTAMPS[step]: now,
+            "step": following,
+            "state": State.SUCCEEDED if done else State.PENDING,
+            "step_deadline": None,
+            **result.updates,
+        }
+    )
     if done:
         fields["finished_at"] = now
     with transaction.atomic():
@@ -179,7 +179,7 @@ def _wait(flow: Workflow, reconf, step, token, result: Wait, now) -> str:
         )
     with transaction.atomic():
         owned = _owned(flow, reconf, step, token)
-        if owned.update(**stamp(state=State.WAITING, claim_token="", claimed_at=None)) != 1:
+        if owned.update(**stamp(**flow.model.released(state=State.WAITING))) != 1:
             return "busy"
         last = reconf.steps.filter(step=step).order_by("-at", "-id").first()
         if last is None or last.event != Event.WAITING or last.message != result.message:
@@ -192,7 +192,7 @@ def _fail(flow: Workflow, reconf, step, token, message: str, detail: dict | None
     with transaction.atomic():
         if (
             _owned(flow, reconf, step, token).update(
-                **stamp(state=State.FAILED, failed_step=step, error=message, claim_token="", claimed_at=None)
+                **stamp(**flow.model.released(state=State.FAILED, failed_step=step, error=message))
             )
             != 1
         ):
@@ -218,23 +218,20 @@ def sweep_workflow(flow: Workflow, now: datetime | None = None) -> dict[str, int
     duplicate message is harmless anyway: the step's claim lets one through.
     Recovery takes at most WORKFLOW_LEASE_S + MIG_RECONFIG_SWEEP_S after the worker's last heartbeat."""
     now = now or timezone.now()
-    stale = 0
-    for reconf in flow.model.objects.stale(now).select_related(*flow.related):
-        with transaction.atomic():
-            if (
-                flow.model.objects.filter(pk=reconf.pk, state=State.RUNNING, claim_token=reconf.claim_token).update(
-                    **stamp(state=State.PENDING, claim_token="", claimed_at=None)
-                )
-                == 1
-            ):
-                flow.audit(
-                    reconf,
-                    reconf.step,
-                    Event.INFO,
-                    f"worker lost (claim {reconf.claim_token or '-'} expired); step re-queued",
-                )
-                flow.enqueue(reconf, reconf.step)
-                stale += 1
+
+    def requeue(reconf) -> None:
+        lost = f"worker lost (claim {reconf.claim_token or '-'} expired); step re-queued"
+        flow.audit(reconf, reconf.step, Event.INFO, lost)
+        flow.enqueue(reconf, reconf.step)
+
+    stale = len(
+        give_back_lapsed(
+            flow.model.objects.stale(now).select_related(*flow.related),
+            lambda: stamp(**flow.model.released(state=State.PENDING)),
+            requeue,
+            state=State.RUNNING,
+        )
+    )
     idle_before = now - timedelta(seconds=idle_s())
     requeued = 0
     for reconf in flow.model.objects.filter(

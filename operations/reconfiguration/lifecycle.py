@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from capacity.choices import ReconfigurationBackend as Backend
@@ -22,7 +22,7 @@ from capacity.models import MigLayout, MigReconfiguration, NodeCapacity
 
 from .outcomes import IllegalTransition, Refused
 from .plan import assess
-from .records import audit, enqueue, stamp, user_or_none
+from .records import audit, enqueue, resume_failed, stamp, user_or_none
 
 
 def create(
@@ -97,24 +97,11 @@ def resume(reconf: MigReconfiguration, *, actor=None) -> MigReconfiguration:
     nvidia.com/mig.config (apply on the operator path, verify on the agent path) uses a fresh config
     name, because the MIG manager only reacts to a changed label."""
     reconf.refresh_from_db()
-    updates = {
-        "state": State.PENDING,
-        "error": "",
-        "step_deadline": None,
-        "claim_token": "",
-        "claimed_at": None,
-        "attempts": F("attempts") + 1,
-    }
+    updates = {"state": State.PENDING}
     if reconf.step == (Step.APPLY if reconf.backend == Backend.OPERATOR else Step.VERIFY):
         updates["config_name"] = ""
         updates["config_written_at"] = None
-    with transaction.atomic():
-        if MigReconfiguration.objects.filter(pk=reconf.pk, state=State.FAILED).update(**stamp(**updates)) != 1:
-            raise IllegalTransition(f"reconfiguration #{reconf.pk} is {reconf.state}, not failed")
-        reconf.refresh_from_db()
-        audit(reconf, reconf.step, Event.RESUMED, f"resumed at {reconf.step}", actor=user_or_none(actor))
-        enqueue(reconf, reconf.step)
-    return reconf
+    return resume_failed(reconf, label="reconfiguration", audit=audit, enqueue=enqueue, actor=actor, **updates)
 
 
 def rollback(reconf: MigReconfiguration, *, actor=None) -> MigReconfiguration:

@@ -1,7 +1,7 @@
 """How a reconfiguration records itself: the audit trail, the stamped conditional UPDATE, the next message.
 
-Every module of the state machine writes through these, so the trail (MigReconfigurationStep rows)
-and updated_at (which sweep() reads) are kept the same way everywhere.
+Every module of the state machine (and the drains' lifecycle) writes through these, so the trail
+(MigReconfigurationStep rows) and updated_at (which sweep() reads) are kept the same way everywhere.
 """
 
 from __future__ import annotations
@@ -9,7 +9,11 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from capacity.choices import ReconfigurationEvent as Event
+from capacity.choices import ReconfigurationState as State
 from capacity.models import MigReconfiguration, MigReconfigurationStep
+
+from .outcomes import IllegalTransition
 
 
 def audit(reconf, step: str, event: str, message: str = "", *, detail=None, task_id: str = "", actor=None):
@@ -51,3 +55,17 @@ def stamp(**fields) -> dict:
 def user_or_none(actor):
     """The acting user to record, or None for the system (an AnonymousUser or a missing actor)."""
     return actor if getattr(actor, "pk", None) else None
+
+
+def resume_failed(row, *, label: str, audit, enqueue, actor=None, **updates):
+    """Re-run the failed step of a workflow row (a reconfiguration or a drain; IllegalTransition unless
+    failed): the step re-opened (core.leases.LeasedStep.resumed, plus `updates`), audited, its message sent."""
+    model = type(row)
+    with transaction.atomic():
+        if model.objects.filter(pk=row.pk, state=State.FAILED).update(**stamp(**model.resumed(**updates))) != 1:
+            row.refresh_from_db()
+            raise IllegalTransition(f"{label} #{row.pk} is {row.state}, not failed")
+        row.refresh_from_db()
+        audit(row, row.step, Event.RESUMED, f"resumed at {row.step}", actor=user_or_none(actor))
+        enqueue(row, row.step)
+    return row

@@ -33,7 +33,19 @@ def _not_configured(request):
     return redirect(settings.LOGIN_URL)
 
 
-class SignInView(OIDCAuthenticationRequestView):
+class _ProviderGuard:
+    """get() only while company sign-in is configured; the unavailable page when the provider does not answer."""
+
+    def get(self, request):
+        if not enabled():
+            return _not_configured(request)
+        try:
+            return super().get(request)
+        except provider.ProviderUnavailable as exc:
+            return unavailable(request, exc)
+
+
+class SignInView(_ProviderGuard, OIDCAuthenticationRequestView):
     """Sends the browser to the provider's authorization endpoint (state, nonce and PKCE in the session)."""
 
     def __init__(self, **kwargs):
@@ -42,25 +54,13 @@ class SignInView(OIDCAuthenticationRequestView):
     OIDC_OP_AUTH_ENDPOINT = property(lambda self: provider.endpoint("authorization_endpoint"))
     OIDC_RP_CLIENT_ID = property(lambda self: settings.OIDC_RP_CLIENT_ID)
 
-    def get(self, request):
-        if not enabled():
-            return _not_configured(request)
-        try:
-            return super().get(request)
-        except provider.ProviderUnavailable as exc:
-            return unavailable(request, exc)
 
-
-class CallbackView(OIDCAuthenticationCallbackView):
+class CallbackView(_ProviderGuard, OIDCAuthenticationCallbackView):
     """The provider sends the browser back here with a code; OidcBackend exchanges and checks it."""
 
     def get(self, request):
-        if not enabled():
-            return _not_configured(request)
         try:
             return super().get(request)
-        except provider.ProviderUnavailable as exc:
-            return unavailable(request, exc)
         except requests.RequestException as exc:  # the token endpoint refused or could not be reached
             return unavailable(request, provider.ProviderUnavailable(f"the token endpoint failed: {exc}"))
 
