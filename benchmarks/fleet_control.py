@@ -44,10 +44,11 @@ from django.utils import timezone
 
 from capacity.choices import SpecKind, Tier
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
-from pools import forecast, queue, services, units
+from pools import services, units
 from pools.choices import PriorityClass, RequestState
 from pools.models import Allocation, GpuPool, PoolRequest
 from pools.queue_models import QueueEntry
+from scheduling import forecast, queue
 from tenancy.models import Project
 
 from . import capacity as discovery_bench

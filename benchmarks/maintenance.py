@@ -233,7 +233,7 @@ def run_maintenance_bench(
         mock.patch("operations.tasks.enqueue_drain_step"),  # the steps are called here, one after the other
         mock.patch("operations.tasks.enqueue_driver_upgrade_tick"),  # and the rollout's tick
         mock.patch("pools.tasks.reconcile_project_task.delay_on_commit"),  # the clusters' quotas: not measured
-        mock.patch("pools.tasks.process_queue_task.delay_on_commit"),
+        mock.patch("scheduling.tasks.process_queue_task.delay_on_commit"),
         mock.patch("notifications.tasks.fan_out_task.delay_on_commit"),
         override_settings(DRIVER_UPGRADE_TIMEOUT_S=upgrade_timeout_s, DRIVER_UPGRADE_POLL_S=30),
     ]

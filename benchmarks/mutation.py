@@ -134,9 +134,9 @@ RECONFIGURATION_STEPS = (
     "tests/capacity/test_reconfig_unkind_operator.py",
 )
 QUEUE = (
-    "tests/pools/test_queue_order_fleet.py",
-    "tests/pools/test_queue.py",
-    "tests/pools/test_forecast.py",
+    "tests/scheduling/test_queue_order_fleet.py",
+    "tests/scheduling/test_queue.py",
+    "tests/scheduling/test_forecast.py",
 )
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
@@ -156,8 +156,11 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
     "monitoring/services/lending.py": LENDING,
     "capacity/mig/layout.py": MIG_LAYOUT,
     "operations/reconfiguration/steps.py": RECONFIGURATION_STEPS,
-    "pools/queue_order.py": QUEUE,
-    "pools/forecast.py": QUEUE,
+    "scheduling/policy.py": QUEUE,
+    "scheduling/forecast/demand.py": QUEUE,
+    "scheduling/forecast/history.py": QUEUE,
+    "scheduling/forecast/timeline.py": QUEUE,
+    "scheduling/forecast/estimate.py": QUEUE,
 }
 
 # cosmic-ray's core operators, less those that need arguments (VariableReplacer, VariableInserter) and the

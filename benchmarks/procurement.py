@@ -3,7 +3,7 @@
 A month of demand (bench queue's generator, benchmarks/queueing.py generate(): whole H100 GPUs from 20 projects,
 OFFERED_LOAD of the fleet, a daily cycle) goes through the real queue (bench queue's replay, "queue" policy:
 every request auto-approved when it fits, queued otherwise) on `--gpus` GPUs. From the history that leaves in
-the database, pools.procurement.what_if() predicts the mean wait had the fleet had N more GPUs, for each N of
+the database, scheduling.procurement.what_if() predicts the mean wait had the fleet had N more GPUs, for each N of
 `--add`. Then the same month is replayed through the real queue again on a fleet with those N GPUs really
 added (a fresh database each), and each prediction is scored against it:
 
@@ -12,7 +12,7 @@ added (a fresh database each), and each prediction is scored against it:
 (0 when both are 0), with `wait_error_plusN_met` when it is at most MAX_WAIT_ERROR (docs/procurement.md). The +0
 prediction is scored against the history itself. The replays with GPUs added share nothing with the
 history's: each runs in a worker process (forked) beside it, in its own throwaway database. Each request's
-stored start forecast (pools.queue refresh_forecast, which decides nothing) is not computed in these replays:
+stored start forecast (scheduling.queue refresh_forecast, which decides nothing) is not computed in these replays:
 the what-if does not read it.
 """
 
@@ -27,7 +27,7 @@ from django.core.management.base import CommandError
 from django.db import connection, connections
 
 from capacity.choices import Tier
-from pools import procurement, queue
+from scheduling import procurement, queue
 
 from .pools import bench_database
 from .queueing import OFFERED_LOAD, START, generate, replay

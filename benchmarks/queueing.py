@@ -1,8 +1,8 @@
 """`python manage.py bench queue --gpus 512 --days 30 --seed 1`: a month of demand through the queue.
 
 A synthetic month (generated from --seed) of pool requests for whole H100 GPUs, from 20 projects,
-is replayed through the real services (pools.services approve/release, pools.queue after_submit and
-process, pools.forecast, and for borrowing monitoring.services.lending.lend_idle and pools.lending
+is replayed through the real services (pools.services approve/release, scheduling.queue after_submit and
+process, scheduling.forecast, and for borrowing monitoring.services.lending.lend_idle and pools.lending
 reconcile_loans/end_loan with the real Loan state machine) on the configured database, in a throwaway
 copy per policy, under a simulated clock (django.utils.timezone.now is patched to the replay's time):
 
@@ -42,7 +42,7 @@ again from its need_back_h in every policy; borrowed hours add SM-active hours o
 reserved units), refused, ended_waiting (their end date came while they waited),
 lender_reclaim_p99_s (p99 over reclaimed loans of Loan.returned_at minus the modelled moment the
 lender's need came back; null without borrowing), and for queued policies forecast_mae_ratio
-(pools.forecast.accuracy(): mean |first P50 - actual start| over the mean actual wait, for requests
+(scheduling.forecast.accuracy(): mean |first P50 - actual start| over the mean actual wait, for requests
 approved out of the queue).
 """
 
@@ -69,10 +69,12 @@ from capacity.models import Cluster
 from monitoring.choices import IdleProposal, IdleState
 from monitoring.models import IdleReservation
 from monitoring.services.lending import lend_idle
-from pools import forecast, lending, queue, queue_order, services
+from pools import lending, services
 from pools.choices import LoanState, RequestState
 from pools.exceptions import InsufficientCapacity
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, Loan, PoolRequest, QueueEntry
+from scheduling import forecast, queue
+from scheduling.policy import queue_policy
 from tenancy.models import Project
 
 from .pools import _percentile, bench_database, double_allocated, h100_fleet
@@ -429,7 +431,7 @@ class Replay:
         if request.state != RequestState.QUEUED:
             self.start_own(request.pk, at)
             return
-        aged = queue_order.aged_at(at)
+        aged = queue_policy.aged_at(at)
         if aged is not None:  # the queue's beat (QUEUE_PROCESS_INTERVAL_S) passes over the new order then
             self.push(aged, "aged", request.pk)
         if self.bounds:  # read again what the first forecast (just stored by enqueue) drew from

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "capacity",
     "pricing",
     "pools",
+    "scheduling",
     "operations",
     "billing",
     "monitoring",

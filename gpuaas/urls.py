@@ -13,7 +13,7 @@ from core.permissions import DeclaredScope
 from core.scopes import Scope
 
 # Each app's api/urls.py registers its viewsets on the shared router and may add extra paths.
-API_APPS = ("capacity", "pools", "operations", "billing", "monitoring")
+API_APPS = ("capacity", "pools", "scheduling", "operations", "billing", "monitoring")
 _api_modules = [import_module(f"{app}.api.urls") for app in API_APPS]
 api_extra = [p for module in _api_modules for p in getattr(module, "urlpatterns", [])]
 

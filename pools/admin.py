@@ -19,7 +19,7 @@ from core.admin_paging import FleetScaleAdminMixin
 from core.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 from tenancy import roles
 
-from . import lending, queue, services
+from . import lending, services
 from .choices import PoolState, RequestState, SharePriority
 from .exceptions import DomainError
 from .models import (
@@ -209,8 +209,13 @@ class PoolRequestAdmin(FleetScaleAdminMixin, admin.ModelAdmin):
             queryset,
             verb="approved",
             title="Approve pool requests",
-            run=lambda obj, reason: queue.approve_or_queue(obj, actor=request.user, reason=reason),
+            run=lambda obj, reason: self.approve(obj, actor=request.user, reason=reason),
         )
+
+    def approve(self, obj: PoolRequest, *, actor, reason: str):
+        """An operator's approval of one request (scheduling.admin's subclass queues it instead when capacity is
+        short and the request chose to wait)."""
+        return services.approve(obj, actor=actor, reason=reason)
 
     @admin.action(description="Reject selected requests…", permissions=["approve"])
     def reject_selected(self, request, queryset):
@@ -504,6 +509,3 @@ class BestEffortRequestAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["state", "spec_kind"]
     list_select_related = ["project"]
     search_fields = ["project__slug", "product", "profile_name"]
-
-
-from . import queue_admin  # noqa: E402, F401  the queue's own admin pages (policies, entries, weights)

@@ -101,7 +101,7 @@ class PoolRequest(models.Model):
     end_at = models.DateTimeField(null=True, blank=True, help_text="Empty = open-ended.")
     justification = models.TextField(blank=True)
     tags = models.JSONField(default=list, blank=True)
-    # The queue (pools/queue.py): whether to wait when capacity is short, and in which class.
+    # The queue (scheduling/queue.py): whether to wait when capacity is short, and in which class.
     wait_if_full = models.BooleanField(
         default=False, help_text="Wait in the queue when capacity is short instead of being refused."
     )

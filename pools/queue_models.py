@@ -1,7 +1,7 @@
 """The queue's tables: auto-approval policies, per-project weights, queue entries and their audit trail.
 
 Kept apart from pools/models.py (which imports them at its end, so Django finds them) because they
-belong to one feature, the queue (pools/queue.py, pools/policies.py, pools/forecast.py).
+belong to one feature, the queue (scheduling/queue.py, scheduling/policies.py, scheduling/forecast/).
 """
 
 from __future__ import annotations

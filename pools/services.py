@@ -37,7 +37,7 @@ S = RequestState
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.DRAFT: frozenset({S.SUBMITTED, S.WITHDRAWN}),
     S.SUBMITTED: frozenset({S.APPROVED, S.REJECTED, S.WITHDRAWN, S.QUEUED}),
-    S.QUEUED: frozenset({S.APPROVED, S.REJECTED, S.WITHDRAWN}),  # pools/queue.py
+    S.QUEUED: frozenset({S.APPROVED, S.REJECTED, S.WITHDRAWN}),  # scheduling/queue.py
     S.APPROVED: frozenset({S.PROVISIONING}),
     S.PROVISIONING: frozenset({S.ACTIVE, S.FAILED, S.RELEASED, S.EXPIRED}),
     S.ACTIVE: frozenset({S.RELEASED, S.EXPIRED}),
@@ -195,7 +195,7 @@ def approve(
     InsufficientCapacity (nothing written, nothing enqueued) when the units cannot be had.
     If a unique constraint on Allocation catches a unit taken concurrently, the whole approval
     starts over, up to APPROVAL_ATTEMPTS times. `policy` (an AutoApprovalPolicy) is recorded on the
-    request when a rule, not a person, approved it (pools/queue.py). `free`: the units.read_free() of
+    request when a rule, not a person, approved it (scheduling/queue.py). `free`: the units.read_free() of
     this request that the caller made in the same transaction (the queue's fit test), so that the first
     attempt does not read them again; the units are locked and checked as always.
     """
@@ -339,10 +339,9 @@ def enqueue_provisioning(pool: GpuPool) -> None:
 
 
 def enqueue_queue_processing() -> None:
-    """Units came free: offer them to the queue's head after commit (pools/queue.py process())."""
-    from .tasks import process_queue_task  # cycle: pools.tasks imports this module
-
-    process_queue_task.delay_on_commit()
+    """Units came free: offer them to the queue's head after commit (pools.signals.queue_pass_wanted, which
+    scheduling answers with scheduling.queue.process())."""
+    signals.queue_pass_wanted.send(sender=PoolRequest)
 
 
 def enqueue_deprovisioning(pool: GpuPool) -> None:

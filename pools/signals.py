@@ -17,6 +17,15 @@ request_queued = Signal()  # submitted -> queued: waiting for capacity
 request_started_from_queue = Signal()  # queued -> approved: capacity freed, approved from the queue
 request_refused = Signal()  # -> rejected (by an operator, or its end came while it waited)
 
+# The queue (scheduling, above pools) is wanted: pools sends these, scheduling.receivers answers them.
+# Units may have come free (a release, an expiry, a hold released, a node back): a queue pass after commit.
+# Sent by pools.services.enqueue_queue_processing(); no kwargs.
+queue_pass_wanted = Signal()
+# A request was submitted (the API's submit and create with submit=1, the dashboard's form), after its
+# submission was written: approve it by an auto-approval policy, queue it when capacity is short and it chose
+# to wait, or leave it for an operator (scheduling.queue.after_submit). kwargs request.
+request_submitted = Signal()
+
 # Units of one project ended (release, expiry, a MIG reconfiguration or anything else that ends an
 # allocation) and enter the "ending" state (pools/ending.py). Sent once per project and cause.
 # kwargs:

@@ -8,7 +8,6 @@ from capacity.adapters.kubernetes import KubernetesError
 from capacity.models import Cluster
 from tenancy.models import Project
 
-from . import queue
 from .choices import PoolState
 from .ending import sweep_ending
 from .lending import evict_returned, reconcile_loans
@@ -73,19 +72,6 @@ def reconcile_project_task(project_id: int, cluster_id: int) -> bool:
     except KubernetesError as exc:
         raise reconcile_project_task.retry(exc=exc, countdown=60, max_retries=5) from None
     return True
-
-
-@shared_task(acks_late=True)
-def process_queue_task() -> dict[str, list[int]]:
-    """After units came free, and on the beat: approve or flag the queue's heads (pools/queue.py)."""
-    result = queue.process()
-    return {"approved": result.approved, "flagged": result.flagged}
-
-
-@shared_task(acks_late=True)
-def refresh_forecasts_task() -> int:
-    """Beat (every QUEUE_FORECAST_INTERVAL_S): refresh every queued request's P50/P90 start."""
-    return queue.refresh_forecasts()
 
 
 @shared_task(acks_late=True)

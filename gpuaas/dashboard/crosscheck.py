@@ -30,9 +30,10 @@ from django.utils import timezone
 
 from capacity.choices import SpecKind, Tier
 from capacity.models import Cluster, GpuCapacity
-from pools import forecast, offers, units
+from pools import units
 from pools.choices import Isolation, IsolationNeed, WorkloadType
 from pools.models import PoolRequest
+from scheduling import forecast, offers
 
 from . import fleet, nodes, projects
 from .status import UnitStatus

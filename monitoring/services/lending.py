@@ -20,7 +20,7 @@ from monitoring.models import IdleReservation
 from pools import lending
 from pools.exceptions import LendingRefused
 from pools.models import BestEffortRequest, Loan
-from pools.queue_order import ordered
+from scheduling.policy import queue_policy
 
 
 def lendable_flags(*, now: datetime):
@@ -46,7 +46,7 @@ def lend_idle(*, now: datetime | None = None) -> list[int]:
     units = [flag.allocation for flag in lendable_flags(now=now)]
     if not units:
         return []
-    queued = [place.entry.request for place in ordered(now=now)]
+    queued = [place.entry.request for place in queue_policy.ordered(now=now)]
     best_effort = list(BestEffortRequest.objects.servable(now).select_related("project"))
     held = _held(Loan.objects.open(), "borrower_request", queued)
     held_best_effort = _held(Loan.objects.open(), "best_effort", best_effort)

@@ -20,7 +20,7 @@ from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
-from .. import matching, offers, queue, queue_order, services, units
+from .. import matching, offers, services, signals, units
 from ..choices import (
     ISOLATION_OR_NEED,
     Isolation,
@@ -134,7 +134,8 @@ class QueueStateSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_served_by_age_from(self, entry: QueueEntry):
-        at = queue_order.aged_at(entry.queued_at) if entry.manual_rank is None else None
+        policy = self.context.get("queue_policy")  # scheduling's QueuePolicy: the view that serves the queue gives it
+        at = policy.aged_at(entry.queued_at) if policy is not None and entry.manual_rank is None else None
         return None if at is None else serializers.DateTimeField().to_representation(at)
 
 
@@ -278,7 +279,11 @@ class PoolRequestSerializer(StrictModelSerializer):
         entry = getattr(obj, "queue_entry", None)
         if entry is None:
             return None
-        return QueueStateSerializer(entry, context={"position": self.context.get("queue_positions", {})}).data
+        context = {
+            "position": self.context.get("queue_positions", {}),
+            "queue_policy": self.context.get("queue_policy"),
+        }
+        return QueueStateSerializer(entry, context=context).data
 
     def validate_count(self, count: int) -> int:
         # Again at run time: the field's max_value (and the schema's maximum) is read at import.
@@ -332,7 +337,6 @@ class PoolRequestSerializer(StrictModelSerializer):
             result = offers.match_declared(
                 **_declared(attrs, isolation=IsolationNeed.NONE, product=spec.product),
                 kinds=frozenset({spec.spec_kind}),
-                forecast=False,
             )
             physical = {"memory_gib", "compute_fraction"}
             if result.rejected and not any(
@@ -354,7 +358,7 @@ class PoolRequestSerializer(StrictModelSerializer):
         product = attrs.get("product", "")
         if product and product not in services.inventory_products() and not find_product(product):
             raise serializers.ValidationError({"product": f"Unknown GPU product {product!r}."})
-        result = offers.match_declared(**_declared(attrs), forecast=False)
+        result = offers.match_declared(**_declared(attrs))
         chosen = result.chosen
         if chosen is None:
             raise serializers.ValidationError(_errors(result))
@@ -370,8 +374,8 @@ class PoolRequestSerializer(StrictModelSerializer):
         submit = validated_data.pop("submit", False)
         project = validated_data.pop("project")
         created = services.create_request(project, actor=self.context["request"].user, submit=submit, **validated_data)
-        if submit:
-            queue.after_submit(created)  # approved by a policy, queued, or left for an operator
+        if submit:  # approved by a policy, queued, or left for an operator (scheduling.queue.after_submit)
+            signals.request_submitted.send(sender=PoolRequest, request=created)
         return created
 
 
@@ -470,8 +474,9 @@ class DryRunSerializer(StrictSerializer):
         _check_vgpu_type(attrs)
         return attrs
 
-    def match(self):
-        return offers.match_declared(**_declared(self.validated_data))
+    def declared(self) -> dict:
+        """The declaration, as offers.match_declared() takes it (the dry run adds a start forecast per offer)."""
+        return _declared(self.validated_data)
 
 
 class PoolRequestDetailSerializer(PoolRequestSerializer):

@@ -1,19 +1,14 @@
 """REST routes of the pools app, registered on the shared router (core/api.py)."""
 
-from django.urls import path
-
 from core.api import router
 
-from . import procurement, views
+from . import views
 
 router.register("projects", views.ProjectViewSet, basename="project")
-router.register("pool-requests", views.PoolRequestViewSet, basename="poolrequest")
+# pool-requests: scheduling/api/urls.py registers scheduling's subclass of views.PoolRequestViewSet (the queue's
+# actions are scheduling's), in the place it had here.
 router.register("best-effort-requests", views.BestEffortRequestViewSet, basename="besteffortrequest")
 router.register("auto-approval-policies", views.AutoApprovalPolicyViewSet, basename="autoapprovalpolicy")
 router.register("pools", views.GpuPoolViewSet, basename="gpupool")
 router.register("allocations", views.AllocationViewSet, basename="allocation")
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
-
-urlpatterns = [
-    path("procurement/what-if/", procurement.WhatIfView.as_view(), name="procurement-what-if"),
-]

@@ -29,7 +29,7 @@ from tenancy import roles
 from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project
 
-from .. import forecast, lending, queue, queue_order, services
+from .. import lending, services, signals
 from ..models import Allocation, BestEffortRequest, GpuPool, PoolRequest, PoolRequestTransition
 from ..queue_models import AutoApprovalPolicy
 from . import filters, serializers
@@ -203,8 +203,12 @@ class PoolRequestViewSet(
         fresh = self.get_queryset().get(pk=obj.pk)
         context = self.get_serializer_context()
         if fresh.state == "queued":
-            context["queue_positions"] = {fresh.pk: queue_order.position_of(fresh)}
+            context["queue_positions"] = {fresh.pk: self.queue_position(fresh)}
         return serializers.PoolRequestDetailSerializer(fresh, context=context).data
+
+    def queue_position(self, request: PoolRequest) -> int | None:
+        """A queued request's place: the queue's order is scheduling's (scheduling.api.views overrides this)."""
+        return None
 
     def retrieve(self, request, *args, **kwargs):
         return Response(self._detail(self.get_object()))
@@ -218,25 +222,6 @@ class PoolRequestViewSet(
         return validated_body(self.request, serializer_class)
 
     @extend_schema(
-        summary="Dry run: the offers that meet a declaration, ranked, with prices and a start forecast",
-        request=serializers.DryRunSerializer,
-        responses={200: OpenApiResponse(description="declared, chosen, offers (ranked), rejected (with reasons)")},
-    )
-    @action(
-        detail=False,
-        methods=["post"],
-        url_path="dry-run",
-        filterset_class=None,
-        pagination_class=None,
-        scope=Scope.SIGNED_IN,
-    )
-    def dry_run(self, request):
-        """Fleet-wide facts and list prices, no one's secret; writes nothing."""
-        serializer = serializers.DryRunSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        return Response(serializer.match().to_dict())
-
-    @extend_schema(
         summary="Submit a draft for approval",
         request=serializers.ReasonSerializer,
         responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
@@ -245,7 +230,7 @@ class PoolRequestViewSet(
     def submit(self, request, pk=None):
         obj = self._requester_action()
         services.submit(obj, actor=request.user, reason=self._reason()["reason"])
-        queue.after_submit(obj)
+        signals.request_submitted.send(sender=PoolRequest, request=obj)  # scheduling.queue.after_submit
         return Response(self._detail(obj))
 
     @extend_schema(
@@ -258,94 +243,6 @@ class PoolRequestViewSet(
         obj = self._requester_action()
         services.withdraw(obj, actor=request.user, reason=self._reason()["reason"])
         return Response(self._detail(obj))
-
-    @extend_schema(
-        summary="Approve (operators): take units, create the pool, start provisioning; "
-        "a request that chose to wait is queued when capacity is short",
-        request=serializers.ApproveSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
-    def approve(self, request, pk=None):
-        obj = self.get_object()
-        data = self._reason(serializers.ApproveSerializer)
-        queue.approve_or_queue(obj, actor=request.user, reason=data["reason"], cluster=data.get("cluster"))
-        return Response(self._detail(obj))
-
-    # --- The queue ---------------------------------------------------------------------------------
-
-    @extend_schema(
-        summary="The queue: my projects' waiting requests in queue order, with place and forecast",
-        responses=serializers.PoolRequestSerializer(many=True),
-    )
-    @action(detail=False, methods=["get"], url_path="queue", pagination_class=None, filterset_class=None)
-    def waiting(self, request):
-        places = queue_order.ordered()
-        visible = {r.pk: r for r in self.get_queryset().filter(pk__in=[p.entry.request_id for p in places])}
-        context = {**self.get_serializer_context(), "queue_positions": {p.entry.request_id: p.position for p in places}}
-        rows = [visible[p.entry.request_id] for p in places if p.entry.request_id in visible]
-        return Response(serializers.PoolRequestSerializer(rows, many=True, context=context).data)
-
-    @extend_schema(
-        summary='Forecast a request not yet made ("if I asked for 4 x 3g.40gb now"): P50 and P90 start',
-        request=serializers.ForecastRequestSerializer,
-        responses={200: serializers.ForecastSerializer},
-    )
-    @action(detail=False, methods=["post"], url_path="forecast", filterset_class=None)
-    def forecast(self, request):
-        serializer = serializers.ForecastRequestSerializer(data=request.data, context=self.get_serializer_context())
-        serializer.is_valid(raise_exception=True)
-        values = dict(serializer.validated_data)
-        values.pop("tags", None)
-        estimate = forecast.estimate_start(PoolRequest(**values))
-        return Response({"p50": estimate.p50, "p90": estimate.p90, "basis": estimate.basis})
-
-    def _queue_action(self, run, serializer_class=serializers.ReasonSerializer) -> Response:
-        obj = self.get_object()
-        data = self._reason(serializer_class)
-        run(obj, data)
-        return Response(self._detail(obj))
-
-    @extend_schema(
-        summary="Hold a queued request (operators): it keeps its place but is skipped",
-        request=serializers.ReasonSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
-    def hold(self, request, pk=None):
-        return self._queue_action(lambda obj, d: queue.hold(obj, actor=request.user, reason=d["reason"]))
-
-    @extend_schema(
-        summary="Release the hold on a queued request (operators)",
-        request=serializers.ReasonSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
-    def unhold(self, request, pk=None):
-        return self._queue_action(lambda obj, d: queue.unhold(obj, actor=request.user, reason=d["reason"]))
-
-    @extend_schema(
-        summary="Move a queued request to a place in the queue (operators)",
-        request=serializers.MoveSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
-    def move(self, request, pk=None):
-        return self._queue_action(
-            lambda obj, d: queue.move(obj, position=d["position"], actor=request.user, reason=d["reason"]),
-            serializers.MoveSerializer,
-        )
-
-    @extend_schema(
-        summary="Cancel a queued request (operators), with a reason",
-        request=serializers.RejectSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
-    def cancel(self, request, pk=None):
-        return self._queue_action(
-            lambda obj, d: queue.cancel(obj, actor=request.user, reason=d["reason"]), serializers.RejectSerializer
-        )
 
     @extend_schema(
         summary="Reject (operators), with a reason",
@@ -379,7 +276,7 @@ class PoolRequestViewSet(
     destroy=extend_schema(summary="Delete an auto-approval policy (operators); one that approved requests is kept"),
 )
 class AutoApprovalPolicyViewSet(viewsets.ModelViewSet):
-    """Rules under which requests are approved without a person (pools/policies.py)."""
+    """Rules under which requests are approved without a person (scheduling/policies.py)."""
 
     queryset = AutoApprovalPolicy.objects.prefetch_related("projects").order_by("name", "id")
     serializer_class = serializers.AutoApprovalPolicySerializer

@@ -11,7 +11,7 @@ from capacity.adapters.kubernetes import parse_node
 from capacity.models import Cluster
 from capacity.services.discovery import sync_cluster
 from operations import reconfiguration as rc
-from pools.tasks import process_queue_task
+from scheduling.tasks import process_queue_task
 
 pytestmark = pytest.mark.django_db
 

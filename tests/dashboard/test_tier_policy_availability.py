@@ -14,9 +14,10 @@ from rest_framework.test import APIClient
 from capacity.models import NodeCapacity, TierProfilePolicy
 from capacity.models.tiers import BUILT_IN_NOTE
 from gpuaas.dashboard import crosscheck, nodes
-from pools import forecast, queue, services
+from pools import services
 from pools.exceptions import DomainError, InsufficientCapacity
 from pools.models import PoolRequest
+from scheduling import forecast, queue
 
 pytestmark = pytest.mark.django_db
 

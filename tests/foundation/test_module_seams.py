@@ -14,6 +14,7 @@ APPS = (
     "capacity",
     "pricing",
     "pools",
+    "scheduling",
     "operations",
     "monitoring",
     "billing",

@@ -11,7 +11,7 @@ from monitoring.choices import HealthLevel, HealthRule
 from monitoring.health import Reading
 from monitoring.models import HealthEvent
 from monitoring.services.health import UnitHealth, apply_health, resolve_events
-from pools.tasks import process_queue_task
+from scheduling.tasks import process_queue_task
 
 pytestmark = pytest.mark.django_db
 

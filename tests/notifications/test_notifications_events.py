@@ -32,11 +32,12 @@ from notifications.adapters import webhooks
 from notifications.choices import DeliveryState, EventKind
 from notifications.models import Delivery, Event
 from operations.maintenance.steps import step_notify
-from pools import lending, queue
+from pools import lending
 from pools import services as pool_services
 from pools.choices import LoanState
 from pools.models import Loan
 from pools.signals import AllocationEndCause
+from scheduling import queue
 
 pytestmark = pytest.mark.django_db
 

@@ -15,10 +15,11 @@ from test_lending import NODE, create_pod, pod
 from billing import services as billing
 from billing.choices import LineType
 from monitoring.services.lending import lend_idle
-from pools import lending, queue, services
+from pools import lending, services
 from pools.choices import BestEffortState, LoanState
 from pools.models import Allocation, BestEffortRequest, GpuPool, Loan
 from pools.tasks import provision_pool_task, reconcile_project_task
+from scheduling import queue
 
 pytestmark = pytest.mark.django_db
 H = dt.timedelta(hours=1)

@@ -20,12 +20,13 @@ from billing.choices import LineType
 from capacity.adapters.kubernetes import KubernetesError, NotFound
 from monitoring.models import IdleReservation
 from monitoring.services.lending import lend_idle
-from pools import lending, queue, services
+from pools import lending, services
 from pools.choices import LoanState, RequestState
 from pools.exceptions import LendingRefused
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, Loan, PoolRequest, QueueEntry
 from pools.provisioning import BORROWED_QUOTA
 from pools.tasks import evict_returned_loans_task, provision_pool_task, reconcile_project_task
+from scheduling import queue
 
 pytestmark = pytest.mark.django_db
 H = dt.timedelta(hours=1)

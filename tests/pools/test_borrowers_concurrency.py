@@ -10,10 +10,11 @@ import pytest
 from django.utils import timezone
 from test_pools_approval_concurrency import run_concurrently
 
-from pools import lending, queue, services
+from pools import lending, services
 from pools.choices import LoanState, RequestState
 from pools.exceptions import LendingRefused
 from pools.models import Allocation, GpuPool, Loan, PoolRequest
+from scheduling import queue
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -7,9 +7,10 @@ from django.utils import timezone
 
 from monitoring.models import IdleReservation
 from monitoring.services.lending import lend_idle
-from pools import queue, services
+from pools import services
 from pools.choices import RequestState
 from pools.models import Allocation, GpuPool, Loan
+from scheduling import queue
 
 pytestmark = pytest.mark.django_db
 FULL = {"isolation": "full", "product": "H100-80GB", "profile_name": ""}

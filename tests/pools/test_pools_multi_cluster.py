@@ -16,12 +16,13 @@ from billing import services as billing
 from capacity.adapters.kubernetes import NotFound
 from capacity.choices import Binding
 from capacity.models import Cluster
-from pools import forecast, queue, services, units
+from pools import services, units
 from pools.choices import QueueAction, RequestState
 from pools.exceptions import InsufficientCapacity
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, PoolCluster, QueueEvent
 from pools.provisioning import reconcile_provisioned, uuid_selector
 from pools.tasks import deprovision_pool_task, provision_pool_task
+from scheduling import forecast, queue
 
 pytestmark = pytest.mark.django_db
 
@@ -365,7 +366,7 @@ def test_the_admin_shows_units_per_cluster(spanning_pool, client, operator):
 
 
 def test_the_forecast_counts_a_spanning_pools_units_on_the_cluster_they_are_on(two, make_request, operator):
-    """A pool homed on east holds units on west too: a request for west waits for those (pools.forecast)."""
+    """A pool homed on east holds units on west too: a request for west waits for those (scheduling.forecast)."""
     pool = services.approve(make_request(count=5, allow_multi_cluster=True), actor=operator)
     assert units_by_cluster(pool) == {"east": 4, "west": 1}
     west = make_request(count=2, cluster=two.clusters["west"])

@@ -9,9 +9,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from pools import queue, services
+from pools import services
 from pools.choices import RequestState
 from pools.models import AutoApprovalPolicy
+from scheduling import queue
 
 pytestmark = pytest.mark.django_db
 

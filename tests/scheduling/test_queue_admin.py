@@ -5,8 +5,9 @@ import datetime as dt
 import pytest
 from django.urls import reverse
 
-from pools import queue, services
+from pools import services
 from pools.models import PoolRequest, QueueEntry
+from scheduling import queue
 
 pytestmark = pytest.mark.django_db
 

@@ -1,8 +1,9 @@
-"""Operator console for the queue: the waiting requests in order, auto-approval policies, project weights.
+"""Operator console for the queue: the waiting requests in order, auto-approval policies, project weights, and
+the pool requests' admin with the queue's approval (pools.admin's PoolRequestAdmin, re-registered here).
 
 Queue entries are read-only; hold, release hold, move to the top and cancel are actions that call
-pools/queue.py (each writes a QueueEvent). The changelist's title carries the forecast's accuracy
-(pools/forecast.py accuracy()): predicted against actual start of every request that started.
+scheduling/queue.py (each writes a QueueEvent). The changelist's title carries the forecast's accuracy
+(scheduling/forecast accuracy()): predicted against actual start of every request that started.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from django.urls import path
 
 from capacity.mig.catalog import PRODUCTS
 from core.admin_permissions import ReadOnlyInline
+from pools.admin import PoolRequestAdmin as PoolsPoolRequestAdmin
+from pools.admin import run_with_reason
+from pools.choices import RequestState
+from pools.models import PoolRequest
+from pools.queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent
 from tenancy import roles
 
 from . import forecast, procurement, queue
-from .admin import run_with_reason
 from .api.procurement import WhatIfQuery
-from .choices import RequestState
-from .queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent
-from .queue_order import ordered
+from .policy import queue_policy
 
 
 @admin.register(AutoApprovalPolicy)
@@ -122,7 +125,7 @@ class QueueEntryAdmin(admin.ModelAdmin):
         return [path("what-if/", view(self.what_if_view), name="pools_procurement_what_if"), *super().get_urls()]
 
     def what_if_view(self, request):
-        """The procurement what-if (pools/procurement.py), its input read as the API reads it (WhatIfQuery)."""
+        """The procurement what-if (scheduling/procurement.py), its input read as the API reads it (WhatIfQuery)."""
         roles.require_operator_perms(request.user, "pools.view_poolrequest")
         query = WhatIfQuery(data=request.GET) if request.GET else None
         answer = query.answer() if query is not None and query.is_valid() else None
@@ -139,7 +142,7 @@ class QueueEntryAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/pools/procurement_what_if.html", context)
 
     def changelist_view(self, request, extra_context=None):
-        self._places = {p.entry.pk: p for p in ordered()}
+        self._places = {p.entry.pk: p for p in queue_policy.ordered()}
         score = forecast.accuracy()
         title = "Queue"
         if score["started"]:
@@ -223,3 +226,13 @@ class QueueEntryAdmin(admin.ModelAdmin):
             lambda r, why: queue.cancel(r, actor=request.user, reason=why),
             reason_required=True,
         )
+
+
+class PoolRequestAdmin(PoolsPoolRequestAdmin):
+    def approve(self, obj: PoolRequest, *, actor, reason: str):
+        """Approve, or queue instead when capacity is short and the request chose to wait (queue.approve_or_queue)."""
+        return queue.approve_or_queue(obj, actor=actor, reason=reason)
+
+
+admin.site.unregister(PoolRequest)
+admin.site.register(PoolRequest, PoolRequestAdmin)

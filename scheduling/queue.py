@@ -1,19 +1,20 @@
 """The fair queue: requests that chose to wait (`wait_if_full`) instead of being refused for capacity.
 
-Order (pools/queue_order.py): entries an operator moved come first, by the rank the move gave them; then by
+Order (scheduling/policy.py, QueuePolicy): entries an operator moved come first, by the rank the move gave them; then by
 priority class (production, staging, development); then by fair share, the project's GPU-hours
 reserved over the last QUEUE_FAIR_SHARE_WINDOW_H hours divided by its operator-set weight
 (ProjectQueueWeight, default 1), lowest first; then by age (queued_at, id). Fair share orders a request
 for its first QUEUE_AGED_AFTER_H hours of waiting only; after that it is served by age, ahead of every
-younger request of its class (queue_order.aged_at), so no stream of later arrivals starves it.
+younger request of its class (QueuePolicy.aged_at), so no stream of later arrivals starves it.
 
 When units come free (a release, an expiry, a unit released as idle, a reconfiguration done, a node
-back: services.enqueue_queue_processing() after commit, and the beat every QUEUE_PROCESS_INTERVAL_S)
+back: services.enqueue_queue_processing() sends pools.signals.queue_pass_wanted, which scheduling.receivers
+answers with a pass after commit; and the beat every QUEUE_PROCESS_INTERVAL_S)
 process() walks the queue in order. A request that fits now is approved at once when an
 auto-approval policy allows it (the policy is recorded on the request and in the audit); otherwise
 it is flagged "can be approved now" (QueueEntry.approvable_at) for an operator. A request that does
 not fit, or that waits for an operator, blocks the requests behind it that ask for the same kind of
-unit (spec_key()), so smaller requests never starve a larger one of the same spec; requests for
+unit (QueuePolicy.spec_key()), so smaller requests never starve a larger one of the same spec; requests for
 other specs go on. Held requests keep their place and are skipped. A request whose end date came
 while it waited leaves the queue (rejected, "ended while waiting").
 
@@ -33,12 +34,14 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from . import forecast, policies, services, units
-from .choices import QueueAction, RequestState
-from .exceptions import DomainError, InsufficientCapacity
-from .models import GpuPool, PoolRequest
-from .queue_models import QueueEntry, QueueEvent
-from .queue_order import ordered, spec_key
+from pools import services, units
+from pools.choices import QueueAction, RequestState
+from pools.exceptions import DomainError, InsufficientCapacity
+from pools.models import GpuPool, PoolRequest
+from pools.queue_models import QueueEntry, QueueEvent
+
+from . import forecast
+from .policy import queue_policy
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +75,13 @@ def after_submit(request: PoolRequest, *, now: dt.datetime | None = None) -> Gpu
     it when capacity is short and it chose to wait; otherwise leave it for an operator."""
     if request.state != RequestState.SUBMITTED:
         return None
-    policy = policies.policy_for(request, now)
+    policy = queue_policy.approval_book().first_allowing(request, now)
     try:
         if policy is not None:
             return services.approve(request, actor=None, reason=f"auto-approved by policy {policy.name}", policy=policy)
         if request.wait_if_full:
             free = units.read_free(request)
-            if not _fits(request, free):
+            if not queue_policy.fits(request, free):
                 enqueue(request, reason=f"queued: {units.shortage(request, free.by_cluster)[0]}")
     except InsufficientCapacity as exc:
         if request.wait_if_full:
@@ -109,11 +112,7 @@ def approve_or_queue(request: PoolRequest, *, actor, reason: str = "", cluster=N
 
 def fits_now(request: PoolRequest) -> bool:
     """Could approval take the request's units now (on one cluster, or across clusters where it may)?"""
-    return _fits(request, units.read_free(request))
-
-
-def _fits(request: PoolRequest, free: units.FreeUnits) -> bool:
-    return units.usable_free(request, free.by_cluster) >= request.count
+    return queue_policy.fits(request, units.read_free(request))
 
 
 # --- Operator actions ----------------------------------------------------------------------------
@@ -137,7 +136,7 @@ def move(request: PoolRequest, *, position: int, actor, reason: str = "") -> int
     with transaction.atomic():
         _lock_queue()
         entry = _waiting_entry(request)
-        order = [p.entry for p in ordered()]
+        order = [p.entry for p in queue_policy.ordered()]
         before = next(i for i, e in enumerate(order, start=1) if e.pk == entry.pk)
         order = [e for e in order if e.pk != entry.pk]
         position = min(position, len(order) + 1)
@@ -213,12 +212,12 @@ def process(*, now: dt.datetime | None = None) -> Pass:
     with transaction.atomic():
         if not _lock_queue():
             return result
-        book = policies.PolicyBook()
+        book = queue_policy.approval_book()
         blocked: set[tuple] = set()
         busy = None  # running pods' devices (units.read_free): approvals in this pass do not change them
-        for place in ordered(now=now):
+        for place in queue_policy.ordered(now=now):
             entry, request = place.entry, place.entry.request
-            key = spec_key(request)
+            key = queue_policy.spec_key(request)
             if request.end_at is not None and request.end_at <= now:
                 services.transition(
                     request, RequestState.REJECTED, None, f"ended at {request.end_at:%Y-%m-%d %H:%M} while waiting"
@@ -230,7 +229,7 @@ def process(*, now: dt.datetime | None = None) -> Pass:
                 continue
             free = units.read_free(request, busy)
             busy = free.busy_devices if busy is None else busy
-            if not _fits(request, free):
+            if not queue_policy.fits(request, free):
                 blocked.add(key)
                 result.blocked.append(request.pk)
                 if entry.approvable_at is not None:
@@ -292,7 +291,7 @@ def refresh_forecast(entry: QueueEntry, *, first: bool = False, now: dt.datetime
 
 def refresh_forecasts(*, now: dt.datetime | None = None) -> int:
     """Beat: refresh every waiting entry's forecast. Returns how many."""
-    places = ordered(now=now)
+    places = queue_policy.ordered(now=now)
     history = forecast.hold_history(now=now) if places else None
     for place in places:
         refresh_forecast(place.entry, now=now, history=history)

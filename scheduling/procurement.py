@@ -1,7 +1,7 @@
 """Procurement what-if: with N more GPUs of product P in tier T, what would the queue's waits have been?
 
 what_if() replays the demand history of one spec (the requests of the last `window_days` that were approved
-or queued) through the start forecast's own queue model (pools/forecast.py Timeline.draw: the queue's pass
+or queued) through the start forecast's own queue model (scheduling/forecast Timeline.draw: the queue's pass
 over releases and arrivals, whole-GPU requests on one node, auto-approval at submission when a request
 fits) with the units the fleet has now, plus the slots N more GPUs give, and reads each request's start
 from it. The unit is the seed's slot arithmetic (capacity.mig.tiers.capacity_plan): a whole GPU is one
@@ -28,15 +28,16 @@ from capacity.mig import tiers
 from capacity.mig.catalog import find_product
 from capacity.mig.layout import validate_layout
 from capacity.models import NodeCapacity
+from pools import topology, units
+from pools.choices import RequestState
+from pools.models import Allocation, GpuPool, PoolRequest
 
-from . import forecast, topology, units
-from .choices import RequestState
-from .models import Allocation, GpuPool, PoolRequest
+from . import forecast
 
 ASSUMPTIONS = (
     "Demand is stationary: the window's requests arrive again at the same times, with the same sizes.",
     "Hold times are those observed: a released pool's own hold; a pool still held, or a request never served, "
-    "draws its hold from the hold history (pools.forecast.Survival, given how long it has held).",
+    "draws its hold from the hold history (scheduling.forecast.Survival, given how long it has held).",
     "A request with an end date releases at it; one whose end came while it waited leaves the queue then.",
     "Every request is approved when its units are free (an auto-approval policy for all of them): operator "
     "decision time, holds and moves are not replayed.",

@@ -1,4 +1,4 @@
-"""The procurement what-if (pools/procurement.py) on worlds whose history the real queue made (bench queue's
+"""The procurement what-if (scheduling/procurement.py) on worlds whose history the real queue made (bench queue's
 replay, benchmarks/queueing.py: 20 projects, whole H100 GPUs), its API and its admin page."""
 
 import datetime as dt
@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from benchmarks.queueing import START, Arrival, generate, replay
-from pools import forecast, procurement
+from scheduling import forecast, procurement
 
 pytestmark = pytest.mark.django_db
 

@@ -5,10 +5,12 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from pools import queue, queue_order, services
+from pools import services
 from pools.choices import QueueAction, RequestState
 from pools.exceptions import DomainError, InsufficientCapacity
 from pools.models import Allocation, AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent
+from scheduling import queue
+from scheduling.policy import queue_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +35,7 @@ def busy(fleet, full_request, operator):
 
 
 def waiting_order():
-    return [p.entry.request_id for p in queue_order.ordered()]
+    return [p.entry.request_id for p in queue_policy.ordered()]
 
 
 def test_a_request_that_chose_to_wait_is_queued_instead_of_refused(busy, full_request):
@@ -109,12 +111,12 @@ def test_a_projects_weight_scales_its_fair_share(busy, full_request, project, ot
     for request in (mine, theirs):
         queue.enqueue(request)
     assert waiting_order() == [theirs.pk, mine.pk]  # 2 GPU-h vs 0
-    assert queue_order.fair_shares({project.pk, other_project.pk}) == {
+    assert queue_policy.fair_shares({project.pk, other_project.pk}) == {
         project.pk: pytest.approx(2.0, rel=0.01),
         other_project.pk: 0.0,
     }
     ProjectQueueWeight.objects.create(project=project, weight=4)
-    assert queue_order.fair_shares({project.pk})[project.pk] == pytest.approx(0.5, rel=0.01)
+    assert queue_policy.fair_shares({project.pk})[project.pk] == pytest.approx(0.5, rel=0.01)
 
 
 def test_a_request_waiting_past_the_aged_limit_is_served_by_age_not_fair_share(
@@ -131,7 +133,7 @@ def test_a_request_waiting_past_the_aged_limit_is_served_by_age_not_fair_share(
         QueueEntry.objects.filter(request=request).update(queued_at=now - dt.timedelta(hours=waited_h))
     # Aged first, oldest first (team-a's higher share no longer counts); then fair share; a lower class last.
     assert waiting_order() == [old_mine.pk, older_theirs.pk, theirs.pk, young_mine.pk, dev.pk]
-    places = {p.entry.request_id: p.aged for p in queue_order.ordered()}
+    places = {p.entry.request_id: p.aged for p in queue_policy.ordered()}
     assert places == {old_mine.pk: True, older_theirs.pk: True, theirs.pk: False, young_mine.pk: False, dev.pk: True}
 
     settings.QUEUE_AGED_AFTER_H = 0  # fair share always orders
@@ -188,7 +190,7 @@ def test_the_owner_may_withdraw_a_queued_request(busy, full_request, bob):
     queue.enqueue(request)
     services.withdraw(request, actor=bob)
     assert request.state == RequestState.WITHDRAWN
-    assert queue_order.ordered() == []
+    assert queue_policy.ordered() == []
 
 
 def test_freed_capacity_goes_to_the_head_by_policy_and_the_policy_is_recorded(busy, full_request, operator):

@@ -1,8 +1,8 @@
-"""GET /api/v1/procurement/what-if/: the procurement what-if (pools/procurement.py), for operators.
+"""GET /api/v1/procurement/what-if/: the procurement what-if (scheduling/procurement.py), for operators.
 
 `?product=H100-80GB&tier=full&add=0,32,64` answers, for each GPU count added, the mean and P90 wait and the
 utilisation over the demand of the last `window_days`, beside what was observed and the assumptions. The
-admin's page (pools/queue_admin.py) reads its input through the same WhatIfQuery.
+admin's page (scheduling/admin.py) reads its input through the same WhatIfQuery.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from conftest import Fleet
 from django.utils import timezone
 
 from capacity.choices import SpecKind
-from pools import queue_order
 from pools.choices import PriorityClass, RequestState
 from pools.models import Allocation, GpuPool, PoolRequest, ProjectQueueWeight, QueueEntry
+from scheduling.policy import queue_policy
 from tenancy.models import Project
 
 pytestmark = pytest.mark.django_db
@@ -86,7 +86,7 @@ def test_recent_gpu_hours_weigh_each_kind_and_clip_to_the_window(projects, units
     _hold(gamma, three_g.gpu, start=hours_ago(7), mig=three_g)
     _hold(gamma, one_g.gpu, start=hours_ago(7), end=NOW, mig=one_g)
 
-    hours = queue_order.recent_gpu_hours([alpha.pk, beta.pk, gamma.pk, 999], now=NOW)
+    hours = queue_policy.recent_gpu_hours([alpha.pk, beta.pk, gamma.pk, 999], now=NOW)
 
     assert hours == pytest.approx({alpha.pk: 16.0, beta.pk: 1.0, gamma.pk: 4.5, 999: 0.0})
 
@@ -98,18 +98,18 @@ def test_fair_share_divides_by_the_weight(projects, units, settings):
     _hold(beta, units["full"], start=hours_ago(6), end=hours_ago(3), replica=1)
     ProjectQueueWeight.objects.create(project=alpha, weight=3)
 
-    assert queue_order.fair_shares([alpha.pk, beta.pk], now=NOW) == pytest.approx({alpha.pk: 2.0, beta.pk: 3.0})
+    assert queue_policy.fair_shares([alpha.pk, beta.pk], now=NOW) == pytest.approx({alpha.pk: 2.0, beta.pk: 3.0})
 
 
 def test_a_request_ages_exactly_at_the_limit_and_never_without_one(settings):
     settings.QUEUE_AGED_AFTER_H = 2
     queued = hours_ago(5)
-    assert queue_order.aged_at(queued) == hours_ago(3)
-    assert queue_order.is_aged(queued, hours_ago(3)) is True
-    assert queue_order.is_aged(queued, hours_ago(3) - dt.timedelta(seconds=1)) is False
+    assert queue_policy.aged_at(queued) == hours_ago(3)
+    assert queue_policy.is_aged(queued, hours_ago(3)) is True
+    assert queue_policy.is_aged(queued, hours_ago(3) - dt.timedelta(seconds=1)) is False
     settings.QUEUE_AGED_AFTER_H = 0
-    assert queue_order.aged_at(queued) is None
-    assert queue_order.is_aged(queued, NOW) is False
+    assert queue_policy.aged_at(queued) is None
+    assert queue_policy.is_aged(queued, NOW) is False
 
 
 def _queued(project, *, queued_at, priority=PriorityClass.PRODUCTION, rank=None, units):
@@ -144,7 +144,7 @@ def test_the_order_is_ranks_then_class_then_aged_then_fair_share_then_age(projec
     young_gamma_early = _queued(gamma, queued_at=hours_ago(0.75), **kw)  # same share, earlier
     staging = _queued(beta, queued_at=hours_ago(2), priority=PriorityClass.STAGING, **kw)
 
-    places = queue_order.ordered(now=NOW)
+    places = queue_policy.ordered(now=NOW)
 
     assert [p.entry.request_id for p in places] == [
         ranked_1,
@@ -161,15 +161,15 @@ def test_the_order_is_ranks_then_class_then_aged_then_fair_share_then_age(projec
     assert [p.position for p in places] == list(range(1, 11))
     assert [(p.aged, p.fair_share) for p in places[2:4]] == [(True, pytest.approx(6.0)), (True, pytest.approx(2.0))]
     assert places[7].fair_share == pytest.approx(6.0) and places[7].aged is False
-    assert queue_order.position_of(PoolRequest.objects.get(pk=young_beta)) == 7
-    assert queue_order.position_of(PoolRequest.objects.create(project=beta, name="n", count=1)) is None
+    assert queue_policy.position_of(PoolRequest.objects.get(pk=young_beta)) == 7
+    assert queue_policy.position_of(PoolRequest.objects.create(project=beta, name="n", count=1)) is None
 
 
 def test_requests_with_the_same_key_compete(projects, units):
     request = PoolRequest.objects.create(
         project=projects["alpha"], name="k", cluster=units["full"].node.cluster, spec_kind="full", product="A100-80GB"
     )
-    assert queue_order.spec_key(request) == ("full", "A100-80GB", "", request.tier, units["full"].node.cluster_id)
+    assert queue_policy.spec_key(request) == ("full", "A100-80GB", "", request.tier, units["full"].node.cluster_id)
 
 
 def test_a_hold_shorter_than_an_hour_counts_its_minutes(projects, units, settings):
@@ -178,6 +178,6 @@ def test_a_hold_shorter_than_an_hour_counts_its_minutes(projects, units, setting
     _hold(alpha, units["full"], start=hours_ago(0.5))  # a whole GPU for the last 30 minutes
     _hold(beta, units["ts_gpu"], start=hours_ago(2), end=hours_ago(1.75), kind=SpecKind.TIMESLICE, replica=0)
 
-    hours = queue_order.recent_gpu_hours([alpha.pk, beta.pk], now=NOW)
+    hours = queue_policy.recent_gpu_hours([alpha.pk, beta.pk], now=NOW)
 
     assert hours == pytest.approx({alpha.pk: 0.5, beta.pk: 0.25 * 0.25})

@@ -5,9 +5,10 @@ from collections import Counter
 import pytest
 from test_pools_approval_concurrency import run_concurrently
 
-from pools import queue, services
+from pools import services
 from pools.choices import QueueAction, RequestState
 from pools.models import Allocation, AutoApprovalPolicy, PoolRequest, QueueEvent
+from scheduling import queue
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

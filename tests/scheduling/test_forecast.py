@@ -8,8 +8,9 @@ import pytest
 from django.utils import timezone
 
 from capacity.models import MaintenanceWindow
-from pools import forecast, queue, services
+from pools import services
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, PoolRequest, QueueEntry
+from scheduling import forecast, queue
 
 pytestmark = pytest.mark.django_db
 
@@ -254,7 +255,7 @@ def test_arrivals_a_policy_approves_take_units_freed_while_the_head_cannot_start
     fleet, hold, make_request, other_project, charlie, operator, now, settings
 ):
     """The queue's head needs two GPUs of one node; one-GPU requests arriving by policy take each GPU
-    as it frees (pools.queue.after_submit approves what fits), so the head does not start at 3 h."""
+    as it frees (scheduling.queue.after_submit approves what fits), so the head does not start at 3 h."""
     settings.QUEUE_FORECAST_HORIZON_H = 48
     settings.QUEUE_FORECAST_DRAWS = 40
     fleet.full_node("t1", gpus=2)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pools.forecast import Units
+from scheduling.forecast import Units
 
 
 class ScanUnits:
