@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.db.models import Case, Exists, IntegerField, OuterRef, Q, Subquery, Value, When
 
-from .models import Allocation, Cluster, GpuCapacity
+from .models import Allocation, Cluster, GpuCapacity, NodeCapacity
 
 # Clusters are counted up to max(need, COUNT_CAP) free units each: enough for best fit among the clusters
 # with fewer, and for every decision that needs exact counts below `need` (spanning clusters).
@@ -52,21 +52,22 @@ def pick_mig_dedicated_first(locked, project_id: int, cluster_id: int, limit: in
     order pools/units.py's _dedicated_first ranks them: on nodes no other project holds anything on, then on
     GPUs no other project holds anything on, then by node, GPU and placement.
 
-    The units of one GPU share their node's and GPU's rank, so the cluster's MIG GPUs are ranked instead (two
-    index probes per GPU into the allocations, no test of their units), and their units are then locked `chunk`
-    GPUs at a time, in that order and by placement, until `limit` are had. The same units as ranking every
-    free unit of the cluster (which tested every unit and sorted them all: 0.1 s at 10,000 free units), at the
-    cost of the cluster's MIG GPUs and of the units of the first GPUs in rank order."""
+    The units of one GPU share their node's and GPU's rank, so the cluster's MIG GPUs are ranked instead (an
+    index probe into the allocations per GPU and per node, no test of their units), and their units are then
+    locked `chunk` GPUs at a time, in that order and by placement, until `limit` are had. The same units as
+    ranking every free unit of the cluster (which tested every unit and sorted them all: 0.1 s at 10,000 free
+    units), at the cost of the cluster's MIG GPUs and nodes and of the units of the first GPUs in rank order."""
     others = Allocation.objects.active().exclude(project_id=project_id).order_by()
-    ranked = list(
-        GpuCapacity.objects.filter(node__cluster_id=cluster_id, mig_mode_current=True)
-        .annotate(
-            _node_shared=Exists(others.filter(_probe("gpu__node_id", "node_id"))),
-            _gpu_shared=Exists(others.filter(_probe("gpu_id", "pk"))),
-        )
-        .order_by("_node_shared", "_gpu_shared", "node_id", "pk")
-        .values_list("pk", flat=True)
+    gpus = GpuCapacity.objects.filter(node__cluster_id=cluster_id, mig_mode_current=True).order_by()
+    rows = list(
+        gpus.annotate(shared=Exists(others.filter(_probe("gpu_id", "pk")))).values_list("pk", "node_id", "shared")
     )
+    # A node's rank once per node, not once per GPU: a probe per node into its GPUs' allocations.
+    nodes = NodeCapacity.objects.filter(pk__in={node for _, node, _ in rows}).order_by()
+    node_shared = dict(
+        nodes.annotate(shared=Exists(others.filter(_probe("gpu__node_id", "pk")))).values_list("pk", "shared")
+    )
+    ranked = [pk for _, _, _, pk in sorted((node_shared[node], shared, node, pk) for pk, node, shared in rows)]
     picked: list = []
     for start in range(0, len(ranked), chunk):
         gpus = ranked[start : start + chunk]
