@@ -281,10 +281,10 @@ def _take(request: PoolRequest, read: units.FreeUnits | None = None) -> list[uni
     all; otherwise, when the request may span clusters (units.may_span), across clusters of one binding,
     the largest free first. Locks as pools/units.py describes, within the caller's transaction."""
     need = request.count
-    read = read or units.read_free(request)
+    read = read or units.read_free_to_take(request)
     if units.may_span(request):
         units.lock_clusters(read.by_cluster)  # spanning approvals take turns: read the free units again after it
-        read = units.read_free(request)
+        read = units.read_free_to_take(request)
     free = read.by_cluster
     for cluster_id in units.choose_clusters(free, need):
         taken = units.take_units(request, cluster_id, need, read)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, Sum
 
-from capacity import tiers
+from capacity import picking, tiers
 from capacity.choices import Availability, SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, find_product
 from capacity.mig.planner import GpuState, plan_onto_gpus
@@ -175,6 +175,24 @@ def read_free(request: PoolRequest, busy_devices: frozenset[str] | None = None) 
     return FreeUnits({r["node__cluster"]: r["n"] for r in rows.order_by()})
 
 
+def read_free_to_take(request: PoolRequest) -> FreeUnits:
+    """read_free() as approval's choice of cluster reads it: for MIG and (not one-node) whole GPUs, each cluster
+    counted up to max(count, picking.COUNT_CAP) free units (capacity.picking.capped_by_cluster), not every
+    free unit of the fleet. choose_clusters() then picks the best fit among the clusters with fewer than the
+    cap, else the lowest id of those at the cap; spanning (under `count` each) sees exact counts."""
+    if request.spec_kind != SpecKind.MIG and (request.spec_kind != SpecKind.FULL or topology.one_node(request)):
+        return read_free(request)
+    busy = WorkloadProfile.objects.running().multi_device_uuids()
+    cap = max(request.count, picking.COUNT_CAP)
+    if request.spec_kind == SpecKind.MIG:
+        counts = picking.capped_by_cluster(
+            mig_candidates(request, busy), "gpu__node__cluster_id", cap, request.cluster_id
+        )
+    else:
+        counts = picking.capped_by_cluster(full_candidates(request, busy), "node__cluster_id", cap, request.cluster_id)
+    return FreeUnits(counts, busy)
+
+
 def choose_clusters(free: dict[int, int], need: int) -> list[int]:
     """Clusters able to hold the whole request, best fit first (the fewest spare units, then id).
 
@@ -303,16 +321,14 @@ def _take_mig(
     taken: list[Unit] = []
     seen: list[int] = []
     while len(taken) < need:
-        batch = list(
-            _dedicated_first(
-                _lock(base.exclude(pk__in=seen)).select_related("profile", "gpu__node"),
-                request,
-                node="gpu__node",
-                gpu="gpu",
-                then=("gpu__node_id", "gpu_id", "placement_start"),
-                away_from=away_from,
-            )[: need - len(taken)]
-        )
+        rest = base.exclude(pk__in=seen)
+        locked = _lock(rest).select_related("profile", "gpu__node")
+        if away_from:
+            order = ("gpu__node_id", "gpu_id", "placement_start")
+            ranked = _dedicated_first(locked, request, node="gpu__node", gpu="gpu", then=order, away_from=away_from)
+            batch = list(ranked[: need - len(taken)])
+        else:  # the same order, ranked per GPU (capacity.picking): not every free unit of the cluster
+            batch = picking.pick_mig_dedicated_first(locked, request.project_id, cluster_id, need - len(taken))
         if not batch:
             break
         ids = [i.pk for i in batch]
