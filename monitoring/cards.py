@@ -1,10 +1,10 @@
 """The pool card's utilisation: average SM activity of the pool's units over the last hour (0..1).
 
-Read from monitoring's 5-minute rollups in the same query as the other card figures
-(GpuPoolQuerySet.with_card(), which gets this expression through pools.cards: pools sits below
-monitoring and may not import it, so MonitoringConfig.ready() registers it there). A unit is a MIG
-instance series, or the GPU series for full GPUs and time-slice replicas. Null when nothing was
-measured: never a zero that was not seen.
+Read from monitoring's 5-minute rollups in the same query as the other card figures: pools sits below
+monitoring and does not read its data, so the layers that show the card (the pools API, served from
+monitoring.api, and the project dashboard) add it to GpuPool.objects.with_card() with with_utilisation().
+A unit is a MIG instance series, or the GPU series for full GPUs and time-slice replicas. Null when
+nothing was measured: never a zero that was not seen.
 """
 
 from datetime import timedelta
@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.db.models import Avg, Exists, FloatField, OuterRef, Q, Subquery, Value
 from django.utils import timezone
 
-from pools.models import Allocation
+from pools.models import Allocation, GpuPoolQuerySet
 
 from .models import Rollup5m
 
@@ -38,3 +38,8 @@ def utilisation_expression():
         .values("avg")
     )
     return Subquery(rollups, output_field=FloatField()) / Value(100.0)
+
+
+def with_utilisation(pools: GpuPoolQuerySet) -> GpuPoolQuerySet:
+    """`pools` annotated with the card's `utilisation` (GpuPool.card() reads it), in the same query."""
+    return pools.annotate(utilisation=utilisation_expression())
