@@ -242,7 +242,7 @@ class GpuPoolQuerySet(models.QuerySet):
     def with_card(self):
         """Annotate the card's counts in the same query: units and GPUs, total and in use.
 
-        Utilisation is monitoring's data: the layers that show it add it (monitoring.cards.with_utilisation).
+        Utilisation is monitoring's data: the layers that show it add it (monitoring.readers.cards.with_utilisation).
         Correlated subqueries rather than JOIN + COUNT(DISTINCT): the joins would multiply rows by
         allocations x workloads, and each subquery reads one pool's handful of allocations by index.
         """
@@ -418,7 +418,7 @@ class GpuPool(models.Model):
             "in_use_gpus": gpu_count(in_use),
             "gpus_touched": self.gpus_total,
             "gpus_touched_in_use": self.gpus_in_use,
-            # Annotated by monitoring where the card shows it (monitoring.cards); else not measured.
+            # Annotated by monitoring where the card shows it (monitoring.readers.cards); else not measured.
             "utilisation": getattr(self, "utilisation", None),
             "profiles_in_use": self.units_in_use,
             "profiles_total": self.units_total,

@@ -14,7 +14,7 @@ from django.db.models import Count, Q
 
 from capacity.choices import SHARED_SPEC_KINDS, SpecKind
 from capacity.models import Cluster
-from monitoring.cards import with_utilisation
+from monitoring.readers.cards import with_utilisation
 from pools.models import Allocation, BestEffortRequest, GpuPool, PoolRequest, gpu_count
 from pools.units import shortage, verdict
 from tenancy.models import Project

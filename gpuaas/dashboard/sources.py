@@ -35,7 +35,7 @@ from capacity.models import Cluster
 from monitoring import readers
 from monitoring.choices import HealthLevel, HealthRule, IdleState
 from monitoring.models import ANOTHER_PROJECT, HealthEvent, IdleReservation, Rollup5m, Sample, Series, TrespassEvent
-from monitoring.sample_reads import sample_rows
+from monitoring.readers.samples import sample_rows
 from pools.models import Allocation
 from tenancy.models import Project
 

@@ -26,8 +26,8 @@ from pools.models import Allocation, GpuPool
 from tenancy.roles import projects_for, sees_all_projects
 
 from .. import readers
-from ..cards import with_utilisation
 from ..models import HealthEvent, IdleReservation, Series, TrespassEvent
+from ..readers.cards import with_utilisation
 from . import filters, serializers
 
 
@@ -171,7 +171,6 @@ class PoolUtilisationViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelV
 # is registered here (monitoring/api/urls.py) rather than in pools, which does not read monitoring. No docstring:
 # the schema's descriptions stay GpuPoolViewSet's.
 class PoolCardViewSet(GpuPoolViewSet):
-
     def get_queryset(self):
         return with_utilisation(super().get_queryset())
 

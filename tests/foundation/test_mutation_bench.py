@@ -88,7 +88,7 @@ def test_equivalent_mutants_are_read_from_the_modules_test_folder(monkeypatch, t
 
 
 def test_an_unmapped_module_or_a_missing_file_is_an_error_naming_what_to_do():
-    unmapped = mutation.run_mutation_bench(module="billing/csvsafe.py")
+    unmapped = mutation.run_mutation_bench(module="billing/exports/csvsafe.py")
     assert "pass --tests, or map it" in unmapped["error"]
     missing = mutation.run_mutation_bench(module="billing/nothing.py")
     assert "no such Python file" in missing["error"]

@@ -5,8 +5,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from monitoring.cards import with_utilisation
 from monitoring.models import Rollup5m, Series
+from monitoring.readers.cards import with_utilisation
 from pools import services
 from pools.models import GpuPool
 

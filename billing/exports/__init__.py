@@ -12,8 +12,8 @@ from decimal import Decimal
 
 from django.db.models import prefetch_related_objects
 
+from ..models import Statement, StatementLine
 from .csvsafe import SafeDictWriter
-from .models import Statement, StatementLine
 
 CSV_COLUMNS = [
     "project",
@@ -105,7 +105,7 @@ def iter_csv(statements) -> Iterator[str]:
     (empty cell = not applicable / not measured). `statements` is a queryset.
 
     Text cells that a spreadsheet would run as a formula (a pool named "=..." or a reason "+...")
-    are prefixed with a single quote (billing.csvsafe); numeric columns stay numbers.
+    are prefixed with a single quote (billing.exports.csvsafe); numeric columns stay numbers.
     """
     writer = SafeDictWriter(_Echo(), fieldnames=CSV_COLUMNS, numeric=NUMERIC_COLUMNS)
     yield writer.writeheader()

@@ -10,7 +10,7 @@ from capacity.choices import SpecKind
 from pools.models import Allocation
 from tenancy.roles import in_projects_of, sees_all_projects
 
-from .choices import MetricSource
+from ..choices import MetricSource
 
 
 def _allocations_of(user):
@@ -36,7 +36,7 @@ class SeriesQuerySet(models.QuerySet):
 
         Time-sliced GPUs are shared between projects, so their GPU-level series are operator-only. A vGPU's
         series is its VM's project's (the VM holding it at the last poll, `vgpu_workload`).
-        Points outside the allocation windows are removed by the readers (monitoring/readers.py).
+        Points outside the allocation windows are removed by the readers (monitoring/readers/__init__.py).
         """
         if sees_all_projects(user):
             return self

@@ -30,7 +30,7 @@ from capacity.agent import protocol, transport
 from capacity.services.inventory import ingest_inventory_reports
 from core.leases import crash_point
 
-from .services.reports import IngestOutcome, ingest_reports
+from ..services.reports import IngestOutcome, ingest_reports
 
 logger = logging.getLogger(__name__)
 

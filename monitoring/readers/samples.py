@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from . import backends
-from .buckets import NO_END
+from .. import backends
+from ..buckets import NO_END
 
 
 def sample_rows(series_ids, start: datetime, end: datetime = NO_END, columns=()) -> list[tuple]:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from pools.models import Allocation, GpuPoolQuerySet
 
-from .models import Rollup5m
+from ..models import Rollup5m
 
 WINDOW = timedelta(hours=1)
 

@@ -24,11 +24,11 @@ from capacity.models import WorkloadProfile
 from capacity.services.workloads import physical_id
 from pools.models import Allocation
 
-from . import backends
-from .buckets import BUCKET, GAUGES, floor, plain_number
-from .choices import RollupLevel
-from .models import Rollup1h, Rollup5m, RollupRun, Sample, Series
-from .sample_reads import sample_rows
+from .. import backends
+from ..buckets import BUCKET, GAUGES, floor, plain_number
+from ..choices import RollupLevel
+from ..models import Rollup1h, Rollup5m, RollupRun, Sample, Series
+from .samples import sample_rows
 
 STEPS = ("raw", "5m", "1h")
 METRICS = GAUGES  # power_w, sm_active, gpu_util, mem_used_mib, temp_c

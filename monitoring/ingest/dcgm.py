@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .adapters.prometheus import PromSample
+from ..adapters.prometheus import PromSample
 
 # Blank sentinels (dcgm_structs.h): int32 >= 0x7ffffff0, int64 >= 0x7ffffffffffffff0, fp64 >= 2**47.
 _INT32_BLANK = 0x7FFFFFF0
