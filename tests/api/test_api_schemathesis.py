@@ -52,7 +52,7 @@ from schemathesis.generation.overrides import Override
 from schemathesis.openapi.checks import RejectedPositiveData
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from gpuaas.env import env_bool, env_int, env_list, env_str
+from gpuaas.settings.env import env_bool, env_int, env_list, env_str
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
 from dashboard_world import add_signals, build_world  # noqa: E402
