@@ -23,8 +23,8 @@ REST_FRAMEWORK = {
         "core.api.OrderingFilter",  # DRF's, with a NUL character refused as the schema says
     ],
     "DEFAULT_THROTTLE_CLASSES": [
-        "gpuaas.access.AnonThrottle",  # per client address behind the ingress (TRUSTED_PROXY_COUNT)
-        "gpuaas.access.UserThrottle",
+        "gpuaas.web.access.AnonThrottle",  # per client address behind the ingress (TRUSTED_PROXY_COUNT)
+        "gpuaas.web.access.UserThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "anon": env_str("API_THROTTLE_ANON", "60/minute"),

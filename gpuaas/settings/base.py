@@ -76,7 +76,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "gpuaas.middleware.UnsupportedMethodMiddleware",  # TRACE and unknown methods: 405 before any view
+    "gpuaas.web.middleware.UnsupportedMethodMiddleware",  # TRACE and unknown methods: 405 before any view
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -204,17 +204,17 @@ AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
 # A cool-off, never a permanent lock: attempts during a lockout are refused but not counted, so the
 # lock ends AXES_COOLOFF_MINUTES after the failure that set it, whatever an attacker keeps sending.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
-AXES_RESET_ON_SUCCESS = True  # forgives the signed-in username's failures only (gpuaas.access.LockoutHandler)
+AXES_RESET_ON_SUCCESS = True  # forgives the signed-in username's failures only (gpuaas.web.access.LockoutHandler)
 # Failures live in the database: shared by every web process and host, listed in the admin
 # (Axes > Access attempts, with an "Unlock" action), and `manage.py axes_reset` clears them all.
-AXES_HANDLER = "gpuaas.access.LockoutHandler"
+AXES_HANDLER = "gpuaas.web.access.LockoutHandler"
 AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
 AXES_VERBOSE = False  # no banner at every start; lockouts are still logged as warnings
 # The client address is REMOTE_ADDR unless TRUSTED_PROXY_COUNT proxies (the ingress) append to
-# X-Forwarded-For; django-ipware reads it (gpuaas.access.client_address), for axes and the API
+# X-Forwarded-For; django-ipware reads it (gpuaas.web.access.client_address), for axes and the API
 # throttles alike: a forged header must not give an attacker a fresh address per attempt.
 TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
-AXES_CLIENT_IP_CALLABLE = "gpuaas.access.client_address"
+AXES_CLIENT_IP_CALLABLE = "gpuaas.web.access.client_address"
 
 # --- I18N / time ----------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"

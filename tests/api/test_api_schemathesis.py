@@ -421,7 +421,7 @@ def selected_personas() -> list[str]:
 def test_every_operation_answers_as_the_schema_says(request, monkeypatch, persona, api_schema, ids):
     from django.db import connection
 
-    from gpuaas.access import AnonThrottle, UserThrottle
+    from gpuaas.web.access import AnonThrottle, UserThrottle
     from tenancy.models import ApiToken
 
     # Thousands of requests a minute: the throttles still run, at rates these never reach.

@@ -3,7 +3,7 @@
 import json
 import sys
 
-from gpuaas.supervise import Program, Supervisor
+from gpuaas.demo.supervise import Program, Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 CRASHER = [sys.executable, "-c", "raise SystemExit(3)"]
