@@ -21,7 +21,7 @@ import time
 from django.conf import settings
 from django.db import connection
 
-from . import poll_cycle
+from .monitoring import poll_cycle
 from .pools import CLONE_ENV, bench_database
 from .registry import REGISTRY, Benchmark, Smoke, arg, benchmark
 from .targets import correctness, unmet

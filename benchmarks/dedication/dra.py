@@ -51,10 +51,10 @@ from simcluster.kube import ApiError, ClusterApi
 from simcluster.state import SimState
 from tenancy.models import Project
 
-from .capacity import unique_name
-from .pools import bench_database
-from .registry import Smoke, arg, benchmark
-from .targets import correctness
+from ..capacity import unique_name
+from ..pools import bench_database
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness
 
 UUID = 'device.attributes["gpu.nvidia.com"].uuid'
 MEMBER = "alice"  # a project member: may create pods, claims and templates in the project's namespace (RBAC)

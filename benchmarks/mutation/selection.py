@@ -1,7 +1,7 @@
 """Coverage-guided test selection for `bench mutation`: each mutant runs only the mapped tests that execute its line.
 
 The unmutated mapped tests run once under coverage.py (7.17.3), with one coverage context per test: the pytest
-plugin `benchmarks.mutation_db` calls `Coverage.switch_context(item.nodeid)` around each test's setup, call and
+plugin `benchmarks.mutation.db` calls `Coverage.switch_context(item.nodeid)` around each test's setup, call and
 teardown, as pytest-cov's `--cov-context=test` does. `CoverageMap` then answers, for each line of the module,
 which test node ids ran it (`CoverageData.contexts_by_lineno`).
 

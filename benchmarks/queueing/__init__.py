@@ -75,9 +75,9 @@ from pools.exceptions import InsufficientCapacity
 from pools.models import Allocation, AutoApprovalPolicy, GpuPool, Loan, PoolRequest, QueueEntry
 from tenancy.models import Project
 
-from .pools import _percentile, bench_database, double_allocated, h100_fleet
-from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from ..pools import _percentile, bench_database, double_allocated, h100_fleet
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness, performance
 
 # workload type: (share of arrivals, sizes (GPUs), median hold h, sigma of log hold, share with an end date,
 #                 SM activity range)

@@ -41,10 +41,10 @@ from simcluster.gpuoperator import DriverUpgradeController
 from simcluster.kube import ClusterApi
 from tenancy.models import Project
 
-from .capacity import delete_bench_clusters, stale_bench_clusters, unique_name
-from .mig_reconfigure import _build  # the same fleet: H100-80GB nodes, every GPU at 3g.40gb x 2
-from .registry import Smoke, arg, benchmark
-from .targets import Expr, correctness, performance
+from ..capacity import delete_bench_clusters, stale_bench_clusters, unique_name
+from ..registry import Smoke, arg, benchmark
+from ..targets import Expr, correctness, performance
+from .reconfigure import _build  # the same fleet: H100-80GB nodes, every GPU at 3g.40gb x 2
 
 BENCH_PREFIX = "bench-drain-"
 UPGRADABLE = Expr("upgrade_nodes - failed_nodes", lambda r: r["upgrade_nodes"] - r["failed_nodes"])

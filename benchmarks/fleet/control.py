@@ -50,8 +50,8 @@ from pools.models import Allocation, GpuPool, PoolRequest
 from pools.queue_models import QueueEntry
 from tenancy.models import Project
 
-from . import capacity as discovery_bench
-from .pools import approval_spec, units_per_gpu
+from .. import capacity as discovery_bench
+from ..pools import approval_spec, units_per_gpu
 
 CLUSTERS = 10
 NODES_PER_CLUSTER = 1250

@@ -36,8 +36,8 @@ from monitoring.services.rollups import rollup_1h, rollup_5m
 from pools.models import Allocation, GpuPool, PoolRequest
 from tenancy.models import Project
 
-from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness, performance
 
 PER_NODE = 8
 INTERVAL_S = 30

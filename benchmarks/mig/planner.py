@@ -15,8 +15,8 @@ from itertools import product as cartesian
 from capacity.mig.catalog import PRODUCTS, Product, get_product
 from capacity.mig.planner import clear_caches, first_fit, plan_fewest_gpus
 
-from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness, performance
 
 # A mix where first-fit visibly wastes GPUs: it pairs the 3g instances (6 of 7 compute slices) and
 # strands slice 7 on the 2g/1g GPUs, while the best plan puts a 3g at slice 4 beside 2g/1g instances.

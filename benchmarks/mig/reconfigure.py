@@ -35,9 +35,9 @@ from operations import reconfiguration as rc
 from operations.reconfiguration.commands import record_result
 from simcluster import SimServer, SimState, gpuoperator
 
-from .capacity import delete_bench_clusters, stale_bench_clusters, unique_name
-from .registry import Smoke, arg, benchmark
-from .targets import correctness
+from ..capacity import delete_bench_clusters, stale_bench_clusters, unique_name
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness
 
 BENCH_PREFIX = "bench-reconfig-"
 

@@ -1,11 +1,11 @@
-"""pytest plugin for `bench mutation`'s test processes (`-p benchmarks.mutation_db --reuse-db`).
+"""pytest plugin for `bench mutation`'s test processes (`-p benchmarks.mutation.db --reuse-db`).
 
 Points the test database at GPUAAS_MUTATION_TEST_DB, a file the benchmark copies from a template migrated once
 per run, so each mutant's pytest process reuses it (pytest-django's --reuse-db) instead of migrating again.
 Also loads a Hypothesis profile without the shrink phase: a mutant is killed by the first failing example, and
 shrinking it (hundreds of further examples) would only make the run slower. Nothing else loads this plugin.
 
-Coverage-guided selection (benchmarks/mutation_select.py):
+Coverage-guided selection (benchmarks/mutation/selection.py):
 - GPUAAS_MUTATION_COVER=<data file>|<source file>: measure the source file under coverage.py with one context
   per test (its node id, around setup, call and teardown, as pytest-cov's `--cov-context=test` does), and write
   the node ids pytest ran, in order, to <data file>.order.

@@ -1,7 +1,7 @@
 """`bench mutation`'s throwaway copy of the project: a migrated SQLite template and one pytest process per run.
 
-The working tree is never touched: each mutant is written into the copy (benchmarks/mutation.py). Every test
-process starts from the template, copied (pytest-django's --reuse-db, benchmarks.mutation_db).
+The working tree is never touched: each mutant is written into the copy (benchmarks/mutation/__init__.py). Every test
+process starts from the template, copied (pytest-django's --reuse-db, benchmarks.mutation.db).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .mutation_select import files_of
+from .selection import files_of
 
 IGNORED_IN_COPY = shutil.ignore_patterns(".git", ".venv", "var", "__pycache__", "node_modules", "*.sqlite3*")
 # The run's own environment for the test processes: the embedded defaults, never the caller's database or broker.
@@ -55,7 +55,7 @@ class Copy:
     ) -> tuple[str, int | None]:
         """("passed" | "failed" | "timeout" | "error", exit code) of the tests against the copy as it is now.
 
-        `select`: only these node ids of `tests` run (benchmarks.mutation_db deselects the rest); `cover`: the
+        `select`: only these node ids of `tests` run (benchmarks.mutation.db deselects the rest); `cover`: the
         mutation_db plugin's GPUAAS_MUTATION_COVER, to record which test ran which line."""
         shutil.copyfile(self.template, self.test_db)
         env = self.env(write_bytecode=write_bytecode)
@@ -65,7 +65,7 @@ class Copy:
             tests = files_of(select)
         if cover:
             env["GPUAAS_MUTATION_COVER"] = cover
-        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "benchmarks.mutation_db", "--reuse-db", *tests]
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "benchmarks.mutation.db", "--reuse-db", *tests]
         try:
             done = subprocess.run(
                 command,

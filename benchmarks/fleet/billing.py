@@ -35,7 +35,7 @@ from billing.services import PriceBook
 from capacity.mig.share import shares_per_gpu
 from pricing.rates import spec_key
 
-from .billing import FLOOR_SQL
+from ..billing import FLOOR_SQL
 
 METERING_HOUR_TARGET_S = 10.0  # at 200,000 allocations (scale 1)
 CLOSE_RATIO_TARGET = 3.0

@@ -78,9 +78,9 @@ from monitoring.services.collect import poll_slot
 from monitoring.services.ingest import ingest_samples
 from monitoring.tasks import poll_metrics_task, repoll_missing_task
 
-from .capacity import _read_inventories, _serve, delete_bench_clusters, stale_bench_clusters, unique_name
-from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from ..capacity import _read_inventories, _serve, delete_bench_clusters, stale_bench_clusters, unique_name
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness, performance
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_PREFIX = "bench-poll-"

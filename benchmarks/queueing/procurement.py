@@ -1,6 +1,6 @@
 """`python manage.py bench procurement --gpus 256 --days 30 --seed 1 --add 0,32,64`: is the what-if right?
 
-A month of demand (bench queue's generator, benchmarks/queueing.py generate(): whole H100 GPUs from 20 projects,
+A month of demand (bench queue's generator, benchmarks/queueing/__init__.py generate(): whole H100 GPUs from 20 projects,
 OFFERED_LOAD of the fleet, a daily cycle) goes through the real queue (bench queue's replay, "queue" policy:
 every request auto-approved when it fits, queued otherwise) on `--gpus` GPUs. From the history that leaves in
 the database, pools.procurement.what_if() predicts the mean wait had the fleet had N more GPUs, for each N of
@@ -29,10 +29,10 @@ from django.db import connection, connections
 from capacity.choices import Tier
 from pools import procurement, queue
 
-from .pools import bench_database
-from .queueing import OFFERED_LOAD, START, generate, replay
-from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from ..pools import bench_database
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness, performance
+from . import OFFERED_LOAD, START, generate, replay
 
 MAX_WAIT_ERROR = 0.25  # the issue's bound (#30): at most 25 % of the replayed mean wait
 PRODUCT = "H100-80GB"  # what bench queue's fleet and requests are

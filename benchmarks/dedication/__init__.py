@@ -16,7 +16,7 @@ One poll cycle: discovery mirrors the pods (WorkloadProfile), then the trespass 
   match none (both by (unit, pod uid));
 - attribution_errors: pods whose mirrored usage (WorkloadProfile unit and project) differs from
   the device the simulator gave them and their namespace's project;
-- dra_wrong_device: benchmarks.dra_check on a DRA fleet of the same size (pods that got a device outside
+- dra_wrong_device: benchmarks.dedication.dra on a DRA fleet of the same size (pods that got a device outside
   their claim: must be 0), with dra_pods and dra_forged_obtained_foreign (hand-written claims, see dra.md);
 - detect_s: wall time of the trespass check for the cycle (target: at most 2 s at 200 nodes).
 
@@ -24,7 +24,7 @@ The pods' devices reach gpuaas only through each node's kubelet PodResources soc
 names the nodes with pods of unknown devices and their inventories (PodResources) follow, as the agents'
 would. The `dp_*` figures are a second, device-plugin fleet of H100 and H200 nodes with multi-GPU pods and
 idle units that read like real idle boards, attributed only by PodResources
-(benchmarks/podresources_fleet.py).
+(benchmarks/dedication/podresources.py).
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from simcluster.scenarios import Scenario
 from simcluster.scheduler import assigned_devices
 from tenancy.models import Project
 
-from .dra_check import measure_dra_wrong_device
-from .ending_check import measure_ending_and_loans
-from .podresources_fleet import measure_podresources_fleet
-from .pools import bench_database
-from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from ..pools import bench_database
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness, performance
+from .dra import measure_dra_wrong_device
+from .ending import measure_ending_and_loans
+from .podresources import measure_podresources_fleet
 
 CLUSTER = "dedication"
 MIG_RESOURCE = "nvidia.com/mig-3g.40gb"
@@ -302,7 +302,7 @@ def dedication(
             detect_trespass(cluster.pk)
             detect_s = time.perf_counter() - started
 
-            # The same fleet size under DRA (benchmarks.dra_check): no pod may get a device outside its claim.
+            # The same fleet size under DRA (benchmarks.dedication.dra): no pod may get a device outside its claim.
             units_allocated = Allocation.objects.active().count()
             dra = measure_dra_wrong_device(nodes, projects, 15, rounds=2)
             found = set(

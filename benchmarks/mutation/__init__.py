@@ -12,10 +12,10 @@ mutated files into trampolines inside a `mutants/` copy and forks one pytest ses
 whole suite to run from that copy first to learn which tests reach which function; cosmic-ray fitted first.
 
 Speed: every test process starts from one SQLite test database migrated once per run (a file copy per mutant,
-pytest-django's --reuse-db, benchmarks.mutation_db), so a mutant costs Django's start-up and its tests, not the
+pytest-django's --reuse-db, benchmarks.mutation.db), so a mutant costs Django's start-up and its tests, not the
 migrations. Tests marked `postgres` or `redis` are skipped there, as on the embedded default.
 
-Selection (benchmarks/mutation_select.py): by default each mutant runs only the mapped tests that executed its
+Selection (benchmarks/mutation/selection.py): by default each mutant runs only the mapped tests that executed its
 statement in one unmutated run under coverage.py (a context per test); a change that runs at import runs them
 all, and one no mapped test executes is a survivor reported `not_covered`, without a run. `--selection all`
 runs every mapped test for every mutant.
@@ -41,10 +41,10 @@ from pathlib import Path
 
 from django.conf import settings
 
-from .mutation_copy import IGNORED_IN_COPY, Copy
-from .mutation_select import CoverageMap, lines_reached
-from .registry import Smoke, arg, benchmark
-from .targets import correctness
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness
+from .sandbox import IGNORED_IN_COPY, Copy
+from .selection import CoverageMap, lines_reached
 
 KILL_RATE_TARGET = 0.9
 SELECTIONS = ("coverage", "all")

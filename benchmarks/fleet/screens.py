@@ -39,9 +39,9 @@ from monitoring.models import Series, TrespassEvent
 from pools.models import Allocation, GpuPool, PoolRequest
 from tenancy.models import Project
 
-from . import dashboard
-from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from .. import dashboard
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness, performance
 
 PREFIX = "bench-screens-"
 OPERATOR = "bench-screens-operator"

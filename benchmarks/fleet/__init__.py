@@ -1,6 +1,6 @@
 """`python manage.py bench fleet`: the member read paths at fleet scale (issue #28).
 
-Builds benchmarks.fleet_world in a throwaway PostgreSQL database (`<name>_fleet`, as bench api's
+Builds benchmarks.fleet.world in a throwaway PostgreSQL database (`<name>_fleet`, as bench api's
 bench_database), then measures each member list (pools, pool requests, allocations, statements, usage,
 queue, trespass events) in-process: DRF's APIClient against the real views and middleware, one page of
 50, p50 over TRIES requests after two warm-ups, as `fleet-member` (a member of the three oldest
@@ -8,7 +8,7 @@ projects) and as a superuser. Method for flatness: the world is built with 1 % o
 (at scale 1: about 10,000 history requests, 14,400 usage hours, 1,200 statements, 1,000 trespass events),
 measured, grown to all of it (1,000,000 requests in all) and measured again; ratio = full / 1 %.
 
-Then it imports benchmarks.fleet_billing, fleet_screens and fleet_control where they exist and merges
+Then it imports benchmarks.fleet.billing, screens and control where they exist and merges
 what their `measure(scale)` returns (each reads the world in the database) into the same line; a
 missing module is named in `skipped`. `all_met` is true when every `*_met` flag of the line is.
 
@@ -33,10 +33,10 @@ from rest_framework.throttling import SimpleRateThrottle
 
 from tenancy.models import Project
 
-from . import fleet_world
-from .pools import bench_database
-from .registry import Smoke, arg, benchmark
-from .targets import correctness, performance
+from ..pools import bench_database
+from ..registry import Smoke, arg, benchmark
+from ..targets import correctness, performance
+from . import world as fleet_world
 
 TABLES = {  # the table each list pages through
     "pools": "pools_gpupool",
@@ -63,7 +63,7 @@ GROWTH = 1.2
 SMALL = 0.01  # the first point: 1 % of the others' history
 BUDGET_S = 20.0  # per list and persona
 MIN_TRIES = 3
-HELPERS = ("fleet_billing", "fleet_screens", "fleet_control")
+HELPERS = ("billing", "screens", "control")
 
 
 def _rows(body) -> list[dict]:
