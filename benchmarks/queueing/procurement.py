@@ -1,6 +1,6 @@
 """`python manage.py bench procurement --gpus 256 --days 30 --seed 1 --add 0,32,64`: is the what-if right?
 
-A month of demand (bench queue's generator, benchmarks/queueing/__init__.py generate(): whole H100 GPUs from 20 projects,
+A month of demand (bench queue's generator, benchmarks.queueing.generate(): whole H100 GPUs from 20 projects,
 OFFERED_LOAD of the fleet, a daily cycle) goes through the real queue (bench queue's replay, "queue" policy:
 every request auto-approved when it fits, queued otherwise) on `--gpus` GPUs. From the history that leaves in
 the database, pools.procurement.what_if() predicts the mean wait had the fleet had N more GPUs, for each N of
