@@ -30,14 +30,12 @@ import gc
 import os
 import statistics
 import tempfile
-import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Count, OuterRef, Subquery
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -52,6 +50,7 @@ from tenancy.models import Project
 
 from .. import capacity as discovery_bench
 from ..pools import approval_spec, units_per_gpu
+from .timing import in_ms, rolled_back, timed, with_floor
 
 CLUSTERS = 10
 NODES_PER_CLUSTER = 1250
@@ -74,44 +73,6 @@ TARGETS: dict[str, tuple[str, float]] = {
     "queue_pass_s": ("queue_pass_s", 5.0),
     "forecast_ms": ("forecast_ms", 200.0),
 }
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 2)
-
-
-def _figure(name: str, value: float, floor: float, *, ms: bool = False) -> dict:
-    """`name`, `name_floor` and `name_ratio` (in ms when `ms`, else seconds). The ratio is that of the figures
-    as printed, so a reader who divides the two numbers of the line gets it (a floor of a few milliseconds
-    printed to 3 decimals in seconds would otherwise disagree with the ratio by more than its rounding)."""
-    shown = _ms if ms else (lambda s: round(s, 3))
-    value, floor = shown(value), shown(floor)
-    return {
-        name: value,
-        f"{name}_floor": floor,
-        f"{name}_ratio": round(value / floor, 2) if floor else None,
-    }
-
-
-class _Rollback(Exception):
-    pass
-
-
-@contextmanager
-def rolled_back():
-    """Run the block in a transaction that is always rolled back (nothing it writes stays)."""
-    try:
-        with transaction.atomic():
-            yield
-            raise _Rollback
-    except _Rollback:
-        pass
-
-
-def _timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
 
 
 # --- A world of the fleet's shape --------------------------------------------------------------------
@@ -309,15 +270,15 @@ def measure_approval(project, user, operator) -> dict:
     for _ in range(APPROVAL_REPEAT):
         with rolled_back():
             request = PoolRequest.objects.create(**_fields(template))
-            floors.append(_timed(lambda r=request: list(_floor_lock(r))))
+            floors.append(timed(lambda r=request: list(_floor_lock(r))))
         with rolled_back(), mock.patch.object(services, "enqueue_provisioning"):
             request = PoolRequest.objects.create(**_fields(template))
             with CaptureQueriesContext(connection) as captured:
-                times.append(_timed(lambda r=request: services.approve(r, actor=operator)))
+                times.append(timed(lambda r=request: services.approve(r, actor=operator)))
             queries.append(len(captured))
     approval, floor = statistics.median(times), statistics.median(floors)
     return {
-        **_figure("approval_ms", approval, floor, ms=True),
+        **with_floor("approval_ms", approval, floor, ms=True),
         "approval_free_units": sum(free.values()),
         "approval_free_units_one_cluster": units.usable_free(template, free),
         "approval_spec": units.unit_label(template),
@@ -397,20 +358,20 @@ def measure_queue(n: int, user, *, forecast_samples: int = FORECAST_SAMPLES) -> 
             queue._lock_queue()
             list(QueueEntry.objects.waiting().select_related("request__project", "operator_approved_by"))
 
-        floor_s = _timed(floor)
+        floor_s = timed(floor)
         passed = {}
-        pass_s = _timed(lambda: passed.update(result=queue.process()))
+        pass_s = timed(lambda: passed.update(result=queue.process()))
         result = passed["result"]
         step = max(1, len(entries) // max(1, forecast_samples))
         sample = [e.request for e in entries[::step][:forecast_samples]]
         forecasts, floors = [], []
         for request in sample:
             request.refresh_from_db()
-            floors.append(_timed(lambda r=request: units.read_free(r)))
-            forecasts.append(_timed(lambda r=request: forecast.estimate_start(r)))
+            floors.append(timed(lambda r=request: units.read_free(r)))
+            forecasts.append(timed(lambda r=request: forecast.estimate_start(r)))
     figures = {
         "queue_waiting": len(entries),
-        **_figure("queue_pass_s", pass_s, floor_s),
+        **with_floor("queue_pass_s", pass_s, floor_s),
         "queue_approved": len(result.approved),
         "queue_flagged": len(result.flagged),
         "queue_blocked": len(result.blocked),
@@ -420,8 +381,8 @@ def measure_queue(n: int, user, *, forecast_samples: int = FORECAST_SAMPLES) -> 
     worst, worst_floor = max(forecasts), max(floors)
     return {
         **figures,
-        **_figure("forecast_ms", worst, worst_floor, ms=True),
-        "forecast_p50_ms": _ms(statistics.median(forecasts)),
+        **with_floor("forecast_ms", worst, worst_floor, ms=True),
+        "forecast_p50_ms": in_ms(statistics.median(forecasts)),
         "forecast_samples": len(forecasts),
     }
 
@@ -463,9 +424,9 @@ def measure_discovery(scale: float) -> dict:
     return {
         "discovery_clusters": CLUSTERS,
         "discovery_nodes": nodes * CLUSTERS,
-        **_figure("discovery_first_sync_s", totals["first"], floor),
+        **with_floor("discovery_first_sync_s", totals["first"], floor),
         "discovery_first_sync_per_cluster_s": round(first_worst, 3),
-        **_figure("discovery_resync_s", totals["resync"], floor),
+        **with_floor("discovery_resync_s", totals["resync"], floor),
         "discovery_resync_queries": sorted(queries),
     }
 

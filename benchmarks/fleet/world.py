@@ -38,14 +38,12 @@ import json
 import random
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.core.management.base import CommandError
 from django.db import connection, transaction
-from django.db.models import NOT_PROVIDED, JSONField
 
 from billing.models import Statement, UsageRecord
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigPlacement, MigProfile, NodeCapacity
@@ -56,170 +54,34 @@ from tenancy.choices import Role
 from tenancy.models import Project, ProjectGroupObjectPermission
 from tenancy.roles import ROLE_PERMISSIONS, operators_group
 
-# Sizes at scale 1 (issue #28).
-CLUSTERS = 10
-NODES = 12_500
-GPUS_PER_NODE = 8
-PROJECTS = 10_000
-USERS = 20_000
-OPERATORS = 10
-REQUESTS = 1_000_000
-QUEUED = 10_000
-TRESPASS = 100_000
-USAGE_ALLOCATIONS = 2_000  # others' allocations with a month of hourly usage (see the module docstring)
-STATEMENT_MONTHS = 12
-POOL_UNITS = 10
-MEMBER_PROJECTS = 3
-MEMBER_OLD_REQUESTS = 30
-MEMBER_TRESPASS = 20
-MEMBER = "fleet-member"
-SUPERUSER = "fleet-superuser"
-
-MONTH = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-HOURS = 720
-NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
-YEAR = dt.timedelta(days=365)
-PRODUCTS = {  # catalog product: (NVML product name, memory MiB, tier-1 profiles, tier-2 profile)
-    "H100-80GB": ("NVIDIA H100 80GB HBM3", 81559, ("4g.40gb", "3g.40gb"), "1g.10gb"),
-    "H200-141GB": ("NVIDIA H200", 143771, ("4g.71gb", "3g.71gb"), "1g.18gb"),
-}
-HISTORY_STATES = ("released", "expired", "rejected", "withdrawn", "released", "failed", "released", "expired")
-TIMESLICE_REPLICAS = 4
-HOURLY_RATE = {"full": Decimal("2.500000"), "mig": Decimal("0.450000"), "timeslice": Decimal("0.600000")}
-
-
-def scaled(n: int, scale: float, minimum: int = 1) -> int:
-    return max(minimum, round(n * scale))
-
-
-# --- COPY ----------------------------------------------------------------------------------------
-
-
-def _text(value) -> str:
-    if value is None:
-        return "\\N"
-    if value is True:
-        return "t"
-    if value is False:
-        return "f"
-    return str(value)
-
-
-class Copier:
-    """COPY rows of a model's table from Python tuples (psycopg 3 `cursor.copy`).
-
-    Columns the caller does not give are filled with the model field's default (or NULL where the
-    field is nullable), rendered once, so each row costs one join of its own values."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.seconds: dict[str, float] = {}
-
-    def copy(self, model, fields: tuple[str, ...], rows: Iterable[tuple]) -> int:
-        opts = model._meta
-        given = [opts.get_field(name) for name in fields]
-        columns = [f.column for f in given]
-        extra_columns, extra_values = [], []
-        for f in opts.concrete_fields:
-            if f.column in columns or f.null or f.primary_key or f.db_default is not NOT_PROVIDED:
-                continue
-            value = f.get_default()  # "" for a string field without one
-            if value is None:
-                raise ValueError(f"{opts.label}.{f.name} has no default: give it")
-            extra_columns.append(f.column)
-            extra_values.append(json.dumps(value) if isinstance(f, JSONField) else _text(value))
-        suffix = "".join("\t" + v for v in extra_values) + "\n"
-        names = ", ".join(f'"{c}"' for c in columns + extra_columns)
-        started = time.perf_counter()
-        n = 0
-        with connection.cursor() as cursor:
-            raw = cursor.cursor  # the psycopg 3 cursor under Django's wrapper
-            with raw.copy(f'COPY "{opts.db_table}" ({names}) FROM STDIN') as copy:
-                chunk: list[str] = []
-                for row in rows:
-                    chunk.append("\t".join(map(_text, row)) + suffix)
-                    n += 1
-                    if len(chunk) >= 20_000:
-                        copy.write("".join(chunk))
-                        chunk = []
-                if chunk:
-                    copy.write("".join(chunk))
-        self.counts[opts.db_table] = self.counts.get(opts.db_table, 0) + n
-        self.seconds[opts.db_table] = self.seconds.get(opts.db_table, 0.0) + time.perf_counter() - started
-        return n
-
-
-def next_id(model) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(f'SELECT COALESCE(MAX(id), 0) + 1 FROM "{model._meta.db_table}"')
-        return cursor.fetchone()[0]
-
-
-def reset_sequences(models) -> None:
-    with connection.cursor() as cursor:
-        for model in models:
-            table = model._meta.db_table
-            highest = f'(SELECT COALESCE(MAX(id), 1) FROM "{table}")'
-            cursor.execute(f"SELECT setval(pg_get_serial_sequence('\"{table}\"', 'id'), {highest})")
-
-
-def analyze(models) -> None:
-    """Planner statistics and the visibility map, as autovacuum would have them in production (ANALYZE
-    alone inside a transaction, e.g. a test's, where VACUUM cannot run)."""
-    command = "ANALYZE" if connection.in_atomic_block else "VACUUM ANALYZE"
-    with connection.cursor() as cursor:
-        for model in models:
-            cursor.execute(f'{command} "{model._meta.db_table}"')
-
+from .copier import analyze, next_id, reset_sequences
+from .shape import (
+    ALLOCATION_FIELDS,
+    GPUS_PER_NODE,
+    HISTORY_STATES,
+    HOURLY_RATE,
+    HOURS,
+    MEMBER,
+    MEMBER_OLD_REQUESTS,
+    MEMBER_PROJECTS,
+    MEMBER_TRESPASS,
+    MONTH,
+    NOW,
+    OPERATORS,
+    POOL_FIELDS,
+    POOL_UNITS,
+    PRODUCTS,
+    REQUEST_FIELDS,
+    STATEMENT_MONTHS,
+    SUPERUSER,
+    TIMESLICE_REPLICAS,
+    YEAR,
+    Fleet,
+    Unit,
+    request_row,
+)
 
 # --- The world -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Unit:
-    gpu_id: int
-    mig_instance_id: int | None
-    replica: int
-    kind: str
-    product: str
-    profile_name: str
-    compute_slices: int
-    resource_name: str
-    tier: str
-
-
-@dataclass
-class Fleet:
-    """What the builder made and what grow() and the measurements need to know about it."""
-
-    scale: float
-    seed: int = 28
-    project_ids: list[int] = field(default_factory=list)
-    member_project_ids: list[int] = field(default_factory=list)
-    admin_of: dict[int, int] = field(default_factory=dict)  # project id -> its admin's user id
-    gpu_ids: list[int] = field(default_factory=list)
-    usage_allocations: list[tuple[int, int, int, str, str, str]] = field(default_factory=list)
-    cluster_ids: list[int] = field(default_factory=list)
-    history_base: dict[str, int] = field(default_factory=dict)
-    grown: float = 0.0
-    copier: Copier = field(default_factory=Copier)
-    build_s: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def others(self) -> list[int]:
-        return self.project_ids[MEMBER_PROJECTS:]
-
-    def sizes(self) -> dict[str, int]:
-        return {
-            "clusters": min(CLUSTERS, scaled(NODES, self.scale)),
-            "nodes": scaled(NODES, self.scale, CLUSTERS),
-            "projects": scaled(PROJECTS, self.scale, MEMBER_PROJECTS + 2),
-            "users": scaled(USERS, self.scale, 4),
-            "requests": scaled(REQUESTS, self.scale, 100),
-            "queued": scaled(QUEUED, self.scale, 2),
-            "trespass": scaled(TRESPASS, self.scale, 10),
-            "usage_allocations": scaled(USAGE_ALLOCATIONS, self.scale, 2),
-        }
 
 
 def require_postgresql() -> None:
@@ -426,29 +288,6 @@ def _capacity(fleet: Fleet) -> None:
     fleet._gpu_node = {row[0]: row[1] for row in gpu_rows}
 
 
-def _request_row(rid, project, user, state, kind, catalog, profile, count, cluster, created, *, approved=False):
-    isolation = {"full": "full", "mig": "mig", "timeslice": "timeslice"}[kind]
-    tier = {"full": "full", "mig": "2", "timeslice": "3"}[kind]
-    return (
-        rid, project, user, state, isolation, tier, kind, catalog, profile, count, cluster, created, created,
-        created, created if approved else None, "training" if kind == "full" else "development",
-    )  # fmt: skip
-
-
-REQUEST_FIELDS = (
-    "id", "project", "requested_by", "state", "isolation", "tier", "spec_kind", "product", "profile_name", "count",
-    "cluster", "start_at", "created_at", "updated_at", "approved_at", "workload_type",
-)  # fmt: skip
-POOL_FIELDS = (
-    "id", "project", "request", "cluster", "name", "workload_type", "tier", "state", "created_at", "provisioned_at",
-    "released_at",
-)  # fmt: skip
-ALLOCATION_FIELDS = (
-    "id", "pool", "project", "kind", "replica", "resource_name", "product", "profile_name", "compute_slices",
-    "gpu", "mig_instance", "allocated_at", "released_at", "vacated_at",
-)  # fmt: skip
-
-
 def _active(fleet: Fleet) -> None:
     """Active requests, pools and allocations over two thirds of the units; the queue; the member's own
     old requests, usage, statements and trespass events."""
@@ -473,7 +312,7 @@ def _active(fleet: Fleet) -> None:
             created = NOW - dt.timedelta(days=1 + j % 60, minutes=j % 1440)
             rid, pid = r0 + j, pool0 + j
             requests.append(
-                _request_row(rid, project, fleet.admin_of[project], "active", kind, catalog, profile, len(chunk),
+                request_row(rid, project, fleet.admin_of[project], "active", kind, catalog, profile, len(chunk),
                              cluster, created, approved=True)
             )  # fmt: skip
             tier = requests[-1][5]
@@ -491,14 +330,14 @@ def _active(fleet: Fleet) -> None:
     for k in range(sizes["queued"]):
         project = projects[(k * 7) % len(projects)]
         queued.append(
-            _request_row(q0 + k, project, fleet.admin_of[project], "queued", "full", "H100-80GB", "",
+            request_row(q0 + k, project, fleet.admin_of[project], "queued", "full", "H100-80GB", "",
                          1 + k % 8, None, NOW - dt.timedelta(minutes=k), approved=False)
         )  # fmt: skip
     # The member's own history: old released requests, the oldest rows of all.
     m0 = q0 + len(queued)
     old = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
     mine = [
-        _request_row(m0 + k, p, fleet.admin_of[p], "released", "full", "H100-80GB", "", 1, None,
+        request_row(m0 + k, p, fleet.admin_of[p], "released", "full", "H100-80GB", "", 1, None,
                      old + dt.timedelta(hours=k))
         for k, p in enumerate(p for p in fleet.member_project_ids for _ in range(MEMBER_OLD_REQUESTS))
     ]  # fmt: skip
@@ -616,7 +455,7 @@ def grow(fleet: Fleet, to: float, *, stdout=None) -> dict[str, int]:
             pooled = k % 4 == 0
             state = "released" if pooled else HISTORY_STATES[k % len(HISTORY_STATES)]
             requests.append(
-                _request_row(base["request"] + k, project, fleet.admin_of[project], state, "full", "H100-80GB", "", 1,
+                request_row(base["request"] + k, project, fleet.admin_of[project], state, "full", "H100-80GB", "", 1,
                              None, created, approved=state in ("released", "expired"))
             )  # fmt: skip
             if pooled:
