@@ -160,9 +160,7 @@ class Command(BaseCommand):
         self._log(f"unkind simulator: {' '.join(UNKIND_SIM_ARGS)}; MIG_PARTED_SYNC_S={os.environ['MIG_PARTED_SYNC_S']}")
 
     def _run(self, no_serve: bool, sim_port: int, web_port: int, sim_args: tuple[str, ...] = ()) -> None:
-        from gpuaas.demo import (
-            world as demo_world,  # cycle: imports models; this module loads before apps (broker helpers)
-        )
+        from gpuaas.demo import world as demo_world  # cycle: imports models; this module loads before apps
 
         out = self.stdout
         out.write("1/5 database: migrating")
