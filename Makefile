@@ -34,7 +34,7 @@ define pytest_timed
 endef
 
 # Development targets run with DEBUG=1 (production defaults are safe: DEBUG off needs SECRET_KEY etc.).
-# `manage.py demo` sets DEBUG=1 and per-install keys itself (gpuaas/demo_env.py); pytest uses gpuaas.settings_test.
+# `manage.py demo` sets DEBUG=1 and per-install keys itself (gpuaas/demo/env.py); pytest uses gpuaas.settings_test.
 # `make test` leaves out the slow fault and soak suites (marker `slow`): `make test-slow` runs them, and
 # .ci/run runs both (README "Tests").
 test: $(STAMP) lint

@@ -4,7 +4,7 @@
 import os
 import sys
 
-from gpuaas.demo_env import demo_environment
+from gpuaas.demo.env import demo_environment
 
 
 def main() -> None:

@@ -44,8 +44,9 @@ from capacity.models import (
     SpecAndCount,
     WorkloadProfile,
 )
-from capacity.services.discovery import INVENTORY_NONE, discover_cluster, is_gpu_node
+from capacity.services.discovery import INVENTORY_NONE, discover_cluster
 from capacity.services.inventory import reconcile_inventory
+from capacity.services.node_labels import is_gpu_node
 from monitoring.models import Sample
 from simcluster import SimServer, library_for_node, load_scenario
 from simcluster.state import SimState

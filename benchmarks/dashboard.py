@@ -30,7 +30,7 @@ LAYOUT = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))
 def _build(nodes: int, cluster_name: str = CLUSTER) -> Cluster:
     """Cluster `cluster_name` of `nodes` nodes x 8 H100s (the layout above), its pool, allocations and workloads.
 
-    benchmarks.fleet_screens builds its fleet world with it, one call per cluster."""
+    benchmarks.fleet.screens builds its fleet world with it, one call per cluster."""
     cluster = Cluster.objects.create(name=cluster_name, kubeconfig_path="/dev/null", status="ok")
     project, _ = Project.objects.get_or_create(slug="bench", defaults={"name": "Bench", "namespace": "bench"})
     request = PoolRequest.objects.create(project=project, name=cluster_name, count=1, state="active")

@@ -1,4 +1,5 @@
-"""Registry behind `python manage.py bench NAME`: each module of this package registers its benchmarks.
+"""Registry behind `python manage.py bench NAME`: each module of this package (and its sub-packages) registers its
+benchmarks.
 
 A benchmark is a function taking the parsed options and returning a dict; the command prints it
 as one JSON object on the last line, with the block of the targets it declares (benchmarks.targets).
@@ -61,20 +62,20 @@ def arg(*args, **kwargs) -> tuple[tuple, dict]:
 
 MODULES = (
     "capacity",
-    "mig_planner",
-    "mig_reconfigure",
-    "maintenance",
+    "mig.planner",
+    "mig.reconfigure",
+    "mig.maintenance",
     "pools",
     "billing",
     "monitoring",
     "dashboard",
-    "fleet_screens",
+    "fleet.screens",
     "demo_soak",
-    "dra_check",
+    "dedication.dra",
     "queueing",
-    "procurement",
+    "queueing.procurement",
     "dedication",
-    "poll_cycle",
+    "monitoring.poll_cycle",
     "api_schema",
     "mutation",
     "fleet",

@@ -21,7 +21,7 @@ import time
 from django.conf import settings
 from django.db import connection
 
-from . import poll_cycle
+from .monitoring import poll_fleet
 from .pools import CLONE_ENV, bench_database
 from .registry import REGISTRY, Benchmark, Smoke, arg, benchmark
 from .targets import correctness, unmet
@@ -39,7 +39,7 @@ def database_url() -> str:
     """DATABASE_URL for the current connection's database (a child process then uses the same one)."""
     if connection.vendor == "sqlite":
         return f"sqlite:///{connection.settings_dict['NAME']}"
-    return poll_cycle.database_url()
+    return poll_fleet.database_url()
 
 
 def run_one(bench: Benchmark, env: dict[str, str], timeout_s: float) -> dict:

@@ -21,8 +21,7 @@ from core.admin_permissions import ReadOnlyAdminMixin, ReadOnlyInline
 from tenancy.roles import operator_can
 
 from . import charts, exports, services
-from .choices import RunKind, StatementState
-from .columns import STATEMENT_AMOUNTS
+from .choices import STATEMENT_AMOUNTS, RunKind, StatementState
 from .models import (
     BillingRun,
     MeteringWatermark,

@@ -23,8 +23,7 @@ from core.api import DomainConflict
 from pricing.models import RateCard, billing_currency
 from pricing.rates import SpecKey, spec_key
 
-from .choices import LineType, RunKind, RunStatus, StatementState
-from .columns import STATEMENT_AMOUNTS
+from .choices import STATEMENT_AMOUNTS, LineType, RunKind, RunStatus, StatementState
 from .periods import month_bounds
 
 HOUR_S = 3600

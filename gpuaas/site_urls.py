@@ -10,7 +10,7 @@ from notifications.views import project_urlpatterns as notification_project_urlp
 from tenancy.oidc.views import CallbackView, SignInView
 
 from .dashboard.project_views import account_urlpatterns, home, project_urlpatterns
-from .health import healthz, readyz
+from .web.health import healthz, readyz
 
 urlpatterns = [
     path("", home, name="home"),

@@ -29,9 +29,9 @@ from .models import (
     ShareViolation,
     TrespassEvent,
 )
+from .readers.sparkline import sparkline
 from .services import health as health_services
 from .services import idle as idle_services
-from .sparkline import sparkline
 from .tasks import evict_over_share_task, evict_trespass_task
 
 LEVEL_COLOURS = {HealthLevel.NORMAL: "#2e7d32", HealthLevel.WARNING: "#ef6c00", HealthLevel.CRITICAL: "#c62828"}

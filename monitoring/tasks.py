@@ -6,7 +6,7 @@ publishes a signed report on the ingest queue; capacity/agent/), and one DCGM sc
 that runs an exporter. Each carries the poll's slot time, so a redelivered or duplicated message
 writes the same keys again (ignored). A read expires after one period: one its agent has not started by
 then is dropped (the next period's read replaces it), one started is finished and its report published.
-The reports are written by the ingest worker (`manage.py ingest-worker`, monitoring/ingest_worker.py), late
+The reports are written by the ingest worker (`manage.py ingest-worker`, monitoring/ingest/worker.py), late
 ones too while their slot is within MONITORING_ROLLUP_LATENESS_S (monitoring/services/reports.py).
 """
 

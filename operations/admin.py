@@ -24,7 +24,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from capacity.adapters import kubernetes as kube
-from capacity.admin_layouts import TIME_SLICING_WARNING
+from capacity.admin.layouts import TIME_SLICING_WARNING
 from capacity.choices import ReconfigurationBackend
 from capacity.mig.catalog import PRODUCTS
 from capacity.mig.layout import parse_layout

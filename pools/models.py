@@ -23,7 +23,6 @@ from capacity.choices import SHARED_SPEC_KINDS, Binding, SpecKind, Tier
 from capacity.models.reservations import SHARE_FIELDS, Allocation, AllocationQuerySet
 from tenancy.models import Project
 
-from .cards import utilisation_expression
 from .choices import (
     SHARE_PRIORITY_CLASSES,
     Isolation,
@@ -213,7 +212,7 @@ def claim_template_name(pool_id: int, kind: str, profile_name: str = "") -> str:
 
 
 TIER_LABEL = f"{LABEL_PREFIX}tier"
-CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "utilisation", "shared_node")
+CARD_ANNOTATIONS = ("units_total", "units_in_use", "gpus_total", "gpus_in_use", "shared_node")
 # What a pool says when another project holds units on one of its nodes: under the device plugin
 # (no DRA) the quota and node selector bind a pod to a count of units there, not to these units.
 SHARED_NODE_NOTE = "shared node: binding is by count"
@@ -241,8 +240,9 @@ class GpuPoolQuerySet(models.QuerySet):
         return self.prefetch_related(models.Prefetch("allocations", queryset=held, to_attr="held_units"))
 
     def with_card(self):
-        """Annotate the card's counts in the same query: units and GPUs, total and in use, and utilisation.
+        """Annotate the card's counts in the same query: units and GPUs, total and in use.
 
+        Utilisation is monitoring's data: the layers that show it add it (monitoring.readers.cards.with_utilisation).
         Correlated subqueries rather than JOIN + COUNT(DISTINCT): the joins would multiply rows by
         allocations x workloads, and each subquery reads one pool's handful of allocations by index.
         """
@@ -265,7 +265,6 @@ class GpuPoolQuerySet(models.QuerySet):
             units_in_use=count(busy, models.Count("pk")),
             gpus_total=count(active, models.Count("gpu", distinct=True)),
             gpus_in_use=count(busy, models.Count("gpu", distinct=True)),
-            utilisation=utilisation_expression(),
         )
 
 
@@ -419,7 +418,8 @@ class GpuPool(models.Model):
             "in_use_gpus": gpu_count(in_use),
             "gpus_touched": self.gpus_total,
             "gpus_touched_in_use": self.gpus_in_use,
-            "utilisation": self.utilisation,
+            # Annotated by monitoring where the card shows it (monitoring.readers.cards); else not measured.
+            "utilisation": getattr(self, "utilisation", None),
             "profiles_in_use": self.units_in_use,
             "profiles_total": self.units_total,
             "allocation": f"{self.units_in_use}/{self.units_total}",

@@ -1,6 +1,6 @@
 """Celery tasks of the queue: thin; the work is in scheduling.queue.
 
-Their names are those they had in pools.tasks (`name=`), which the beat schedule (gpuaas/settings.py), redbeat's
+Their names are those they had in pools.tasks (`name=`), which the beat schedule (gpuaas/settings/), redbeat's
 entries and messages already queued carry: an upgrade leaves them working.
 """
 

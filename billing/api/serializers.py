@@ -12,7 +12,7 @@ from pricing.models import RateCard, RateCardEntry
 from tenancy.models import Project
 
 from .. import exports
-from ..columns import METERED_COLUMNS
+from ..choices import METERED_COLUMNS
 from ..models import BillingRun, Statement, StatementLine, UsageRecord
 from ..periods import PERIOD_SCHEMA, parse_period
 

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from ..columns import ALLOCATION_COLUMNS
+from ..choices import ALLOCATION_COLUMNS
 from ..models import UsageRecord
 
 # Array type of each UsageRecord column that metering writes, for unnest().

@@ -22,7 +22,7 @@ from pricing import rates
 from pricing.rates import EPOCH
 
 from .. import measurements
-from ..columns import ALLOCATION_COLUMNS
+from ..choices import ALLOCATION_COLUMNS
 from ..periods import HOUR, floor_hour
 from .intervals import Interval, intersect, seconds_in, subtract
 

@@ -27,7 +27,7 @@ from pricing.rates import spec_fields, spec_key
 from pricing.services import PriceBook
 
 from .. import backends, measurements
-from ..columns import ALLOCATION_COLUMNS, METERED_COLUMNS
+from ..choices import ALLOCATION_COLUMNS, METERED_COLUMNS
 from ..models import MeteringWatermark, UsageRecord
 from ..periods import HOUR, floor_hour
 from .clock import Unit, failed_windows, health_windows, hour_figures, units_of

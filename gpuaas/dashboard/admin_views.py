@@ -15,7 +15,7 @@ from django.urls import path, reverse
 from capacity.models import Cluster, GpuCapacity
 from core.scopes import Scope, scoped
 
-from . import crosscheck, fleet, nodes, sources
+from . import crosscheck, fleet, nodes, timeseries
 
 REFRESH_S = 15
 # The dashboard shows the fleet and every project's pools: staff without these get the admin's 403.
@@ -38,11 +38,11 @@ def _page(request, admin_site, template: str, title: str, data: dict, data_url: 
 
 
 def cluster_view_data(cluster: Cluster, page: str | int) -> dict:
-    return nodes.node_view(cluster, page) | {"series": sources.cluster_series([cluster])}
+    return nodes.node_view(cluster, page) | {"series": timeseries.cluster_series([cluster])}
 
 
 def gpu_view_data(gpu: GpuCapacity) -> dict:
-    return nodes.gpu_picture(gpu) | {"series": sources.gpu_series(gpu)}
+    return nodes.gpu_picture(gpu) | {"series": timeseries.gpu_series(gpu)}
 
 
 def urlpatterns(admin_site) -> list:

@@ -23,7 +23,7 @@ from capacity.services import planning
 from pools.choices import RequestState
 from pools.models import Allocation, PoolRequest, gpu_count
 
-from . import sources, upgrades
+from . import sources, timeseries, upgrades
 from .status import FULL, SHAPE_LABELS, SHAPES, STATUSES, UnitStatus, shape_of, status_of
 
 
@@ -333,8 +333,8 @@ def overview() -> dict:
     groups = unit_groups(ids, busy, table, mig_counts)
     cards = cluster_cards(clusters, groups)
     health = sources.health_counters(ids)
-    series = sources.cluster_series(clusters)
-    activity = sources.cluster_activity(series)
+    series = timeseries.cluster_series(clusters)
+    activity = timeseries.cluster_activity(series)
     for card in cards:
         card["health"] = health[card["id"]]
         card["activity"] = activity.get(card["id"])

@@ -26,7 +26,7 @@ from tenancy.oidc.views import password_sign_in_refused
 from tenancy.roles import projects_for
 from tenancy.services import revoke_token
 
-from . import projects, sources
+from . import projects, sources, timeseries
 from .admin_views import DASHBOARD_PERMISSIONS
 from .forms import ApiTokenForm, PoolRequestForm
 
@@ -134,8 +134,8 @@ def pool_detail(request, slug: str, pk: int):
             "pool": pool,
             "card": card,
             "allocation": projects.pool_allocations(pool),
-            "series": sources.pool_series(pool),
-            "pods": sources.pool_pods(pool),
+            "series": timeseries.pool_series(pool),
+            "pods": timeseries.pool_pods(pool),
         },
     )
 
@@ -145,7 +145,7 @@ def pool_detail(request, slug: str, pk: int):
 @member_required
 def pool_series(request, slug: str, pk: int):
     """The monitoring tab's chart data, re-fetched every 15 s."""
-    return JsonResponse(sources.pool_series(_scoped_pool(request.user, slug, pk)))
+    return JsonResponse(timeseries.pool_series(_scoped_pool(request.user, slug, pk)))
 
 
 @never_cache

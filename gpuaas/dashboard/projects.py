@@ -14,6 +14,7 @@ from django.db.models import Count, Q
 
 from capacity.choices import SHARED_SPEC_KINDS, SpecKind
 from capacity.models import Cluster
+from monitoring.readers.cards import with_utilisation
 from pools.models import Allocation, BestEffortRequest, GpuPool, PoolRequest, gpu_count
 from pools.units import shortage, verdict
 from tenancy.models import Project
@@ -45,7 +46,7 @@ def pool_cards(pools) -> list[dict]:
     provisioning (PoolCluster.state); `cluster` stays the home cluster (GpuPool.cluster), as in the API.
     """
     pools = (
-        pools.with_card()
+        with_utilisation(pools.with_card())
         .with_clusters()
         .with_shares()
         .select_related("project", "cluster", "request")

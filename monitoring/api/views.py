@@ -21,11 +21,13 @@ from rest_framework.response import Response
 from capacity.choices import SpecKind
 from core.permissions import ProjectScopedQuerysetMixin
 from pools.api.filters import GpuPoolFilter
+from pools.api.views import GpuPoolViewSet
 from pools.models import Allocation, GpuPool
 from tenancy.roles import projects_for, sees_all_projects
 
 from .. import readers
 from ..models import HealthEvent, IdleReservation, Series, TrespassEvent
+from ..readers.cards import with_utilisation
 from . import filters, serializers
 
 
@@ -163,6 +165,14 @@ class PoolUtilisationViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelV
         start, end, step = self._range()
         pool = self.get_object()
         return Response(serializers.PoolUtilisationSerializer(self._summary(pool, start, end, step, points=True)).data)
+
+
+# /api/v1/pools/: the pools API's pools with their cards' utilisation, which is monitoring's data, so the route
+# is registered here (monitoring/api/urls.py) rather than in pools, which does not read monitoring. No docstring:
+# the schema's descriptions stay GpuPoolViewSet's.
+class PoolCardViewSet(GpuPoolViewSet):
+    def get_queryset(self):
+        return with_utilisation(super().get_queryset())
 
 
 def open_events_of_pool(pool) -> int:

@@ -32,10 +32,10 @@ from capacity.choices import MigInstanceState
 from capacity.mig.catalog import find_product
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity, WorkloadProfile
 from capacity.services import workloads
-from monitoring import dcgm
 from monitoring import health as rules
 from monitoring.adapters import prometheus
 from monitoring.choices import MetricSource
+from monitoring.ingest import dcgm
 from monitoring.models import Collector, Series
 
 from .health import HealthOutcome, UnitHealth, apply_health

@@ -1,6 +1,6 @@
 """Writing samples: series ids for units, and bulk insert-or-ignore of sample rows.
 
-A sample row is a tuple in `SAMPLE_COLUMNS` order (monitoring/models.py); `sample_row()` builds one.
+A sample row is a tuple in `SAMPLE_COLUMNS` order (monitoring/models/); `sample_row()` builds one.
 Duplicate and late samples are harmless: (ts, series_id) is the primary key and every path
 ignores a row whose key exists. A poll's rows share one ts, so they append at the key's right edge.
 """

@@ -12,7 +12,7 @@ samples (one COPY on PostgreSQL), one health pass, the time-sliced nodes' share 
 upsert of the collectors. A redelivered report writes nothing twice: samples are keyed by
 (ts, series), health events by (unit, rule), collectors by (cluster, source, target).
 
-The ingest worker (monitoring/ingest_worker.py) calls this with a batch from the broker; `poll_node`
+The ingest worker (monitoring/ingest/worker.py) calls this with a batch from the broker; `poll_node`
 calls it with the one report it just read in-process (embedded demo, tests): one path either way.
 
 A report also carries the fingerprint of its node's pod -> device set (the kubelet's PodResources `List`,

@@ -39,7 +39,7 @@ from pools.models import Allocation
 from .. import signals
 from ..choices import TrespassKind
 from ..models import Series, TrespassEvent
-from ..sample_reads import sample_rows
+from ..readers.samples import sample_rows
 from .idle_memory import baseline_mib
 
 logger = logging.getLogger(__name__)

@@ -9,6 +9,6 @@ router.register("projects", views.ProjectViewSet, basename="project")
 # actions are scheduling's), in the place it had here.
 router.register("best-effort-requests", views.BestEffortRequestViewSet, basename="besteffortrequest")
 router.register("auto-approval-policies", views.AutoApprovalPolicyViewSet, basename="autoapprovalpolicy")
-router.register("pools", views.GpuPoolViewSet, basename="gpupool")
+# "pools" (GpuPoolViewSet with the cards' utilisation) is registered by monitoring/api/urls.py, which owns that data.
 router.register("allocations", views.AllocationViewSet, basename="allocation")
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")

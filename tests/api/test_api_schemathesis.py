@@ -52,7 +52,7 @@ from schemathesis.generation.overrides import Override
 from schemathesis.openapi.checks import RejectedPositiveData
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from gpuaas.env import env_bool, env_int, env_list, env_str
+from gpuaas.settings.env import env_bool, env_int, env_list, env_str
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
 from dashboard_world import add_signals, build_world  # noqa: E402
@@ -421,7 +421,7 @@ def selected_personas() -> list[str]:
 def test_every_operation_answers_as_the_schema_says(request, monkeypatch, persona, api_schema, ids):
     from django.db import connection
 
-    from gpuaas.access import AnonThrottle, UserThrottle
+    from gpuaas.web.access import AnonThrottle, UserThrottle
     from tenancy.models import ApiToken
 
     # Thousands of requests a minute: the throttles still run, at rates these never reach.

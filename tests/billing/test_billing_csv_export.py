@@ -16,7 +16,7 @@ HEADER = (
     '"replicas","description","hourly_rate","hours","amount","used_amount","idle_amount","unmeasured_amount",'
     '"sm_activity","energy_kwh","reason","usage_period"'
 )
-# Every text cell quoted, numbers bare, empty cells as "" (billing.csvsafe).
+# Every text cell quoted, numbers bare, empty cells as "" (billing.exports.csvsafe).
 STATEMENT = '"team-a","2026-03",{s},"draft","EUR"'
 
 

@@ -10,7 +10,7 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from billing import services
-from billing.csvsafe import SafeDictWriter, SafeWriter, neutralise, safe_cell
+from billing.exports.csvsafe import SafeDictWriter, SafeWriter, neutralise, safe_cell
 from pools.models import GpuPool
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""benchmarks.fleet_billing.measure on a tiny world: it finds its hour and month in the database, its floors
+"""benchmarks.fleet.billing.measure on a tiny world: it finds its hour and month in the database, its floors
 write the same rows and groups as billing does, and it leaves the world as it found it."""
 
 from datetime import timedelta
@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from benchmarks.billing import START, _World
-from benchmarks.fleet_billing import measure
+from benchmarks.fleet.billing import measure
 from billing.models import MeteringWatermark, Statement, StatementLine, UsageRecord
 
 pytestmark = [

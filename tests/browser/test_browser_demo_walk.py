@@ -1,6 +1,6 @@
 """The demo walked in Chromium as the operator and as the member: every screen tells one availability.
 
-One seeded demo world (gpuaas.demo_world.seed against the simulator, minutes) is read as the screens render it:
+One seeded demo world (gpuaas.demo.world.seed against the simulator, minutes) is read as the screens render it:
 
 - the operator's dashboard and node view (every cluster, every page), read from the DOM after the page fetched
   its JSON: each unit's status, the cluster cards' and profile tables' counts. For each kind of unit on each
@@ -24,9 +24,9 @@ from django.utils import timezone
 
 from capacity.choices import SpecKind, Tier
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
-from gpuaas import demo_world
 from gpuaas.dashboard import crosscheck
 from gpuaas.dashboard.status import UnitStatus
+from gpuaas.demo import world as demo_world
 from monitoring.models import HealthEvent, IdleReservation
 from pools.choices import Isolation, IsolationNeed, WorkloadType
 from pools.services import resolve_spec

@@ -9,8 +9,8 @@ import io
 
 import pytest
 
-from gpuaas import demo_world
 from gpuaas.dashboard import crosscheck
+from gpuaas.demo import world as demo_world
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("retry_waits")]
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from capacity.models import Cluster
 from capacity.services.discovery import discover_cluster
-from gpuaas import demo_world
+from gpuaas.demo import world as demo_world
 from monitoring.models import TrespassEvent
 from monitoring.services import reports
 

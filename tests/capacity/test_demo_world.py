@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from capacity.adapters.kubernetes import KubernetesClient
 from capacity.models import Cluster
-from gpuaas import demo_world
+from gpuaas.demo import world as demo_world
 from monitoring.models import IdleReservation, Sample, Series, TrespassEvent
 from monitoring.services.collect import poll_slot
 from pools.choices import RequestState

@@ -9,7 +9,7 @@ from capacity.agent import transport
 from capacity.models import DiscoveryRun, GpuCapacity, NodeCapacity
 from capacity.tasks import discover_cluster_task
 from core.celery import app, node_queue
-from monitoring.ingest_worker import IngestWorker
+from monitoring.ingest.worker import IngestWorker
 
 pytestmark = [
     pytest.mark.redis,

@@ -1,7 +1,7 @@
 """What discovery reads from one Kubernetes node: pure functions over hand-made node JSON."""
 
 from capacity.adapters.kubernetes import parse_node, parse_pod
-from capacity.services.discovery import Spec, fingerprint, is_gpu_node, node_specs, node_values
+from capacity.services.node_labels import Spec, fingerprint, is_gpu_node, node_specs, node_values
 
 
 def node_json(labels=None, capacity=None, allocatable=None, *, ready="True", unschedulable=False, rv="7"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from capacity.adapters.kubernetes.objects import Node, parse_node
-from capacity.services.discovery import Spec, node_specs, node_values
+from capacity.services.node_labels import Spec, node_specs, node_values
 from simcluster import Scenario
 from simcluster.kube import node_json
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.mig_planner import BIG_DEMAND, BIG_PRODUCT, exhaustive_fewest_gpus, run_mig_planner_bench
+from benchmarks.mig.planner import BIG_DEMAND, BIG_PRODUCT, exhaustive_fewest_gpus, run_mig_planner_bench
 from capacity.mig import planner
 from capacity.mig.catalog import PRODUCTS
 from capacity.mig.layout import Placement, free_placements, free_score, validate_layout

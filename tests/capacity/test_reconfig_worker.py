@@ -12,7 +12,7 @@ from django.db import connections
 from reconfig_sim import node_row, start_sim
 
 from capacity.agent import transport
-from monitoring.ingest_worker import IngestWorker
+from monitoring.ingest.worker import IngestWorker
 from operations import reconfiguration as rc
 
 pytestmark = [

@@ -110,7 +110,7 @@ class _Supervisor:
 
 
 def test_the_demo_names_every_process_it_starts_the_ingest_worker_included(monkeypatch, tmp_path):
-    from gpuaas import demo_world
+    from gpuaas.demo import world as demo_world
 
     monkeypatch.setattr(demo, "call_command", lambda *a, **k: None)
     monkeypatch.setattr(demo_world, "seed", lambda **k: {"operator": "op / pw", "member": "bob / pw"})

@@ -1,6 +1,6 @@
 """The operator's screens read fleet-sized tables in the shapes bench fleet needs (issue 28), on PostgreSQL.
 
-On a small fleet world (benchmarks.fleet_world at 1/250: 50 nodes, 400 GPUs, 720 MIG instances, units
+On a small fleet world (benchmarks.fleet.world at 1/250: 50 nodes, 400 GPUs, 720 MIG instances, units
 held by about 800 active allocations) the queries bench fleet found slow are EXPLAINed:
 
 - the node view's page reads the holders of its own units only: each scan of the allocations in the page's
@@ -23,7 +23,7 @@ from django.db import connection
 from django.db.models import Count, Q
 from django.test.utils import CaptureQueriesContext
 
-from benchmarks import fleet_world
+from benchmarks.fleet import world as fleet_world
 from capacity import tiers
 from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
 from capacity.services import planning

@@ -1,9 +1,9 @@
-"""benchmarks.fleet_screens.measure runs end to end on a small world (its figures are measured on PostgreSQL)."""
+"""benchmarks.fleet.screens.measure runs end to end on a small world (its figures are measured on PostgreSQL)."""
 
 import pytest
 from django.db import connection
 
-from benchmarks.fleet_screens import CHANGELISTS, build_world, measure
+from benchmarks.fleet.screens import CHANGELISTS, build_world, measure
 
 pytestmark = pytest.mark.django_db
 

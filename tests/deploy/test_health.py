@@ -7,7 +7,7 @@ import socket
 import pytest
 from django.test import Client
 
-from gpuaas import health
+from gpuaas.web import health
 
 pytestmark = pytest.mark.django_db
 

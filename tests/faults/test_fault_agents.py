@@ -16,7 +16,7 @@ import pytest
 from conftest import purge
 
 from benchmarks.capacity import _serve
-from benchmarks.poll_cycle import (
+from benchmarks.monitoring.poll_cycle import (
     PollFleet,
     _discover,
     duplicated,

@@ -1,4 +1,4 @@
-"""bench fleet's builder and member paths at a tiny scale (benchmarks/fleet_world.py, benchmarks/fleet.py).
+"""bench fleet's builder and member paths at a tiny scale (benchmarks/fleet/world.py, benchmarks/fleet/__init__.py).
 
 The PostgreSQL test builds the fleet at 1/500 (25 nodes, 200 GPUs, 20 projects, 2,000 requests) with
 COPY, checks the rows are the product's (units held once, states, queue entries, the member's three
@@ -18,7 +18,8 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.db.models import Count, F
 
-from benchmarks import fleet, fleet_world
+from benchmarks import fleet
+from benchmarks.fleet import world as fleet_world
 from pools.models import Allocation, GpuPool, PoolRequest
 from pools.queue_models import QueueEntry
 from tenancy import roles
@@ -67,9 +68,9 @@ def test_bench_fleet_refuses_sqlite():
 
 
 def test_the_helpers_merge_into_one_line_and_missing_ones_are_named(monkeypatch):
-    helper = types.ModuleType("benchmarks.fleet_probe")
+    helper = types.ModuleType("benchmarks.fleet.fleet_probe")
     helper.measure = lambda scale=1.0: {"probe_s": scale, "probe_met": scale < 1}
-    monkeypatch.setitem(sys.modules, "benchmarks.fleet_probe", helper)
+    monkeypatch.setitem(sys.modules, "benchmarks.fleet.fleet_probe", helper)
     merged, skipped = fleet.run_helpers(0.5, modules=("fleet_probe", "fleet_not_written_yet"))
     assert skipped == ["fleet_not_written_yet"]
     assert merged["probe_s"] == 0.5 and merged["probe_met"] is True

@@ -13,7 +13,7 @@ from django.core.cache import cache
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
-from gpuaas.access import client_address
+from gpuaas.web.access import client_address
 
 INGRESS = "10.42.0.17"  # the ingress pod, as the web pod sees it
 LOAD_BALANCER = "10.0.0.5"

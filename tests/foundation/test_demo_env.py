@@ -1,11 +1,11 @@
-"""`manage.py demo` runs with DEBUG=1 and per-install keys generated once under var/ (gpuaas/demo_env.py)."""
+"""`manage.py demo` runs with DEBUG=1 and per-install keys generated once under var/ (gpuaas/demo/env.py)."""
 
 import os
 import stat
 
 from cryptography.fernet import Fernet
 
-from gpuaas.demo_env import demo_environment
+from gpuaas.demo.env import demo_environment
 
 NAMES = (
     "DEBUG",
@@ -52,7 +52,7 @@ def test_demo_keeps_what_the_environment_sets(monkeypatch, tmp_path):
 
 
 def test_demo_signs_in_through_the_simulators_provider_unless_told_otherwise(monkeypatch, tmp_path):
-    from gpuaas.demo_env import SIM_OIDC_ISSUER
+    from gpuaas.demo.env import SIM_OIDC_ISSUER
 
     clean_env(monkeypatch, tmp_path)
     demo_environment()

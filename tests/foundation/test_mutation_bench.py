@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from benchmarks import mutation, mutation_select
+from benchmarks import mutation
+from benchmarks.mutation import selection as mutation_select
 from benchmarks.registry import REGISTRY, load
 
 SOURCE = """def overlap(a0, a1, b0, b1):
@@ -88,7 +89,7 @@ def test_equivalent_mutants_are_read_from_the_modules_test_folder(monkeypatch, t
 
 
 def test_an_unmapped_module_or_a_missing_file_is_an_error_naming_what_to_do():
-    unmapped = mutation.run_mutation_bench(module="billing/csvsafe.py")
+    unmapped = mutation.run_mutation_bench(module="billing/exports/csvsafe.py")
     assert "pass --tests, or map it" in unmapped["error"]
     missing = mutation.run_mutation_bench(module="billing/nothing.py")
     assert "no such Python file" in missing["error"]
@@ -102,7 +103,7 @@ def test_the_benchmark_is_registered_with_its_correctness_targets(figure):
     assert bench.smoke.args[:2] == ("--module", "billing/services/intervals.py")
 
 
-# Coverage-guided selection (benchmarks/mutation_select.py): a tiny fake module and its tests, run for real.
+# Coverage-guided selection (benchmarks/mutation/selection.py): a tiny fake module and its tests, run for real.
 FAKE_MODULE = """import functools
 
 STEP = 1
@@ -177,7 +178,7 @@ def _fake_project(tmp_path: Path) -> dict[str, str]:
 
 
 def _pytest(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.mutation_db"]
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.mutation.db"]
     return subprocess.run(
         [*command, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
     )

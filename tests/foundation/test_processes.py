@@ -1,4 +1,4 @@
-"""The demo's processes under supervisord (gpuaas.processes): a killed child is restarted, the others stay
+"""The demo's processes under supervisord (gpuaas.demo.processes): a killed child is restarted, the others stay
 up, the counts reach the status file `bench demo-soak` reads, and stopping ends every process group."""
 
 import json
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpuaas.processes import Program, Supervisord
+from gpuaas.demo.processes import Program, Supervisord
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 # A child that starts a grandchild in its own process group: stopping must end both.

@@ -3,7 +3,7 @@
 TRACE reached the operator permission, which had no verb for it, and ended in a 500 with a traceback,
 anonymously and unthrottled. Every URL pattern of the site is walked and sent TRACE, CONNECT and a
 made-up method, anonymously and as an operator: the answer is always 405 with an Allow header
-(gpuaas.middleware.UnsupportedMethodMiddleware answers before any view or authentication).
+(gpuaas.web.middleware.UnsupportedMethodMiddleware answers before any view or authentication).
 """
 
 from __future__ import annotations

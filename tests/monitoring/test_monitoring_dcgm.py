@@ -5,8 +5,8 @@ from datetime import timedelta
 import pytest
 from monitoring_helpers import T0
 
-from monitoring import dcgm
 from monitoring.adapters import prometheus
+from monitoring.ingest import dcgm
 from monitoring.models import Collector, HealthEvent, Sample, Series
 from monitoring.services.collect import record_dcgm, scrape_cluster
 

@@ -13,8 +13,8 @@ from monitoring_helpers import T0
 from monitoring_sim import start
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitoring import dcgm
 from monitoring.adapters import prometheus
+from monitoring.ingest import dcgm
 from monitoring.models import HealthEvent, Sample
 from monitoring.services.collect import scrape_cluster
 from simcluster import SimServer

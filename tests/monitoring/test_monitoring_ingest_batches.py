@@ -15,7 +15,7 @@ from monitoring_sim import start
 from capacity.adapters import kubernetes as kube
 from capacity.agent import node as agent
 from capacity.agent import transport
-from monitoring.ingest_worker import IngestWorker
+from monitoring.ingest.worker import IngestWorker
 from monitoring.models import Sample
 from monitoring.services.collect import poll_slot
 
@@ -127,7 +127,7 @@ def test_the_worker_acknowledges_after_its_commit_and_a_claimed_redelivery_write
     visibility timeout, writes it again as nothing new (insert-or-ignore), and acknowledges it."""
     settings.AGENT_INGEST_VISIBILITY_S = VISIBILITY_S
     transport.publish(agent.read_metrics(sim.name, "h100-01", api_url=kube.api_url_for(sim.cluster), slot=_slot()))
-    with mock.patch("monitoring.ingest_worker.crash_point", side_effect=RuntimeError("SIGKILL")):
+    with mock.patch("monitoring.ingest.worker.crash_point", side_effect=RuntimeError("SIGKILL")):
         with pytest.raises(RuntimeError):
             IngestWorker(batch=10, linger_ms=0).run(max_batches=1)
     rows = Sample.objects.count()

@@ -22,7 +22,7 @@ from capacity.agent import transport
 from capacity.agent.tasks import read_node_metrics_task
 from core.celery import app
 from monitoring.buckets import BUCKET, ceil
-from monitoring.ingest_worker import IngestWorker
+from monitoring.ingest.worker import IngestWorker
 from monitoring.models import Collector, Rollup5m, Sample
 from monitoring.services import reports
 from monitoring.services.collect import poll_slot

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.poll_cycle import process_cpu_s
+from benchmarks.monitoring.poll_fleet import process_cpu_s
 
 
 def test_a_process_cpu_is_its_user_and_system_time():

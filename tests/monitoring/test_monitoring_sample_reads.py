@@ -7,9 +7,10 @@ import pytest
 from django.db import connection
 from monitoring_helpers import T0, every
 
-from monitoring import readers, sample_reads
+from monitoring import readers
 from monitoring.backends import postgresql as pg
 from monitoring.models import Sample
+from monitoring.readers import samples as sample_reads
 from monitoring.services.ingest import ingest_samples, sample_row
 
 pytestmark = pytest.mark.django_db

@@ -4,7 +4,7 @@ Before #28 an approval of one MIG unit counted every free unit of the spec in th
 every free unit of the chosen cluster to lock one: 0.7 s at 100,000 free units. Now it counts each cluster
 up to a cap (capacity.picking.capped_by_cluster), ranks the cluster's MIG GPUs with an index probe each, and
 locks the units of the first GPUs in rank order. This EXPLAIN ANALYZEs every query of one approval on
-benchmarks.fleet_control's world at scale 0.1 (10,000 free units, about 1,000 a cluster; build_world
+benchmarks.fleet.control's world at scale 0.1 (10,000 free units, about 1,000 a cluster; build_world
 ANALYZEs it: statistics outlive the test's rollback, so a small world of an earlier test cannot mislead the
 planner here): MIG instances are reached through index conditions only and no more of them are read than
 the cap and chunk allow, and no holder table is hashed whole.

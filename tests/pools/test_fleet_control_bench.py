@@ -1,11 +1,11 @@
-"""benchmarks.fleet_control.measure() at a small scale (#28): every figure with its floor, ratio and verdict,
+"""benchmarks.fleet.control.measure() at a small scale (#28): every figure with its floor, ratio and verdict,
 and the world left as it was found."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import fleet_control
+from benchmarks.fleet import control as fleet_control
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from pools.models import Allocation, GpuPool, PoolRequest
 from pools.queue_models import QueueEntry

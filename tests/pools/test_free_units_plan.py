@@ -4,7 +4,7 @@ Best fit needs every cluster's count of free units of the spec, so the count vis
 what must not grow with the fleet a second time is a probe per unit into the allocations and workloads
 (the EXISTS forms' nested-loop anti-joins: 1.9 s at 25,000 free units, docs/benchmarks.md "fleet:
 control plane"). With fleet=True each holder subquery is a hashed SubPlan, run once. EXPLAIN on
-PostgreSQL, on benchmarks.fleet_control's stand-in world at a small scale; the counts are those of the
+PostgreSQL, on benchmarks.fleet.control's stand-in world at a small scale; the counts are those of the
 EXISTS forms.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.db.models import Count
 
-from benchmarks import fleet_control
+from benchmarks.fleet import control as fleet_control
 from capacity.choices import SpecKind
 from pools import units
 from pools.models import PoolRequest

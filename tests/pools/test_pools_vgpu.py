@@ -11,7 +11,7 @@ from conftest import kube_for
 from capacity.adapters.kubernetes import Node
 from capacity.mig.catalog import PRODUCTS
 from capacity.models import SpecAndCount
-from capacity.services.discovery import node_specs, node_values
+from capacity.services.node_labels import node_specs, node_values
 from capacity.vgpu import VGPU_TYPES, vgpu_type_for_resource
 from pools.matching import Need, full_candidate, match, mig_candidates, timeslice_candidate, vgpu_candidate
 from pricing import rates

@@ -15,7 +15,7 @@ from capacity.models import (
     SpecAndCount,
     TierProfilePolicy,
 )
-from capacity.services import discovery
+from capacity.services import node_labels
 from capacity.vgpu import VGPU_CONFIG_LABEL, VGPU_TYPES, VM_VGPU, WORKLOAD_CONFIG_LABEL
 
 # Per product, per-GPU MIG layouts, including the 1g/2g slices the tier-1 policy refuses.
@@ -102,7 +102,7 @@ def _discovered_specs(node, spec: NodeSpec, use: str) -> None:
         "status": {"capacity": resources, "allocatable": resources},
     }
     kube_node = parse_node(raw)
-    for found in discovery.node_specs(kube_node, discovery.node_values(kube_node)):
+    for found in node_labels.node_specs(kube_node, node_labels.node_values(kube_node)):
         SpecAndCount.objects.create(
             node=node,
             kind=found.kind,

@@ -1,5 +1,5 @@
 """The procurement what-if (scheduling/procurement.py) on worlds whose history the real queue made (bench queue's
-replay, benchmarks/queueing.py: 20 projects, whole H100 GPUs), its API and its admin page."""
+replay, benchmarks/queueing/__init__.py: 20 projects, whole H100 GPUs), its API and its admin page."""
 
 import datetime as dt
 

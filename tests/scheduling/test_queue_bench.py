@@ -1,4 +1,4 @@
-"""`bench queue`'s replay on a hand-built month whose answer is known (benchmarks/queueing.py).
+"""`bench queue`'s replay on a hand-built month whose answer is known (benchmarks/queueing/__init__.py).
 
 One node of 8 GPUs. Project 0 takes all 8 at hour 0 for 100 hours and sits idle; its need comes back
 at hour 30. Project 1 asks for one GPU at hour 1 and has 10 hours of work.

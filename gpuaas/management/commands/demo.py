@@ -2,7 +2,7 @@
 
 Starts the simulated cluster, migrates, creates the demo logins, discovers the clusters, seeds a world
 with something to see in every screen, then runs a Celery worker, beat, the ingest worker and the web
-server (PROCESSES). Every process runs under supervisord (gpuaas.processes): one that exits is logged and
+server (PROCESSES). Every process runs under supervisord (gpuaas.demo.processes): one that exits is logged and
 restarted while the others keep running. Ctrl-C stops every process it started.
 Running it again reuses var/ and changes nothing that exists.
 """
@@ -21,8 +21,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from gpuaas.demo_env import SIM_OIDC_ISSUER, SIM_OIDC_PORT
-from gpuaas.processes import Program, Supervisord
+from gpuaas.demo.env import SIM_OIDC_ISSUER, SIM_OIDC_PORT
+from gpuaas.demo.processes import Program, Supervisord
 
 WEB_ADDR = ("127.0.0.1", 8000)
 SIM_PORT = 6443
@@ -165,7 +165,7 @@ class Command(BaseCommand):
         self._log(f"unkind simulator: {' '.join(UNKIND_SIM_ARGS)}; MIG_PARTED_SYNC_S={os.environ['MIG_PARTED_SYNC_S']}")
 
     def _run(self, no_serve: bool, sim_port: int, web_port: int, sim_args: tuple[str, ...] = ()) -> None:
-        from gpuaas import demo_world  # cycle: imports models; this module loads before apps (broker helpers)
+        from gpuaas.demo import world as demo_world  # cycle: imports models; this module loads before apps
 
         out = self.stdout
         out.write("1/5 database: migrating")

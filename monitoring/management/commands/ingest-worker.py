@@ -3,13 +3,13 @@
     manage.py ingest-worker [--batch 500] [--linger-ms 200]
 
 A control-plane process (it needs DATABASE_URL and CELERY_BROKER_URL). Run one or more: each takes
-its own batches. SIGTERM finishes the batch in hand. See monitoring/ingest_worker.py.
+its own batches. SIGTERM finishes the batch in hand. See monitoring/ingest/worker.py.
 """
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from monitoring.ingest_worker import IngestWorker
+from monitoring.ingest.worker import IngestWorker
 
 
 class Command(BaseCommand):
