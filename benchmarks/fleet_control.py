@@ -47,7 +47,8 @@ from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from pools import forecast, queue, services, units
 from pools.choices import PriorityClass, RequestState
 from pools.models import Allocation, GpuPool, PoolRequest
-from pools.queue_models import QueueEntry
+from pools.models.queue import QueueEntry
+from pools.units import take
 from tenancy.models import Project
 
 from . import capacity as discovery_bench
@@ -336,7 +337,7 @@ def _floor_lock(request: PoolRequest):
         candidates = units.mig_candidates(request)
     else:
         candidates = units.full_candidates(request)
-    return units._lock(candidates).values_list("pk", flat=True)[: request.count]
+    return take._lock(candidates).values_list("pk", flat=True)[: request.count]
 
 
 # --- Queue and forecasts --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Operator console: the approval queue, pools and their provisioning, allocations, project members.
 
-State fields are read-only here; actions call the workflow services (pools/services.py) and end
+State fields are read-only here; actions call the workflow services (pools/services/) and end
 with a "N requests approved" message. Approve, reject and release ask for a reason on an
 intermediate page first.
 """

@@ -30,14 +30,15 @@ from django.utils import timezone
 
 from capacity.choices import SpecKind, Tier
 from capacity.models import Cluster, GpuCapacity
-from pools import forecast, offers, units
+from pools import forecast, units
 from pools.choices import Isolation, IsolationNeed, WorkloadType
 from pools.models import PoolRequest
+from pools.units import offers
 
 from . import fleet, nodes, projects
 from .status import UnitStatus
 
-# The workload whose dry run lands MIG offers on each tier (pools.matching.Candidate.tier).
+# The workload whose dry run lands MIG offers on each tier (pools.units.matching.Candidate.tier).
 DRY_RUN_WORKLOAD = {Tier.SLA_INFERENCE: WorkloadType.INFERENCE, Tier.STAGING: WorkloadType.STAGING}
 FULL_PROFILE = "full GPU"
 

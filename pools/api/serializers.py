@@ -20,7 +20,7 @@ from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
-from .. import matching, offers, queue, queue_order, services, units
+from .. import queue, queue_order, services, units
 from ..choices import (
     ISOLATION_OR_NEED,
     Isolation,
@@ -40,7 +40,8 @@ from ..models import (
     PoolRequestTransition,
     gpu_count,
 )
-from ..queue_models import AutoApprovalPolicy, QueueEntry, window_error
+from ..models.queue import AutoApprovalPolicy, QueueEntry, window_error
+from ..units import candidates, offers
 
 # --- Projects and members ------------------------------------------------------------------------
 
@@ -147,7 +148,7 @@ def _check_vgpu_type(attrs: dict) -> None:
     if not name:
         return
     cluster = attrs.get("cluster")
-    offered = matching.fleet_vgpu_types(cluster_id=cluster.pk if cluster is not None else None)
+    offered = candidates.fleet_vgpu_types(cluster_id=cluster.pk if cluster is not None else None)
     if name not in offered:
         where = f" of {cluster.name}" if cluster is not None else ""
         listing = ", ".join(offered) or "none"
@@ -167,7 +168,7 @@ class PoolRequestSerializer(StrictModelSerializer):
     """A pool request. On create, `project` must be one of yours (else 400 "does not exist").
 
     Declare needs (memory_gib, compute_fraction, isolation as a need, end_at, workload_type) and
-    matching (pools/matching.py) chooses the offer and records why in `offer` and `offer_reason`; or
+    matching (pools/units/matching.py) chooses the offer and records why in `offer` and `offer_reason`; or
     pin the spec with a profile_name, a tier or an isolation kind. `submit: true` submits it at once.
     """
 

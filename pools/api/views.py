@@ -30,8 +30,7 @@ from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project
 
 from .. import forecast, lending, queue, queue_order, services
-from ..models import Allocation, BestEffortRequest, GpuPool, PoolRequest, PoolRequestTransition
-from ..queue_models import AutoApprovalPolicy
+from ..models import Allocation, AutoApprovalPolicy, BestEffortRequest, GpuPool, PoolRequest, PoolRequestTransition
 from . import filters, serializers
 
 

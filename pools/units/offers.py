@@ -13,12 +13,13 @@ from django.utils import timezone
 
 from capacity import tiers
 from capacity.choices import SpecKind
+from pools.forecast import estimate_start
 from pricing.lookup import price_lookup
 
-from . import matching, units
-from .choices import WorkloadType
-from .forecast import estimate_start
-from .models import PoolRequest
+from ..choices import WorkloadType
+from ..models import PoolRequest
+from . import candidates, matching
+from .verdict import verdict
 
 
 def match_declared(
@@ -50,12 +51,12 @@ def match_declared(
         product=product,
         vm=vm,
     )
-    candidates = matching.fleet_candidates(cluster_id=cluster_id)
+    offered = candidates.fleet_candidates(cluster_id=cluster_id)
     if kinds is not None:
-        candidates = [c for c in candidates if c.kind in kinds]
+        offered = [c for c in offered if c.kind in kinds]
     if vgpu_type:
-        candidates = [c for c in candidates if c.kind == SpecKind.VGPU and c.profile_name == vgpu_type]
-    result = matching.match(need, candidates, price=price_lookup(), policy_table=tiers.policies())
+        offered = [c for c in offered if c.kind == SpecKind.VGPU and c.profile_name == vgpu_type]
+    result = matching.match(need, offered, price=price_lookup(), policy_table=tiers.policies())
     if forecast:
         for offer in result.offers:
             forecast_start(offer, cluster_id=cluster_id, start_at=start_at, workload_type=workload_type)
@@ -66,12 +67,12 @@ def forecast_start(
     offer: matching.Offer, *, cluster_id: int | None, start_at: dt.datetime | None, workload_type: str = ""
 ) -> None:
     """When the offer could start: now (or the requested start) when its units are free on one cluster today
-    (units.verdict, with the units the tier policy withholds named); never, when no unit would ever serve it;
+    (verdict(), with the units the tier policy withholds named); never, when no unit would ever serve it;
     otherwise the queue's wait-time forecast (pools.forecast.estimate_start: P50 as the start, P50 and P90 in
     the note). vGPU offers say only whether their vGPUs are free (the forecast has no vGPU hold history)."""
     spec = offer.spec()
     if spec["spec_kind"] == SpecKind.VGPU:
-        free = matching.free_vgpus(spec["profile_name"], cluster_id=cluster_id)
+        free = candidates.free_vgpus(spec["profile_name"], cluster_id=cluster_id)
         offer.forecast = "free now" if free >= spec["count"] else f"waits: {free} of {spec['count']} vGPUs free"
         if free >= spec["count"]:
             offer.forecast_start = max(start_at or timezone.now(), timezone.now())
@@ -87,7 +88,7 @@ def forecast_start(
         workload_type=workload_type or WorkloadType.INFERENCE,
         start_at=start_at or timezone.now(),
     )
-    found = units.verdict(probe)  # the same answer as the form's check and approval
+    found = verdict(probe)  # the same answer as the form's check and approval
     if found.fits:
         offer.forecast_start = max(start_at or timezone.now(), timezone.now())
         offer.forecast = "free now"
