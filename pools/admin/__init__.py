@@ -1,0 +1,18 @@
+"""Operator console: the approval queue, pools and their provisioning, allocations, project members.
+
+State fields are read-only here; actions call the workflow services (pools/services/) and end
+with a "N requests approved" message. Approve, reject and release ask for a reason on an
+intermediate page first (actions.run_with_reason).
+
+requests  the approval queue (pool requests)
+pools     pools and allocations
+loans     loans, evictions and best-effort requests (read-only)
+"""
+
+from . import loans, pools, requests  # noqa: F401  registers the model admins
+from .actions import ReasonForm, run_with_reason
+
+__all__ = ["ReasonForm", "run_with_reason"]
+
+# The queue's own admin pages (policies, entries, weights); they import run_with_reason from here, so last.
+from .. import queue_admin  # noqa: E402, F401
