@@ -14,13 +14,12 @@ from rest_framework import exceptions, serializers
 from capacity.api.mig import WallClockTimeField
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from capacity.choices import AllocationState, Binding
-from capacity.mig.catalog import find_product
 from capacity.models import Cluster
 from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
 
-from .. import queue, queue_order, services, units
+from .. import queue, queue_order, services
 from ..choices import (
     ISOLATION_OR_NEED,
     Isolation,
@@ -41,7 +40,7 @@ from ..models import (
     gpu_count,
 )
 from ..models.queue import AutoApprovalPolicy, QueueEntry, window_error
-from ..units import candidates, offers
+from ..services import declarations
 
 # --- Projects and members ------------------------------------------------------------------------
 
@@ -79,6 +78,30 @@ class RoleSerializer(StrictSerializer):
 # --- Pool requests -------------------------------------------------------------------------------
 
 TOO_MANY_UNITS = "At most {max_value} units per request (POOL_REQUEST_MAX_UNITS)."
+
+
+def refused_as_400(resolve, *args, **kwargs):
+    """`resolve(*args, **kwargs)`, its SpecError answered as a 400 on the fields it names."""
+    try:
+        return resolve(*args, **kwargs)
+    except SpecError as exc:
+        raise serializers.ValidationError(exc.errors) from None
+
+
+class RequestingProjectMixin:
+    """A `project` the caller names to request capacity in: one they can see (the others do not exist, to
+    them: 400 "object does not exist", never a hint), where their role may request capacity (else 403)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None and "project" in self.fields:
+            self.fields["project"].queryset = roles.projects_for(request.user)
+
+    def validate_project(self, project: Project) -> Project:
+        if not services.may_request_capacity(self.context["request"].user, project):
+            raise exceptions.PermissionDenied("Your role in this project cannot request capacity.")
+        return project
 
 
 class TransitionSerializer(serializers.ModelSerializer):
@@ -142,29 +165,13 @@ class QueueStateSerializer(serializers.ModelSerializer):
 VGPU_TYPE_HELP = "A VM's vGPU type, e.g. H100XM-20C: one the fleet's vm-vgpu nodes offer. Implies vm."
 
 
-def _check_vgpu_type(attrs: dict) -> None:
-    """A named vGPU type makes the declaration a VM's and must be a type discovery found (400 naming them)."""
-    name = attrs.get("vgpu_type", "")
-    if not name:
-        return
-    cluster = attrs.get("cluster")
-    offered = candidates.fleet_vgpu_types(cluster_id=cluster.pk if cluster is not None else None)
-    if name not in offered:
-        where = f" of {cluster.name}" if cluster is not None else ""
-        listing = ", ".join(offered) or "none"
-        raise serializers.ValidationError(
-            {"vgpu_type": f"Unknown vGPU type {name!r}: the vm-vgpu nodes{where} offer {listing}."}
-        )
-    attrs["vm"] = True
-
-
 ISOLATION_HELP = (
     "A need (none, memory, hardware; empty: the workload's default) lets matching choose the offer;"
     " a kind (mig, full, timeslice), a tier or a profile pins the spec."
 )
 
 
-class PoolRequestSerializer(StrictModelSerializer):
+class PoolRequestSerializer(RequestingProjectMixin, StrictModelSerializer):
     """A pool request. On create, `project` must be one of yours (else 400 "does not exist").
 
     Declare needs (memory_gib, compute_fraction, isolation as a need, end_at, workload_type) and
@@ -262,13 +269,6 @@ class PoolRequestSerializer(StrictModelSerializer):
             "start_at": {"required": False},
         }
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        request = self.context.get("request")
-        if request is not None and "project" in self.fields:
-            # Projects you cannot see do not exist, to you: 400 "object does not exist", never a hint.
-            self.fields["project"].queryset = roles.projects_for(request.user)
-
     @extend_schema_field(serializers.IntegerField(allow_null=True, help_text="The pool, once approved; else null."))
     def get_pool(self, obj: PoolRequest) -> int | None:
         pool = getattr(obj, "pool", None)
@@ -287,12 +287,6 @@ class PoolRequestSerializer(StrictModelSerializer):
             raise serializers.ValidationError(TOO_MANY_UNITS.format(max_value=settings.POOL_REQUEST_MAX_UNITS))
         return count
 
-    def validate_project(self, project: Project) -> Project:
-        user = self.context["request"].user
-        if not roles.has_project_perm(user, project, "request_capacity"):
-            raise exceptions.PermissionDenied("Your role in this project cannot request capacity.")
-        return project
-
     def validate(self, attrs: dict) -> dict:
         now = timezone.now()
         start = attrs.get("start_at") or now
@@ -304,67 +298,9 @@ class PoolRequestSerializer(StrictModelSerializer):
         attrs["start_at"] = start
         if attrs.get("isolation") == Isolation.VGPU:  # a vGPU is chosen by matching, for a VM
             attrs["vm"], attrs["isolation"] = True, ""
-        if attrs.get("vgpu_type") and _pinned(attrs):
-            raise serializers.ValidationError(
-                {"vgpu_type": "A vGPU type is matched for a VM: leave out profile_name, tier and isolation kind."}
-            )
-        _check_vgpu_type(attrs)
-        attrs = self._pinned(attrs) if _pinned(attrs) else self._matched(attrs)
-        _refuse_never_served(attrs)
+        attrs = refused_as_400(declarations.resolve, attrs)
         attrs.pop("vm", None)  # declarations only: the chosen spec (spec_kind vgpu, its type) is what is stored
         attrs.pop("vgpu_type", None)
-        return attrs
-
-    def _pinned(self, attrs: dict) -> dict:
-        """The team named the spec: resolve it, and refuse memory or compute its units cannot give."""
-        try:
-            spec = services.resolve_spec(
-                isolation=attrs.get("isolation", ""),
-                tier=attrs.get("tier", ""),
-                workload_type=attrs.get("workload_type") or WorkloadType.INFERENCE,
-                product=attrs.get("product", ""),
-                profile_name=attrs.get("profile_name", ""),
-                memory_gib=attrs.get("memory_gib"),
-                compute_fraction=attrs.get("compute_fraction"),
-            )
-        except SpecError as exc:
-            raise serializers.ValidationError(exc.errors) from None
-        if spec.spec_kind != Isolation.MIG and (attrs.get("memory_gib") or attrs.get("compute_fraction")):
-            result = offers.match_declared(
-                **_declared(attrs, isolation=IsolationNeed.NONE, product=spec.product),
-                kinds=frozenset({spec.spec_kind}),
-                forecast=False,
-            )
-            physical = {"memory_gib", "compute_fraction"}
-            if result.rejected and not any(
-                not {need for need, _ in o.failures} & physical for o in result.offers + result.rejected
-            ):
-                raise serializers.ValidationError(_errors(result, only=physical))
-        attrs.update(
-            isolation=spec.isolation,
-            tier=spec.tier,
-            spec_kind=spec.spec_kind,
-            product=spec.product,
-            profile_name=spec.profile_name,
-            offer_reason="spec named by the team",
-        )
-        return attrs
-
-    def _matched(self, attrs: dict) -> dict:
-        """The team declared needs: matching chooses the offer and says why."""
-        product = attrs.get("product", "")
-        if product and product not in services.inventory_products() and not find_product(product):
-            raise serializers.ValidationError({"product": f"Unknown GPU product {product!r}."})
-        result = offers.match_declared(**_declared(attrs), forecast=False)
-        chosen = result.chosen
-        if chosen is None:
-            raise serializers.ValidationError(_errors(result))
-        attrs.update(
-            chosen.spec(),
-            declared_isolation=result.need.isolation_need,
-            offer=chosen.to_dict(),
-            offer_reason=result.why(),
-        )
         return attrs
 
     def create(self, validated_data: dict) -> PoolRequest:
@@ -374,61 +310,6 @@ class PoolRequestSerializer(StrictModelSerializer):
         if submit:
             queue.after_submit(created)  # approved by a policy, queued, or left for an operator
         return created
-
-
-def _refuse_never_served(attrs: dict) -> None:
-    """400 on the profile when no unit of the fleet would ever serve the spec under the tier profile policy,
-    naming the rule and the nearest offer that would be served (pools.units.refusal)."""
-    draft = PoolRequest(
-        spec_kind=attrs.get("spec_kind", ""),
-        isolation=attrs.get("isolation", ""),
-        tier=attrs.get("tier", ""),
-        product=attrs.get("product", ""),
-        profile_name=attrs.get("profile_name", ""),
-        count=attrs.get("count", 1),
-        cluster=attrs.get("cluster"),
-    )
-    never = units.refusal(draft)
-    if never:
-        raise serializers.ValidationError({"profile_name": f"It can never be served: {never}."})
-
-
-def _pinned(attrs: dict) -> bool:
-    return bool(attrs.get("profile_name") or attrs.get("tier") or attrs.get("isolation") in Isolation.values)
-
-
-def _declared(attrs: dict, **override) -> dict:
-    cluster = attrs.get("cluster")
-    declared = {
-        "workload_type": attrs.get("workload_type") or WorkloadType.INFERENCE,
-        "memory_gib": attrs.get("memory_gib"),
-        "compute_fraction": attrs.get("compute_fraction"),
-        "isolation": attrs.get("isolation", ""),
-        "count": attrs.get("count", 1),
-        "product": attrs.get("product", ""),
-        "cluster_id": cluster.pk if cluster is not None else None,
-        "start_at": attrs.get("start_at"),
-        "end_at": attrs.get("end_at"),
-        "vm": attrs.get("vm", False),
-        "vgpu_type": attrs.get("vgpu_type", ""),
-    }
-    return {**declared, **override}
-
-
-def _errors(result, only: set[str] | None = None) -> dict:
-    """400 detail for a declaration no offer meets: each need that every offer fails, with each offer's reason."""
-    failing = [{need for need, _ in o.failures} for o in result.rejected]
-    common = set.intersection(*failing) if failing else set()
-    if only is not None:
-        common &= only
-    if not result.rejected:
-        return {"product": ["No GPU in the fleet offers units of that kind."]}
-    if not common:
-        return {"non_field_errors": [o.explanation() for o in result.rejected]}
-    return {
-        need: [f"{o.label}: {why}" for o in result.rejected for n, why in o.failures if n == need]
-        for need in sorted(common)
-    }
 
 
 class DryRunSerializer(StrictSerializer):
@@ -468,11 +349,8 @@ class DryRunSerializer(StrictSerializer):
             too_many = TOO_MANY_UNITS.format(max_value=settings.POOL_REQUEST_MAX_UNITS)
             raise serializers.ValidationError({"count": too_many})
         attrs["start_at"] = start
-        _check_vgpu_type(attrs)
+        refused_as_400(declarations.check_vgpu_type, attrs)
         return attrs
-
-    def match(self):
-        return offers.match_declared(**_declared(self.validated_data))
 
 
 class PoolRequestDetailSerializer(PoolRequestSerializer):
@@ -839,7 +717,7 @@ class LendingSerializer(StrictSerializer):
     lending_enabled = serializers.BooleanField()
 
 
-class BestEffortRequestSerializer(StrictModelSerializer):
+class BestEffortRequestSerializer(RequestingProjectMixin, StrictModelSerializer):
     """A standing ask for preemptible units of a spec, served from other projects' idle units (docs/queue.md).
 
     Never approved onto own units, never refused for shortage: it gets what idle units there are, up to
@@ -889,32 +767,19 @@ class BestEffortRequestSerializer(StrictModelSerializer):
             },
         }
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        request = self.context.get("request")
-        if request is not None:  # projects you cannot see do not exist, to you (400), as for pool requests
-            self.fields["project"].queryset = roles.projects_for(request.user)
-
-    def validate_project(self, project: Project) -> Project:
-        if not roles.has_project_perm(self.context["request"].user, project, "request_capacity"):
-            raise exceptions.PermissionDenied("Your role in this project cannot request capacity.")
-        return project
-
     def validate_until(self, until: dt.datetime | None) -> dt.datetime | None:
         if until is not None and until <= timezone.now():
             raise serializers.ValidationError("The end must be in the future.")
         return until
 
     def validate(self, attrs: dict) -> dict:
-        try:
-            spec = services.resolve_spec(
-                isolation=attrs.pop("isolation", ""),
-                tier=attrs.pop("tier", ""),
-                product=attrs.get("product", ""),
-                profile_name=attrs.get("profile_name", ""),
-            )
-        except SpecError as exc:
-            raise serializers.ValidationError(exc.errors) from None
+        spec = refused_as_400(
+            services.resolve_spec,
+            isolation=attrs.pop("isolation", ""),
+            tier=attrs.pop("tier", ""),
+            product=attrs.get("product", ""),
+            profile_name=attrs.get("profile_name", ""),
+        )
         attrs.update(spec_kind=spec.spec_kind, product=spec.product, profile_name=spec.profile_name)
         return attrs
 

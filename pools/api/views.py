@@ -31,6 +31,7 @@ from tenancy.models import ApiToken, Project
 
 from .. import forecast, lending, queue, queue_order, services
 from ..models import Allocation, AutoApprovalPolicy, BestEffortRequest, GpuPool, PoolRequest, PoolRequestTransition
+from ..services import declarations
 from . import filters, serializers
 
 
@@ -233,7 +234,7 @@ class PoolRequestViewSet(
         """Fleet-wide facts and list prices, no one's secret; writes nothing."""
         serializer = serializers.DryRunSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        return Response(serializer.match().to_dict())
+        return Response(declarations.dry_run(serializer.validated_data).to_dict())
 
     @extend_schema(
         summary="Submit a draft for approval",

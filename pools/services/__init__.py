@@ -38,6 +38,7 @@ from .requests import (
     fleet_mig_products,
     inventory_products,
     is_legal,
+    may_request_capacity,
     reject,
     release,
     resolve_spec,
@@ -79,4 +80,5 @@ __all__ = [
     "sweep_provisioning",
     "transition",
     "withdraw",
+    "may_request_capacity",
 ]

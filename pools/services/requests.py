@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from capacity.models import GpuCapacity, NodeCapacity
 from core.leases import lease_until
+from tenancy import roles
 from tenancy.models import Project
 
 from .. import ending, signals, units
@@ -208,3 +209,8 @@ def release(request: PoolRequest, *, actor, reason: str = "", to_state: str = S.
             enqueue_deprovisioning(pool)
             enqueue_queue_processing()
     return request
+
+
+def may_request_capacity(user, project: Project) -> bool:
+    """Whether `user`'s role on `project` (one they can see) lets them request capacity there."""
+    return roles.has_project_perm(user, project, "request_capacity")
