@@ -283,7 +283,7 @@ class PoolCluster(models.Model):
     """One cluster a pool holds units on, and that cluster's provisioning (namespace, quota, labels, claim
     templates and placement written there). A pool on one cluster has one; a pool approved across
     clusters (PoolRequest.allow_multi_cluster) has one per cluster, its home cluster (GpuPool.cluster)
-    among them. Provisioning, reconcile and clean-up after release run per row (pools/provisioning.py).
+    among them. Provisioning, reconcile and clean-up after release run per row (pools/provisioning/).
     """
 
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="pool_clusters")

@@ -1,6 +1,6 @@
 """Approval: a submitted or queued request takes free units and becomes a pool, in one transaction.
 
-Approval locks units as pools/units/ describes; nothing else takes row locks. A unit taken concurrently
+Approval locks units as pools/units/take.py describes; nothing else takes row locks. A unit taken concurrently
 trips a unique constraint and approval starts over (APPROVAL_ATTEMPTS).
 """
 
@@ -39,7 +39,7 @@ def approve(
 
     One transaction: claim submitted -> approved (a conditional UPDATE, which also row-locks the
     request), take units on one cluster, or across clusters when the request allows it and no one
-    cluster has them all (_take; pools/units.py: SKIP LOCKED row locks on PostgreSQL), create the
+    cluster has them all (_take; pools/units/take.py: SKIP LOCKED row locks on PostgreSQL), create the
     GpuPool, one PoolCluster per cluster and one Allocation per unit, move on to provisioning, and
     enqueue provisioning on commit. Billing starts here: approved_at and every allocated_at are the
     same instant.
@@ -133,7 +133,7 @@ def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None, free
 def _take(request: PoolRequest, read: units.FreeUnits | None = None) -> list[units.Unit]:
     """All the request's units, or [] when they cannot be had: on one cluster (best fit) if one has them
     all; otherwise, when the request may span clusters (units.may_span), across clusters of one binding,
-    the largest free first. Locks as pools/units.py describes, within the caller's transaction."""
+    the largest free first. Locks as pools/units/take.py describes, within the caller's transaction."""
     need = request.count
     read = read or units.read_free(request)
     if units.may_span(request):

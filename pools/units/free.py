@@ -43,7 +43,7 @@ class Unit:
 class FreeUnits:
     """One read of the units free for a request: per cluster id (`by_cluster`), and for multi-GPU whole-GPU
     work the free GPUs themselves (`gpus`, topology.free_gpus rows), so that approval chooses the cluster,
-    the node and the set from one read (then locks, pools/units.py). `busy_devices`: the devices of pods
+    the node and the set from one read (then locks, pools/units/take.py). `busy_devices`: the devices of pods
     given several (WorkloadProfile.objects.running().multi_device_uuids()), read once for the approval."""
 
     by_cluster: dict[int, int]
