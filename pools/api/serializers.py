@@ -68,7 +68,7 @@ class RoleSerializer(StrictSerializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
-# --- Pool requests -------------------------------------------------------------------------------
+# --- Requesting capacity: what pool and best-effort requests share -------------------------------
 
 TOO_MANY_UNITS = "At most {max_value} units per request (POOL_REQUEST_MAX_UNITS)."
 

@@ -6,6 +6,7 @@ requests      the states and their one gate, transition(); create, submit, withd
 approval      a request takes free units and becomes a pool
 provisioning  a pool's provisioning runs: claim, outcome, retry, sweep (the Kubernetes work: pools/provisioning/)
 allocations   units that end or move: release, expiry, rehoming, moves
+declarations  a declaration turned into the spec a request stores (pinned or matched), or refused
 """
 
 from .allocations import (
@@ -50,9 +51,8 @@ from .requests import (
 __all__ = [
     "APPROVAL_ATTEMPTS",
     "LOANS_END_ON_LEAVING_QUEUE",
-    "TRANSITIONS",
     "S",
-    "_user",
+    "TRANSITIONS",
     "approve",
     "claim_provisioning",
     "create_request",
@@ -65,6 +65,7 @@ __all__ = [
     "is_legal",
     "mark_failed",
     "mark_provisioned",
+    "may_request_capacity",
     "move_allocation",
     "move_mig_allocation",
     "pools_awaiting_cleanup",
@@ -79,6 +80,6 @@ __all__ = [
     "submit",
     "sweep_provisioning",
     "transition",
+    "_user",
     "withdraw",
-    "may_request_capacity",
 ]
