@@ -1,6 +1,6 @@
 """A request's units: what is free, how approval takes it, and what the fleet could offer.
 
-One module per question; the units API (what pools/units.py was) is importable from pools.units:
+One module per question; the units API (formerly one module, units.py) is importable from pools.units:
 
 free        free candidates by kind and cluster, and which clusters a request draws from
 take        how approval locks and takes units, inside its transaction
