@@ -7,6 +7,9 @@ approval      a request takes free units and becomes a pool
 provisioning  a pool's provisioning runs: claim, outcome, retry, sweep (the Kubernetes work: pools/provisioning/)
 allocations   units that end or move: release, expiry, rehoming, moves
 declarations  a declaration turned into the spec a request stores (pinned or matched), or refused
+
+The modules call the enqueue_* hooks through this package (`services.enqueue_provisioning(pool)`), so a test
+or benchmark that patches pools.services.enqueue_* reaches every call, as when the services were one module.
 """
 
 from .allocations import (

@@ -13,10 +13,10 @@ from django.utils import timezone
 from capacity.choices import Binding
 from capacity.models import Cluster, MigInstance, MigReconfiguration
 
-from .. import ending, signals, units
+from .. import ending, services, signals, units
 from ..exceptions import IllegalTransition
 from ..models import Allocation, PoolRequest, PoolRequestTransition
-from .requests import S, enqueue_queue_processing, release
+from .requests import S, release
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def release_allocation(allocation_id: int, *, at: dt.datetime | None = None, rea
             return False
         ending.announce_ending([allocation_id], reason=reason or "the unit was released", at=at)
         _reconcile_after_commit(Allocation.objects.get(pk=allocation_id))
-        enqueue_queue_processing()
+        services.enqueue_queue_processing()
     return True
 
 

@@ -14,11 +14,11 @@ from django.utils import timezone
 
 from capacity.models import Cluster
 
-from .. import units
+from .. import services, units
 from ..exceptions import DomainError, InsufficientCapacity
 from ..models import Allocation, GpuPool, PoolCluster, PoolRequest
 from ..units import topology
-from .requests import S, _user, enqueue_provisioning, transition
+from .requests import S, _user, transition
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _approve_once(request: PoolRequest, *, actor, reason: str, policy=None, free
     names = dict(Cluster.objects.filter(pk__in=per_cluster).values_list("pk", "name"))
     where = ", ".join(f"{names[c]} ({n})" if len(per_cluster) > 1 else names[c] for c, n in per_cluster.items())
     transition(request, S.PROVISIONING, actor, f"{len(taken)} units on {where}; provisioning")
-    enqueue_provisioning(pool)
+    services.enqueue_provisioning(pool)
     return pool
 
 

@@ -12,10 +12,11 @@ from django.utils import timezone
 
 from core.leases import lease_until
 
+from .. import services
 from ..choices import PoolState
 from ..exceptions import IllegalTransition
 from ..models import GpuPool, PoolCluster, PoolRequest, PoolRequestTransition
-from .requests import S, _user, enqueue_provisioning, transition
+from .requests import S, _user, transition
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def retry_provisioning(pool: GpuPool, *, actor, reason: str = "") -> GpuPool:
     with transaction.atomic():
         request = PoolRequest.objects.get(pk=pool.request_id)
         if pool.state == PoolState.PROVISIONING and request.state == S.PROVISIONING:
-            enqueue_provisioning(pool)
+            services.enqueue_provisioning(pool)
             return pool
         transition(request, S.PROVISIONING, actor, reason or "retry provisioning")
         if (
@@ -99,7 +100,7 @@ def retry_provisioning(pool: GpuPool, *, actor, reason: str = "") -> GpuPool:
         ):
             raise IllegalTransition(request.pk, pool.state, S.PROVISIONING)
         pool.state, pool.state_reason = PoolState.PROVISIONING, ""
-        enqueue_provisioning(pool)
+        services.enqueue_provisioning(pool)
     return pool
 
 

@@ -18,7 +18,7 @@ from core.leases import lease_until
 from tenancy import roles
 from tenancy.models import Project
 
-from .. import ending, signals, units
+from .. import ending, services, signals, units
 from ..choices import PoolState, RequestState
 from ..exceptions import DomainError, IllegalTransition
 from ..models import Allocation, GpuPool, PoolRequest, PoolRequestTransition
@@ -206,8 +206,8 @@ def release(request: PoolRequest, *, actor, reason: str = "", to_state: str = S.
             Allocation.objects.filter(pk__in=ended, released_at__isnull=True).update(released_at=now)
             # The units are "ending" until their pods are gone (pools/ending.py); the project is told now.
             ending.announce_ending(ended, reason=reason or f"the request was {to_state}", at=now)
-            enqueue_deprovisioning(pool)
-            enqueue_queue_processing()
+            services.enqueue_deprovisioning(pool)
+            services.enqueue_queue_processing()
     return request
 
 

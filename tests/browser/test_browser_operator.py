@@ -5,7 +5,6 @@ from dashboard_world import add_signals, build_world
 
 from pools import services
 from pools.models import PoolRequest
-from pools.services import approval
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -14,7 +13,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def provisioning(monkeypatch):
     """Pools approval enqueues provisioning in Kubernetes: recorded here instead of sent to a broker."""
     enqueued = []
-    monkeypatch.setattr(approval, "enqueue_provisioning", lambda pool: enqueued.append(pool.pk))
+    monkeypatch.setattr(services, "enqueue_provisioning", lambda pool: enqueued.append(pool.pk))
     return enqueued
 
 
