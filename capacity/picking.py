@@ -49,7 +49,7 @@ def _probe(column: str, outer: str) -> Q:
 
 def pick_mig_dedicated_first(locked, project_id: int, cluster_id: int, limit: int, chunk: int = CHUNK) -> list:
     """Up to `limit` MIG instances of `locked` (free candidates, locked with SKIP LOCKED) on one cluster, in the
-    order pools/units.py's _dedicated_first ranks them: on nodes no other project holds anything on, then on
+    order pools/units/'s _dedicated_first ranks them: on nodes no other project holds anything on, then on
     GPUs no other project holds anything on, then by node, GPU and placement.
 
     The units of one GPU share their node's and GPU's rank, so the cluster's MIG GPUs are ranked instead (an

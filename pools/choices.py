@@ -94,7 +94,7 @@ class PoolClusterState(models.TextChoices):
 
 
 class IsolationNeed(models.TextChoices):
-    """What a team declares about isolation; matching turns it into a kind of unit (pools/matching.py)."""
+    """What a team declares about isolation; matching turns it into a kind of unit (pools/units/matching.py)."""
 
     NONE = "none", "None: sharing a GPU is fine"
     MEMORY = "memory", "Own memory (dedicated framebuffer), compute may be time-sliced"

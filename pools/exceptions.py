@@ -28,7 +28,7 @@ class InsufficientCapacity(DomainError):
 class SpecError(ValueError):
     """A request's declared needs cannot be mapped to a spec; `errors` maps field -> message."""
 
-    def __init__(self, errors: dict[str, str]):
+    def __init__(self, errors: dict[str, str | list[str]]):
         super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
         self.errors = errors
 

@@ -1,6 +1,6 @@
 """Hourly prices for matching's offers: the rate card in force now, read once per matching run.
 
-Pools ranks offers by these (pools.offers passes price_lookup() to pools.matching.match); with no
+Pools ranks offers by these (pools.units.offers passes price_lookup() to pools.units.matching.match); with no
 card in force offers have no price, and matching ranks by the share of a GPU each withholds, which
 the default rate derivation (pricing.rates) prices in proportion anyway.
 """

@@ -18,7 +18,7 @@ from pools.admin import PoolRequestAdmin as PoolsPoolRequestAdmin
 from pools.admin import run_with_reason
 from pools.choices import RequestState
 from pools.models import PoolRequest
-from pools.queue_models import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent
+from pools.models.queue import AutoApprovalPolicy, ProjectQueueWeight, QueueEntry, QueueEvent
 from tenancy import roles
 
 from . import forecast, procurement, queue

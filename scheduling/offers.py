@@ -1,7 +1,7 @@
-"""The offers of a declaration with a start forecast each: pools.offers.match_declared() matches (what the
+"""The offers of a declaration with a start forecast each: pools.units.offers.match_declared() matches (what the
 request would get), forecast_start() says when each offer could start (scheduling.forecast).
 
-The API's dry run reads match_declared() here; request creation reads pools.offers.match_declared() (no
+The API's dry run reads match_declared() here; request creation reads pools.units.offers.match_declared() (no
 forecast), so what the dry run shows is what a request gets.
 """
 
@@ -12,16 +12,17 @@ import datetime as dt
 from django.utils import timezone
 
 from capacity.choices import SpecKind
-from pools import matching, units
-from pools import offers as pool_offers
+from pools import units
 from pools.choices import WorkloadType
 from pools.models import PoolRequest
+from pools.units import candidates, matching
+from pools.units import offers as pool_offers
 
 from .forecast import estimate_start
 
 
 def match_declared(*, forecast: bool = True, **declared) -> matching.Match:
-    """pools.offers.match_declared(**declared), and with `forecast` each offer's start (forecast_start)."""
+    """pools.units.offers.match_declared(**declared), and with `forecast` each offer's start (forecast_start)."""
     result = pool_offers.match_declared(**declared)
     if forecast:
         for offer in result.offers:
@@ -43,7 +44,7 @@ def forecast_start(
     the note). vGPU offers say only whether their vGPUs are free (the forecast has no vGPU hold history)."""
     spec = offer.spec()
     if spec["spec_kind"] == SpecKind.VGPU:
-        free = matching.free_vgpus(spec["profile_name"], cluster_id=cluster_id)
+        free = candidates.free_vgpus(spec["profile_name"], cluster_id=cluster_id)
         offer.forecast = "free now" if free >= spec["count"] else f"waits: {free} of {spec['count']} vGPUs free"
         if free >= spec["count"]:
             offer.forecast_start = max(start_at or timezone.now(), timezone.now())

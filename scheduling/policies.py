@@ -11,7 +11,7 @@ import datetime as dt
 
 from django.utils import timezone
 
-from pools.queue_models import AutoApprovalPolicy
+from pools.models.queue import AutoApprovalPolicy
 
 
 class PolicyBook:

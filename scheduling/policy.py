@@ -26,7 +26,7 @@ from capacity.mig.share import unit_share
 from pools import units
 from pools.choices import PriorityClass
 from pools.models import Allocation, PoolRequest
-from pools.queue_models import ProjectQueueWeight, QueueEntry
+from pools.models.queue import ProjectQueueWeight, QueueEntry
 
 from .policies import PolicyBook
 

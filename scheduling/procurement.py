@@ -28,9 +28,10 @@ from capacity.mig import tiers
 from capacity.mig.catalog import find_product
 from capacity.mig.layout import validate_layout
 from capacity.models import NodeCapacity
-from pools import topology, units
+from pools import units
 from pools.choices import RequestState
 from pools.models import Allocation, GpuPool, PoolRequest
+from pools.units import topology
 
 from . import forecast
 

@@ -38,7 +38,7 @@ from pools import services, units
 from pools.choices import QueueAction, RequestState
 from pools.exceptions import DomainError, InsufficientCapacity
 from pools.models import GpuPool, PoolRequest
-from pools.queue_models import QueueEntry, QueueEvent
+from pools.models.queue import QueueEntry, QueueEvent
 
 from . import forecast
 from .policy import queue_policy

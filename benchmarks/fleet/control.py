@@ -45,7 +45,8 @@ from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from pools import services, units
 from pools.choices import PriorityClass, RequestState
 from pools.models import Allocation, GpuPool, PoolRequest
-from pools.queue_models import QueueEntry
+from pools.models.queue import QueueEntry
+from pools.units import take
 from scheduling import forecast, queue
 from tenancy.models import Project
 
@@ -298,7 +299,7 @@ def _floor_lock(request: PoolRequest):
         candidates = units.mig_candidates(request)
     else:
         candidates = units.full_candidates(request)
-    return units._lock(candidates).values_list("pk", flat=True)[: request.count]
+    return take._lock(candidates).values_list("pk", flat=True)[: request.count]
 
 
 # --- Queue and forecasts --------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from billing.models import Statement, UsageRecord
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigPlacement, MigProfile, NodeCapacity
 from monitoring.models import TrespassEvent
 from pools.models import Allocation, GpuPool, PoolRequest
-from pools.queue_models import QueueEntry
+from pools.models.queue import QueueEntry
 from tenancy.choices import Role
 from tenancy.models import Project, ProjectGroupObjectPermission
 from tenancy.roles import ROLE_PERMISSIONS, operators_group

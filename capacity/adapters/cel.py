@@ -3,7 +3,7 @@ common-expression-language library (Python bindings of the Rust `cel` crate; the
 uses the same library, simcluster/cel.py). Nothing else in gpuaas imports it.
 
 gpuaas writes one kind of CEL: the selector of each ResourceClaimTemplate it holds for a pool
-(pools/provisioning.py, docs/dra.md), `device.attributes["gpu.nvidia.com"].uuid in [...]`. Before such a
+(pools/provisioning/, docs/dra.md), `device.attributes["gpu.nvidia.com"].uuid in [...]`. Before such a
 selector is written, `checked_device_selector` proves three things with the library, so a template the API
 server would refuse, or one that admits a device the pool does not hold, is never written:
 - it compiles, and references nothing but `device` (kube-apiserver's type check declares only that variable);

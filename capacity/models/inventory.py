@@ -311,7 +311,7 @@ class GpuCapacityQuerySet(models.QuerySet):
         """
         return self.timeslice_hosts().with_free_shares()
 
-    # --- Which GPUs each kind of unit is drawn from: approval (pools/units.py) and the tier plan
+    # --- Which GPUs each kind of unit is drawn from: approval (pools/units/) and the tier plan
     # (capacity/services/planning.py) both filter with these, so the plan counts what approval gives out.
 
     def whole_gpu_hosts(self):

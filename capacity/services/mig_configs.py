@@ -225,7 +225,7 @@ def time_slicing_document(policy) -> dict:
     api/config/v1/sharing.go and replicas.go): the plugin's MPS control daemon caps each client at
     memory / replicas and 100 / replicas % of the SMs, and always fails requests for more than one replica.
     An operator's tighter client limits are not a plugin setting: they reach pods through the pool's
-    ConfigMap (TimeSlicingPolicy.client_environment, pools/provisioning.py).
+    ConfigMap (TimeSlicingPolicy.client_environment, pools/provisioning/).
     """
     resources = [{"name": "nvidia.com/gpu", "replicas": int(policy.replicas)}]
     if policy.strategy == SharingStrategy.MPS:

@@ -3,7 +3,7 @@
 - tier_plan(): the live plan per tier (the node's tier, `gpuaas.io/tier`): the units approval would
   hand out on each tier's nodes, counted with approval's own predicates (MigInstance.objects'
   availability, which applies the TierProfilePolicy rows; GpuCapacity.objects.whole_gpu_hosts(),
-  .timeslice_hosts(), .vgpu_hosts() and .annotate_shares(), which pools/units.py draws from): MIG
+  .timeslice_hosts(), .vgpu_hosts() and .annotate_shares(), which pools/units/ draws from): MIG
   instances the tier's policy admits, whole GPUs, time-slice replicas, MPS clients and vGPUs of the
   node's configured type. Per tier: total, reserved (held by pools), free (what approval gives out now),
   unavailable, withheld by the tier policy, GPUs nothing is handed out from, and the maintenance reserve.

@@ -38,7 +38,7 @@ from scheduling import forecast, offers
 from . import fleet, nodes, projects
 from .status import UnitStatus
 
-# The workload whose dry run lands MIG offers on each tier (pools.matching.Candidate.tier).
+# The workload whose dry run lands MIG offers on each tier (pools.units.matching.Candidate.tier).
 DRY_RUN_WORKLOAD = {Tier.SLA_INFERENCE: WorkloadType.INFERENCE, Tier.STAGING: WorkloadType.STAGING}
 FULL_PROFILE = "full GPU"
 

@@ -9,7 +9,8 @@ from django import forms
 from django.conf import settings
 from rest_framework import serializers as drf
 
-from pools.api.serializers import TOO_MANY_UNITS, ApiTokenSerializer, PoolRequestSerializer
+from pools.api.request_serializers import PoolRequestSerializer
+from pools.api.serializers import TOO_MANY_UNITS, ApiTokenSerializer
 from pools.choices import Isolation, WorkloadType
 from pools.models import PoolRequest
 from tenancy.models import ApiToken, Project

@@ -1,4 +1,4 @@
-"""Self-service API: my projects and their members, pool requests, pools, allocations, API tokens.
+"""Self-service API: my projects and their members, pools, allocations, API tokens (pool requests: request_views).
 
 Visibility comes from ProjectScopedQuerysetMixin (core/permissions.py, the API's one choke point): another
 project's object is not found (404).
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, status, viewsets
@@ -22,20 +21,19 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from capacity.api.strict import reject_body
-from core.api import Conflict, usernames_only
+from core.api import Conflict
 from core.permissions import OwnUserQuerysetMixin, ProjectScopedQuerysetMixin
 from core.scopes import Scope
 from tenancy import roles
 from tenancy import services as tenancy_services
 from tenancy.models import ApiToken, Project
 
-from .. import lending, services, signals
-from ..models import Allocation, BestEffortRequest, GpuPool, PoolRequest, PoolRequestTransition
-from ..queue_models import AutoApprovalPolicy
-from . import filters, serializers
+from .. import lending, services
+from ..models import Allocation, BestEffortRequest, GpuPool
+from . import filters, request_serializers, serializers
 
 
-def validated_body(request, serializer_class=serializers.ReasonSerializer) -> dict:
+def validated_body(request, serializer_class=request_serializers.ReasonSerializer) -> dict:
     """The request body through `serializer_class`: a 400 with field messages when it does not validate."""
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
@@ -51,7 +49,9 @@ def require_project_perm(user, project_id: int, perm: str, message: str) -> None
         raise exceptions.PermissionDenied(message)
 
 
-CONFLICT = OpenApiResponse(serializers.ConflictSerializer, description="Illegal state change or capacity short.")
+CONFLICT = OpenApiResponse(
+    request_serializers.ConflictSerializer, description="Illegal state change or capacity short."
+)
 
 
 # --- Projects and members ------------------------------------------------------------------------
@@ -143,151 +143,6 @@ class ProjectViewSet(ProjectScopedQuerysetMixin, viewsets.ReadOnlyModelViewSet):
     def _keep_an_admin(self, project: Project, user, role) -> None:
         if roles.role_of(project, user) == "admin" and role != "admin" and not roles.admins_left(project, without=user):
             raise Conflict("A project keeps at least one admin: make someone else admin first.")
-
-
-# --- Pool requests -------------------------------------------------------------------------------
-
-
-@extend_schema_view(
-    list=extend_schema(summary="Pool requests of my projects"),
-    retrieve=extend_schema(summary="One pool request, with its transitions"),
-    create=extend_schema(
-        summary="Request GPU capacity (a draft, or submitted at once with submit=true)",
-        responses={201: serializers.PoolRequestDetailSerializer},
-    ),
-)
-class PoolRequestViewSet(
-    ProjectScopedQuerysetMixin,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    viewsets.GenericViewSet,
-):
-    queryset = PoolRequest.objects.select_related(
-        "project", "cluster", "requested_by", "approved_by", "approved_by_policy", "pool", "queue_entry"
-    )
-    serializer_class = serializers.PoolRequestSerializer
-    filterset_class = filters.PoolRequestFilter
-    ordering_fields = ["created_at", "id", "state", "start_at", "end_at"]
-    APPROVERS = ("pools.approve_poolrequest",)
-    operator_perms = {
-        "approve": APPROVERS,
-        "reject": APPROVERS,
-        "hold": APPROVERS,
-        "unhold": APPROVERS,
-        "move": APPROVERS,
-        "cancel": APPROVERS,
-    }
-
-    def get_queryset(self):
-        queryset = super().get_queryset()
-        if self.action in ("list", "waiting"):  # rows to show, not to act on: a user is their username
-            queryset = queryset.defer(*usernames_only("requested_by", "approved_by"))
-        if self.action != "list":
-            transitions = PoolRequestTransition.objects.select_related("actor")
-            queryset = queryset.prefetch_related(Prefetch("transitions", queryset=transitions))
-        return queryset
-
-    def get_serializer_class(self):
-        if self.action == "list":
-            return serializers.PoolRequestSerializer
-        return serializers.PoolRequestDetailSerializer
-
-    def create(self, request, *args, **kwargs):
-        serializer = self.get_serializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        created = serializer.save()
-        return Response(self._detail(created), status=status.HTTP_201_CREATED)
-
-    def _detail(self, obj: PoolRequest) -> dict:
-        fresh = self.get_queryset().get(pk=obj.pk)
-        context = self.get_serializer_context()
-        if fresh.state == "queued":
-            context["queue_positions"] = {fresh.pk: self.queue_position(fresh)}
-        return serializers.PoolRequestDetailSerializer(fresh, context=context).data
-
-    def queue_position(self, request: PoolRequest) -> int | None:
-        """A queued request's place: the queue's order is scheduling's (scheduling.api.views overrides this)."""
-        return None
-
-    def retrieve(self, request, *args, **kwargs):
-        return Response(self._detail(self.get_object()))
-
-    def _requester_action(self, perm: str = "request_capacity") -> PoolRequest:
-        obj = self.get_object()
-        require_project_perm(self.request.user, obj.project_id, perm, "Your role in this project does not allow this.")
-        return obj
-
-    def _reason(self, serializer_class=serializers.ReasonSerializer) -> dict:
-        return validated_body(self.request, serializer_class)
-
-    @extend_schema(
-        summary="Submit a draft for approval",
-        request=serializers.ReasonSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None)
-    def submit(self, request, pk=None):
-        obj = self._requester_action()
-        services.submit(obj, actor=request.user, reason=self._reason()["reason"])
-        signals.request_submitted.send(sender=PoolRequest, request=obj)  # scheduling.queue.after_submit
-        return Response(self._detail(obj))
-
-    @extend_schema(
-        summary="Withdraw a draft or submitted request",
-        request=serializers.ReasonSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None)
-    def withdraw(self, request, pk=None):
-        obj = self._requester_action()
-        services.withdraw(obj, actor=request.user, reason=self._reason()["reason"])
-        return Response(self._detail(obj))
-
-    @extend_schema(
-        summary="Reject (operators), with a reason",
-        request=serializers.RejectSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None, scope=Scope.OPERATOR)
-    def reject(self, request, pk=None):
-        obj = self.get_object()
-        services.reject(obj, actor=request.user, reason=self._reason(serializers.RejectSerializer)["reason"])
-        return Response(self._detail(obj))
-
-    @extend_schema(
-        summary="Release the capacity (operators and project admins): units freed, Kubernetes cleaned up",
-        request=serializers.ReasonSerializer,
-        responses={200: serializers.PoolRequestDetailSerializer, 409: CONFLICT},
-    )
-    @action(detail=True, methods=["post"], filterset_class=None)
-    def release(self, request, pk=None):
-        obj = self._requester_action("manage_members")
-        services.release(obj, actor=request.user, reason=self._reason()["reason"])
-        return Response(self._detail(obj))
-
-
-@extend_schema_view(
-    list=extend_schema(summary="Auto-approval policies (operators)"),
-    retrieve=extend_schema(summary="One auto-approval policy (operators)"),
-    create=extend_schema(summary="Add an auto-approval policy (operators)"),
-    update=extend_schema(summary="Change an auto-approval policy (operators)"),
-    partial_update=extend_schema(summary="Change part of an auto-approval policy (operators)"),
-    destroy=extend_schema(summary="Delete an auto-approval policy (operators); one that approved requests is kept"),
-)
-class AutoApprovalPolicyViewSet(viewsets.ModelViewSet):
-    """Rules under which requests are approved without a person (scheduling/policies.py)."""
-
-    queryset = AutoApprovalPolicy.objects.prefetch_related("projects").order_by("name", "id")
-    serializer_class = serializers.AutoApprovalPolicySerializer
-    scope = Scope.OPERATOR
-    filterset_class = None
-    ordering_fields = ["name", "id"]
-
-    def perform_destroy(self, instance: AutoApprovalPolicy) -> None:
-        if instance.approved_requests.exists():
-            raise Conflict("This policy approved requests and stays on their record: disable it instead.")
-        instance.delete()
 
 
 # --- Pools and allocations -----------------------------------------------------------------------
@@ -400,7 +255,7 @@ class BestEffortRequestViewSet(
 
     @extend_schema(
         summary="End a best-effort request (project members): its lent units go back to their lenders now",
-        request=serializers.ReasonSerializer,
+        request=request_serializers.ReasonSerializer,
         responses={200: serializers.BestEffortRequestSerializer, 409: CONFLICT},
     )
     @action(detail=True, methods=["post"], filterset_class=None)

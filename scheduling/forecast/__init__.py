@@ -16,7 +16,7 @@ one), and combines:
   from projects whose fair share is now below its project's, arriving at the rate seen then (a Poisson
   process in each draw, sizes drawn from those seen);
 - topology: a multi-GPU whole-GPU request starts only when one node has its count free
-  (pools/topology.py), so units are followed per node.
+  (pools/units/topology.py), so units are followed per node.
 
 QUEUE_FORECAST_DRAWS draws of that timeline (seeded, so one state gives one answer) give the start's
 distribution; P50 and P90 are its quantiles. A request no unit would ever serve under the tier profile policy

@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from capacity.choices import SpecKind
 from capacity.models import MaintenanceWindow
-from pools import topology, units
+from pools import units
 from pools.models import PoolRequest
-from pools.queue_models import QueueEntry
+from pools.models.queue import QueueEntry
+from pools.units import topology
 
 from ..policy import queue_policy
 from .demand import arrivals, queue_ahead

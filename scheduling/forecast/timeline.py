@@ -1,5 +1,5 @@
 """One future of the queue, drawn: free units by node (Units) and the timeline a draw runs (Timeline), as the
-queue's pass (scheduling/queue.py) and approval (pools/units.py, pools/topology.py) would run it."""
+queue's pass (scheduling/queue.py) and approval (pools/units/, pools/units/topology.py) would run it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .history import Holder, Survival, hold_samples, remaining_h
 
 
 class Units:
-    """Free units by node in one draw, taken as approval takes them (pools/topology.py, pools/units.py): a
+    """Free units by node in one draw, taken as approval takes them (pools/units/topology.py, pools/units/): a
     multi-GPU whole-GPU request on the one node with the fewest left over, anything else from the
     lowest node id up; one whole GPU first on a node no other project holds units on (units._dedicated_first),
     so Units keeps which projects hold units on each node. Specs that need no single node are counted on one

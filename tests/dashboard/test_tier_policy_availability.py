@@ -251,10 +251,10 @@ def test_the_cross_check_reports_a_screen_that_shows_withheld_units_available(wo
 def test_the_cross_check_reports_approval_disagreeing(world, tier1, monkeypatch):
     """Approval alone forgets the policy: it would take units every screen calls withheld."""
     from capacity.models import MigInstance
-    from pools import units
+    from pools.units import take
 
     monkeypatch.setattr(
-        units, "mig_candidates", lambda request, busy=None, fleet=False: MigInstance.objects.present().filter(
+        take, "mig_candidates", lambda request, busy=None, fleet=False: MigInstance.objects.present().filter(
             profile__name=request.profile_name, gpu__node__cluster_id=request.cluster_id
         )
     )  # fmt: skip

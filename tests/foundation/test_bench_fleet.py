@@ -21,7 +21,7 @@ from django.db.models import Count, F
 from benchmarks import fleet
 from benchmarks.fleet import world as fleet_world
 from pools.models import Allocation, GpuPool, PoolRequest
-from pools.queue_models import QueueEntry
+from pools.models.queue import QueueEntry
 from tenancy import roles
 from tenancy.models import Project
 

@@ -54,7 +54,7 @@ def test_operator_permission_refuses_an_unknown_method_with_405(rf, operator):
     from rest_framework.request import Request
 
     from core.permissions import OperatorPermissions
-    from pools.api.views import AutoApprovalPolicyViewSet
+    from pools.api.request_views import AutoApprovalPolicyViewSet
 
     request = Request(rf.generic("TRACE", "/api/v1/auto-approval-policies/"))
     request.user = operator

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from benchmarks import fleet_control
+from benchmarks.fleet import control as fleet_control
 from capacity import picking
 from capacity.choices import GpuHealth, SpecKind
 from capacity.models import GpuCapacity, NodeCapacity

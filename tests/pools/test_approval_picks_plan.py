@@ -19,7 +19,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from benchmarks import fleet_control
+from benchmarks.fleet import control as fleet_control
 from capacity import picking
 from capacity.choices import SpecKind
 from capacity.models import Cluster

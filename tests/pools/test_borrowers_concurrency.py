@@ -1,5 +1,5 @@
 """A borrower's approval racing the loan machine on PostgreSQL: its loans end exactly once, and a loan is never
-left open for a request that was approved (pools/services.py transition, pools/lending.py)."""
+left open for a request that was approved (pools/services/ transition, pools/lending.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.fleet import control as fleet_control
 from capacity.models import Cluster, GpuCapacity, MigInstance, NodeCapacity
 from pools.models import Allocation, GpuPool, PoolRequest
-from pools.queue_models import QueueEntry
+from pools.models.queue import QueueEntry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 

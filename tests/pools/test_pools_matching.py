@@ -1,4 +1,4 @@
-"""Matching a declaration to an offer (pools/matching.py): the table of declarations, expected offers and reasons.
+"""Matching a declaration to an offer (pools/units/matching.py): the table of declarations, expected offers and reasons.
 
 A pure function: the fleet is described here (H100 MIG, whole H100 and H200 nodes of 8, H100 and
 H200 time-sliced 4 ways) and prices are the default rate derivation of billing/rates.py.
@@ -11,7 +11,8 @@ import pytest
 
 from capacity.mig.catalog import PRODUCTS
 from capacity.tiers import DEFAULT_POLICIES, Policy
-from pools.matching import Need, full_candidate, match, mig_candidates, timeslice_candidate
+from pools.units.candidates import full_candidate, mig_candidates, timeslice_candidate
+from pools.units.matching import Need, match
 from pricing import rates
 
 FULL_PRICES = {"H100-80GB": Decimal("2.50"), "H200-141GB": Decimal("3.20")}

@@ -1,7 +1,7 @@
 """What one approval and one queue pass cost in queries, pinned so a regression cannot come back silently.
 
 `bench queue --gpus 512` (docs/benchmarks.md) is bound by these round trips: approval reads the free units
-once (pools/units.py read_free) and chooses cluster, node and NVLink set from that read, then locks.
+once (pools/units/free.py read_free) and chooses cluster, node and NVLink set from that read, then locks.
 The bounds hold however large the fleet: 4 nodes here, 64 in the bench, the same count.
 """
 

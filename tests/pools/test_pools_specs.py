@@ -4,7 +4,7 @@ import pytest
 
 from pools import services
 from pools.exceptions import SpecError
-from pools.specs import resolve
+from pools.units.specs import resolve
 
 pytestmark = pytest.mark.django_db
 

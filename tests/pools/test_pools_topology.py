@@ -5,9 +5,10 @@ import pytest
 from capacity.models import GpuCapacity
 from capacity.services.clusters import register_cluster
 from capacity.services.discovery import discover_cluster
-from pools import services, topology
+from pools import services
 from pools.exceptions import InsufficientCapacity
 from pools.models import Allocation
+from pools.units import topology
 from simcluster import Scenario, SimServer
 
 pytestmark = pytest.mark.django_db

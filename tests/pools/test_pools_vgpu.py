@@ -13,7 +13,8 @@ from capacity.mig.catalog import PRODUCTS
 from capacity.models import SpecAndCount
 from capacity.services.node_labels import node_specs, node_values
 from capacity.vgpu import VGPU_TYPES, vgpu_type_for_resource
-from pools.matching import Need, full_candidate, match, mig_candidates, timeslice_candidate, vgpu_candidate
+from pools.units.candidates import full_candidate, mig_candidates, timeslice_candidate, vgpu_candidate
+from pools.units.matching import Need, match
 from pricing import rates
 from pricing.lookup import vgpu_price
 from pricing.services import seed_default_card

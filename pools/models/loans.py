@@ -13,7 +13,7 @@ from django.utils import timezone
 from capacity.choices import SpecKind
 from tenancy.models import Project
 
-from .choices import BestEffortState, LoanState
+from ..choices import BestEffortState, LoanState
 
 
 class LoanQuerySet(models.QuerySet):

@@ -13,7 +13,7 @@ from capacity import tiers
 from capacity.choices import SpecKind
 from pricing.lookup import price_lookup
 
-from . import matching
+from . import candidates, matching
 
 
 def match_declared(
@@ -44,9 +44,9 @@ def match_declared(
         product=product,
         vm=vm,
     )
-    candidates = matching.fleet_candidates(cluster_id=cluster_id)
+    offered = candidates.fleet_candidates(cluster_id=cluster_id)
     if kinds is not None:
-        candidates = [c for c in candidates if c.kind in kinds]
+        offered = [c for c in offered if c.kind in kinds]
     if vgpu_type:
-        candidates = [c for c in candidates if c.kind == SpecKind.VGPU and c.profile_name == vgpu_type]
-    return matching.match(need, candidates, price=price_lookup(), policy_table=tiers.policies())
+        offered = [c for c in offered if c.kind == SpecKind.VGPU and c.profile_name == vgpu_type]
+    return matching.match(need, offered, price=price_lookup(), policy_table=tiers.policies())

@@ -18,8 +18,8 @@ from decimal import Decimal
 from capacity.choices import SpecKind, Tier
 from capacity.mig.catalog import PRODUCTS, Product, Profile, find_product
 
-from .choices import Isolation, WorkloadType
-from .exceptions import SpecError
+from ..choices import Isolation, WorkloadType
+from ..exceptions import SpecError
 
 TIER_ISOLATION: dict[str, str] = {
     Tier.SLA_INFERENCE: Isolation.MIG,

@@ -6,7 +6,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from .choices import EvictionOutcome
+from ..choices import EvictionOutcome
 
 
 class Eviction(models.Model):

@@ -17,7 +17,7 @@ from django.db.models import Count
 
 from capacity.choices import SpecKind
 
-from .models import PoolRequest
+from ..models import PoolRequest
 
 
 def one_node(request: PoolRequest) -> bool:

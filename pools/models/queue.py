@@ -1,7 +1,7 @@
 """The queue's tables: auto-approval policies, per-project weights, queue entries and their audit trail.
 
-Kept apart from pools/models.py (which imports them at its end, so Django finds them) because they
-belong to one feature, the queue (scheduling/queue.py, scheduling/policies.py, scheduling/forecast/).
+Kept apart from pools/models/ (which imports them at its end, so Django finds them) because they
+belong to one feature, the queue (pools/queue.py, pools/policies.py, pools/forecast.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.db.models import Q
 from capacity.choices import SpecKind, Tier
 from tenancy.models import Project
 
-from .choices import QueueAction, RequestState
+from ..choices import QueueAction, RequestState
 
 
 def window_error(start: dt.time | None, end: dt.time | None) -> str | None:
