@@ -41,6 +41,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from . import mutation_fork
 from .mutation_copy import IGNORED_IN_COPY, Copy
 from .mutation_select import CoverageMap, lines_reached
 from .registry import Smoke, arg, benchmark
@@ -48,6 +49,7 @@ from .targets import correctness
 
 KILL_RATE_TARGET = 0.9
 SELECTIONS = ("coverage", "all")
+RUNNERS = ("fork", "subprocess")
 
 # The tests that reach each module: the test files that exercise its code, directly or through the services
 # that call it. Kept by hand beside the modules they guard; tests/foundation/test_mutation_bench.py checks that
@@ -279,12 +281,17 @@ def run_mutation_bench(
     timeout: float = 0,
     selection: str = "coverage",
     also_seeds: list[int] | tuple[int, ...] = (),
+    runner: str = "fork",
     stdout=None,
 ) -> dict:
     started = time.perf_counter()
     module = module.removeprefix("./")
     if selection not in SELECTIONS:
         return {"benchmark": "mutation", "error": f"--selection {selection}: use one of {', '.join(SELECTIONS)}"}
+    if runner not in RUNNERS:
+        return {"benchmark": "mutation", "error": f"--runner {runner}: use one of {', '.join(RUNNERS)}"}
+    if runner == "fork" and not mutation_fork.available():
+        runner = "subprocess"
     source_path = settings.BASE_DIR / module
     if not source_path.is_file() or source_path.suffix != ".py":
         return {"benchmark": "mutation", "error": f"--module {module}: no such Python file under {settings.BASE_DIR}"}
@@ -314,9 +321,11 @@ def run_mutation_bench(
         target = copy.root / module
         base_started = time.perf_counter()
         cover = f"{copy.var / 'mutation-coverage'}|{target}" if selection == "coverage" else ""
-        baseline, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True, cover=cover)
+        baseline, code, fallback = _baseline(copy, selected, cover, runner)
+        runner = "fork" if copy.fork is not None else "subprocess"
         baseline_s = time.perf_counter() - base_started
         if baseline != "passed":
+            copy.stop_fork()
             return {
                 "benchmark": "mutation",
                 "module": module,
@@ -344,6 +353,14 @@ def run_mutation_bench(
                     outcome, code = copy.pytest(selected, timeout_s=per_mutant_s, select=only)
                 finally:
                     target.write_text(source)
+                if outcome == "error" and copy.fork is not None:  # the fork runner's own failure: not the mutant's
+                    fallback = f"mutant {n} gave exit {code} in the fork runner: {copy.last_output[-300:]}"
+                    copy.stop_fork()
+                    target.write_text(mutant.code)
+                    try:
+                        outcome, code = copy.pytest(selected, timeout_s=per_mutant_s, select=only)
+                    finally:
+                        target.write_text(source)
                 mutant_seconds.append(time.perf_counter() - mutant_started)
             where = mutant.where(module)
             row = {"where": where, "operator": mutant.operator, "change": mutant.change, "tests_run": tests_run}
@@ -354,8 +371,11 @@ def run_mutation_bench(
             )
             ran_tests = "all" if tests_run is None else tests_run
             say(
-                f"mutation: {n}/{len(mutants)} {outcome} ({ran_tests} tests) {where} {mutant.operator}: {mutant.change}"
+                f"mutation: {n}/{len(mutants)} {outcome} ({ran_tests} tests, {row['seconds']} s) {where} "
+                f"{mutant.operator}: {mutant.change}"
             )
+        runner = "fork" if copy.fork is not None else "subprocess"  # the runner the last mutant ran in
+        copy.stop_fork()
 
     known = equivalents(module)  # read at the end: reasons written while the run went on count
     by_seed = [{"seed": s, **_tally([results[i] for i in sorted(draws[s])], known)} for s in seeds]
@@ -383,6 +403,8 @@ def run_mutation_bench(
         "unexplained_survivors": unexplained,
         "survivors": survivors,
         "baseline_s": round(baseline_s, 1),
+        "runner": runner,
+        "runner_fallback": fallback or copy.fork_lost,
         "selection": selection,
         "by_seed": [{k: v for k, v in row.items() if k != "error_mutants"} for row in by_seed],
         "kill_rate_min": min((row["kill_rate"] for row in by_seed), default=None, key=lambda r: -1 if r is None else r),
@@ -393,6 +415,30 @@ def run_mutation_bench(
         "mutant_s_max": round(max(mutant_seconds), 1) if mutant_seconds else None,
         "seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def _baseline(copy: Copy, selected: list[str], cover: str, runner: str) -> tuple[str, int | None, str | None]:
+    """The unmutated run, in the runner the mutants will use, and why the fork runner was given up, if it was.
+
+    Under "fork" the unmutated run is the fork runner's own check: a child that fails tests the mapped suite
+    passes would count every mutant killed, so the run falls back to one pytest process per mutant instead.
+    Once it passes, the warm parent imports the outside modules the run used, for every later child."""
+    modules = copy.var / "mutation-modules.txt"
+    fallback = None
+    if runner == "fork":
+        try:
+            copy.start_fork()
+        except RuntimeError as failed:
+            fallback = str(failed)[-600:]
+        else:
+            outcome, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True, cover=cover, modules=modules)
+            if outcome == "passed":
+                copy.fork.hold(modules)
+                return outcome, code, None
+            fallback = f"the unmutated tests gave exit {code} in the fork runner: {copy.last_output[-300:]}"
+            copy.stop_fork()
+    outcome, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True, cover=cover)
+    return outcome, code, fallback
 
 
 def _draw(size: int, sample: int, seed: int) -> set[int]:
@@ -445,6 +491,13 @@ def _tally(results: list[tuple[str, dict]], known: dict[tuple[str, str], str]) -
             choices=SELECTIONS,
             help="coverage: each mutant runs the mapped tests that execute its line; all: every mapped test.",
         ),
+        arg(
+            "--runner",
+            default="fork",
+            choices=RUNNERS,
+            help="fork: each mutant's pytest runs in a child forked from a warm parent (benchmarks/mutation_fork.py);"
+            " subprocess: a pytest process per mutant (also the fallback where fork is unavailable or fails).",
+        ),
     ],
     targets=[
         correctness("mutants", ">=", 1),
@@ -478,6 +531,7 @@ def mutation(
     timeout: float = 0,
     selection="coverage",
     also_seeds: str = "",
+    runner: str = "fork",
     **_,
 ) -> dict:
     try:
@@ -492,5 +546,6 @@ def mutation(
         tests=tests,
         timeout=timeout,
         selection=selection,
+        runner=runner,
         stdout=stdout,
     )
