@@ -73,6 +73,7 @@ BILLING_METERING_OWN = (
 )
 BILLING_STATEMENTS = (
     "tests/billing/test_billing_statement_lines.py",
+    "tests/billing/test_billing_tasks.py",
     "tests/billing/test_billing_intervals_properties.py",
     "tests/billing/test_billing_carry_over.py",
     "tests/billing/test_billing_unfinished_month.py",
@@ -235,7 +236,9 @@ def _runtime(code: str) -> str | None:
             node.annotation = ast.Constant(None)
         elif isinstance(node, ast.arguments):  # `*,` made `/,`: the same parameters, only how they may be passed
             node.args, node.posonlyargs, node.kwonlyargs = node.posonlyargs + node.args + node.kwonlyargs, [], []
-            node.defaults, node.kw_defaults = node.defaults + node.kw_defaults, []
+            # kw_defaults holds None for a keyword-only parameter without a default: it has none once positional
+            node.defaults = node.defaults + [d for d in node.kw_defaults if d is not None]
+            node.kw_defaults = []
     return ast.dump(tree)
 
 

@@ -69,6 +69,9 @@ def test_mutants_of_annotations_only_or_that_are_not_python_are_left_out():
     # in the signature only the default changes: not `int + None`, `def f(a, +, b)` or `def f(a, /, b)`
     assert {(m.line, m.operator) for m in mutants if m.line != 5} == {(4, "NumberReplacer")}
     assert {"ReplaceBinaryOperator_Add_Sub", "ReplaceComparisonOperator_Is_IsNot"} <= {m.operator for m in mutants}
+    # a keyword-only parameter without a default, the `*` made `/`: still the same parameters, left out too
+    required = "def charge(statement, *, amount, actor=None):\n    return statement, amount, actor\n"
+    assert mutation.mutants_of(required) == []
 
 
 def test_equivalent_mutants_are_read_from_the_modules_test_folder(monkeypatch, tmp_path):
