@@ -38,5 +38,14 @@ def test_finalising_a_batch_passes_over_a_finalised_statement_and_bills_the_draf
 
     assert (done, refused) == (1, [])
     billed = Statement.objects.get(pk=second.pk)
-    assert (billed.project, billed.state, billed.total_amount) == (other_project, StatementState.FINALISED, Decimal("2.50"))
+    assert (billed.project, billed.state) == (other_project, StatementState.FINALISED)
+    assert billed.total_amount == Decimal("2.50")
     assert list(billed.lines.values_list("line_type", "amount")) == [(LineType.USAGE, Decimal("2.50"))]
+
+
+@pytest.mark.parametrize("amount", ["1.005", "-0.001", "-2.499"])
+def test_an_adjustment_between_cents_is_refused_whichever_way_it_would_round(project, amount):
+    statement = services.generate_statement(project, month("2026-03"))
+    with pytest.raises(ValueError, match="whole cents"):
+        services.add_adjustment(statement, amount=Decimal(amount), reason="rounding")
+    assert statement.lines.count() == 0
