@@ -7,7 +7,7 @@ from billing_helpers import at, month
 
 from billing import services
 from billing.choices import LineType, StatementState
-from billing.models import Statement
+from billing.models import Statement, StatementFinalised
 
 pytestmark = pytest.mark.django_db
 
@@ -49,3 +49,16 @@ def test_an_adjustment_between_cents_is_refused_whichever_way_it_would_round(pro
     with pytest.raises(ValueError, match="whole cents"):
         services.add_adjustment(statement, amount=Decimal(amount), reason="rounding")
     assert statement.lines.count() == 0
+
+
+def test_finalising_a_finalised_statement_again_is_refused_after_one_read_and_bills_nothing(
+    project, allocate, django_assert_num_queries
+):
+    allocate(project, "2026-03-10 10:00", "2026-03-10 12:00")
+    services.meter_usage(now=at("2026-04-01 00:00"))
+    statement = services.finalise_statement(services.generate_statement(project, month("2026-03")))
+    assert statement.total_amount == Decimal("5.00")
+
+    with django_assert_num_queries(1), pytest.raises(StatementFinalised, match="already finalised"):
+        services.finalise_statement(statement, now=at("2026-04-02 00:00"))
+    assert Statement.objects.get(pk=statement.pk).total_amount == Decimal("5.00")
