@@ -74,6 +74,7 @@ BILLING_METERING_OWN = (
 BILLING_STATEMENTS = (
     "tests/billing/test_billing_statement_lines.py",
     "tests/billing/test_billing_statement_edges.py",
+    "tests/billing/test_billing_statement_grouping.py",
     "tests/billing/test_billing_tasks.py",
     "tests/billing/test_billing_intervals_properties.py",
     "tests/billing/test_billing_carry_over.py",

@@ -306,3 +306,44 @@ def test_billing_time_starts_at_the_default_cards_epoch(db):
     assert services.EPOCH == datetime(2000, 1, 1, tzinfo=UTC)
     assert RateCard.objects.count() == 1
     assert PriceBook().card_at(datetime(2000, 1, 1, tzinfo=UTC)) == card
+
+
+def test_a_trespass_on_a_time_sliced_gpu_pays_one_replicas_share(fleet, project, other_project):
+    """The H100's node is time-sliced 4 ways: a trespass of 2 h there pays a quarter of the GPU's list rate."""
+    from capacity.models import NodeCapacity
+
+    services.seed_default_card()
+    NodeCapacity.objects.filter(pk=fleet.h100_full.node_id).update(timeslice_replicas=4)
+    _trespass(
+        fleet, project=other_project, owner=project, started="2026-03-10 10:00", ended="2026-03-10 12:00", mig=False
+    )
+
+    (statement,) = services.generate_statements(month("2026-03"))
+
+    (line,) = _lines(statement, LineType.TRESPASS)
+    assert statement.project == other_project
+    assert (line.kind, line.replicas, line.hourly_rate) == ("timeslice", 4, Decimal("0.625000"))
+    assert (line.hours, line.amount, statement.total_amount) == (Decimal("2.0000"), Decimal("1.25"), Decimal("1.25"))
+
+
+def test_month_to_date_lines_are_the_unbilled_usage_of_the_projects_asked_for(fleet, project, other_project):
+    """draft_lines (the dashboard's month-to-date costs): a project's finalised (billed) usage is not there, and
+    `project_ids` keeps only those projects' groups."""
+    from tenancy.models import Project
+
+    third = Project.objects.create(name="Team C", slug="team-c", namespace="team-c")
+    services.seed_default_card()
+    for n, who in enumerate((project, other_project, third)):
+        pool = _pool(who, fleet.west, product="H100-80GB", name=f"p{n}")
+        _allocation(pool, fleet.spare_gpus[n], "2026-03-10 10:00", f"2026-03-10 1{n + 1}:00")  # 1, 2 and 3 hours
+    services.meter_usage(now=at("2026-04-01 00:00"))
+    services.finalise_statement(services.generate_statement(project, month("2026-03")))
+
+    def billed(**kw):
+        return sorted(
+            (row["project_id"], lines[0].amount) for row, lines in services.draft_lines(month("2026-03"), **kw)
+        )
+
+    assert billed() == sorted([(other_project.pk, Decimal("5.00")), (third.pk, Decimal("7.50"))])
+    assert billed(project_ids=[other_project.pk]) == [(other_project.pk, Decimal("5.00"))]
+    assert billed(project_ids=[project.pk]) == []
