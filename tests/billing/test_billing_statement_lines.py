@@ -347,3 +347,51 @@ def test_month_to_date_lines_are_the_unbilled_usage_of_the_projects_asked_for(fl
     assert billed() == sorted([(other_project.pk, Decimal("5.00")), (third.pk, Decimal("7.50"))])
     assert billed(project_ids=[other_project.pk]) == [(other_project.pk, Decimal("5.00"))]
     assert billed(project_ids=[project.pk]) == []
+
+
+def test_a_long_carried_over_vgpu_line_and_its_credit_are_cut_to_200_characters():
+    """A 100-character pool name, a vGPU label naming its licence, off-peak and carried over: over 200 characters,
+    so the description keeps the first 200 (the column's length); the money is unaffected."""
+    from datetime import date
+
+    from billing.services.lines import lines_for
+
+    row = {
+        "pool_id": None,
+        "kind": "vgpu",
+        "product": "H100-80GB",
+        "profile_name": "H100XM-20C",
+        "replicas": 4,
+        "hourly_rate": Decimal("0.725000"),
+        "usage_period": date(2026, 3, 1),
+        "off_peak": True,
+        "vgpu_licence": Decimal("0.100000"),
+        "total_seconds": 7200,
+        "measured_seconds": None,
+        "sm_seconds": None,
+        "energy": None,
+        "failed_seconds": 1800,
+        "health_seconds": 0,
+    }
+    usage, credit = lines_for(None, row, "p" * 100)
+
+    assert usage.description.startswith("carry-over from 2026-03: " + "p" * 100 + ": H100-80GB vGPU H100XM-20C")
+    assert credit.description.startswith("carry-over from 2026-03: Credit (provisioning failed) " + "p" * 100)
+    assert len(usage.description) == len(credit.description) == 200
+    assert (usage.amount, usage.hours, credit.amount, credit.hours) == (
+        Decimal("1.45"),
+        Decimal("2.0000"),
+        Decimal("-0.36"),
+        Decimal("0.5000"),
+    )
+
+
+def test_a_trespass_of_one_second_still_gets_its_line(fleet, project, other_project):
+    services.seed_default_card()
+    _trespass(fleet, project=other_project, owner=project, started="2026-03-10 10:00:00", ended="2026-03-10 10:00:01")
+
+    (statement,) = services.generate_statements(month("2026-03"))
+
+    (line,) = _lines(statement, LineType.TRESPASS)
+    assert (statement.project, line.hours, line.hourly_rate) == (other_project, Decimal("0.0003"), Decimal("0.800000"))
+    assert line.amount == Decimal("0.00")
