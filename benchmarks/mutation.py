@@ -11,6 +11,10 @@ settings and migrations run exactly as in the suite. mutmut 3 was not taken: it 
 mutated files into trampolines inside a `mutants/` copy and forks one pytest session per mutant, which needs the
 whole suite to run from that copy first to learn which tests reach which function; cosmic-ray fitted first.
 
+Runner (benchmarks/mutation_fork.py): by default each mutant's pytest runs in a child forked from a warm parent
+that holds the third-party imports (never the project's), so a mutant no longer pays Django's, Celery's and
+pytest's imports; `--runner subprocess` runs one pytest process per mutant, and is the fallback.
+
 Speed: every test process starts from one SQLite test database migrated once per run (a file copy per mutant,
 pytest-django's --reuse-db, benchmarks.mutation_db), so a mutant costs Django's start-up and its tests, not the
 migrations. Tests marked `postgres` or `redis` are skipped there, as on the embedded default.
