@@ -56,6 +56,7 @@ HEAVY = (
     "pytest_django.plugin",
     "schemathesis",
 )
+SCRIPT = Path(*__name__.split(".")).with_suffix(".py")  # this file, from the project root, wherever it moves
 REPLY_GRACE_S = 120.0  # beyond a run's own timeout (which the parent enforces), before the parent counts as lost
 
 
@@ -157,7 +158,7 @@ class WarmFork:
         self.log = log
         with open(log, "w") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, str(root / "benchmarks" / "mutation_fork.py")],
+                [sys.executable, str(root / SCRIPT)],
                 cwd=root,
                 env=env,
                 stdin=subprocess.PIPE,
