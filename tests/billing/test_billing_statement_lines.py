@@ -395,3 +395,42 @@ def test_a_trespass_of_one_second_still_gets_its_line(fleet, project, other_proj
     (line,) = _lines(statement, LineType.TRESPASS)
     assert (statement.project, line.hours, line.hourly_rate) == (other_project, Decimal("0.0003"), Decimal("0.800000"))
     assert line.amount == Decimal("0.00")
+    assert line.description.startswith(f"Trespass: {other_project.namespace}/sneaky-0 used another project's")
+
+
+def test_a_trespass_shorter_than_a_second_gets_no_line_and_one_without_a_pod_says_so(fleet, project, other_project):
+    services.seed_default_card()
+    _trespass(fleet, project=other_project, owner=project, started="2026-03-10 10:00:00", ended="2026-03-10 10:00:00.5")
+    unnamed = _trespass(
+        fleet, project=project, owner=None, started="2026-03-11 10:00", ended="2026-03-11 11:00", mig=False
+    )
+    TrespassEvent = type(unnamed)
+    TrespassEvent.objects.filter(pk=unnamed.pk).update(pod_name="")
+
+    statements = {s.project_id: s for s in services.generate_statements(month("2026-03"))}
+
+    assert _lines(statements[other_project.pk], LineType.TRESPASS) == []  # under a second: nothing to charge
+    assert statements[other_project.pk].total_amount == Decimal("0.00")
+    (line,) = _lines(statements[project.pk], LineType.TRESPASS)
+    assert line.description.startswith("Trespass: unknown pod used an unallocated H100-80GB full GPU")
+    assert (line.hours, line.amount) == (Decimal("1.0000"), Decimal("2.50"))
+
+
+def test_an_off_peak_window_that_starts_where_it_ends_is_no_window(fleet, project):
+    """A card whose off-peak hours are 5 -> 5 has no off-peak hour: every hour is billed at the peak rate."""
+    card = services.create_rate_card(
+        name="Empty window", effective_from=at("2026-03-01 00:00"), full_prices={"H100-80GB": Decimal("2.00")}
+    )
+    from pricing.models import RateCard
+
+    RateCard.objects.filter(pk=card.pk).update(
+        off_peak_start_hour=5, off_peak_end_hour=5, off_peak_multiplier=Decimal("0.500")
+    )
+    pool = _pool(project, fleet.west, product="H100-80GB", name="flat")
+    _allocation(pool, fleet.h100_full, "2026-03-10 04:00", "2026-03-10 07:00")  # 04, 05 and 06: all peak
+    services.meter_usage(now=at("2026-03-10 08:00"))
+
+    statement = services.generate_statement(project, month("2026-03"))
+
+    lines = [(x.description, x.hours, x.amount) for x in _lines(statement, LineType.USAGE)]
+    assert lines == [("flat: H100-80GB full GPU @ 2/h", Decimal("3.0000"), Decimal("6.00"))]
