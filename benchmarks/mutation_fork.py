@@ -102,11 +102,11 @@ def _child(request: dict) -> None:
         code = int(pytest.main(list(request["args"])))
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 3
-    except BaseException:  # noqa: BLE001 - anything else is pytest's internal error, as a process would report it
-        import traceback
+    except BaseException:  # noqa: BLE001 - escaped pytest (e.g. a mutant that breaks django.setup() in a plugin):
+        import traceback  # `python -m pytest` would print it and exit 1, so the child does the same
 
         traceback.print_exc()
-        code = 3
+        code = 1
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
