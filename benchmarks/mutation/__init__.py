@@ -11,6 +11,10 @@ settings and migrations run exactly as in the suite. mutmut 3 was not taken: it 
 mutated files into trampolines inside a `mutants/` copy and forks one pytest session per mutant, which needs the
 whole suite to run from that copy first to learn which tests reach which function; cosmic-ray fitted first.
 
+Runner (benchmarks/mutation/fork.py): by default each mutant's pytest runs in a child forked from a warm parent
+that holds the third-party imports (never the project's), so a mutant no longer pays Django's, Celery's and
+pytest's imports; `--runner subprocess` runs one pytest process per mutant, and is the fallback.
+
 Speed: every test process starts from one SQLite test database migrated once per run (a file copy per mutant,
 pytest-django's --reuse-db, benchmarks.mutation.db), so a mutant costs Django's start-up and its tests, not the
 migrations. Tests marked `postgres` or `redis` are skipped there, as on the embedded default.
@@ -43,125 +47,15 @@ from django.conf import settings
 
 from ..registry import Smoke, arg, benchmark
 from ..targets import correctness
+from . import fork as mutation_fork
+from .maps import TESTS_FOR
 from .sandbox import IGNORED_IN_COPY, Copy
 from .selection import CoverageMap, lines_reached
 
 KILL_RATE_TARGET = 0.9
 SELECTIONS = ("coverage", "all")
+RUNNERS = ("fork", "subprocess")
 
-# The tests that reach each module: the test files that exercise its code, directly or through the services
-# that call it. Kept by hand beside the modules they guard; tests/foundation/test_mutation_bench.py checks that
-# every path exists. `--tests` overrides the map for one run.
-BILLING_METERING = (
-    "tests/billing/test_billing_intervals_properties.py",
-    "tests/billing/test_billing_health_credits.py",
-    "tests/billing/test_billing_failed_provisioning.py",
-    "tests/billing/test_billing_proration.py",
-    "tests/billing/test_billing_month_boundary.py",
-    "tests/billing/test_billing_catch_up.py",
-    "tests/billing/test_billing_multi_cluster.py",
-    "tests/billing/test_billing_statement_lines.py",
-)
-# Metering also writes the showback figures (catch_up_measurements) and owns the watermark row. Its own tests go
-# first: pytest runs with -x, so a mutant they kill stops there instead of after the whole map.
-BILLING_METERING_OWN = (
-    "tests/billing/test_billing_metering_watermark.py",
-    "tests/billing/test_billing_showback.py",
-    *BILLING_METERING,
-)
-BILLING_STATEMENTS = (
-    "tests/billing/test_billing_statement_lines.py",
-    "tests/billing/test_billing_intervals_properties.py",
-    "tests/billing/test_billing_carry_over.py",
-    "tests/billing/test_billing_unfinished_month.py",
-    "tests/billing/test_billing_health_credits.py",
-    "tests/billing/test_billing_failed_provisioning.py",
-    "tests/billing/test_billing_adjustments.py",
-    "tests/billing/test_billing_finalised_immutable.py",
-    "tests/billing/test_billing_loans.py",
-    "tests/billing/test_billing_showback.py",
-)
-BILLING_RATES = (
-    "tests/billing/test_billing_intervals_properties.py",
-    "tests/billing/test_billing_off_peak.py",
-    "tests/billing/test_billing_rates.py",
-    "tests/billing/test_billing_vgpu_rates.py",
-    "tests/billing/test_billing_rate_change.py",
-    "tests/billing/test_billing_statement_lines.py",
-)
-# Unit availability (free(), annotate_availability()) decides what approval may hand out and what the dashboard
-# shows: approval, the dashboard's agreement with it, ending units and the demo world's figures reach it.
-CAPACITY_AVAILABILITY = (
-    "tests/pools/test_pools_approval.py",
-    "tests/dashboard/test_dashboard_agrees_with_approval.py",
-    "tests/pools/test_ending.py",
-    "tests/capacity/test_demo_availability.py",
-)
-# Dedication and safety (#32): trespass and attribution, lending and reclaim, MIG layout and reconfiguration steps,
-# the queue order and forecast.
-TRESPASS = (
-    "tests/monitoring/test_monitoring_trespass_fleet.py",
-    "tests/monitoring/test_monitoring_trespass.py",
-    "tests/monitoring/test_monitoring_trespass_activity.py",
-    "tests/monitoring/test_monitoring_trespass_visibility.py",
-    "tests/monitoring/test_monitoring_trespass_billing.py",
-    "tests/capacity/test_podresources.py",
-)
-ATTRIBUTION = (
-    "tests/capacity/test_podresources.py",
-    "tests/capacity/test_discovery_inventory.py",
-    "tests/capacity/test_discovery_workloads.py",
-)
-LENDING = (
-    "tests/pools/test_lending.py",
-    "tests/pools/test_lending_dra.py",
-    "tests/pools/test_lending_idle.py",
-    "tests/pools/test_borrowers.py",
-    "tests/pools/test_best_effort.py",
-    "tests/pools/test_loans_enforced.py",
-)
-MIG_LAYOUT = (
-    "tests/capacity/test_mig_layout.py",
-    "tests/capacity/test_mig_planner.py",
-)
-RECONFIGURATION_STEPS = (
-    "tests/capacity/test_reconfig_operator_backend.py",
-    "tests/capacity/test_reconfig_agent_backend.py",
-    "tests/capacity/test_reconfig_failures.py",
-    "tests/capacity/test_reconfig_reattach.py",
-    "tests/capacity/test_reconfig_refusals.py",
-    "tests/capacity/test_reconfig_timeslicing.py",
-    "tests/capacity/test_reconfig_unkind_operator.py",
-)
-QUEUE = (
-    "tests/scheduling/test_queue_order_fleet.py",
-    "tests/scheduling/test_queue.py",
-    "tests/scheduling/test_forecast.py",
-)
-TESTS_FOR: dict[str, tuple[str, ...]] = {
-    "billing/services/intervals.py": BILLING_METERING,
-    "billing/periods.py": BILLING_METERING,
-    "billing/services/clock.py": BILLING_METERING,
-    "billing/services/metering.py": BILLING_METERING_OWN,
-    "billing/measurements.py": BILLING_METERING,
-    "billing/services/lines.py": BILLING_STATEMENTS,
-    "billing/services/statements.py": BILLING_STATEMENTS,
-    "pricing/rates.py": BILLING_RATES,
-    "pricing/services.py": BILLING_RATES,
-    "billing/services/rate_cards.py": BILLING_RATES,
-    "capacity/models/availability.py": CAPACITY_AVAILABILITY,
-    "monitoring/services/trespass.py": TRESPASS,
-    "capacity/services/inventory.py": ATTRIBUTION,
-    "pools/lending.py": LENDING,
-    "monitoring/services/lending.py": LENDING,
-    "capacity/mig/layout.py": MIG_LAYOUT,
-    "operations/reconfiguration/steps.py": RECONFIGURATION_STEPS,
-    "scheduling/policy.py": QUEUE,
-    "scheduling/forecast/demand.py": QUEUE,
-    "scheduling/forecast/history.py": QUEUE,
-    "scheduling/forecast/timeline.py": QUEUE,
-    "scheduling/forecast/estimate.py": QUEUE,
-}
 
 # cosmic-ray's core operators, less those that need arguments (VariableReplacer, VariableInserter) and the
 # replacements into bitwise, shift and power operators: on datetimes, Decimals and counts they only raise
@@ -236,7 +130,9 @@ def _runtime(code: str) -> str | None:
             node.annotation = ast.Constant(None)
         elif isinstance(node, ast.arguments):  # `*,` made `/,`: the same parameters, only how they may be passed
             node.args, node.posonlyargs, node.kwonlyargs = node.posonlyargs + node.args + node.kwonlyargs, [], []
-            node.defaults, node.kw_defaults = node.defaults + node.kw_defaults, []
+            # kw_defaults holds None for a keyword-only parameter without a default: it has none once positional
+            node.defaults = node.defaults + [d for d in node.kw_defaults if d is not None]
+            node.kw_defaults = []
     return ast.dump(tree)
 
 
@@ -282,12 +178,17 @@ def run_mutation_bench(
     timeout: float = 0,
     selection: str = "coverage",
     also_seeds: list[int] | tuple[int, ...] = (),
+    runner: str = "fork",
     stdout=None,
 ) -> dict:
     started = time.perf_counter()
     module = module.removeprefix("./")
     if selection not in SELECTIONS:
         return {"benchmark": "mutation", "error": f"--selection {selection}: use one of {', '.join(SELECTIONS)}"}
+    if runner not in RUNNERS:
+        return {"benchmark": "mutation", "error": f"--runner {runner}: use one of {', '.join(RUNNERS)}"}
+    if runner == "fork" and not mutation_fork.available():
+        runner = "subprocess"
     source_path = settings.BASE_DIR / module
     if not source_path.is_file() or source_path.suffix != ".py":
         return {"benchmark": "mutation", "error": f"--module {module}: no such Python file under {settings.BASE_DIR}"}
@@ -317,9 +218,11 @@ def run_mutation_bench(
         target = copy.root / module
         base_started = time.perf_counter()
         cover = f"{copy.var / 'mutation-coverage'}|{target}" if selection == "coverage" else ""
-        baseline, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True, cover=cover)
+        baseline, code, fallback = _baseline(copy, selected, cover, runner)
+        runner = "fork" if copy.fork is not None else "subprocess"
         baseline_s = time.perf_counter() - base_started
         if baseline != "passed":
+            copy.stop_fork()
             return {
                 "benchmark": "mutation",
                 "module": module,
@@ -347,6 +250,14 @@ def run_mutation_bench(
                     outcome, code = copy.pytest(selected, timeout_s=per_mutant_s, select=only)
                 finally:
                     target.write_text(source)
+                if outcome == "error" and copy.fork is not None:  # the fork runner's own failure: not the mutant's
+                    fallback = f"mutant {n} gave exit {code} in the fork runner: {copy.last_output[-300:]}"
+                    copy.stop_fork()
+                    target.write_text(mutant.code)
+                    try:
+                        outcome, code = copy.pytest(selected, timeout_s=per_mutant_s, select=only)
+                    finally:
+                        target.write_text(source)
                 mutant_seconds.append(time.perf_counter() - mutant_started)
             where = mutant.where(module)
             row = {"where": where, "operator": mutant.operator, "change": mutant.change, "tests_run": tests_run}
@@ -357,8 +268,11 @@ def run_mutation_bench(
             )
             ran_tests = "all" if tests_run is None else tests_run
             say(
-                f"mutation: {n}/{len(mutants)} {outcome} ({ran_tests} tests) {where} {mutant.operator}: {mutant.change}"
+                f"mutation: {n}/{len(mutants)} {outcome} ({ran_tests} tests, {row['seconds']} s) {where} "
+                f"{mutant.operator}: {mutant.change}"
             )
+        runner = "fork" if copy.fork is not None else "subprocess"  # the runner the last mutant ran in
+        copy.stop_fork()
 
     known = equivalents(module)  # read at the end: reasons written while the run went on count
     by_seed = [{"seed": s, **_tally([results[i] for i in sorted(draws[s])], known)} for s in seeds]
@@ -386,6 +300,8 @@ def run_mutation_bench(
         "unexplained_survivors": unexplained,
         "survivors": survivors,
         "baseline_s": round(baseline_s, 1),
+        "runner": runner,
+        "runner_fallback": fallback or copy.fork_lost,
         "selection": selection,
         "by_seed": [{k: v for k, v in row.items() if k != "error_mutants"} for row in by_seed],
         "kill_rate_min": min((row["kill_rate"] for row in by_seed), default=None, key=lambda r: -1 if r is None else r),
@@ -396,6 +312,30 @@ def run_mutation_bench(
         "mutant_s_max": round(max(mutant_seconds), 1) if mutant_seconds else None,
         "seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def _baseline(copy: Copy, selected: list[str], cover: str, runner: str) -> tuple[str, int | None, str | None]:
+    """The unmutated run, in the runner the mutants will use, and why the fork runner was given up, if it was.
+
+    Under "fork" the unmutated run is the fork runner's own check: a child that fails tests the mapped suite
+    passes would count every mutant killed, so the run falls back to one pytest process per mutant instead.
+    Once it passes, the warm parent imports the outside modules the run used, for every later child."""
+    modules = copy.var / "mutation-modules.txt"
+    fallback = None
+    if runner == "fork":
+        try:
+            copy.start_fork()
+        except RuntimeError as failed:
+            fallback = str(failed)[-600:]
+        else:
+            outcome, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True, cover=cover, modules=modules)
+            if outcome == "passed":
+                copy.fork.hold(modules)
+                return outcome, code, None
+            fallback = f"the unmutated tests gave exit {code} in the fork runner: {copy.last_output[-300:]}"
+            copy.stop_fork()
+    outcome, code = copy.pytest(selected, timeout_s=1800, write_bytecode=True, cover=cover)
+    return outcome, code, fallback
 
 
 def _draw(size: int, sample: int, seed: int) -> set[int]:
@@ -448,6 +388,13 @@ def _tally(results: list[tuple[str, dict]], known: dict[tuple[str, str], str]) -
             choices=SELECTIONS,
             help="coverage: each mutant runs the mapped tests that execute its line; all: every mapped test.",
         ),
+        arg(
+            "--runner",
+            default="fork",
+            choices=RUNNERS,
+            help="fork: each mutant's pytest runs in a child forked from a warm parent (benchmarks/mutation/fork.py);"
+            " subprocess: a pytest process per mutant (also the fallback where fork is unavailable or fails).",
+        ),
     ],
     targets=[
         correctness("mutants", ">=", 1),
@@ -481,6 +428,7 @@ def mutation(
     timeout: float = 0,
     selection="coverage",
     also_seeds: str = "",
+    runner: str = "fork",
     **_,
 ) -> dict:
     try:
@@ -495,5 +443,6 @@ def mutation(
         tests=tests,
         timeout=timeout,
         selection=selection,
+        runner=runner,
         stdout=stdout,
     )

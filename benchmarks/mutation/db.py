@@ -10,6 +10,9 @@ Coverage-guided selection (benchmarks/mutation/selection.py):
   per test (its node id, around setup, call and teardown, as pytest-cov's `--cov-context=test` does), and write
   the node ids pytest ran, in order, to <data file>.order.
 - GPUAAS_MUTATION_SELECT=<file of node ids>: run only those of the collected tests (the others are deselected).
+
+GPUAAS_MUTATION_MODULES=<file>: at the end, write the names of the imported modules from outside the project
+(the directory pytest ran in), in import order: what benchmarks/mutation/fork.py's warm parent imports once.
 """
 
 from __future__ import annotations
@@ -87,9 +90,25 @@ def _forget_cached_answers() -> None:
 
 
 def pytest_sessionfinish(session) -> None:
+    modules = os.environ.get("GPUAAS_MUTATION_MODULES")
+    if modules:
+        Path(modules).write_text("\n".join(_outside_modules(os.path.realpath(os.getcwd()))))
     if _coverage is None:
         return
     _coverage.stop()
     _coverage.save()
     data_file = os.environ["GPUAAS_MUTATION_COVER"].split("|", 1)[0]
     Path(data_file + ".order").write_text("\n".join(item.nodeid for item in session.items))
+
+
+def _outside_modules(root: str) -> list[str]:
+    """Names of the imported modules whose files all lie outside `root` (a package's __path__ counts too)."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or module is None:
+            continue
+        files = [getattr(module, "__file__", None), *list(getattr(module, "__path__", None) or [])]
+        if any(f and os.path.realpath(f).startswith(root + os.sep) for f in files):
+            continue
+        out.append(name)
+    return out

@@ -183,10 +183,8 @@ def billed_scope(period: date, project_ids: list[int] | None, sources: dict[date
     return scope
 
 
-def billable_records(period: date, *, project_ids: list[int] | None = None, sources=None):
-    """The unbilled records that `period`'s statements bill now (own month and carry-overs)."""
-    if sources is None:
-        sources = carry_sources(period, project_ids=project_ids)
+def billable_records(period: date, *, project_ids: list[int] | None = None, sources: dict[date, list[int]]):
+    """The unbilled records that `period`'s statements bill now (own month and `sources`: carry_sources())."""
     return UsageRecord.objects.filter(billed_scope(period, project_ids, sources), billed_on__isnull=True)
 
 

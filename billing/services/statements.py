@@ -100,7 +100,8 @@ def generate_statements(period: date, *, project_ids: list[int] | None = None) -
 
 def generate_statement(project: Project, period: date) -> Statement:
     """The one project's statement for `period`, created or refreshed (see generate_statements)."""
-    return generate_statements(period, project_ids=[project.pk])[0]
+    (statement,) = generate_statements(period, project_ids=[project.pk])  # every set it unions is the project's
+    return statement
 
 
 def ensure_month_ended(period: date, *, now: datetime | None = None) -> None:

@@ -306,3 +306,131 @@ def test_billing_time_starts_at_the_default_cards_epoch(db):
     assert services.EPOCH == datetime(2000, 1, 1, tzinfo=UTC)
     assert RateCard.objects.count() == 1
     assert PriceBook().card_at(datetime(2000, 1, 1, tzinfo=UTC)) == card
+
+
+def test_a_trespass_on_a_time_sliced_gpu_pays_one_replicas_share(fleet, project, other_project):
+    """The H100's node is time-sliced 4 ways: a trespass of 2 h there pays a quarter of the GPU's list rate."""
+    from capacity.models import NodeCapacity
+
+    services.seed_default_card()
+    NodeCapacity.objects.filter(pk=fleet.h100_full.node_id).update(timeslice_replicas=4)
+    _trespass(
+        fleet, project=other_project, owner=project, started="2026-03-10 10:00", ended="2026-03-10 12:00", mig=False
+    )
+
+    (statement,) = services.generate_statements(month("2026-03"))
+
+    (line,) = _lines(statement, LineType.TRESPASS)
+    assert statement.project == other_project
+    assert (line.kind, line.replicas, line.hourly_rate) == ("timeslice", 4, Decimal("0.625000"))
+    assert (line.hours, line.amount, statement.total_amount) == (Decimal("2.0000"), Decimal("1.25"), Decimal("1.25"))
+
+
+def test_month_to_date_lines_are_the_unbilled_usage_of_the_projects_asked_for(fleet, project, other_project):
+    """draft_lines (the dashboard's month-to-date costs): a project's finalised (billed) usage is not there, and
+    `project_ids` keeps only those projects' groups."""
+    from tenancy.models import Project
+
+    third = Project.objects.create(name="Team C", slug="team-c", namespace="team-c")
+    services.seed_default_card()
+    for n, who in enumerate((project, other_project, third)):
+        pool = _pool(who, fleet.west, product="H100-80GB", name=f"p{n}")
+        _allocation(pool, fleet.spare_gpus[n], "2026-03-10 10:00", f"2026-03-10 1{n + 1}:00")  # 1, 2 and 3 hours
+    services.meter_usage(now=at("2026-04-01 00:00"))
+    services.finalise_statement(services.generate_statement(project, month("2026-03")))
+
+    def billed(**kw):
+        return sorted(
+            (row["project_id"], lines[0].amount) for row, lines in services.draft_lines(month("2026-03"), **kw)
+        )
+
+    assert billed() == sorted([(other_project.pk, Decimal("5.00")), (third.pk, Decimal("7.50"))])
+    assert billed(project_ids=[other_project.pk]) == [(other_project.pk, Decimal("5.00"))]
+    assert billed(project_ids=[project.pk]) == []
+
+
+def test_a_long_carried_over_vgpu_line_and_its_credit_are_cut_to_200_characters():
+    """A 100-character pool name, a vGPU label naming its licence, off-peak and carried over: over 200 characters,
+    so the description keeps the first 200 (the column's length); the money is unaffected."""
+    from datetime import date
+
+    from billing.services.lines import lines_for
+
+    row = {
+        "pool_id": None,
+        "kind": "vgpu",
+        "product": "H100-80GB",
+        "profile_name": "H100XM-20C",
+        "replicas": 4,
+        "hourly_rate": Decimal("0.725000"),
+        "usage_period": date(2026, 3, 1),
+        "off_peak": True,
+        "vgpu_licence": Decimal("0.100000"),
+        "total_seconds": 7200,
+        "measured_seconds": None,
+        "sm_seconds": None,
+        "energy": None,
+        "failed_seconds": 1800,
+        "health_seconds": 0,
+    }
+    usage, credit = lines_for(None, row, "p" * 100)
+
+    assert usage.description.startswith("carry-over from 2026-03: " + "p" * 100 + ": H100-80GB vGPU H100XM-20C")
+    assert credit.description.startswith("carry-over from 2026-03: Credit (provisioning failed) " + "p" * 100)
+    assert len(usage.description) == len(credit.description) == 200
+    assert (usage.amount, usage.hours, credit.amount, credit.hours) == (
+        Decimal("1.45"),
+        Decimal("2.0000"),
+        Decimal("-0.36"),
+        Decimal("0.5000"),
+    )
+
+
+def test_a_trespass_of_one_second_still_gets_its_line(fleet, project, other_project):
+    services.seed_default_card()
+    _trespass(fleet, project=other_project, owner=project, started="2026-03-10 10:00:00", ended="2026-03-10 10:00:01")
+
+    (statement,) = services.generate_statements(month("2026-03"))
+
+    (line,) = _lines(statement, LineType.TRESPASS)
+    assert (statement.project, line.hours, line.hourly_rate) == (other_project, Decimal("0.0003"), Decimal("0.800000"))
+    assert line.amount == Decimal("0.00")
+    assert line.description.startswith(f"Trespass: {other_project.namespace}/sneaky-0 used another project's")
+
+
+def test_a_trespass_shorter_than_a_second_gets_no_line_and_one_without_a_pod_says_so(fleet, project, other_project):
+    services.seed_default_card()
+    _trespass(fleet, project=other_project, owner=project, started="2026-03-10 10:00:00", ended="2026-03-10 10:00:00.5")
+    unnamed = _trespass(
+        fleet, project=project, owner=None, started="2026-03-11 10:00", ended="2026-03-11 11:00", mig=False
+    )
+    TrespassEvent = type(unnamed)
+    TrespassEvent.objects.filter(pk=unnamed.pk).update(pod_name="")
+
+    statements = {s.project_id: s for s in services.generate_statements(month("2026-03"))}
+
+    assert _lines(statements[other_project.pk], LineType.TRESPASS) == []  # under a second: nothing to charge
+    assert statements[other_project.pk].total_amount == Decimal("0.00")
+    (line,) = _lines(statements[project.pk], LineType.TRESPASS)
+    assert line.description.startswith("Trespass: unknown pod used an unallocated H100-80GB full GPU")
+    assert (line.hours, line.amount) == (Decimal("1.0000"), Decimal("2.50"))
+
+
+def test_an_off_peak_window_that_starts_where_it_ends_is_no_window(fleet, project):
+    """A card whose off-peak hours are 5 -> 5 has no off-peak hour: every hour is billed at the peak rate."""
+    card = services.create_rate_card(
+        name="Empty window", effective_from=at("2026-03-01 00:00"), full_prices={"H100-80GB": Decimal("2.00")}
+    )
+    from pricing.models import RateCard
+
+    RateCard.objects.filter(pk=card.pk).update(
+        off_peak_start_hour=5, off_peak_end_hour=5, off_peak_multiplier=Decimal("0.500")
+    )
+    pool = _pool(project, fleet.west, product="H100-80GB", name="flat")
+    _allocation(pool, fleet.h100_full, "2026-03-10 04:00", "2026-03-10 07:00")  # 04, 05 and 06: all peak
+    services.meter_usage(now=at("2026-03-10 08:00"))
+
+    statement = services.generate_statement(project, month("2026-03"))
+
+    lines = [(x.description, x.hours, x.amount) for x in _lines(statement, LineType.USAGE)]
+    assert lines == [("flat: H100-80GB full GPU @ 2/h", Decimal("3.0000"), Decimal("6.00"))]

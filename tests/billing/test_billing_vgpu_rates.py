@@ -71,3 +71,17 @@ def test_the_vgpu_label_names_type_licence_and_overhead():
     assert XM20.label(Decimal("0.050000")) == (
         "H100-80GB vGPU H100XM-20C (1/4 GPU + licence 0.05/h, 5-15% slower than bare metal)"
     )
+
+
+def test_a_vgpu_key_read_back_as_text_keeps_its_licence_rule():
+    """The rule of a vGPU entry whose kind is text read from the database (equal to "vgpu", not the same object)."""
+    kind = "".join(["v", "gpu"])  # built at run time: not the interned constant
+    key = rates.spec_key(kind, "H100-80GB", "H100XM-20C", 4)
+    assert rates.derivation_rule(key, Decimal("0.10")) == "full / 4 + licence 0.1"
+
+
+def test_a_product_the_catalog_lacks_keeps_its_full_price_and_the_products_after_it_theirs():
+    entries = {key: price for key, price, _ in rates.default_entries({"A-custom": "1.00", "H100-80GB": "2.50"})}
+    assert entries[rates.spec_key("full", "A-custom")] == Decimal("1.000000")
+    assert entries[rates.spec_key("full", "H100-80GB")] == Decimal("2.500000")
+    assert entries[rates.spec_key("mig", "H100-80GB", "3g.40gb")] == Decimal("1.250000")

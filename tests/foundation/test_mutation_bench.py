@@ -70,6 +70,9 @@ def test_mutants_of_annotations_only_or_that_are_not_python_are_left_out():
     # in the signature only the default changes: not `int + None`, `def f(a, +, b)` or `def f(a, /, b)`
     assert {(m.line, m.operator) for m in mutants if m.line != 5} == {(4, "NumberReplacer")}
     assert {"ReplaceBinaryOperator_Add_Sub", "ReplaceComparisonOperator_Is_IsNot"} <= {m.operator for m in mutants}
+    # a keyword-only parameter without a default, the `*` made `/`: still the same parameters, left out too
+    required = "def charge(statement, *, amount, actor=None):\n    return statement, amount, actor\n"
+    assert mutation.mutants_of(required) == []
 
 
 def test_equivalent_mutants_are_read_from_the_modules_test_folder(monkeypatch, tmp_path):
@@ -244,3 +247,58 @@ def test_further_seeds_share_one_run_and_each_seed_is_scored_on_its_own_draw():
         ("m.py:4", "never read", False),
         ("m.py:5", None, True),
     ]
+
+
+# The two runners (benchmarks/mutation/sandbox.py): a forked child of the warm parent and a pytest process of its own
+# must give every mutant the same outcome.
+@pytest.fixture
+def fake_copy(tmp_path, monkeypatch):
+    from benchmarks.mutation.sandbox import Copy
+
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "fake_overlap.py").write_text(FAKE_MODULE)
+    (root / "test_fake.py").write_text(FAKE_TESTS)
+    (root / "benchmarks").symlink_to(settings.BASE_DIR / "benchmarks")  # the plugin and the warm parent's script
+    copy = Copy(root)
+    copy.var.mkdir()
+    copy.template.write_bytes(b"")  # no Django here: no test database for the plugin to point at
+    with_django = copy.env
+    copy.env = lambda **kw: {k: v for k, v in with_django(**kw).items() if k != "GPUAAS_MUTATION_TEST_DB"}
+    for name in ("DJANGO_SETTINGS_MODULE", "PYTEST_ADDOPTS", "PYTHONPATH"):
+        monkeypatch.delenv(name, raising=False)
+    yield copy
+    copy.stop_fork()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the fork runner needs os.fork")
+def test_the_fork_runner_classifies_killed_surviving_and_timed_out_mutants_as_the_subprocess_runner_does(fake_copy):
+    copy, module = fake_copy, fake_copy.root / "fake_overlap.py"
+    kill = ["test_fake.py::test_overlapping"]  # runs `- start`
+    miss = ["test_fake.py::test_apart"]  # never runs it
+    outcomes = {}
+    for runner in ("subprocess", "fork"):
+        if runner == "fork":
+            copy.start_fork()
+            assert copy.fork.started["held"] > 0  # pytest, hypothesis, django ... imported once, in the parent
+        module.write_text(FAKE_MODULE)
+        unmutated = copy.pytest(["test_fake.py"], 120, modules=copy.var / "modules.txt")
+        module.write_text(FAKE_MODULE.replace("- start", "+ start"))
+        killed = copy.pytest(["test_fake.py"], 120, select=kill)
+        assert "assert 15 == 5" in copy.last_output  # the mutant's own answer: the child imported it fresh
+        survived = copy.pytest(["test_fake.py"], 120, select=miss)
+        assert "1 passed, 4 deselected" in copy.last_output
+        module.write_text(FAKE_MODULE.replace("return 0", "while True:\n        pass"))
+        timed_out = copy.pytest(["test_fake.py"], 5, select=miss)
+        outcomes[runner] = (unmutated, killed, survived, timed_out)
+
+    assert outcomes["fork"] == outcomes["subprocess"]
+    assert outcomes["fork"] == (("passed", 0), ("failed", 1), ("passed", 0), ("timeout", None))
+    names = (copy.var / "modules.txt").read_text().split()
+    assert "pytest" in names and "fake_overlap" not in names and "test_fake" not in names  # outside modules only
+    assert copy.fork.hold(copy.var / "modules.txt")["failed"] == 0
+
+
+def test_an_unknown_runner_is_an_error_naming_the_choices():
+    out = mutation.run_mutation_bench(module="billing/periods.py", runner="thread")
+    assert out["error"] == "--runner thread: use one of fork, subprocess"

@@ -1,0 +1,120 @@
+"""Which tests reach each module `bench mutation` mutates (TESTS_FOR)."""
+
+from __future__ import annotations
+
+# The tests that reach each module: the test files that exercise its code, directly or through the services
+# that call it. Kept by hand beside the modules they guard; tests/foundation/test_mutation_bench.py checks that
+# every path exists. `--tests` overrides the map for one run.
+BILLING_METERING = (
+    "tests/billing/test_billing_intervals_properties.py",
+    "tests/billing/test_billing_health_credits.py",
+    "tests/billing/test_billing_failed_provisioning.py",
+    "tests/billing/test_billing_proration.py",
+    "tests/billing/test_billing_month_boundary.py",
+    "tests/billing/test_billing_catch_up.py",
+    "tests/billing/test_billing_multi_cluster.py",
+    "tests/billing/test_billing_statement_lines.py",
+)
+# Metering also writes the showback figures (catch_up_measurements) and owns the watermark row. Its own tests go
+# first: pytest runs with -x, so a mutant they kill stops there instead of after the whole map.
+BILLING_METERING_OWN = (
+    "tests/billing/test_billing_metering_watermark.py",
+    "tests/billing/test_billing_showback.py",
+    *BILLING_METERING,
+)
+BILLING_STATEMENTS = (
+    "tests/billing/test_billing_statement_lines.py",
+    "tests/billing/test_billing_statement_edges.py",
+    "tests/billing/test_billing_statement_grouping.py",
+    "tests/billing/test_billing_tasks.py",
+    "tests/billing/test_billing_intervals_properties.py",
+    "tests/billing/test_billing_carry_over.py",
+    "tests/billing/test_billing_unfinished_month.py",
+    "tests/billing/test_billing_health_credits.py",
+    "tests/billing/test_billing_failed_provisioning.py",
+    "tests/billing/test_billing_adjustments.py",
+    "tests/billing/test_billing_finalised_immutable.py",
+    "tests/billing/test_billing_loans.py",
+    "tests/billing/test_billing_showback.py",
+)
+BILLING_RATES = (
+    "tests/billing/test_billing_intervals_properties.py",
+    "tests/billing/test_billing_off_peak.py",
+    "tests/billing/test_billing_rates.py",
+    "tests/billing/test_billing_vgpu_rates.py",
+    "tests/billing/test_billing_rate_change.py",
+    "tests/billing/test_billing_statement_lines.py",
+)
+# Unit availability (free(), annotate_availability()) decides what approval may hand out and what the dashboard
+# shows: approval, the dashboard's agreement with it, ending units and the demo world's figures reach it.
+CAPACITY_AVAILABILITY = (
+    "tests/pools/test_pools_approval.py",
+    "tests/dashboard/test_dashboard_agrees_with_approval.py",
+    "tests/pools/test_ending.py",
+    "tests/capacity/test_demo_availability.py",
+)
+# Dedication and safety (#32): trespass and attribution, lending and reclaim, MIG layout and reconfiguration steps,
+# the queue order and forecast.
+TRESPASS = (
+    "tests/monitoring/test_monitoring_trespass_fleet.py",
+    "tests/monitoring/test_monitoring_trespass.py",
+    "tests/monitoring/test_monitoring_trespass_activity.py",
+    "tests/monitoring/test_monitoring_trespass_visibility.py",
+    "tests/monitoring/test_monitoring_trespass_billing.py",
+    "tests/capacity/test_podresources.py",
+)
+ATTRIBUTION = (
+    "tests/capacity/test_podresources.py",
+    "tests/capacity/test_discovery_inventory.py",
+    "tests/capacity/test_discovery_workloads.py",
+)
+LENDING = (
+    "tests/pools/test_lending.py",
+    "tests/pools/test_lending_dra.py",
+    "tests/pools/test_lending_idle.py",
+    "tests/pools/test_borrowers.py",
+    "tests/pools/test_best_effort.py",
+    "tests/pools/test_loans_enforced.py",
+)
+MIG_LAYOUT = (
+    "tests/capacity/test_mig_layout.py",
+    "tests/capacity/test_mig_planner.py",
+)
+RECONFIGURATION_STEPS = (
+    "tests/capacity/test_reconfig_operator_backend.py",
+    "tests/capacity/test_reconfig_agent_backend.py",
+    "tests/capacity/test_reconfig_failures.py",
+    "tests/capacity/test_reconfig_reattach.py",
+    "tests/capacity/test_reconfig_refusals.py",
+    "tests/capacity/test_reconfig_timeslicing.py",
+    "tests/capacity/test_reconfig_unkind_operator.py",
+)
+QUEUE = (
+    "tests/scheduling/test_queue_order_fleet.py",
+    "tests/scheduling/test_queue.py",
+    "tests/scheduling/test_forecast.py",
+)
+TESTS_FOR: dict[str, tuple[str, ...]] = {
+    "billing/services/intervals.py": BILLING_METERING,
+    "billing/periods.py": BILLING_METERING,
+    "billing/services/clock.py": BILLING_METERING,
+    "billing/services/metering.py": BILLING_METERING_OWN,
+    "billing/measurements.py": BILLING_METERING,
+    "billing/services/lines.py": BILLING_STATEMENTS,
+    "billing/services/statements.py": BILLING_STATEMENTS,
+    "pricing/rates.py": BILLING_RATES,
+    "pricing/services.py": BILLING_RATES,
+    "billing/services/rate_cards.py": BILLING_RATES,
+    "capacity/models/availability.py": CAPACITY_AVAILABILITY,
+    "monitoring/services/trespass.py": TRESPASS,
+    "capacity/services/inventory.py": ATTRIBUTION,
+    "pools/lending.py": LENDING,
+    "monitoring/services/lending.py": LENDING,
+    "capacity/mig/layout.py": MIG_LAYOUT,
+    "operations/reconfiguration/steps.py": RECONFIGURATION_STEPS,
+    "scheduling/policy.py": QUEUE,
+    "scheduling/forecast/demand.py": QUEUE,
+    "scheduling/forecast/history.py": QUEUE,
+    "scheduling/forecast/timeline.py": QUEUE,
+    "scheduling/forecast/estimate.py": QUEUE,
+}
