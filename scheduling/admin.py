@@ -28,18 +28,7 @@ from .policy import queue_policy
 
 @admin.register(AutoApprovalPolicy)
 class AutoApprovalPolicyAdmin(admin.ModelAdmin):
-    list_display = [
-        "name",
-        "enabled",
-        "project_group",
-        "tier",
-        "spec_kind",
-        "profile_name",
-        "max_units",
-        "max_duration_h",
-        "window_start",
-        "window_end",
-    ]
+    list_display = ["name", "enabled", *AutoApprovalPolicy.RULE_FIELDS]
     list_filter = ["enabled", "tier", "spec_kind"]
     filter_horizontal = ["projects"]
     search_fields = ["name", "project_group", "profile_name"]

@@ -337,21 +337,7 @@ class AutoApprovalPolicySerializer(StrictModelSerializer):
 
     class Meta:
         model = AutoApprovalPolicy
-        fields = [
-            "id",
-            "name",
-            "enabled",
-            "projects",
-            "project_group",
-            "tier",
-            "spec_kind",
-            "profile_name",
-            "max_units",
-            "max_duration_h",
-            "window_start",
-            "window_end",
-            "created_at",
-        ]
+        fields = ["id", "name", "enabled", "projects", *AutoApprovalPolicy.RULE_FIELDS, "created_at"]
         read_only_fields = ["created_at"]
 
     def validate(self, attrs: dict) -> dict:

@@ -41,6 +41,18 @@ class AutoApprovalPolicy(models.Model):
     The time window is in UTC; a window whose start is after its end runs over midnight.
     """
 
+    # The rule's conditions, in the order its API and admin list show them.
+    RULE_FIELDS = (
+        "project_group",
+        "tier",
+        "spec_kind",
+        "profile_name",
+        "max_units",
+        "max_duration_h",
+        "window_start",
+        "window_end",
+    )
+
     name = models.CharField(max_length=100, unique=True)
     enabled = models.BooleanField(default=True)
     projects = models.ManyToManyField(Project, blank=True, related_name="auto_approval_policies")
