@@ -36,7 +36,8 @@ def test_measures_metering_and_close_against_their_floors_and_cleans_up(fleet):
     assert result["close_statements"] == 4
     assert result["close_statement_lines"] == result["close_floor_groups"] == 20
     for name in ("metering_hour_s", "metering_hour_floor_s", "close_s", "close_floor_s"):
-        assert result[name] > 0
+        # measured, not asserted on: a tiny world's figure may round to 0.0 (tests never assert on wall time)
+        assert isinstance(result[name], float) and result[name] >= 0
     assert result["metering_hour_target_s"] == 0.001
     assert result["metering_hour_s_met"] is (result["metering_hour_s"] <= 0.001)
     assert result["close_ratio_met"] is (result["close_ratio"] <= 3)
