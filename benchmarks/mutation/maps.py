@@ -81,13 +81,13 @@ MIG_LAYOUT = (
     "tests/capacity/test_mig_planner.py",
 )
 RECONFIGURATION_STEPS = (
-    "tests/capacity/test_reconfig_operator_backend.py",
-    "tests/capacity/test_reconfig_agent_backend.py",
-    "tests/capacity/test_reconfig_failures.py",
-    "tests/capacity/test_reconfig_reattach.py",
-    "tests/capacity/test_reconfig_refusals.py",
+    "tests/operations/test_reconfig_operator_backend.py",
+    "tests/operations/test_reconfig_agent_backend.py",
+    "tests/operations/test_reconfig_failures.py",
+    "tests/operations/test_reconfig_reattach.py",
+    "tests/operations/test_reconfig_refusals.py",
     "tests/capacity/test_reconfig_timeslicing.py",
-    "tests/capacity/test_reconfig_unkind_operator.py",
+    "tests/operations/test_reconfig_unkind_operator.py",
 )
 QUEUE = (
     "tests/scheduling/test_queue_order_fleet.py",

@@ -3,10 +3,8 @@ filters, a year-9999 billing period, malformed per_gpu entries, too many units, 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from reconfig_sim import node_row, start_sim
 from rest_framework.test import APIClient
 
 from billing.models import BillingRun, Statement
@@ -14,9 +12,6 @@ from capacity.models import MaintenanceWindow, MigLayout, MigReconfiguration, Ti
 from pools.models import PoolRequest
 from tenancy.models import ApiToken
 from tenancy.roles import role_of
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "capacity"))
-from reconfig_sim import node_row, start_sim  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 

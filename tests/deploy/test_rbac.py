@@ -13,35 +13,32 @@ The whole suite's cluster scenarios can be recorded too: GPUAAS_RECORD_K8S_REQUE
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from django.test import override_settings
+from reconfig_sim import drive, node_row, start_sim
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "capacity"))
-from django.test import override_settings  # noqa: E402
-from reconfig_sim import drive, node_row, start_sim  # noqa: E402
-
-from capacity.adapters.kubernetes.transport import USER_AGENT  # noqa: E402
-from capacity.models import DiscoveryRun, TimeSlicingPolicy  # noqa: E402
-from capacity.services.clusters import register_cluster  # noqa: E402
-from capacity.services.discovery import discover_cluster  # noqa: E402
-from capacity.services.mig_configs import apply_time_slicing  # noqa: E402
-from capacity.services.vgpu import set_vgpu_config  # noqa: E402
-from operations import reconfiguration as rc  # noqa: E402
-from pools import lending, services  # noqa: E402
-from pools.models import Allocation, GpuPool  # noqa: E402
-from pools.provisioning import deprovision_pool, provision_pool, reconcile, reconcile_provisioned  # noqa: E402
-from simcluster import (  # noqa: E402
+from capacity.adapters.kubernetes.transport import USER_AGENT
+from capacity.models import DiscoveryRun, TimeSlicingPolicy
+from capacity.services.clusters import register_cluster
+from capacity.services.discovery import discover_cluster
+from capacity.services.mig_configs import apply_time_slicing
+from capacity.services.vgpu import set_vgpu_config
+from operations import reconfiguration as rc
+from pools import lending, services
+from pools.models import Allocation, GpuPool
+from pools.provisioning import deprovision_pool, provision_pool, reconcile, reconcile_provisioned
+from simcluster import (
     SimServer,
-    kubevirt_cr,  # noqa: E402
+    kubevirt_cr,
     load_scenario,
 )
-from simcluster.gpuoperator import refresh_devices  # noqa: E402
-from simcluster.kube import ClusterApi  # noqa: E402
-from simcluster.rbac import Access, Role, access_of, advice, compare  # noqa: E402
-from tenancy.models import Project  # noqa: E402
+from simcluster.gpuoperator import refresh_devices
+from simcluster.kube import ClusterApi
+from simcluster.rbac import Access, Role, access_of, advice, compare
+from tenancy.models import Project
 
 pytestmark = pytest.mark.django_db
 

@@ -23,8 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 LEASE_S = 2
 DEADLINE_S = 120  # a bound on waiting, not an assertion on time
 
-sys.path.append(str(REPO / "tests" / "capacity"))  # reconfig_sim: the small simulated MIG cluster
-
 
 def database_url() -> str:
     from django.db import connection
