@@ -15,9 +15,10 @@ from django.utils import timezone
 from benchmarks.fleet import control as fleet_control
 from capacity import picking
 from capacity.choices import GpuHealth, SpecKind
-from capacity.models import GpuCapacity, NodeCapacity
+from capacity.models import GpuCapacity, MigInstance, NodeCapacity
 from pools import services, units
 from pools.models import Allocation, PoolRequest
+from pools.units import take
 from tenancy.models import Project
 
 pytestmark = pytest.mark.django_db
@@ -60,7 +61,7 @@ def _ranked_in_full(request: PoolRequest, cluster_id: int, limit: int) -> list[i
     """The order before #28: every free unit of the cluster ranked by _dedicated_first."""
     base = units.mig_candidates(request).filter(gpu__node__cluster_id=cluster_id)
     order = ("gpu__node_id", "gpu_id", "placement_start")
-    ranked = units._dedicated_first(base, request, node="gpu__node", gpu="gpu", then=order)
+    ranked = take._dedicated_first(base, request, node="gpu__node", gpu="gpu", then=order)
     return list(ranked.values_list("pk", flat=True)[:limit])
 
 
@@ -97,7 +98,7 @@ def test_a_dedicated_node_late_in_the_cluster_is_still_preferred():
     Allocation.objects.filter(gpu__node=node).delete()  # nobody holds anything on it now
     first = _picked(request, cluster_id, 1)
     assert first == _ranked_in_full(request, cluster_id, 1)
-    assert units.MigInstance.objects.get(pk=first[0]).gpu.node_id == node.pk
+    assert MigInstance.objects.get(pk=first[0]).gpu.node_id == node.pk
 
 
 def test_best_fit_under_the_cap_and_the_lowest_id_at_it(fleet, make_request, operator, monkeypatch):
