@@ -66,3 +66,16 @@ def test_effective_from_must_be_a_whole_hour():
     with pytest.raises(ValueError, match="whole UTC hour"):
         services.create_rate_card(name="x", effective_from=at("2030-03-01 10:30"), full_prices={})
     assert not RateCard.objects.filter(name="x").exists()
+
+
+def test_a_spec_key_normalises_what_it_is_given_and_equals_a_key_built_directly():
+    """Prices are looked up by SpecKey: a key built directly (one unit, no replicas) must be the same dict key as
+    the normalised one, and a missing, zero or negative replica count is one replica, never zero or less."""
+    assert rates.SpecKey("mig", "H100-80GB", "3g.40gb") == rates.spec_key("mig", "H100-80GB", "3g.40gb")
+    assert rates.SpecKey("full", "H100-80GB") == rates.spec_key("full", "H100-80GB", replicas=4)
+    assert rates.SpecKey("full", "H100-80GB").replicas == 1
+    assert rates.spec_key("timeslice", "H100-80GB").replicas == 1
+    assert rates.spec_key("mps", "H100-80GB", replicas=0).replicas == 1
+    assert rates.spec_key("timeslice", "H100-80GB", replicas=-2).replicas == 1
+    assert rates.spec_key("vgpu", "H100-80GB", "H100XM-20C", replicas=-1).replicas == 1
+    assert rates.spec_key("timeslice", "H100-80GB", replicas=4).replicas == 4
