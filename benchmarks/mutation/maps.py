@@ -15,6 +15,8 @@ BILLING_METERING = (
     "tests/billing/test_billing_multi_cluster.py",
     "tests/billing/test_billing_statement_lines.py",
 )
+# The months people type (parse_period) and the overlap maths: their own tests first, then metering's.
+BILLING_PERIODS = ("tests/billing/test_billing_periods.py", *BILLING_METERING)
 # Metering also writes the showback figures (catch_up_measurements) and owns the watermark row. Its own tests go
 # first: pytest runs with -x, so a mutant they kill stops there instead of after the whole map.
 BILLING_METERING_OWN = (
@@ -96,7 +98,7 @@ QUEUE = (
 )
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
-    "billing/periods.py": BILLING_METERING,
+    "billing/periods.py": BILLING_PERIODS,
     "billing/services/clock.py": BILLING_METERING,
     "billing/services/metering.py": BILLING_METERING_OWN,
     "billing/measurements.py": BILLING_METERING,
