@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+# The pools world (fleet, api, make_request, sim, kube_for): used by the pools and scheduling tests alike.
+pytest_plugins = ["pool_world"]
+
 REQUIRE_SERVICES = os.environ.get("GPUAAS_REQUIRE_SERVICES") == "1"
 CLUSTER_ROLE = Path(__file__).resolve().parents[1] / "deploy" / "clusterrole.yaml"
 

@@ -10,9 +10,9 @@ from unittest import mock
 
 import pytest
 from celery.exceptions import Retry
-from conftest import kube_for
 from django.urls import reverse
 from django.utils import timezone
+from pool_world import kube_for
 from test_lending import MIG, NODE, create_pod, pod
 
 from billing import services as billing

@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 from django.utils import timezone
-from test_pools_approval_concurrency import run_concurrently
+from pool_world import run_concurrently
 
 from pools import lending, services
 from pools.choices import LoanState, RequestState

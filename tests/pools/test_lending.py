@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 
 from capacity.adapters.kubernetes import NotFound
 from pools import lending, services

@@ -4,7 +4,7 @@ gets that device, and the reclaim evicts it and removes the template (docs/queue
 from __future__ import annotations
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 from test_pools_dra import dra_sim, pod_devices, template_uuids  # noqa: F401, F811  (dra_sim is a fixture)
 
 from pools import lending, services

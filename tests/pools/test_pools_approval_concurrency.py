@@ -1,10 +1,9 @@
 """Concurrent approvals on PostgreSQL: SKIP LOCKED row locks mean no unit is ever taken twice."""
 
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection
+from pool_world import run_concurrently
 
 from pools import services
 from pools.exceptions import IllegalTransition, InsufficientCapacity
@@ -12,28 +11,6 @@ from pools.models import Allocation, PoolRequest
 
 # Threads need committed rows; the MIG catalog comes back after each flush (post_migrate).
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-def run_concurrently(jobs):
-    """Run the callables at once, each in its own thread (and database connection); their outcomes."""
-    barrier = threading.Barrier(len(jobs))
-    outcomes = [None] * len(jobs)
-
-    def run(i, job):
-        try:
-            barrier.wait()
-            outcomes[i] = job()
-        except Exception as exc:  # the outcome under test
-            outcomes[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
 
 
 def test_competing_approvals_never_share_a_unit(fleet, make_request, operator):

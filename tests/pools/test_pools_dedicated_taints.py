@@ -5,7 +5,7 @@ several projects share carries no taint and their pools say "shared node: bindin
 import json
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 from sim_pods import run_gpu_pod
 
 from pools import provisioning, services

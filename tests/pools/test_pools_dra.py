@@ -5,7 +5,7 @@ UUIDs, pods get only those devices, the workload tracker reads the claims, and t
 from __future__ import annotations
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 
 from capacity.models import MigInstance, NodeCapacity, WorkloadProfile
 from capacity.services.discovery import discover_cluster

@@ -11,8 +11,8 @@ from decimal import Decimal
 
 import pytest
 import yaml
-from conftest import kube_for
 from django.utils import timezone
+from pool_world import kube_for
 
 from billing import services as billing
 from billing.models import StatementLine

@@ -8,9 +8,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
-from conftest import kube_for
 from django.urls import reverse
-from test_pools_approval_concurrency import run_concurrently
+from pool_world import kube_for, run_concurrently
 
 from billing import services as billing
 from capacity.adapters.kubernetes import NotFound

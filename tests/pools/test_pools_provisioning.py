@@ -5,7 +5,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 
 from capacity.adapters.kubernetes import NotFound
 from capacity.services.discovery import discover_cluster

@@ -1,7 +1,7 @@
 """Level-triggered reconcile: what provisioning wrote and someone (or a restart) removed is put back."""
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 
 from capacity.adapters.kubernetes import KubernetesClient, NotFound
 from pools import services

@@ -3,8 +3,8 @@
 from datetime import timedelta
 
 import pytest
-from conftest import kube_for
 from django.utils import timezone
+from pool_world import kube_for
 
 from capacity.adapters.kubernetes import NotFound
 from pools import services

@@ -4,7 +4,7 @@ tier's node affinity, and the per-tier MIG profile policy holds in approval."""
 import json
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 
 from capacity.adapters.kubernetes import NotFound
 from capacity.models import NodeCapacity, TierAssignment, TierProfilePolicy

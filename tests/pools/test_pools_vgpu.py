@@ -6,7 +6,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 
 from capacity.adapters.kubernetes import Node
 from capacity.mig.catalog import PRODUCTS

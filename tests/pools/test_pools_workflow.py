@@ -4,7 +4,7 @@ token -> request -> approval -> provisioning -> card -> release -> clean-up, and
 import datetime as dt
 
 import pytest
-from conftest import kube_for
+from pool_world import kube_for
 from rest_framework.test import APIClient
 
 from capacity.adapters.kubernetes import NotFound

@@ -6,11 +6,11 @@ import json
 from io import StringIO
 
 import pytest
-from conftest import Fleet
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from pool_world import Fleet
 from rest_framework.test import APIClient
 from tier_fleets import NodeSpec, build_fleet
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from conftest import Fleet
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 from hypothesis import HealthCheck, Phase, given, settings
+from pool_world import Fleet
 from tier_fleets import NodeSpec, build_fleet, fleets
 
 from capacity.choices import SpecKind, Tier

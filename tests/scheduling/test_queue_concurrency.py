@@ -3,7 +3,7 @@
 from collections import Counter
 
 import pytest
-from test_pools_approval_concurrency import run_concurrently
+from pool_world import run_concurrently
 
 from pools import services
 from pools.choices import QueueAction, RequestState

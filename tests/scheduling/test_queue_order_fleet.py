@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from conftest import Fleet
 from django.utils import timezone
+from pool_world import Fleet
 
 from capacity.choices import SpecKind
 from pools.choices import PriorityClass, RequestState

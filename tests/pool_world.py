@@ -1,8 +1,13 @@
-"""Fixtures of the pools tests: a small fleet built from ORM rows, API clients per persona."""
+"""The pools world, shared by the pools and scheduling tests (tests/conftest.py registers it with
+`pytest_plugins`): a small fleet built from ORM rows as discovery would record them, API clients per persona,
+the request maker, the demo simulator registered and discovered, and a helper to run jobs at once."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection
 from rest_framework.test import APIClient
 
 from capacity.choices import GpuHealth, MigStrategy, Tier
@@ -136,12 +141,6 @@ class Fleet:
         return node
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """The personas are created with passwords; PBKDF2 at production strength dominates these tests."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def fleet(db) -> Fleet:
     return Fleet()
@@ -210,3 +209,25 @@ def kube_for(cluster):
     from capacity.adapters.kubernetes import KubernetesClient
 
     return KubernetesClient.for_cluster(cluster)
+
+
+def run_concurrently(jobs):
+    """Run the callables at once, each in its own thread (and database connection); their outcomes."""
+    barrier = threading.Barrier(len(jobs))
+    outcomes = [None] * len(jobs)
+
+    def run(i, job):
+        try:
+            barrier.wait()
+            outcomes[i] = job()
+        except Exception as exc:  # the outcome under test
+            outcomes[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
