@@ -117,7 +117,7 @@ def _discovered_specs(node, spec: NodeSpec, use: str) -> None:
 
 def build_fleet(rows, fleet: dict, prefix: str = "c") -> None:
     """The fleet's nodes on two clusters, `{prefix}0` and `{prefix}1`, written through `rows` (the pools tests'
-    Fleet, tests/pools/conftest.py, which records rows as discovery would)."""
+    Fleet, tests/pool_world.py, which records rows as discovery would)."""
     clusters = [rows.cluster(f"{prefix}{i}") for i in range(2)]
     _pad(rows, *fleet["pad"])
     TierProfilePolicy.objects.filter(tier=Tier.STAGING).update(min_compute_slices=fleet["tier2_min"])
