@@ -203,3 +203,17 @@ def test_spreading_takes_the_largest_first_within_the_binding_needing_the_fewest
     assert units.spread_clusters({d: 4, f: 1, a: 2, b: 2, e: 2}, 5) == [d, f]  # 2 clusters, not 3
     assert units.spread_clusters({a: 3, b: 2, d: 3, f: 2}, 5) == [a, b]  # a tie: the first binding found
     assert units.spread_clusters({a: 3, b: 0, d: 2}, 3) == [a, b]  # an emptied cluster comes last
+
+
+def test_the_product_narrows_whole_gpus_and_replicas(fleet, make_request):
+    fleet.cluster("spare")
+    fleet.full_node("east-h100", gpus=2, cluster="east")
+    fleet.full_node("west-a100", gpus=3, cluster="west", product="A100-80GB")
+    fleet.timeslice_node("east-shared", gpus=1, replicas=4, cluster="east")
+    fleet.timeslice_node("west-shared", gpus=1, replicas=2, cluster="west", product="A100-80GB")
+    east, west = fleet.cluster("east").pk, fleet.cluster("west").pk
+    for product, full, shared in (("H100-80GB", {east: 2}, {east: 4}), ("A100-80GB", {west: 3}, {west: 2})):
+        request = fresh(make_request(product=product, **FULL))
+        assert units.read_free(request).by_cluster == full, product
+        request = fresh(make_request(product=product, **TIMESLICE))
+        assert units.read_free(request).by_cluster == shared, product
