@@ -96,6 +96,30 @@ QUEUE = (
     "tests/scheduling/test_queue.py",
     "tests/scheduling/test_forecast.py",
 )
+# Approval (#32): a request takes free units and becomes a pool. Approval's own tests first (pytest -x stops at
+# the first failure), then spanning clusters, the capped choice of cluster, whole-GPU sets on one node and tiers.
+APPROVAL = (
+    "tests/pools/test_approval_records.py",
+    "tests/pools/test_pools_approval.py",
+    "tests/pools/test_pools_multi_cluster.py",
+    "tests/pools/test_approval_picks.py",
+    "tests/pools/test_pools_topology.py",
+    "tests/pools/test_pools_tiers.py",
+)
+# Free units (read_free, the choice and spread of clusters): what approval counts and takes, for every spec kind
+# (MIG, whole GPUs, time-slice and MPS replicas, vGPUs).
+FREE_UNITS = (
+    "tests/pools/test_free_units_counts.py",
+    "tests/pools/test_approval_records.py",
+    "tests/pools/test_pools_approval.py",
+    "tests/pools/test_pools_multi_cluster.py",
+    "tests/pools/test_approval_picks.py",
+    "tests/pools/test_free_units_plan.py",
+    "tests/pools/test_pools_topology.py",
+    "tests/pools/test_pools_mps.py",
+    "tests/pools/test_pools_vgpu.py",
+    "tests/pools/test_pools_tiers.py",
+)
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
     "billing/periods.py": BILLING_PERIODS,
@@ -119,4 +143,6 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
     "scheduling/forecast/history.py": QUEUE,
     "scheduling/forecast/timeline.py": QUEUE,
     "scheduling/forecast/estimate.py": QUEUE,
+    "pools/services/approval.py": APPROVAL,
+    "pools/units/free.py": FREE_UNITS,
 }

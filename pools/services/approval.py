@@ -64,13 +64,13 @@ def approve(
         except IntegrityError:
             _reload_state(request)
             free = None  # others took units: read them again
-            if attempt == APPROVAL_ATTEMPTS:
-                raise DomainError("Units were taken by concurrent approvals; try again.") from None
-            logger.info("approval of request %s collided on a unit; attempt %d", request.pk, attempt + 1)
+            logger.info(
+                "approval of request %s collided on a unit (attempt %d of %d)", request.pk, attempt, APPROVAL_ATTEMPTS
+            )
         except DomainError:
             _reload_state(request)  # the transaction rolled back: so must the object
             raise
-    raise AssertionError("unreachable")
+    raise DomainError("Units were taken by concurrent approvals; try again.")
 
 
 def _reload_state(request: PoolRequest) -> None:

@@ -195,10 +195,11 @@ def may_span(request: PoolRequest) -> bool:
 
 
 def _by_binding(free: dict[int, int]) -> dict[str, list[int]]:
-    """Clusters with free units, grouped by binding, the largest free first. A pool spans clusters of one
+    """The clusters of `free`, grouped by binding, the largest free first. A pool spans clusters of one
     binding only: its pods get units by claim template under DRA and by count under the device plugin,
-    and one pool's pods are written one way."""
-    bindings = dict(Cluster.objects.filter(pk__in=[c for c, n in free.items() if n > 0]).values_list("pk", "binding"))
+    and one pool's pods are written one way. A cluster with none free (approval's count after others took
+    its units) comes last in its group: it adds nothing to what the group covers."""
+    bindings = dict(Cluster.objects.filter(pk__in=list(free)).values_list("pk", "binding"))
     groups: dict[str, list[int]] = defaultdict(list)
     for cluster_id in sorted(bindings, key=lambda c: (-free[c], c)):
         groups[bindings[cluster_id]].append(cluster_id)
@@ -209,14 +210,14 @@ def spread_clusters(free: dict[int, int], need: int) -> list[int]:
     """The clusters to take `need` units across when no one cluster has them all, in the order to take
     from: the largest free first (which takes the fewest clusters), within the binding whose clusters
     reach `need` with the fewest. [] when no binding's clusters have enough together."""
-    best: tuple[int, list[int]] | None = None
+    best: tuple[int, list[int]] | None = None  # (index of the last cluster taken from, the binding's order)
     for order in _by_binding(free).values():
         covered = 0
-        for used, cluster_id in enumerate(order, start=1):
+        for last, cluster_id in enumerate(order):
             covered += free[cluster_id]
             if covered >= need:
-                if best is None or used < best[0]:
-                    best = (used, order)
+                if best is None or last < best[0]:
+                    best = (last, order)
                 break
     return [] if best is None else best[1]
 
