@@ -69,10 +69,12 @@ def pick_mig_dedicated_first(locked, project_id: int, cluster_id: int, limit: in
     )
     ranked = [pk for _, _, _, pk in sorted((node_shared[node], shared, node, pk) for pk, node, shared in rows)]
     picked: list = []
+    short = limit
     for start in range(0, len(ranked), chunk):
         gpus = ranked[start : start + chunk]
         position = Case(*(When(gpu_id=g, then=Value(i)) for i, g in enumerate(gpus)), output_field=IntegerField())
-        picked += locked.filter(gpu_id__in=gpus).order_by(position, "placement_start")[: limit - len(picked)]
-        if len(picked) >= limit:
-            break
+        picked += locked.filter(gpu_id__in=gpus).order_by(position, "placement_start")[:short]
+        short = limit - len(picked)
+        if not short:  # no further GPU's units are read
+            return picked
     return picked

@@ -120,6 +120,29 @@ FREE_UNITS = (
     "tests/pools/test_pools_vgpu.py",
     "tests/pools/test_pools_tiers.py",
 )
+# Approval taking units (pools/units/take.py): approval's own tests, whole-GPU sets on one node, whole nodes and
+# GPUs first, spanning clusters, vGPU and time-slice shares, and moves off a node (away_from); then the picks.
+# Its own tests first (pytest runs with -x).
+TAKING = (
+    "tests/pools/test_taking_units.py",
+    "tests/pools/test_pools_approval.py",
+    "tests/pools/test_pools_topology.py",
+    "tests/pools/test_pools_dedicated_taints.py",
+    "tests/pools/test_pools_multi_cluster.py",
+    "tests/pools/test_pools_vgpu.py",
+    "tests/pools/test_pools_mps.py",
+    "tests/operations/test_drain_and_move.py",
+    "tests/pools/test_approval_picks.py",
+)
+# Approval's capped counts and per-GPU MIG pick at fleet scale (capacity/picking.py): their own tests first
+# (test_approval_picks_plan.py is PostgreSQL only: the benchmark's SQLite skips it).
+PICKING = (
+    "tests/pools/test_taking_units.py",
+    "tests/pools/test_approval_picks.py",
+    "tests/pools/test_pools_approval.py",
+    "tests/pools/test_pools_dedicated_taints.py",
+    "tests/pools/test_pools_multi_cluster.py",
+)
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
     "billing/periods.py": BILLING_PERIODS,
@@ -145,4 +168,6 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
     "scheduling/forecast/estimate.py": QUEUE,
     "pools/services/approval.py": APPROVAL,
     "pools/units/free.py": FREE_UNITS,
+    "pools/units/take.py": TAKING,
+    "capacity/picking.py": PICKING,
 }

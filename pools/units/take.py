@@ -43,7 +43,7 @@ def lock_clusters(cluster_ids) -> None:
     span clusters take turns on the clusters they draw from. Without it two such approvals each lock part
     of the other's units (SKIP LOCKED), and both fail where one would have succeeded."""
     locked = Cluster.objects.select_for_update().filter(pk__in=list(cluster_ids)).order_by("pk")
-    list(locked.values_list("pk", flat=True))
+    list(locked.values_list("pk"))
 
 
 def _lock(queryset):
@@ -100,13 +100,8 @@ def take_units(
     `away_from`: node ids a reservation moves off (services.move_allocation): never taken from, and the
     project's own other nodes first.
     """
-    if request.spec_kind == SpecKind.MIG:
-        return _take_mig(request, cluster_id, need, free, away_from)
-    if request.spec_kind == SpecKind.FULL:
-        return _take_full(request, cluster_id, need, free, away_from)
-    if request.spec_kind == SpecKind.VGPU:
-        return _take_vgpu(request, cluster_id, need, away_from)
-    return _take_timeslice(request, cluster_id, need, away_from)
+    take = {SpecKind.MIG: _take_mig, SpecKind.FULL: _take_full, SpecKind.VGPU: _take_vgpu}.get(request.spec_kind)
+    return (take or _take_timeslice)(request, cluster_id, need, free, away_from)  # time-slice and MPS replicas
 
 
 def _take_mig(
@@ -115,17 +110,16 @@ def _take_mig(
     base = mig_candidates(request, free and free.busy_devices).filter(gpu__node__cluster_id=cluster_id)
     taken: list[Unit] = []
     seen: list[int] = []
-    while len(taken) < need:
-        rest = base.exclude(pk__in=seen)
-        locked = _lock(rest).select_related("profile", "gpu__node")
+    while short := need - len(taken):  # units still to take (some locked ones were held meanwhile)
+        locked = _lock(base.exclude(pk__in=seen)).select_related("profile", "gpu__node")
         if away_from:
             order = ("gpu__node_id", "gpu_id", "placement_start")
             ranked = _dedicated_first(locked, request, node="gpu__node", gpu="gpu", then=order, away_from=away_from)
-            batch = list(ranked[: need - len(taken)])
+            batch = list(ranked[:short])
         else:  # the same order, ranked per GPU (capacity.picking): not every free unit of the cluster
-            batch = picking.pick_mig_dedicated_first(locked, request.project_id, cluster_id, need - len(taken))
-        if not batch:
-            break
+            batch = picking.pick_mig_dedicated_first(locked, request.project_id, cluster_id, short)
+        if not batch:  # none left to lock
+            return taken
         ids = [i.pk for i in batch]
         seen.extend(ids)
         held = set(
@@ -177,18 +171,15 @@ def _take_full(
     if away_from:  # a move takes one unit at a time: the pool's one-node set is not chosen again
         return _take_full_from(request, base, cluster_id, need, away_from)
     if topology.one_node(request):
-        gpus = free.gpus if free.gpus is not None else topology.free_gpus(base)
+        gpus = free.gpus  # read_free() reads them for multi-GPU whole-GPU work
         nodes = topology.nodes_that_fit(topology.by_node(gpus), cluster_id, need)
         sets = topology.sets_on_nodes(gpus, nodes, need)
         for node_id in sorted(nodes, key=lambda n: sets[n][0]):  # nearest set first, then best fit
             on_node = base.filter(node_id=node_id)
-            if sets[node_id][1]:
-                taken = _take_full_from(request, on_node.filter(pk__in=sets[node_id][1]), cluster_id, need)
-                if len(taken) == need:
+            for within in (on_node.filter(pk__in=sets[node_id][1]), on_node):  # its nearest set, else any GPUs
+                taken = _take_full_from(request, within, cluster_id, need)
+                if not need - len(taken):  # all of them, on this node
                     return taken
-            taken = _take_full_from(request, on_node, cluster_id, need)
-            if len(taken) == need:
-                return taken
         return []
     return _take_full_from(request, base, cluster_id, need)
 
@@ -198,10 +189,10 @@ def _take_full_from(
 ) -> list[Unit]:
     taken: list[Unit] = []
     seen: list[int] = []
-    while len(taken) < need:
-        batch = _gpu_batch(base, seen, request, need - len(taken), away_from)
-        if not batch:
-            break
+    while short := need - len(taken):
+        batch = _gpu_batch(base, seen, request, short, away_from)
+        if not batch:  # none left to lock
+            return taken
         ids = [g.pk for g in batch]
         seen.extend(ids)
         held = set(Allocation.objects.holding().filter(gpu_id__in=ids).values_list("gpu_id", flat=True))
@@ -232,14 +223,18 @@ def localities(request: PoolRequest, taken: list[Unit]) -> list[tuple]:
     return [u.locality for u in taken]
 
 
-def _take_timeslice(request: PoolRequest, cluster_id: int, need: int, away_from: frozenset[int]) -> list[Unit]:
+def _take_timeslice(
+    request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None, away_from: frozenset[int]
+) -> list[Unit]:
     base = timeslice_candidates(request).filter(node__cluster_id=cluster_id)
     return _take_shares(
         request, base, cluster_id, need, lambda gpu: (gpu.node.timeslice_replicas, TIMESLICE_RESOURCE, ""), away_from
     )
 
 
-def _take_vgpu(request: PoolRequest, cluster_id: int, need: int, away_from: frozenset[int]) -> list[Unit]:
+def _take_vgpu(
+    request: PoolRequest, cluster_id: int, need: int, free: FreeUnits | None, away_from: frozenset[int]
+) -> list[Unit]:
     vgpu = request_vgpu(request)
     base = vgpu_candidates(request).filter(node__cluster_id=cluster_id)
     return _take_shares(
@@ -254,36 +249,24 @@ def _take_shares(
     (shares per GPU, extended resource, profile name recorded)."""
     taken: list[Unit] = []
     seen: list[int] = []
-    while len(taken) < need:
-        batch = _gpu_batch(base, seen, request, need, away_from)
-        if not batch:
-            break
+    while short := need - len(taken):
+        batch = _gpu_batch(base, seen, request, short, away_from)  # each has a share free, unless held meanwhile
+        if not batch:  # none left to lock
+            return taken
         ids = [g.pk for g in batch]
         seen.extend(ids)
         held: dict[int, set[int]] = defaultdict(set)
         rows = Allocation.objects.holding().filter(gpu_id__in=ids, mig_instance__isnull=True)
         for gpu_id, replica in rows.values_list("gpu_id", "replica"):
             held[gpu_id].add(replica)
-        for gpu in batch:
+        free = [(gpu, replica) for gpu in batch for replica in range(shares(gpu)[0]) if replica not in held[gpu.pk]]
+        for gpu, replica in free[:short]:
             replicas, resource_name, profile_name = shares(gpu)
             weight = max(1, round(_full_slices(gpu) / replicas))
-            for replica in range(replicas):
-                if len(taken) == need:
-                    break
-                if replica not in held[gpu.pk]:
-                    taken.append(
-                        Unit(
-                            gpu.pk,
-                            None,
-                            replica,
-                            resource_name,
-                            _gpu_product(gpu),
-                            profile_name,
-                            weight,
-                            gpu.node.name,
-                            cluster_id,
-                        )
-                    )
+            product = _gpu_product(gpu)
+            taken.append(
+                Unit(gpu.pk, None, replica, resource_name, product, profile_name, weight, gpu.node.name, cluster_id)
+            )
     return taken
 
 
