@@ -65,7 +65,10 @@ TRESPASS = (
     "tests/monitoring/test_monitoring_trespass_billing.py",
     "tests/capacity/test_podresources.py",
 )
+# Attribution's own world (two clusters, moved indexes, refused reports) first: it runs in seconds, the others
+# start the simulator.
 ATTRIBUTION = (
+    "tests/capacity/test_inventory_attribution.py",
     "tests/capacity/test_podresources.py",
     "tests/capacity/test_discovery_inventory.py",
     "tests/capacity/test_discovery_workloads.py",

@@ -187,7 +187,7 @@ def _activity(units: list[Unit], *, at: datetime) -> list[Finding]:
     found = []
     for sid, samples in sorted(recent.items()):
         last = samples[-polls:]
-        if len(last) < polls or last[-1][0] < fresh_after:
+        if len(samples) < polls or last[-1][0] < fresh_after:
             continue
         unit, kind = series[sid]
         reserved = baseline.get(kind, 0)

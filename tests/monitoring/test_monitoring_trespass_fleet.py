@@ -400,3 +400,71 @@ def test_freshness_is_judged_on_the_newest_sample_not_the_oldest(world, settings
     assert [(f.kind, f.unit, f.sm_active) for f in trespass.find(world.east, at=now)] == [
         ("unallocated_activity", (9201, 7303), 50.0)
     ]
+
+
+def test_opening_events_logs_one_warning_naming_the_cluster_and_a_quiet_poll_logs_none(world, caplog):
+    allocate(world.acme, world.mig_2g)
+    allocate(world.zeta, world.mig_1g)
+    # One pod on two units of two other projects: two events, one warning for the poll.
+    world.pod(world.east, world.vision, "greedy", ["MIG-east-2g", "MIG-east-1g"])
+    t0 = timezone.now()
+
+    with caplog.at_level("WARNING", logger="monitoring.services.trespass"):
+        detect_trespass(world.east.pk, at=t0)
+        assert [r.getMessage() for r in caplog.records] == ["cluster east: 2 trespass event(s) opened"]
+        caplog.clear()
+        again = detect_trespass(world.east.pk, at=t0 + timedelta(seconds=30))  # the same two, still open
+        detect_trespass(world.west.pk, at=t0 + timedelta(seconds=30))  # nothing there
+    assert again.opened == [] and caplog.records == []
+
+
+def test_a_stale_or_short_series_does_not_hide_a_busy_unit_whose_series_comes_after_it(world, settings):
+    settings.MONITORING_TRESPASS_POLLS = 2
+    settings.METRICS_INTERVAL_S = 30
+    now = timezone.now().replace(microsecond=0)
+    # Series are judged in id order: the 3g's (stale) and the 2g's (one sample) come before the 1g's.
+    for k in (150, 120):
+        write(series_of(world.mig_gpu, world.mig_3g), now - timedelta(seconds=k), sm_active=95.0, mem_used_mib=0)
+    write(series_of(world.mig_gpu, world.mig_2g), now, sm_active=95.0, mem_used_mib=0)
+    for k in (30, 0):
+        write(series_of(world.mig_gpu, world.mig_1g), now - timedelta(seconds=k), sm_active=70.0, mem_used_mib=0)
+    assert series_of(world.mig_gpu, world.mig_3g) < series_of(world.mig_gpu, world.mig_2g)
+    assert series_of(world.mig_gpu, world.mig_2g) < series_of(world.mig_gpu, world.mig_1g)
+
+    assert [(f.kind, f.unit, f.sm_active) for f in trespass.find(world.east, at=now)] == [
+        ("unallocated_activity", (9201, 7303), 70.0)
+    ]
+
+
+def test_find_writes_nothing_and_gives_the_same_findings_as_values(world, settings):
+    """find() only reads: two calls give equal sets of findings (values, usable as set members) and no event."""
+    settings.MONITORING_TRESPASS_POLLS = 2
+    now = timezone.now().replace(microsecond=0)
+    allocate(world.acme, world.a100_1)
+    intruder = world.pod(world.west, world.vision, "intruder", ["GPU-west-0", "GPU-west-1"])
+    for k in (30, 0):
+        write(series_of(world.a100_2), now - timedelta(seconds=k), sm_active=40.0, mem_used_mib=0)  # occupied
+
+    first = set(trespass.find(world.west, at=now))
+    second = set(trespass.find(world.west, at=now))
+
+    pod = {"project_id": 605, "workload_id": intruder.pk, "namespace": "team-vision", "pod_name": "intruder"}
+    expected = {
+        trespass.Finding("foreign_pod", (9101, None), 602, pod_uid="uid-west-intruder", **pod),
+        trespass.Finding("unallocated_pod", (9102, None), None, pod_uid="uid-west-intruder", **pod),
+    }
+    assert first == expected and second == expected
+    assert not TrespassEvent.objects.exists()
+
+
+def test_a_refused_eviction_is_retried_five_minutes_after_the_attempt(world):
+    """docs/monitoring.md: a refused eviction is retried after 5 minutes, not sooner."""
+    event = _open_event(world)
+    now = timezone.now()
+    client = _Client()
+    with mock.patch.object(kube.KubernetesClient, "for_cluster", return_value=client):
+        TrespassEvent.objects.filter(pk=event.pk).update(eviction_attempted_at=now - timedelta(minutes=4, seconds=50))
+        assert evict_trespasser(event.pk) == "skipped"
+        TrespassEvent.objects.filter(pk=event.pk).update(eviction_attempted_at=now - timedelta(minutes=5, seconds=1))
+        assert evict_trespasser(event.pk) == "evicted"
+    assert client.evicted == [("team-vision", "blocked")]

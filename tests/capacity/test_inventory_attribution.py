@@ -1,0 +1,212 @@
+"""Which GPU and MIG instance rows an inventory keeps, moves, loses or refuses (#32, attribution), on a world unlike
+a toy one: two clusters, GPU ids unlike MIG-instance ids, nodes of several GPUs whose indexes move, signed reports
+refused by age. Each test asserts the rows and the counts the product records."""
+
+from __future__ import annotations
+
+import logging
+from unittest import mock
+
+import pytest
+
+from capacity.adapters import nvml
+from capacity.agent import protocol
+from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
+from capacity.services import inventory as inv
+from capacity.services.inventory import ingest_inventory_reports, reconcile_inventory
+
+pytestmark = pytest.mark.django_db
+
+H100 = "NVIDIA H100 80GB HBM3"
+NOW = 1_796_000_000  # the ingest worker's clock in these tests (epoch seconds)
+
+
+class World:
+    """west (pk 41): node w-gpu-01, three H100s without MIG. east (pk 57): node e-gpu-03, an H100 with MIG. GPU rows
+    have ids from 9101 on, MIG instance rows the table's own (far below): no GPU id equals any MIG instance's."""
+
+    def __init__(self):
+        self.west = Cluster.objects.create(pk=41, name="west", kubeconfig_path="/tmp/west.kubeconfig")
+        self.east = Cluster.objects.create(pk=57, name="east", kubeconfig_path="/tmp/east.kubeconfig")
+        self.w_node = NodeCapacity.objects.create(pk=301, cluster=self.west, name="w-gpu-01", gpu_count=3)
+        self.e_node = NodeCapacity.objects.create(pk=302, cluster=self.east, name="e-gpu-03", gpu_count=1)
+        for gpu_pk, node, index, uuid in (
+            (9101, self.w_node, 0, "GPU-7f00-west-a"),
+            (9102, self.w_node, 1, "GPU-1c00-west-b"),
+            (9103, self.w_node, 2, "GPU-4e00-west-c"),
+            (9201, self.e_node, 0, "GPU-9a00-east-m"),
+        ):
+            GpuCapacity.objects.create(pk=gpu_pk, node=node, index=index, uuid=uuid, product=H100, memory_mib=81559)
+
+
+@pytest.fixture
+def world():
+    return World()
+
+
+def gpu(index, uuid, *, mig=False, devices=(), error="", health=nvml.HEALTH_OK, name=H100):
+    return nvml.GpuInfo(
+        index=index,
+        health=health,
+        uuid=uuid,
+        name=name,
+        serial=f"SN-{uuid[-6:]}",
+        pci_bus_id=f"0000:{index + 0x18:02x}:00.0",
+        memory_mib=81559,
+        mig_current=mig,
+        mig_devices=list(devices),
+        error=error,
+    )
+
+
+def mig(uuid, gi, name, start, *, size=None):
+    profile = MigProfile.objects.get(product="H100-80GB", name=name)
+    real = profile.valid_placements.get(start=start).size
+    return nvml.MigDeviceInfo(
+        index=gi,
+        uuid=uuid,
+        gpu_instance_id=gi,
+        compute_instance_id=0,
+        profile_id=profile.profile_id,
+        placement_start=start,
+        placement_size=real if size is None else size,
+        memory_mib=profile.memory_mib,
+    )
+
+
+def west(*gpus):
+    return nvml.NodeInventory(node_name="w-gpu-01", driver_version="550.90.07", cuda_version="12.4", gpus=list(gpus))
+
+
+def east(*gpus):
+    return nvml.NodeInventory(node_name="e-gpu-03", driver_version="550.90.07", cuda_version="12.4", gpus=list(gpus))
+
+
+def present(node):
+    return sorted(GpuCapacity.objects.filter(node=node).present().values_list("index", "id", "uuid", "health"))
+
+
+def active_instances():
+    return sorted(MigInstance.objects.active().values_list("uuid", "gpu_id", "placement_start", "gi_id"))
+
+
+def test_gpus_that_swap_indexes_keep_their_rows_and_are_not_counted_lost(world):
+    reconcile_inventory(
+        world.west.pk, [west(gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"))]
+    )
+    GpuCapacity.objects.filter(pk=9102).update(health="warning")
+
+    # The first two GPUs swap indexes (reported in index order); the third stays where it was.
+    swapped = west(gpu(0, "GPU-1c00-west-b"), gpu(1, "GPU-7f00-west-a"), gpu(2, "GPU-4e00-west-c"))
+    result = reconcile_inventory(world.west.pk, [swapped])
+
+    assert (result.gpus, result.gpus_lost, result.gpus_written) == (3, 0, 2)
+    assert present(world.w_node) == [
+        (0, 9102, "GPU-1c00-west-b", "warning"),
+        (1, 9101, "GPU-7f00-west-a", "ok"),
+        (2, 9103, "GPU-4e00-west-c", "ok"),
+    ]
+    # Reported in the other order, they swap back: the same rows again, nothing lost.
+    back = west(gpu(1, "GPU-1c00-west-b"), gpu(0, "GPU-7f00-west-a"), gpu(2, "GPU-4e00-west-c"))
+    result = reconcile_inventory(world.west.pk, [back])
+    assert (result.gpus_lost, result.gpus_written) == (0, 2)
+    assert [row[:3] for row in present(world.w_node)] == [
+        (0, 9101, "GPU-7f00-west-a"),
+        (1, 9102, "GPU-1c00-west-b"),
+        (2, 9103, "GPU-4e00-west-c"),
+    ]
+
+
+def test_a_mig_device_whose_placement_size_is_not_the_catalogs_is_not_recorded(world, caplog):
+    devices = [
+        mig("MIG-e-3g", 2, "3g.40gb", 4),
+        mig("MIG-e-2g-short", 3, "2g.20gb", 0, size=1),  # the catalog's 2g.20gb at 0 spans 2 slices
+        mig("MIG-e-1g-long", 9, "1g.10gb", 2, size=2),  # and its 1g.10gb at 2 spans 1
+    ]
+    with caplog.at_level(logging.WARNING, logger="capacity.services.inventory"):
+        result = reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=devices))])
+
+    assert (result.mig_instances, result.mig_written) == (1, 1)
+    assert active_instances() == [("MIG-e-3g", 9201, 4, 2)]
+    assert MigInstance.objects.get().pk != 9201
+    assert sorted(r.getMessage().split(": MIG device ")[1].split(" ")[0] for r in caplog.records) == [
+        "MIG-e-1g-long",
+        "MIG-e-2g-short",
+    ]
+
+
+def test_a_removed_instance_is_gone_and_its_neighbours_stay_active(world):
+    layout = [mig("MIG-e-3g", 2, "3g.40gb", 4), mig("MIG-e-2g", 3, "2g.20gb", 0), mig("MIG-e-1g", 9, "1g.10gb", 2)]
+    reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=layout))])
+    ids = dict(MigInstance.objects.values_list("uuid", "pk"))
+
+    result = reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=layout[:2]))])
+
+    assert (result.mig_instances, result.mig_gone, result.mig_written) == (2, 1, 0)
+    gone = MigInstance.objects.get(uuid="MIG-e-1g")
+    assert (gone.pk, gone.state, gone.gone_at is not None) == (ids["MIG-e-1g"], "gone", True)
+    assert active_instances() == [("MIG-e-2g", 9201, 0, 3), ("MIG-e-3g", 9201, 4, 2)]
+    assert MigInstance.objects.get(uuid="MIG-e-3g").pk == ids["MIG-e-3g"] != 9201
+
+
+def test_a_new_gpu_read_part_way_records_neither_it_nor_the_mig_devices_read(world):
+    """A GPU the database does not know, whose NVML read failed part-way: nothing of it is written, not even the
+    MIG devices read before the failure, and the known GPU beside it is kept."""
+    partial = gpu(1, "GPU-5500-east-new", mig=True, devices=[mig("MIG-e-new", 1, "7g.80gb", 0)], error="Unknown Error")
+    result = reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m"), partial)])
+
+    assert (result.gpus, result.gpus_lost, result.mig_instances) == (2, 0, 0)
+    assert present(world.e_node) == [(0, 9201, "GPU-9a00-east-m", "ok")]
+    assert not MigInstance.objects.exists()
+
+
+def test_a_lost_gpu_is_counted_once_and_an_unknown_lost_gpu_not_at_all(world):
+    lost = gpu(2, "GPU-4e00-west-c", health=nvml.HEALTH_LOST)
+    stranger = gpu(3, "GPU-0000-never-seen", health=nvml.HEALTH_LOST)
+    healthy = (gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"))
+
+    first = reconcile_inventory(world.west.pk, [west(*healthy, lost, stranger)])
+    again = reconcile_inventory(world.west.pk, [west(*healthy, lost, stranger)])
+
+    assert (first.gpus_lost, again.gpus_lost) == (1, 0)
+    assert GpuCapacity.objects.get(pk=9103).health == "lost"
+    assert not GpuCapacity.objects.filter(uuid="GPU-0000-never-seen").exists()
+    assert [row[1] for row in present(world.w_node)] == [9101, 9102]
+
+
+def _report(cluster, node, slot, inventory=None, *, error=""):
+    return protocol.sign(protocol.KIND_INVENTORY, cluster, node, slot, protocol.inventory_body(inventory, error=error))
+
+
+def test_reports_are_accepted_from_fifteen_minutes_old_to_a_minute_ahead_and_refusals_are_logged(world, caplog):
+    one = west(gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"))
+    reports = [
+        _report("west", "w-gpu-01", NOW - 15 * 60, one),  # the oldest accepted
+        _report("east", "e-gpu-03", NOW + 60, east(gpu(0, "GPU-9a00-east-m"))),  # the furthest ahead accepted
+        _report("west", "w-gpu-01", NOW - 15 * 60 - 1, one),
+        _report("east", "e-gpu-03", NOW + 61, east(gpu(0, "GPU-9a00-east-m"))),
+    ]
+    with (
+        mock.patch.object(inv.time, "time", return_value=float(NOW)),
+        caplog.at_level(logging.WARNING, logger="capacity.services.inventory"),
+    ):
+        results, refused = ingest_inventory_reports(reports)
+
+    assert sorted(results) == ["east", "west"]
+    assert (results["west"].gpus, results["east"].gpus) == (3, 1)
+    assert refused == [
+        f"west/w-gpu-01: read at {NOW - 901}: outside the accepted window",
+        f"east/e-gpu-03: read at {NOW + 61}: outside the accepted window",
+    ]
+    assert [r.getMessage() for r in caplog.records] == [f"node agent inventory refused: {why}" for why in refused]
+
+
+def test_a_failed_reads_long_error_is_kept_to_its_first_500_characters(world):
+    error = "NVML_ERROR_UNKNOWN: " + "x" * 600
+    reports = [_report("west", "w-gpu-01", NOW, error=error)]
+    with mock.patch.object(inv.time, "time", return_value=float(NOW)):
+        results, refused = ingest_inventory_reports(reports)
+
+    assert refused == [] and results["west"].errors == {"w-gpu-01": error}
+    assert NodeCapacity.objects.get(pk=301).inventory_error == error[:500]
+    assert NodeCapacity.objects.get(pk=302).inventory_error == ""
