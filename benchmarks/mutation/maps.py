@@ -73,7 +73,10 @@ ATTRIBUTION = (
     "tests/capacity/test_discovery_inventory.py",
     "tests/capacity/test_discovery_workloads.py",
 )
+# Lending: the ORM-only matching tests first (which idle unit goes to which request: seconds, no simulator), then
+# the simulator's lend / reclaim / evict tests.
 LENDING = (
+    "tests/pools/test_lending_matching.py",
     "tests/pools/test_lending.py",
     "tests/pools/test_lending_dra.py",
     "tests/pools/test_lending_idle.py",
