@@ -80,6 +80,7 @@ LENDING = (
 )
 MIG_LAYOUT = (
     "tests/capacity/test_mig_layout.py",
+    "tests/capacity/test_mig_free_placements.py",
     "tests/capacity/test_mig_planner.py",
 )
 RECONFIGURATION_STEPS = (

@@ -6,6 +6,10 @@ every answer is cached per (product, profile multiset, fixed instances).
 Rules (reference/nvidia.md §1.1-1.3): placements are (start, size) in memory slices and may not
 overlap; compute slices add up to at most product.compute_slices; at most product.max_gpu_instances
 instances, at most profile.max_instances of each profile and one "+me" instance per GPU.
+
+validate_layout and fits check every rule. free_placements and free_score need only the memory slices and
+the "+me" rule: for every catalogued product the placement tables alone keep instances that do not overlap
+within the compute slices and the instance limits (tests/capacity/test_mig_free_placements.py asserts it).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache, lru_cache
 
 from .catalog import Product, Profile, get_product
@@ -164,13 +168,10 @@ def _product(product: Product | str) -> Product:
 
 @dataclass
 class _State:
-    """Occupancy of one GPU, as the rules need it."""
+    """Occupancy of one GPU, as free placements need it: the memory slices taken, and whether a +me is there."""
 
     mask: int = 0
-    compute: int = 0
-    instances: int = 0
-    media: int = 0
-    counts: Counter = field(default_factory=Counter)
+    media: bool = False
 
     @classmethod
     def of(cls, placed: Iterable[tuple[Profile, int]]) -> _State:
@@ -181,10 +182,7 @@ class _State:
 
     def add(self, profile: Profile, start: int) -> None:
         self.mask |= _mask(profile, start)
-        self.compute += profile.compute_slices
-        self.instances += 1
-        self.media += profile.has_media_extensions
-        self.counts[profile.name] += 1
+        self.media = self.media or profile.has_media_extensions
 
 
 def _mask(profile: Profile, start: int) -> int:
@@ -192,18 +190,18 @@ def _mask(profile: Profile, start: int) -> int:
 
 
 def _creatable(product: Product, state: _State) -> list[tuple[Profile, int]]:
-    if state.instances >= product.max_gpu_instances:
-        return []
-    out = []
-    for p in product.profiles:
-        if (
-            state.compute + p.compute_slices > product.compute_slices
-            or state.counts[p.name] >= p.max_instances
-            or (p.has_media_extensions and state.media)
-        ):
-            continue
-        out.extend((p, s) for s in p.starts if not state.mask & _mask(p, s))
-    return out
+    """Each (profile, start) whose memory slices are free, but no second +me instance.
+
+    No compute, instance-count or per-profile clause: beside instances that do not overlap they never bind for
+    a catalogued product (see the module's docstring); validate_layout still checks them (_check).
+    """
+    return [
+        (p, s)
+        for p in product.profiles
+        if not (p.has_media_extensions and state.media)
+        for s in p.starts
+        if not state.mask & _mask(p, s)
+    ]
 
 
 def _score(product: Product, state: _State) -> tuple[int, int]:
