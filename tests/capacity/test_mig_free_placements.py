@@ -93,3 +93,10 @@ def test_free_placements_are_the_instances_validate_layout_would_add(key):
         assert free == expected, layout
         sizes = [product.profile(name).memory_slices for name, _ in free]
         assert free_score(product, placed) == (max(sizes, default=0), len(free)), layout
+
+
+@pytest.mark.parametrize("key", PRODUCT_KEYS)
+def test_every_profile_lists_its_starts_in_increasing_order(key):
+    # The placement search meets arrangements in this order and keeps the first of equally good ones: the lowest.
+    for profile in PRODUCTS[key].profiles:
+        assert list(profile.starts) == sorted(set(profile.starts)), profile.name
