@@ -91,6 +91,7 @@ RECONFIGURATION_STEPS = (
     "tests/operations/test_reconfig_refusals.py",
     "tests/capacity/test_reconfig_timeslicing.py",
     "tests/operations/test_reconfig_unkind_operator.py",
+    "tests/operations/test_reconfig_manager_states.py",
 )
 QUEUE = (
     "tests/scheduling/test_queue_order_fleet.py",
