@@ -86,6 +86,7 @@ LENDING = (
 )
 MIG_LAYOUT = (
     "tests/capacity/test_mig_layout.py",
+    "tests/capacity/test_mig_free_placements.py",
     "tests/capacity/test_mig_planner.py",
 )
 RECONFIGURATION_STEPS = (
@@ -96,6 +97,7 @@ RECONFIGURATION_STEPS = (
     "tests/operations/test_reconfig_refusals.py",
     "tests/capacity/test_reconfig_timeslicing.py",
     "tests/operations/test_reconfig_unkind_operator.py",
+    "tests/operations/test_reconfig_manager_states.py",
 )
 QUEUE = (
     "tests/scheduling/test_queue_order_fleet.py",

@@ -6,15 +6,20 @@ every answer is cached per (product, profile multiset, fixed instances).
 Rules (reference/nvidia.md §1.1-1.3): placements are (start, size) in memory slices and may not
 overlap; compute slices add up to at most product.compute_slices; at most product.max_gpu_instances
 instances, at most profile.max_instances of each profile and one "+me" instance per GPU.
+
+validate_layout and fits check every rule. free_placements and free_score need only the memory slices and
+the "+me" rule: for every catalogued product the placement tables alone keep instances that do not overlap
+within the compute slices and the instance limits (tests/capacity/test_mig_free_placements.py asserts it).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from functools import cache, lru_cache
+from itertools import combinations, groupby
 
 from .catalog import Product, Profile, get_product
 
@@ -87,7 +92,7 @@ def validate_layout(
     """
     product = _product(product)
     names = tuple(sorted(profiles))
-    pinned = tuple(sorted(((name, int(start)) for name, start in fixed), key=lambda f: (f[1], f[0])))
+    pinned = _pinned(fixed)
     preferred = tuple(sorted((name, int(start)) for name, start in prefer))
     valid, reason, found = _validate(product.key, names, pinned, preferred)
     return LayoutResult(valid, reason, [Placement(*p) for p in found])
@@ -96,7 +101,7 @@ def validate_layout(
 def fits(product: Product | str, profiles: Iterable[str], fixed: Iterable[tuple[str, int]] = ()) -> bool:
     """validate_layout(...).valid without choosing the best arrangement: for searches that only need yes or no."""
     product = _product(product)
-    pinned = tuple(sorted(((name, int(start)) for name, start in fixed), key=lambda f: (f[1], f[0])))
+    pinned = _pinned(fixed)
     return _fits(product.key, tuple(sorted(profiles)), pinned)
 
 
@@ -162,15 +167,17 @@ def _product(product: Product | str) -> Product:
     return product if isinstance(product, Product) else get_product(product)
 
 
+def _pinned(fixed: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """The fixed instances in one order (by start, then name), whatever order they came in: one cache entry."""
+    return tuple(sorted(((name, int(start)) for name, start in fixed), key=lambda f: (f[1], f[0])))
+
+
 @dataclass
 class _State:
-    """Occupancy of one GPU, as the rules need it."""
+    """Occupancy of one GPU, as free placements need it: the memory slices taken, and whether a +me is there."""
 
     mask: int = 0
-    compute: int = 0
-    instances: int = 0
-    media: int = 0
-    counts: Counter = field(default_factory=Counter)
+    media: bool = False
 
     @classmethod
     def of(cls, placed: Iterable[tuple[Profile, int]]) -> _State:
@@ -181,10 +188,7 @@ class _State:
 
     def add(self, profile: Profile, start: int) -> None:
         self.mask |= _mask(profile, start)
-        self.compute += profile.compute_slices
-        self.instances += 1
-        self.media += profile.has_media_extensions
-        self.counts[profile.name] += 1
+        self.media = self.media or profile.has_media_extensions
 
 
 def _mask(profile: Profile, start: int) -> int:
@@ -192,18 +196,18 @@ def _mask(profile: Profile, start: int) -> int:
 
 
 def _creatable(product: Product, state: _State) -> list[tuple[Profile, int]]:
-    if state.instances >= product.max_gpu_instances:
-        return []
-    out = []
-    for p in product.profiles:
-        if (
-            state.compute + p.compute_slices > product.compute_slices
-            or state.counts[p.name] >= p.max_instances
-            or (p.has_media_extensions and state.media)
-        ):
-            continue
-        out.extend((p, s) for s in p.starts if not state.mask & _mask(p, s))
-    return out
+    """Each (profile, start) whose memory slices are free, but no second +me instance.
+
+    No compute, instance-count or per-profile clause: beside instances that do not overlap they never bind for
+    a catalogued product (see the module's docstring); validate_layout still checks them (_check).
+    """
+    return [
+        (p, s)
+        for p in product.profiles
+        if not (p.has_media_extensions and state.media)
+        for s in p.starts
+        if not state.mask & _mask(p, s)
+    ]
 
 
 def _score(product: Product, state: _State) -> tuple[int, int]:
@@ -277,8 +281,10 @@ def _check(
     memory = sum(p.memory_slices for p in everything)
     if memory > product.memory_slices:
         return f"memory slices exhausted (needs {memory} of {product.memory_slices})"
-    # Largest first, so that the search fails fast; identical profiles then take increasing starts.
-    new.sort(key=lambda p: (-p.memory_slices, -p.compute_slices, p.name))
+    # Largest first (memory, then compute), so that the search fails fast, by name among equals (a stable sort
+    # keeps the name order); identical profiles end up side by side (one group each).
+    new.sort(key=lambda p: p.name)
+    new.sort(key=lambda p: (p.memory_slices, p.compute_slices), reverse=True)
     return product, pinned, new
 
 
@@ -287,39 +293,43 @@ def _assign(
 ) -> list[tuple[Profile, int]] | None:
     """Place `new` beside `pinned` by exhaustive search over starts (at most 7 instances, 7 starts each).
 
-    With `prefer` None, the first arrangement found; otherwise the best one (see validate_layout).
+    With `prefer` None, the first arrangement found; otherwise the best one (see validate_layout). The search
+    meets the arrangements in increasing order of their starts (every catalogued profile lists its starts in
+    increasing order), so among equally good ones the first found, which is kept, has the lowest starts.
     """
-    best: list[tuple[Profile, int]] | None = None
-    best_key: tuple | None = None
     mask = 0
     for p, s in pinned:
         mask |= _mask(p, s)
-    chosen: list[tuple[Profile, int]] = []
-
-    def place(i: int, mask: int) -> bool:
-        """Extend `chosen` from instance i; True stops the search."""
-        nonlocal best, best_key
-        if i == len(new):
-            layout = pinned + chosen
-            if prefer is None:
-                best = list(layout)
-                return True
-            reuse = sum((p.name, s) in prefer for p, s in chosen)
-            starts = tuple(-s for _, s in chosen)
-            key = (_score(product, _State.of(layout)), reuse, starts)
-            if best_key is None or key > best_key:
-                best, best_key = list(layout), key
-            return False
-        profile = new[i]
-        lowest = chosen[-1][1] + 1 if i and new[i - 1] is profile else 0
-        for start in profile.starts:
-            if start >= lowest and not mask & _mask(profile, start):
-                chosen.append((profile, start))
-                stop = place(i + 1, mask | _mask(profile, start))
-                chosen.pop()
-                if stop:
-                    return True
-        return False
-
-    place(0, mask)
+    groups = [(profile, len(list(same))) for profile, same in groupby(new)]
+    arrangements = _arrangements(groups, mask)
+    if prefer is None:
+        found = next(arrangements, None)
+        return None if found is None else pinned + found
+    best: list[tuple[Profile, int]] | None = None
+    best_key: tuple[tuple[int, int], int] | None = None
+    for chosen in arrangements:
+        layout = pinned + chosen
+        key = (_score(product, _State.of(layout)), sum((p.name, s) in prefer for p, s in chosen))
+        if best_key is None or key > best_key:
+            best, best_key = layout, key
     return best
+
+
+def _arrangements(groups: list[tuple[Profile, int]], mask: int) -> Iterator[list[tuple[Profile, int]]]:
+    """Each way to place `count` instances of each group's profile on the slices `mask` leaves free.
+
+    Identical instances take increasing starts (one combination each), so no arrangement comes twice.
+    """
+    if not groups:
+        yield []
+        return
+    (profile, count), rest = groups[0], groups[1:]
+    for starts in combinations(profile.starts, count):
+        taken = mask
+        for start in starts:
+            if taken & _mask(profile, start):
+                break
+            taken |= _mask(profile, start)
+        else:
+            for tail in _arrangements(rest, taken):
+                yield [(profile, start) for start in starts] + tail

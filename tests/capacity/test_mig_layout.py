@@ -6,9 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from capacity.mig import layout as layout_module
 from capacity.mig.catalog import PRODUCTS, get_product
 from capacity.mig.layout import (
     Placement,
+    fits,
     free_placements,
     free_score,
     maximal_layouts,
@@ -291,3 +293,41 @@ def test_the_overlap_reason_is_the_same_whichever_order_the_fixed_instances_come
     answers = {validate_layout(H100, [], fixed=order).reason for order in (fixed, fixed[::-1])}
 
     assert answers == {"overlapping placements: 1g.10gb at 0 and 3g.40gb at 0"}
+
+
+def test_valid_layouts_lists_each_layout_once_with_names_in_catalog_order():
+    for key in ("A100-40GB", "A30-24GB"):
+        order = [p.name for p in PRODUCTS[key].profiles]
+        layouts = valid_layouts(key)
+
+        assert len(set(layouts)) == len(layouts)
+        assert all(list(layout) == sorted(layout, key=order.index) for layout in layouts)
+        assert layouts[0] == (order[0],)
+        assert layouts[-1] == (order[-1],)
+
+
+def test_the_overlap_reason_names_the_fixed_instances_by_start_not_by_name():
+    fixed = [("1g.10gb", 6), ("3g.40gb", 4)]
+    for order in (fixed, fixed[::-1]):
+        assert validate_layout(H100, [], fixed=order).reason == (
+            "overlapping placements: 3g.40gb at 4 and 1g.10gb at 6"
+        )
+        assert not fits(H100, [], fixed=order)
+
+
+def test_repeated_questions_are_answered_from_the_cache_until_it_is_cleared():
+    layout_module.clear_caches()
+    for cached in (layout_module._validate, layout_module._fits, valid_layouts, maximal_layouts):
+        assert cached.cache_info().currsize == 0
+    first = validate_layout(H100, ["3g.40gb", "1g.10gb"], fixed=[("3g.40gb", 4)])
+    again = validate_layout(H100, ["1g.10gb", "3g.40gb"], fixed=[("3g.40gb", 4)])
+
+    assert again is not first and again == first
+    assert layout_module._validate.cache_info().hits == 1
+    assert fits(H100, ["2g.20gb"]) and fits(H100, ["2g.20gb"])
+    assert layout_module._fits.cache_info().hits == 1
+    assert valid_layouts("A30-24GB") is valid_layouts("A30-24GB")
+    assert maximal_layouts("A30-24GB") is maximal_layouts("A30-24GB")
+    layout_module.clear_caches()
+    for cached in (layout_module._validate, layout_module._fits, valid_layouts, maximal_layouts):
+        assert cached.cache_info().currsize == 0
