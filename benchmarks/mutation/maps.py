@@ -24,6 +24,9 @@ BILLING_METERING_OWN = (
     "tests/billing/test_billing_showback.py",
     *BILLING_METERING,
 )
+# The clock's edges (which states are failed now, a failure with no recorded start, a MIG unit withheld by its GPU's
+# and its instance's events at once) first, then metering's.
+BILLING_CLOCK = ("tests/billing/test_billing_clock_edges.py", *BILLING_METERING)
 BILLING_STATEMENTS = (
     "tests/billing/test_billing_statement_lines.py",
     "tests/billing/test_billing_statement_edges.py",
@@ -99,7 +102,7 @@ QUEUE = (
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
     "billing/periods.py": BILLING_PERIODS,
-    "billing/services/clock.py": BILLING_METERING,
+    "billing/services/clock.py": BILLING_CLOCK,
     "billing/services/metering.py": BILLING_METERING_OWN,
     "billing/measurements.py": BILLING_METERING,
     "billing/services/lines.py": BILLING_STATEMENTS,
