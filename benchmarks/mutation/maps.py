@@ -20,6 +20,7 @@ BILLING_PERIODS = ("tests/billing/test_billing_periods.py", *BILLING_METERING)
 # Metering also writes the showback figures (catch_up_measurements) and owns the watermark row. Its own tests go
 # first: pytest runs with -x, so a mutant they kill stops there instead of after the whole map.
 BILLING_METERING_OWN = (
+    "tests/billing/test_billing_metering_edges.py",
     "tests/billing/test_billing_metering_watermark.py",
     "tests/billing/test_billing_showback.py",
     *BILLING_METERING,

@@ -77,13 +77,14 @@ def test_released_pools_and_requests_are_not_failed_whatever_their_history_lacks
 def test_a_pool_failed_now_without_a_recorded_failure_is_credited_from_the_requests_last_transition(
     project, other_project, allocate
 ):
-    """The history says the request became active at 10:20 and never failed, but its pool is failed now: the
-    credit runs from that last transition. Another project's request, active since 11:15 and not failed, gets
-    none although its last transition lies inside its clock."""
+    """The history says the request became active at 10:20 and never failed (a repair note at 10:40 is its last
+    transition), but its pool is failed now: the credit runs from that last transition. Another project's
+    request, active since 11:15 and not failed, gets none although its last transition lies inside its clock."""
     east = east_gpus(2)
     failed = allocate(project, "2026-03-10 10:00", gpu=east[1])
     transition(failed.pool.request, "approved", "provisioning", "2026-03-10 10:00")
     transition(failed.pool.request, "provisioning", "active", "2026-03-10 10:20")
+    transition(failed.pool.request, "active", "active", "2026-03-10 10:40")  # a reconcile's repair note
     GpuPool.objects.filter(pk=failed.pool_id).update(state="failed")
     healthy = allocate(other_project, "2026-03-10 11:00")
     transition(healthy.pool.request, "approved", "provisioning", "2026-03-10 11:00")
@@ -91,20 +92,22 @@ def test_a_pool_failed_now_without_a_recorded_failure_is_credited_from_the_reque
 
     services.meter_usage(now=at("2026-03-10 13:05"))
 
-    assert figures(failed) == [("10:00", 3600, 2400, 0), ("11:00", 3600, 3600, 0), ("12:00", 3600, 3600, 0)]
+    assert figures(failed) == [("10:00", 3600, 1200, 0), ("11:00", 3600, 3600, 0), ("12:00", 3600, 3600, 0)]
     assert figures(healthy) == [("11:00", 3600, 0, 0), ("12:00", 3600, 0, 0)]
     statement = services.generate_statement(project, month("2026-03"))
     assert (statement.reserved_amount, statement.credit_amount, statement.total_amount) == (
         Decimal("7.50"),
-        Decimal("-6.67"),
-        Decimal("0.83"),
+        Decimal("-5.83"),
+        Decimal("1.67"),
     )
 
 
-def test_a_failure_whose_start_was_never_recorded_is_not_credited_and_a_later_one_is(project, allocate):
+def test_a_failure_whose_start_was_never_recorded_is_not_credited_and_a_later_one_is(project, other_project, allocate):
     """A request created straight into "failed" leaves it at 10:15 with no transition into it on record: when
-    that failure began is unknown, so none of it is credited. Its second failure (10:40-11:00) is."""
-    east_gpus(1)
+    that failure began is unknown, so none of it is credited. Its second failure (10:40-11:00) is. Another
+    project's request (an older one), failed and never active, is credited its whole life."""
+    east = east_gpus(1)
+    never = allocate(other_project, "2026-03-10 10:00", "2026-03-10 11:00", gpu=east[0], request_state="failed")
     unit = allocate(project, "2026-03-10 10:00", "2026-03-10 12:00")
     request = unit.pool.request
     transition(request, "failed", "provisioning", "2026-03-10 10:15")
@@ -115,6 +118,7 @@ def test_a_failure_whose_start_was_never_recorded_is_not_credited_and_a_later_on
     services.meter_usage(now=at("2026-03-10 13:05"))
 
     assert figures(unit) == [("10:00", 3600, 1200, 0), ("11:00", 3600, 0, 0)]
+    assert figures(never) == [("10:00", 3600, 3600, 0)]
 
 
 def test_a_unit_withheld_by_its_gpus_and_its_own_instances_events_at_once_is_credited_each_second_once(
