@@ -20,10 +20,14 @@ BILLING_PERIODS = ("tests/billing/test_billing_periods.py", *BILLING_METERING)
 # Metering also writes the showback figures (catch_up_measurements) and owns the watermark row. Its own tests go
 # first: pytest runs with -x, so a mutant they kill stops there instead of after the whole map.
 BILLING_METERING_OWN = (
+    "tests/billing/test_billing_metering_edges.py",
     "tests/billing/test_billing_metering_watermark.py",
     "tests/billing/test_billing_showback.py",
     *BILLING_METERING,
 )
+# The clock's edges (which states are failed now, a failure with no recorded start, a MIG unit withheld by its GPU's
+# and its instance's events at once) first, then metering's.
+BILLING_CLOCK = ("tests/billing/test_billing_clock_edges.py", *BILLING_METERING)
 BILLING_STATEMENTS = (
     "tests/billing/test_billing_statement_lines.py",
     "tests/billing/test_billing_statement_edges.py",
@@ -154,7 +158,7 @@ PICKING = (
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
     "billing/periods.py": BILLING_PERIODS,
-    "billing/services/clock.py": BILLING_METERING,
+    "billing/services/clock.py": BILLING_CLOCK,
     "billing/services/metering.py": BILLING_METERING_OWN,
     "billing/measurements.py": BILLING_METERING,
     "billing/services/lines.py": BILLING_STATEMENTS,

@@ -90,8 +90,7 @@ class Unit:
 
     def clock(self, start: datetime, end: datetime) -> list[Interval]:
         """Where the clock ran within [start, end)."""
-        begin, finish = max(self.start, start), min(self.stop or end, end)
-        return [(begin, finish)] if finish > begin else []
+        return intersect([(self.start, self.stop or end)], [(start, end)])
 
     def hours(self, until: datetime) -> list[datetime]:
         """The UTC hours in which the clock ran, before `until`."""
@@ -162,12 +161,20 @@ def failed_windows(units: list[Unit], until: datetime) -> dict[int, list[Interva
 
 
 def health_windows(units: list[Unit], start: datetime, end: datetime) -> dict[int, list[Interval]]:
-    """Per allocation: the critical health periods that withheld it within [start, end)."""
+    """Per allocation: the critical health periods that withheld it within [start, end), disjoint.
+
+    A MIG unit is withheld by its GPU's events and its own instance's, which may overlap: they are merged
+    (clip_windows), so hour_figures credits each second once.
+    """
     raw = measurements.critical_health_windows(None, start, end)
     if not raw:
         return {}
     gpus = {gpu_id for gpu_id, _ in raw}
-    return {u.id: measurements.windows_for(raw, u.gpu_id, u.mig_instance_id) for u in units if u.gpu_id in gpus}
+    return {
+        u.id: measurements.clip_windows(measurements.windows_for(raw, u.gpu_id, u.mig_instance_id), start, end)
+        for u in units
+        if u.gpu_id in gpus
+    }
 
 
 @dataclass
@@ -178,11 +185,13 @@ class HourFigures:
 
 
 def hour_figures(unit: Unit, hour: datetime, failed: list[Interval], health: list[Interval]) -> HourFigures:
-    """Reserved, failed-credit and health-credit seconds of `unit` in `hour` (health never double-credits failed)."""
+    """Reserved, failed-credit and health-credit seconds of `unit` in `hour` (health never double-credits failed).
+
+    `failed` and `health` are each disjoint (as failed_windows and health_windows return them), so the credits
+    are parts of the clock's seconds that do not overlap: failed_s + health_s <= seconds.
+    """
     ran = unit.clock(hour, hour + HOUR)
     seconds = seconds_in(ran)
-    failed_s = min(seconds, seconds_in(intersect(ran, failed))) if failed else 0
-    health_s = 0
-    if health:
-        health_s = min(seconds - failed_s, seconds_in(subtract(intersect(ran, health), failed)))
+    failed_s = seconds_in(intersect(ran, failed)) if failed else 0
+    health_s = seconds_in(subtract(intersect(ran, health), failed)) if health else 0
     return HourFigures(seconds, failed_s, health_s)

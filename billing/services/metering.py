@@ -263,7 +263,7 @@ def meter_usage(*, now: datetime | None = None, until: datetime | None = None) -
             claimed = MeteringWatermark.objects.filter(pk=1, metered_until=current).update(
                 metered_until=current + HOUR, updated_at=timezone.now()
             )
-            if claimed != 1:
+            if not claimed:  # another worker claimed this hour first (the UPDATE of row 1 touched none)
                 continue
             result.records += meter_hour(current, book=book)
             crash_point("metering.hour")  # fault suite: rows inserted, the hour's transaction not committed
