@@ -96,6 +96,16 @@ QUEUE = (
     "tests/scheduling/test_queue.py",
     "tests/scheduling/test_forecast.py",
 )
+# The forecast's own tests first (pytest -x: a mutant they kill stops there), then the what-if that replays its
+# timeline and the queue's.
+FORECAST = (
+    "tests/scheduling/test_forecast_units.py",
+    "tests/scheduling/test_forecast_world.py",
+    "tests/scheduling/test_forecast.py",
+    "tests/scheduling/test_procurement.py",
+    "tests/scheduling/test_queue_order_fleet.py",
+    "tests/scheduling/test_queue.py",
+)
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
     "billing/periods.py": BILLING_PERIODS,
@@ -115,8 +125,8 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
     "capacity/mig/layout.py": MIG_LAYOUT,
     "operations/reconfiguration/steps.py": RECONFIGURATION_STEPS,
     "scheduling/policy.py": QUEUE,
-    "scheduling/forecast/demand.py": QUEUE,
-    "scheduling/forecast/history.py": QUEUE,
-    "scheduling/forecast/timeline.py": QUEUE,
-    "scheduling/forecast/estimate.py": QUEUE,
+    "scheduling/forecast/demand.py": FORECAST,
+    "scheduling/forecast/history.py": FORECAST,
+    "scheduling/forecast/timeline.py": FORECAST,
+    "scheduling/forecast/estimate.py": FORECAST,
 }
