@@ -199,3 +199,19 @@ def test_accuracy_over_several_projects_and_a_window(world, make_request, other_
     late = forecast.accuracy(since=now + 9 * H)
     assert (late["started"], late["mae_h"], late["mean_wait_h"], late["mae_ratio"]) == (1, 1.0, 0.0, None)
     assert late["within_p90"] == 1.0
+
+
+@pytest.mark.parametrize(("ends_in_min", "start_min"), [(300, 15), (5, 5)])
+def test_a_mig_request_starts_when_idle_gpus_are_reconfigured_unless_a_slice_frees_sooner(
+    fleet, hold, project, other_project, charlie, now, settings, ends_in_min, start_min
+):
+    settings.QUEUE_FORECAST_RECONFIGURATION_S = 900
+    node = fleet.mig_node("west-mig", [["3g.40gb", "3g.40gb"], ["1g.10gb"] * 7], cluster="west")
+    fleet.full_node("east-1", gpus=2, cluster="east")
+    hold(1, ends_in_h=ends_in_min / 60, cluster=node.cluster, **MIG)
+    hold(1, ends_in_h=ends_in_min / 60, cluster=node.cluster, target=other_project, actor=charlie, **MIG)
+    estimate = forecast.estimate_start(ask(project, 1, spec=MIG), now=now)
+    assert estimate.basis["reconfiguration"]["meets_request"] is True
+    assert (estimate.p50, estimate.p90) == (now + start_min * M, now + start_min * M)
+    whole = forecast.estimate_start(ask(project, 3, spec=FULL), now=now)  # whole GPUs are never reconfigured
+    assert (whole.p50, whole.basis["reconfiguration"]) == (None, None)
