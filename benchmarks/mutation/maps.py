@@ -155,6 +155,16 @@ PICKING = (
     "tests/pools/test_pools_dedicated_taints.py",
     "tests/pools/test_pools_multi_cluster.py",
 )
+# The forecast's own tests first (pytest -x: a mutant they kill stops there), then the what-if that replays its
+# timeline and the queue's.
+FORECAST = (
+    "tests/scheduling/test_forecast_units.py",
+    "tests/scheduling/test_forecast_world.py",
+    "tests/scheduling/test_forecast.py",
+    "tests/scheduling/test_procurement.py",
+    "tests/scheduling/test_queue_order_fleet.py",
+    "tests/scheduling/test_queue.py",
+)
 TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/services/intervals.py": BILLING_METERING,
     "billing/periods.py": BILLING_PERIODS,
@@ -182,4 +192,8 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
     "pools/units/free.py": FREE_UNITS,
     "pools/units/take.py": TAKING,
     "capacity/picking.py": PICKING,
+    "scheduling/forecast/demand.py": FORECAST,
+    "scheduling/forecast/history.py": FORECAST,
+    "scheduling/forecast/timeline.py": FORECAST,
+    "scheduling/forecast/estimate.py": FORECAST,
 }
