@@ -19,7 +19,16 @@ from .selection import files_of
 
 IGNORED_IN_COPY = shutil.ignore_patterns(".git", ".venv", "var", "__pycache__", "node_modules", "*.sqlite3*")
 # The run's own environment for the test processes: the embedded defaults, never the caller's database or broker.
-DROPPED_ENV = ("DATABASE_URL", "CELERY_BROKER_URL", "GPUAAS_REQUIRE_SERVICES", "GPUAAS_VAR_DIR", "BENCH_CLONE_DATABASE")
+# DJANGO_SETTINGS_MODULE too: manage.py exports gpuaas.settings, and pytest-django takes the environment's before
+# pyproject's gpuaas.settings_test, so the mutants' tests ran under production settings (e.g. MIG_PARTED_SYNC_S).
+DROPPED_ENV = (
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "GPUAAS_REQUIRE_SERVICES",
+    "GPUAAS_VAR_DIR",
+    "BENCH_CLONE_DATABASE",
+    "DJANGO_SETTINGS_MODULE",
+)
 
 
 class Copy:

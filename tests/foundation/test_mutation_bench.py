@@ -302,3 +302,14 @@ def test_the_fork_runner_classifies_killed_surviving_and_timed_out_mutants_as_th
 def test_an_unknown_runner_is_an_error_naming_the_choices():
     out = mutation.run_mutation_bench(module="billing/periods.py", runner="thread")
     assert out["error"] == "--runner thread: use one of fork, subprocess"
+
+
+def test_mutants_tests_run_under_the_suites_settings_not_the_callers(monkeypatch, tmp_path):
+    """manage.py exports gpuaas.settings and pytest-django prefers the environment to pyproject's settings, so
+    the copy's environment must not carry it, or every mutant runs its tests under production settings."""
+    from benchmarks.mutation.sandbox import Copy
+
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "gpuaas.settings")
+    monkeypatch.setenv("DATABASE_URL", "postgres://elsewhere/db")
+    env = Copy(tmp_path).env(write_bytecode=False)
+    assert "DJANGO_SETTINGS_MODULE" not in env and "DATABASE_URL" not in env
