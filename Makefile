@@ -56,7 +56,9 @@ bench-smoke: $(STAMP)
 # kill rate is under 0.9, or with a survivor not listed in its EQUIVALENT_MUTANTS.md, fails the target.
 MUTATION_MODULES ?= billing/services/intervals.py billing/services/clock.py billing/periods.py \
 	billing/services/lines.py billing/services/statements.py pricing/rates.py billing/services/metering.py \
-	capacity/models/availability.py scheduling/policy.py
+	capacity/models/availability.py scheduling/policy.py pools/services/approval.py pools/units/free.py \
+	pools/units/take.py capacity/picking.py monitoring/services/trespass.py monitoring/services/lending.py \
+	capacity/mig/layout.py
 MUTATION_SAMPLE ?= 20
 MUTATION_SEED ?= 8
 # e.g. MUTATION_ALSO_SEEDS=1,2: the issue's three seeds in one run per module (one copy, one unmutated run)
