@@ -13,10 +13,10 @@ import datetime as dt
 
 import pytest
 from django.utils import timezone
+from test_borrowers import flag_idle
 
 from capacity.choices import Tier
 from capacity.models import Cluster
-from monitoring.models import IdleReservation
 from monitoring.services.lending import lend_idle
 from pools import lending, services
 from pools.choices import RequestState
@@ -27,18 +27,6 @@ from scheduling.policy import queue_policy
 pytestmark = pytest.mark.django_db
 H = dt.timedelta(hours=1)
 H100 = "H100-80GB"
-
-
-def flag_idle(unit: Allocation, at: dt.datetime) -> None:
-    IdleReservation.objects.create(
-        allocation=unit,
-        window_start=at - 24 * H,
-        window_end=at,
-        sm_active_avg=1.0,
-        coverage=1.0,
-        proposal="release",
-        detected_at=at,
-    )
 
 
 @pytest.fixture
