@@ -259,8 +259,8 @@ def _take_shares(
         rows = Allocation.objects.holding().filter(gpu_id__in=ids, mig_instance__isnull=True)
         for gpu_id, replica in rows.values_list("gpu_id", "replica"):
             held[gpu_id].add(replica)
-        free = [(gpu, replica) for gpu in batch for replica in range(shares(gpu)[0]) if replica not in held[gpu.pk]]
-        for gpu, replica in free[:short]:
+        unheld = [(gpu, replica) for gpu in batch for replica in range(shares(gpu)[0]) if replica not in held[gpu.pk]]
+        for gpu, replica in unheld[:short]:
             replicas, resource_name, profile_name = shares(gpu)
             weight = max(1, round(_full_slices(gpu) / replicas))
             product = _gpu_product(gpu)
