@@ -158,6 +158,8 @@ PICKING = (
 # The forecast's own tests first (pytest -x: a mutant they kill stops there), then the what-if that replays its
 # timeline and the queue's.
 FORECAST = (
+    "tests/scheduling/test_forecast_history.py",
+    "tests/scheduling/test_forecast_demand.py",
     "tests/scheduling/test_forecast_units.py",
     "tests/scheduling/test_forecast_world.py",
     "tests/scheduling/test_forecast.py",
