@@ -30,7 +30,7 @@ class Holder:
 
 def _matching_allocations(request: PoolRequest):
     queryset = Allocation.objects.active().filter(kind=request.spec_kind)
-    if request.spec_kind == SpecKind.MIG:
+    if request.spec_kind in (SpecKind.MIG, SpecKind.VGPU):  # a slice or vGPU of one profile frees only its own
         queryset = queryset.filter(profile_name=request.profile_name)
     if request.product:
         queryset = queryset.filter(product=request.product)

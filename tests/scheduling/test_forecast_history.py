@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from capacity.models import NodeCapacity
+from capacity.models import Allocation, NodeCapacity
 from pools import services
 from pools.models import GpuPool, PoolRequest
 from scheduling.forecast import Holder, Survival, hold_history, hold_samples, holders
@@ -208,6 +208,21 @@ def test_holders_are_the_pools_of_the_spec_with_their_units_nodes_and_hours_held
     assert [h.pool_id for h in holders(pinned, now=now, history={})[0]] == [theirs_pool]
     slice_request = PoolRequest(project=project, count=1, spec_kind="mig", product="H100-80GB", profile_name="3g.40gb")
     assert [h.units for h in holders(slice_request, now=now, history={})[0]] == [1]
+
+
+def test_a_vgpu_request_is_held_up_by_pools_of_its_own_vgpu_type_only(
+    world, pool, project, other_project, charlie, now
+):
+    """A vGPU is carved from a GPU configured for one vGPU type (pools.units.free_vgpus counts per type): a pool of
+    another type gives back no unit of this one. The pools' units are relabelled as discovery would record vGPUs."""
+    twenty = pool(created_h_ago=1, cluster=world.cluster("east"))
+    ten = pool(created_h_ago=2, cluster=world.cluster("west"), target=other_project, actor=charlie)
+    for request, vgpu_type in ((twenty, "H100XM-20C"), (ten, "H100XM-10C")):
+        Allocation.objects.filter(pool__request=request).update(kind="vgpu", profile_name=vgpu_type)
+    for vgpu_type, held_by in (("H100XM-20C", twenty), ("H100XM-10C", ten), ("H100XM-40C", None)):
+        request = PoolRequest(project=project, count=1, spec_kind="vgpu", product="H100-80GB", profile_name=vgpu_type)
+        found = [h.pool_id for h in holders(request, now=now, history={})[0]]
+        assert found == ([] if held_by is None else [GpuPool.objects.get(request=held_by).pk])
 
 
 def test_holders_draw_from_the_history_given_and_read_it_when_none_is(world, pool, project, now, settings):
