@@ -72,6 +72,12 @@ def test_past_the_last_hold_seen_to_end_the_mean_hold_again_at_least_the_overdue
     assert survival.remaining(12.0, Uniform(0.5)) == 5.0
 
 
+def test_past_a_short_mean_hold_the_mean_is_drawn_again(settings):
+    settings.QUEUE_FORECAST_OVERDUE_H = 0
+    survival = Survival([(0.5, True), (0.5, True), (0.5, False), (2.0, False)])  # ended holds of half an hour
+    assert survival.remaining(1.0, Uniform(0.3)) == 0.5
+
+
 def test_a_history_of_pools_still_held_only_gives_the_overdue_floor(settings):
     settings.QUEUE_FORECAST_OVERDUE_H = 2
     survival = Survival([(5.0, False), (7.0, False)])
@@ -99,6 +105,7 @@ def world(fleet):
     fleet.full_node("east-1", gpus=2, cluster="east")
     fleet.full_node("west-1", gpus=2, cluster="west")
     fleet.mig_node("west-mig", [["3g.40gb", "3g.40gb"]], cluster="west")
+    fleet.full_node("west-a100", gpus=1, cluster="west", product="A100-80GB")
     return fleet
 
 
@@ -156,6 +163,30 @@ def test_hold_history_reads_the_latest_released_pools_up_to_its_limit_and_no_poo
     assert len(hold_history(now=now)[()].times) == 3
 
 
+def test_hold_history_reads_500_released_pools_by_default(world, project, now):
+    """The 500 latest releases: of 501 released pools the one released first is left out, the next is read."""
+    west = world.cluster("west")
+    spec = {"count": 1, "spec_kind": "full", "product": "H100-80GB", "tier": "training", "isolation": "full"}
+    requests = PoolRequest.objects.bulk_create(
+        PoolRequest(project=project, workload_type="training", state="released", **spec) for _ in range(501)
+    )
+    holds = [99.0, 2.0] + [1.0] * 499  # in the order of release
+    GpuPool.objects.bulk_create(
+        GpuPool(
+            project=project,
+            request=request,
+            cluster=west,
+            name=f"pool-{n}",
+            workload_type="training",
+            created_at=now - 200 * H + n * H - hours * H,
+            released_at=now - 200 * H + n * H,
+        )
+        for n, (request, hours) in enumerate(zip(requests, holds, strict=True))
+    )
+    survival = hold_history(now=now)[()]
+    assert (survival.times, survival.ended) == ([1.0, 2.0], 500)
+
+
 def test_a_release_recorded_before_the_pool_was_made_is_a_hold_of_no_time(world, pool, now):
     """Clocks of two hosts disagree: the release is stamped a little before the creation. The hold is 0 h,
     not a negative one that would end before it began."""
@@ -194,18 +225,23 @@ def test_holders_are_the_pools_of_the_spec_with_their_units_nodes_and_hours_held
     theirs = pool(created_h_ago=0.5, cluster=west, target=other_project, actor=charlie, end_at=now + 4 * H)
     pool(created_h_ago=1, spec=MIG, cluster=west)  # a MIG slice: not a whole GPU
     pool(created_h_ago=30, released_after_h=1, cluster=west)  # released: holds nothing
+    other = pool(created_h_ago=1, cluster=west, product="A100-80GB")  # another product
+    skewed = pool(created_h_ago=-0.25, cluster=west, target=other_project, actor=charlie)  # a clock ahead of now's
     request = PoolRequest(project=project, count=1, spec_kind="full", product="H100-80GB", profile_name="")
     found, scopes = holders(request, now=now, history={})
-    assert scopes == {"default": 1, "end date": 1}
+    assert scopes == {"default": 2, "end date": 1}
     by_pool = {h.pool_id: h for h in found}
     east_node, west_node = (NodeCapacity.objects.get(name=name).pk for name in ("east-1", "west-1"))
-    mine_pool, theirs_pool = (GpuPool.objects.get(request=r).pk for r in (mine, theirs))
+    mine_pool, theirs_pool, skewed_pool = (GpuPool.objects.get(request=r).pk for r in (mine, theirs, skewed))
     assert by_pool == {
         mine_pool: Holder(2, None, 2.5, None, ((east_node, 2),), mine_pool, project.pk),
         theirs_pool: Holder(1, now + 4 * H, 0.5, None, ((west_node, 1),), theirs_pool, other_project.pk),
+        skewed_pool: Holder(1, None, 0.0, None, ((west_node, 1),), skewed_pool, other_project.pk),  # never negative
     }
     pinned = PoolRequest(project=project, count=1, spec_kind="full", product="H100-80GB", profile_name="", cluster=west)
-    assert [h.pool_id for h in holders(pinned, now=now, history={})[0]] == [theirs_pool]
+    assert [h.pool_id for h in holders(pinned, now=now, history={})[0]] == [theirs_pool, skewed_pool]
+    a100 = PoolRequest(project=project, count=1, spec_kind="full", product="A100-80GB", profile_name="")
+    assert [h.pool_id for h in holders(a100, now=now, history={})[0]] == [GpuPool.objects.get(request=other).pk]
     slice_request = PoolRequest(project=project, count=1, spec_kind="mig", product="H100-80GB", profile_name="3g.40gb")
     assert [h.units for h in holders(slice_request, now=now, history={})[0]] == [1]
 
