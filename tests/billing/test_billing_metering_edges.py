@@ -8,6 +8,7 @@ checked, on any database. The world: two clusters, two projects, GPU ids unlike 
 """
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from billing_helpers import at
@@ -16,7 +17,7 @@ from billing import backends
 from billing.models import UsageRecord
 from billing.services import metering
 from capacity.models import Cluster, GpuCapacity, NodeCapacity
-from monitoring.models import RollupRun
+from monitoring.models import Rollup1h, RollupRun, Series
 from pools.models import GpuPool
 
 pytestmark = pytest.mark.django_db
@@ -149,3 +150,31 @@ def test_a_unit_with_no_record_is_backfilled_only_if_it_started_within_the_late_
 
     assert UsageRecord.objects.filter(allocation=inside).count() == 31 * 24 + 1
     assert list(UsageRecord.objects.filter(allocation=outside).values_list("hour", flat=True)) == [hour]
+
+
+def test_meter_hour_measures_the_hours_monitoring_has_finalised_and_only_those(world):
+    """meter_hour itself applies the final rollups (no showback pass runs here): one call that meters 11:00 and
+    backfills 09:00 and 10:00 measures the two final hours of each unit and leaves 11:00, not final yet, unmeasured."""
+    plain, failed = world
+    for allocation, sm in ((plain, 40.0), (failed, 80.0)):
+        series = Series.objects.create(gpu=allocation.gpu)
+        for hour in ("2026-03-10 09:00", "2026-03-10 10:00", "2026-03-10 11:00"):
+            Rollup1h.objects.create(series=series, bucket=at(hour), samples=120, sm_active_avg=sm, power_w_avg=500.0)
+    RollupRun.objects.update_or_create(level="1h", defaults={"complete_until": at("2026-03-10 11:00")})
+
+    metering.meter_hour(at("2026-03-10 11:00"))
+
+    def measured(allocation) -> list[tuple]:
+        rows = UsageRecord.objects.filter(allocation=allocation).order_by("hour")
+        return [(f"{h:%H:%M}", sm, kwh) for h, sm, kwh in rows.values_list("hour", "sm_activity", "energy_kwh")]
+
+    assert measured(plain) == [
+        ("09:00", Decimal("0.4000"), Decimal("0.500000")),
+        ("10:00", Decimal("0.4000"), Decimal("0.500000")),
+        ("11:00", None, None),
+    ]
+    assert measured(failed) == [
+        ("09:00", Decimal("0.8000"), Decimal("0.500000")),
+        ("10:00", Decimal("0.8000"), Decimal("0.500000")),
+        ("11:00", None, None),
+    ]

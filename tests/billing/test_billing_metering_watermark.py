@@ -156,3 +156,19 @@ def test_reading_the_watermark_once_it_exists_is_one_query(fleet, django_assert_
 
     with django_assert_num_queries(1):
         assert services.watermark().pk == created.pk
+
+
+def test_a_showback_pass_with_no_newly_final_hour_reads_the_two_marks_and_nothing_else(
+    fleet, django_assert_num_queries
+):
+    """meter_usage ends every run with a showback pass; once its mark has reached monitoring's, the pass reads
+    monitoring's final mark and the watermark row, and neither scans the records nor writes the row again."""
+    services.meter_usage(now=at("2026-03-10 13:05"))
+    rollups(fleet, {"2026-03-10 10:00": 50.0, "2026-03-10 11:00": 25.0, "2026-03-10 12:00": 75.0})
+    final_until("2026-03-10 13:00")
+    assert services.catch_up_measurements() == 12
+    assert MeteringWatermark.objects.get().measured_until == at("2026-03-10 13:00")  # monitoring's mark: caught up
+
+    with django_assert_num_queries(2):
+        assert services.catch_up_measurements() == 0
+    assert MeteringWatermark.objects.get().measured_until == at("2026-03-10 13:00")
