@@ -59,6 +59,7 @@ def _records_for(units_hours: list[tuple[Unit, datetime]], book: PriceBook, unti
     first = min(h for _, h in units_hours)
     failed = failed_windows(units, until)
     health = health_windows(units, first, until)
+    final = measurements.final_until()
     by_hour: dict[datetime, list[Unit]] = defaultdict(list)
     for unit, hour in units_hours:
         by_hour[hour].append(unit)
@@ -72,14 +73,17 @@ def _records_for(units_hours: list[tuple[Unit, datetime]], book: PriceBook, unti
             for u in hour_units
         }
         billed = [u for u in hour_units if figures[u.id].seconds > 0]
-        # measured_use measures only an hour monitoring has finalised (final_until) and returns nothing otherwise.
-        measured = measurements.measured_use(
-            [
-                measurements.MeteredUnit(u.id, u.gpu_id, u.mig_instance_id, u.kind, u.share(), figures[u.id].seconds)
-                for u in billed
-            ],
-            hour,
-        )
+        measured = {}
+        if final is not None and hour < final:
+            measured = measurements.measured_use(
+                [
+                    measurements.MeteredUnit(
+                        u.id, u.gpu_id, u.mig_instance_id, u.kind, u.share(), figures[u.id].seconds
+                    )
+                    for u in billed
+                ],
+                hour,
+            )
         for unit in billed:
             spec, f, m = unit.spec, figures[unit.id], measured.get(unit.id)
             rows.append(

@@ -12,6 +12,8 @@ from decimal import Decimal
 
 import pytest
 from billing_helpers import at
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from billing import backends
 from billing.models import UsageRecord
@@ -177,4 +179,29 @@ def test_meter_hour_measures_the_hours_monitoring_has_finalised_and_only_those(w
         ("09:00", Decimal("0.8000"), Decimal("0.500000")),
         ("10:00", Decimal("0.8000"), Decimal("0.500000")),
         ("11:00", None, None),
+    ]
+
+
+def test_a_backfill_reads_monitoring_s_final_mark_once_not_once_per_hour(world):
+    """Metering five hours at once (09:00 to 13:00) when only 09:00 is final reads monitoring's mark three times:
+    to choose the SQL path, once for the batch, and to measure 09:00. The hours not final yet (10:00, the mark
+    itself, and later) cost no read each: a backfill of days stays one read, not one per hour."""
+    plain, failed = world
+    for allocation in (plain, failed):
+        series = Series.objects.create(gpu=allocation.gpu)
+        Rollup1h.objects.create(series=series, bucket=at("2026-03-10 09:00"), samples=120, sm_active_avg=50.0)
+    RollupRun.objects.update_or_create(level="1h", defaults={"complete_until": at("2026-03-10 10:00")})
+
+    with CaptureQueriesContext(connection) as queries:
+        metering.meter_hour(at("2026-03-10 13:00"))
+
+    mark_reads = [q["sql"] for q in queries.captured_queries if RollupRun._meta.db_table in q["sql"]]
+    assert len(mark_reads) == 3, mark_reads
+    hours = UsageRecord.objects.filter(allocation=plain).order_by("hour").values_list("hour", "sm_activity")
+    assert [(f"{h:%H:%M}", sm) for h, sm in hours] == [
+        ("09:00", Decimal("0.5000")),
+        ("10:00", None),
+        ("11:00", None),
+        ("12:00", None),
+        ("13:00", None),
     ]
