@@ -343,3 +343,41 @@ def test_arrivals_ahead_by_fair_share_overtake_a_request_only_until_it_is_aged(
         assert estimate.p50 is None
     else:
         assert (estimate.p50, estimate.p90) == (now + 2 * H, now + 2 * H)
+
+
+@pytest.mark.parametrize(("head_ends_in_h", "start_h"), [(10, 10), (1, 2)])
+def test_a_head_with_an_end_date_holds_until_it_unless_the_end_came_while_it_waited(
+    fleet, hold, make_request, other_project, charlie, now, settings, head_ends_in_h, start_h
+):
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0  # the queue's own moves only
+    fleet.full_node("t1", gpus=1)
+    hold(ends_in_h=2)
+    end = now + head_ends_in_h * H
+    ahead = make_request(count=1, wait_if_full=True, end_at=end, target=other_project, actor=charlie, **FULL)
+    _queued(ahead, now, waited_h=1)
+    estimate = forecast.estimate_start(ask(1), now=now)
+    assert estimate.basis["ahead"] == 1
+    # Team-b's request takes the GPU at 2 h and holds it to its end at 10 h; one that ends at 1 h, before the GPU
+    # frees, never starts, and the GPU is this request's at 2 h.
+    assert (estimate.p50, estimate.p90) == (now + start_h * H, now + start_h * H)
+
+
+@pytest.mark.parametrize(("holder", "start_h"), [("team-a", 3), ("team-b", 10)])
+def test_one_gpu_goes_first_to_a_node_no_other_project_holds(
+    fleet, hold, make_request, project, other_project, charlie, now, settings, holder, start_h
+):
+    """Approval gives one whole GPU first on the lowest node where no other project holds units (its own may);
+    the forecast takes it there too. One GPU of t1 is held to 3 h, its other and t2's are free: team-b's queued
+    request takes t2's when team-a holds t1's, and t1's when team-b itself does. Team-a's two GPUs are then free
+    together on t1 at 3 h, or only when team-b's request ends at 10 h."""
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0  # the queue's own moves only
+    t1 = fleet.full_node("t1", gpus=2)
+    fleet.full_node("t2", gpus=1)
+    owner = {"team-a": {}, "team-b": {"target": other_project, "actor": charlie}}[holder]
+    hold(ends_in_h=3, **owner)
+    assert list(Allocation.objects.values_list("gpu__node", flat=True)) == [t1.pk]
+    ahead = make_request(count=1, wait_if_full=True, end_at=now + 10 * H, target=other_project, actor=charlie, **FULL)
+    _queued(ahead, now, waited_h=1)
+    estimate = forecast.estimate_start(ask(2), now=now)
+    assert estimate.basis["ahead"] == 1
+    assert (estimate.p50, estimate.p90) == (now + start_h * H, now + start_h * H)
