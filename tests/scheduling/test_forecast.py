@@ -381,3 +381,40 @@ def test_one_gpu_goes_first_to_a_node_no_other_project_holds(
     estimate = forecast.estimate_start(ask(2), now=now)
     assert estimate.basis["ahead"] == 1
     assert (estimate.p50, estimate.p90) == (now + start_h * H, now + start_h * H)
+
+
+def test_an_older_request_aged_the_instant_the_gpu_frees_takes_it(
+    fleet, hold, make_request, operator, other_project, charlie, now, settings
+):
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0
+    settings.QUEUE_AGED_AFTER_H = 4
+    fleet.full_node("t1", gpus=1)
+    history([10] * 5, make_request, operator, now)
+    history([10] * 5, make_request, operator, now, target=other_project, actor=charlie)  # team-b's holds too
+    _held_for_20_h(hold(ends_in_h=2), now)
+    _queued(make_request(count=1, wait_if_full=True, **FULL), now, waited_h=2)  # team-a's, aged at 2 h
+    theirs = _queued(make_request(count=1, wait_if_full=True, target=other_project, actor=charlie, **FULL), now, 1)
+    estimate = forecast.estimate_start(theirs, now=now)
+    assert estimate.basis["ahead"] == 0  # ahead of team-a's by fair share, for now
+    # The GPU frees at 2 h, the instant team-a's is aged: it joins the queue ahead before that pass and holds the
+    # GPU its 10 h.
+    assert (estimate.p50, estimate.p90) == (now + 12 * H, now + 12 * H)
+
+
+def test_older_requests_join_the_queue_ahead_each_when_it_is_aged(
+    fleet, hold, make_request, other_project, charlie, now, settings
+):
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0
+    settings.QUEUE_AGED_AFTER_H = 8
+    fleet.full_node("t1", gpus=1)
+    _held_for_20_h(hold(ends_in_h=2), now)
+    # Team-a's two, behind team-b's by fair share for now: aged at 0.5 h (ends at 6 h) and at 5 h (ends at 9 h).
+    first = make_request(count=1, wait_if_full=True, end_at=now + 6 * H, **FULL)
+    _queued(first, now, waited_h=7.5)
+    second = make_request(count=1, wait_if_full=True, end_at=now + 9 * H, **FULL)
+    _queued(second, now, waited_h=3)
+    theirs = _queued(make_request(count=1, wait_if_full=True, target=other_project, actor=charlie, **FULL), now, 1)
+    estimate = forecast.estimate_start(theirs, now=now)
+    assert estimate.basis["ahead"] == 0
+    # The first joins at 0.5 h and holds the GPU from 2 h to 6 h; the second joins at 5 h and holds it to 9 h.
+    assert (estimate.p50, estimate.p90) == (now + 9 * H, now + 9 * H)
