@@ -418,3 +418,22 @@ def test_older_requests_join_the_queue_ahead_each_when_it_is_aged(
     assert estimate.basis["ahead"] == 0
     # The first joins at 0.5 h and holds the GPU from 2 h to 6 h; the second joins at 5 h and holds it to 9 h.
     assert (estimate.p50, estimate.p90) == (now + 9 * H, now + 9 * H)
+
+
+def test_a_head_whose_end_came_is_dropped_at_the_next_pass_not_when_this_request_is_aged(
+    fleet, hold, make_request, other_project, charlie, now, settings
+):
+    """Team-b's one-GPU request takes a free GPU now; its two-GPU request behind it blocks the spec, and its end
+    comes at 1 h while it waits. The next pass is at 5 h, when team-a's GPU frees: the ended request is dropped
+    there and this one starts. This request's own aging (at 2 h) reorders nothing here, so it is no pass."""
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0
+    settings.QUEUE_AGED_AFTER_H = 2
+    fleet.full_node("t1", gpus=3)
+    _held_for_20_h(hold(ends_in_h=5), now)  # team-a's: its fair share is the higher
+    one = make_request(count=1, wait_if_full=True, end_at=now + 8 * H, target=other_project, actor=charlie, **FULL)
+    _queued(one, now, waited_h=1)
+    two = make_request(count=2, wait_if_full=True, end_at=now + 1 * H, target=other_project, actor=charlie, **FULL)
+    _queued(two, now, waited_h=0.5)
+    estimate = forecast.estimate_start(ask(1), now=now)
+    assert (estimate.basis["free_now"], estimate.basis["ahead"]) == (2, 3)
+    assert (estimate.p50, estimate.p90) == (now + 5 * H, now + 5 * H)
