@@ -234,7 +234,7 @@ def test_a_mig_request_read_back_from_the_database_is_forecast_as_its_dry_run(
     assert (estimate.p50, estimate.p90) == (now + 15 * M, now + 15 * M)
 
 
-def test_a_reconfiguration_that_falls_short_of_the_count_gives_no_start(
+def test_a_reconfiguration_that_falls_short_of_the_count_does_not_give_the_start(
     fleet, hold, project, other_project, charlie, now, settings
 ):
     """Reconfiguring the idle slices makes room for two 3g.40gb, the request asks three: it waits for the held
