@@ -343,3 +343,97 @@ def test_arrivals_ahead_by_fair_share_overtake_a_request_only_until_it_is_aged(
         assert estimate.p50 is None
     else:
         assert (estimate.p50, estimate.p90) == (now + 2 * H, now + 2 * H)
+
+
+@pytest.mark.parametrize(("head_ends_in_h", "start_h"), [(10, 10), (1, 2)])
+def test_a_head_with_an_end_date_holds_until_it_unless_the_end_came_while_it_waited(
+    fleet, hold, make_request, other_project, charlie, now, settings, head_ends_in_h, start_h
+):
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0  # the queue's own moves only
+    fleet.full_node("t1", gpus=1)
+    hold(ends_in_h=2)
+    end = now + head_ends_in_h * H
+    ahead = make_request(count=1, wait_if_full=True, end_at=end, target=other_project, actor=charlie, **FULL)
+    _queued(ahead, now, waited_h=1)
+    estimate = forecast.estimate_start(ask(1), now=now)
+    assert estimate.basis["ahead"] == 1
+    # Team-b's request takes the GPU at 2 h and holds it to its end at 10 h; one that ends at 1 h, before the GPU
+    # frees, never starts, and the GPU is this request's at 2 h.
+    assert (estimate.p50, estimate.p90) == (now + start_h * H, now + start_h * H)
+
+
+@pytest.mark.parametrize(("holder", "start_h"), [("team-a", 3), ("team-b", 10)])
+def test_one_gpu_goes_first_to_a_node_no_other_project_holds(
+    fleet, hold, make_request, project, other_project, charlie, now, settings, holder, start_h
+):
+    """Approval gives one whole GPU first on the lowest node where no other project holds units (its own may);
+    the forecast takes it there too. One GPU of t1 is held to 3 h, its other and t2's are free: team-b's queued
+    request takes t2's when team-a holds t1's, and t1's when team-b itself does. Team-a's two GPUs are then free
+    together on t1 at 3 h, or only when team-b's request ends at 10 h."""
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0  # the queue's own moves only
+    t1 = fleet.full_node("t1", gpus=2)
+    fleet.full_node("t2", gpus=1)
+    owner = {"team-a": {}, "team-b": {"target": other_project, "actor": charlie}}[holder]
+    hold(ends_in_h=3, **owner)
+    assert list(Allocation.objects.values_list("gpu__node", flat=True)) == [t1.pk]
+    ahead = make_request(count=1, wait_if_full=True, end_at=now + 10 * H, target=other_project, actor=charlie, **FULL)
+    _queued(ahead, now, waited_h=1)
+    estimate = forecast.estimate_start(ask(2), now=now)
+    assert estimate.basis["ahead"] == 1
+    assert (estimate.p50, estimate.p90) == (now + start_h * H, now + start_h * H)
+
+
+def test_an_older_request_aged_the_instant_the_gpu_frees_takes_it(
+    fleet, hold, make_request, operator, other_project, charlie, now, settings
+):
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0
+    settings.QUEUE_AGED_AFTER_H = 4
+    fleet.full_node("t1", gpus=1)
+    history([10] * 5, make_request, operator, now)
+    history([10] * 5, make_request, operator, now, target=other_project, actor=charlie)  # team-b's holds too
+    _held_for_20_h(hold(ends_in_h=2), now)
+    _queued(make_request(count=1, wait_if_full=True, **FULL), now, waited_h=2)  # team-a's, aged at 2 h
+    theirs = _queued(make_request(count=1, wait_if_full=True, target=other_project, actor=charlie, **FULL), now, 1)
+    estimate = forecast.estimate_start(theirs, now=now)
+    assert estimate.basis["ahead"] == 0  # ahead of team-a's by fair share, for now
+    # The GPU frees at 2 h, the instant team-a's is aged: it joins the queue ahead before that pass and holds the
+    # GPU its 10 h.
+    assert (estimate.p50, estimate.p90) == (now + 12 * H, now + 12 * H)
+
+
+def test_older_requests_join_the_queue_ahead_each_when_it_is_aged(
+    fleet, hold, make_request, other_project, charlie, now, settings
+):
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0
+    settings.QUEUE_AGED_AFTER_H = 8
+    fleet.full_node("t1", gpus=1)
+    _held_for_20_h(hold(ends_in_h=2), now)
+    # Team-a's two, behind team-b's by fair share for now: aged at 0.5 h (ends at 6 h) and at 5 h (ends at 9 h).
+    first = make_request(count=1, wait_if_full=True, end_at=now + 6 * H, **FULL)
+    _queued(first, now, waited_h=7.5)
+    second = make_request(count=1, wait_if_full=True, end_at=now + 9 * H, **FULL)
+    _queued(second, now, waited_h=3)
+    theirs = _queued(make_request(count=1, wait_if_full=True, target=other_project, actor=charlie, **FULL), now, 1)
+    estimate = forecast.estimate_start(theirs, now=now)
+    assert estimate.basis["ahead"] == 0
+    # The first joins at 0.5 h and holds the GPU from 2 h to 6 h; the second joins at 5 h and holds it to 9 h.
+    assert (estimate.p50, estimate.p90) == (now + 9 * H, now + 9 * H)
+
+
+def test_a_head_whose_end_came_is_dropped_at_the_next_pass_not_when_this_request_is_aged(
+    fleet, hold, make_request, other_project, charlie, now, settings
+):
+    """Team-b's one-GPU request takes a free GPU now; its two-GPU request behind it blocks the spec, and its end
+    comes at 1 h while it waits. The next pass is at 5 h, when team-a's GPU frees: the ended request is dropped
+    there and this one starts. This request's own aging (at 2 h) reorders nothing here, so it is no pass."""
+    settings.QUEUE_FORECAST_ARRIVALS_WINDOW_H = 0
+    settings.QUEUE_AGED_AFTER_H = 2
+    fleet.full_node("t1", gpus=3)
+    _held_for_20_h(hold(ends_in_h=5), now)  # team-a's: its fair share is the higher
+    one = make_request(count=1, wait_if_full=True, end_at=now + 8 * H, target=other_project, actor=charlie, **FULL)
+    _queued(one, now, waited_h=1)
+    two = make_request(count=2, wait_if_full=True, end_at=now + 1 * H, target=other_project, actor=charlie, **FULL)
+    _queued(two, now, waited_h=0.5)
+    estimate = forecast.estimate_start(ask(1), now=now)
+    assert (estimate.basis["free_now"], estimate.basis["ahead"]) == (2, 3)
+    assert (estimate.p50, estimate.p90) == (now + 5 * H, now + 5 * H)

@@ -215,3 +215,37 @@ def test_a_mig_request_starts_when_idle_gpus_are_reconfigured_unless_a_slice_fre
     assert (estimate.p50, estimate.p90) == (now + start_min * M, now + start_min * M)
     whole = forecast.estimate_start(ask(project, 3, spec=FULL), now=now)  # whole GPUs are never reconfigured
     assert (whole.p50, whole.basis["reconfiguration"]) == (None, None)
+
+
+def test_a_mig_request_read_back_from_the_database_is_forecast_as_its_dry_run(
+    fleet, hold, make_request, project, other_project, charlie, now, settings
+):
+    """A request read from the database carries its kind as a plain string, not the SpecKind member the dry run
+    resolves: both must find the reconfiguration of the idle GPU."""
+    settings.QUEUE_FORECAST_RECONFIGURATION_S = 900
+    node = fleet.mig_node("west-mig", [["3g.40gb", "3g.40gb"], ["1g.10gb"] * 7], cluster="west")
+    fleet.full_node("east-1", gpus=2, cluster="east")
+    hold(1, ends_in_h=5, cluster=node.cluster, **MIG)
+    hold(1, ends_in_h=5, cluster=node.cluster, target=other_project, actor=charlie, **MIG)
+    saved = PoolRequest.objects.get(pk=make_request(count=1, wait_if_full=True, **MIG).pk)
+    assert type(saved.spec_kind) is str
+    estimate = forecast.estimate_start(saved, now=now)
+    assert estimate.basis["reconfiguration"]["meets_request"] is True
+    assert (estimate.p50, estimate.p90) == (now + 15 * M, now + 15 * M)
+
+
+def test_a_reconfiguration_that_falls_short_of_the_count_does_not_give_the_start(
+    fleet, hold, project, other_project, charlie, now, settings
+):
+    """Reconfiguring the idle slices makes room for two 3g.40gb, the request asks three: it waits for the held
+    slices to free instead of starting when the reconfiguration is done."""
+    settings.QUEUE_FORECAST_RECONFIGURATION_S = 900
+    node = fleet.mig_node(
+        "west-mig", [["3g.40gb", "3g.40gb"], ["3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb"]], cluster="west"
+    )
+    fleet.full_node("east-1", gpus=2, cluster="east")
+    hold(1, ends_in_h=5, cluster=node.cluster, **MIG)
+    hold(1, ends_in_h=6, cluster=node.cluster, target=other_project, actor=charlie, **MIG)
+    estimate = forecast.estimate_start(ask(project, 3, spec=MIG), now=now)
+    assert estimate.basis["reconfiguration"] is None
+    assert (estimate.p50, estimate.p90) == (now + 6 * H, now + 6 * H)
