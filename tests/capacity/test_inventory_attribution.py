@@ -210,3 +210,47 @@ def test_a_failed_reads_long_error_is_kept_to_its_first_500_characters(world):
     assert refused == [] and results["west"].errors == {"w-gpu-01": error}
     assert NodeCapacity.objects.get(pk=301).inventory_error == error[:500]
     assert NodeCapacity.objects.get(pk=302).inventory_error == ""
+
+
+def _padded(world, inventory, padding):
+    """`inventory` alone, or with `padding` more west nodes that report no GPU: over inv._BY_CLUSTER nodes in one
+    batch, the reconcile reads the cluster's rows rather than the batch's nodes' (only how SQL reads them)."""
+    NodeCapacity.objects.bulk_create(
+        NodeCapacity(pk=700 + n, cluster=world.west, name=f"w-cpu-{n:02d}", gpu_count=0) for n in range(padding)
+    )
+    return [inventory, *(nvml.NodeInventory(node_name=f"w-cpu-{n:02d}") for n in range(padding))]
+
+
+@pytest.mark.parametrize("padding", [0, inv._BY_CLUSTER])
+def test_a_report_of_one_node_leaves_another_nodes_gpu_alone_in_a_small_batch_or_a_large_one(world, padding):
+    """A GPU recorded on w-gpu-02, which is not in the batch, that w-gpu-01 reports lost: w-gpu-02's row is not
+    touched (neither lost nor counted), whether the batch is one node or more than inv._BY_CLUSTER."""
+    other = NodeCapacity.objects.create(pk=303, cluster=world.west, name="w-gpu-02", gpu_count=1)
+    GpuCapacity.objects.create(pk=9104, node=other, index=0, uuid="GPU-b200-west-d", product=H100, health="warning")
+    healthy = (gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"))
+    stale = gpu(3, "GPU-b200-west-d", health=nvml.HEALTH_LOST)
+
+    result = reconcile_inventory(world.west.pk, _padded(world, west(*healthy, stale), padding))
+
+    assert (result.nodes, result.gpus, result.gpus_lost) == (1 + padding, 4, 0)
+    assert present(other) == [(0, 9104, "GPU-b200-west-d", "warning")]
+    assert [row[1] for row in present(world.w_node)] == [9101, 9102, 9103]
+    assert present(world.e_node) == [(0, 9201, "GPU-9a00-east-m", "ok")]
+
+
+@pytest.mark.parametrize("padding", [0, inv._BY_CLUSTER])
+def test_a_gpu_that_moved_from_a_node_outside_the_batch_keeps_its_row_and_starts_healthy(world, padding):
+    """w-gpu-01 now enumerates the GPU recorded (with a warning) on w-gpu-02: its row moves to w-gpu-01 at the
+    reported index, the same pk, and takes the health this read gives it, whatever the batch size."""
+    other = NodeCapacity.objects.create(pk=303, cluster=world.west, name="w-gpu-02", gpu_count=1)
+    GpuCapacity.objects.create(pk=9104, node=other, index=0, uuid="GPU-b200-west-d", product=H100, health="warning")
+    moved = west(
+        gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"), gpu(3, "GPU-b200-west-d")
+    )
+
+    result = reconcile_inventory(world.west.pk, _padded(world, moved, padding))
+
+    assert (result.gpus, result.gpus_lost) == (4, 0)
+    assert present(other) == []
+    assert present(world.w_node)[3] == (3, 9104, "GPU-b200-west-d", "ok")
+    assert [row[1] for row in present(world.w_node)] == [9101, 9102, 9103, 9104]
