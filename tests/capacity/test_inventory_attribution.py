@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from capacity.adapters import nvml
+from capacity.adapters import nvml, podresources
 from capacity.agent import protocol
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
 from capacity.services import inventory as inv
@@ -254,3 +254,25 @@ def test_a_gpu_that_moved_from_a_node_outside_the_batch_keeps_its_row_and_starts
     assert present(other) == []
     assert present(world.w_node)[3] == (3, 9104, "GPU-b200-west-d", "ok")
     assert [row[1] for row in present(world.w_node)] == [9101, 9102, 9103, 9104]
+
+
+def test_a_kubelet_error_is_the_nodes_inventory_error_cut_to_500_characters_and_its_warnings_follow_it(world):
+    """The agent read NVML but not the kubelet's PodResources (a long error, and a warning besides): the node's
+    inventory_error is the error's note, cut to 500 characters, never the warning; the result's warnings list the
+    error's note first. The other cluster's node is not touched."""
+    error = "rpc error: code = Unavailable desc = " + "y" * 600
+    reading = podresources.PodResourcesReading(socket="/var/lib/kubelet/pod-resources/kubelet.sock", error=error)
+    reading.warnings = ["GetAllocatableResources is not served by this kubelet"]
+    body = protocol.inventory_body(west(gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b")), pod_resources=reading)
+
+    result = inv.reconcile_reports(world.west.pk, [{"node": "w-gpu-01", "slot": NOW, "body": body}])
+
+    assert result.warnings == {
+        "w-gpu-01": [
+            f"kubelet PodResources: {error}",
+            "kubelet PodResources: GetAllocatableResources is not served by this kubelet",
+        ]
+    }
+    assert NodeCapacity.objects.get(pk=301).inventory_error == f"kubelet PodResources: {error}"[:500]
+    assert NodeCapacity.objects.get(pk=302).inventory_error == ""
+    assert result.errors == {} and result.gpus == 2
