@@ -276,3 +276,57 @@ def test_a_kubelet_error_is_the_nodes_inventory_error_cut_to_500_characters_and_
     assert NodeCapacity.objects.get(pk=301).inventory_error == f"kubelet PodResources: {error}"[:500]
     assert NodeCapacity.objects.get(pk=302).inventory_error == ""
     assert result.errors == {} and result.gpus == 2
+
+
+def test_a_failed_read_does_not_stop_the_reports_after_it(world):
+    """Two west nodes in one batch, the first one's read failed: the second is still reconciled and dated."""
+    other = NodeCapacity.objects.create(pk=303, cluster=world.west, name="w-gpu-02", gpu_count=1)
+    second = nvml.NodeInventory(node_name="w-gpu-02", gpus=[gpu(0, "GPU-b200-west-d")])
+    reports = [
+        {"node": "w-gpu-01", "slot": NOW, "body": protocol.inventory_body(None, error="NVML_ERROR_DRIVER_NOT_LOADED")},
+        {"node": "w-gpu-02", "slot": NOW, "body": protocol.inventory_body(second)},
+    ]
+
+    result = inv.reconcile_reports(world.west.pk, reports)
+
+    assert (result.errors, result.nodes, result.gpus) == ({"w-gpu-01": "NVML_ERROR_DRIVER_NOT_LOADED"}, 1, 1)
+    assert [row[2] for row in present(other)] == ["GPU-b200-west-d"]
+    assert NodeCapacity.objects.get(pk=303).inventory_read_at is not None
+    assert NodeCapacity.objects.get(pk=301).inventory_read_at is None
+
+
+def test_a_mig_gpu_after_a_gpu_without_mig_on_the_same_node_has_its_instances_recorded(world):
+    devices = [mig("MIG-w-7g", 1, "7g.80gb", 0)]
+    result = reconcile_inventory(
+        world.west.pk, [west(gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b", mig=True, devices=devices))]
+    )
+
+    assert result.mig_instances == 1
+    assert active_instances() == [("MIG-w-7g", 9102, 0, 1)]
+
+
+def test_an_instance_whose_placement_is_unreadable_is_kept_and_the_devices_after_it_are_recorded(world):
+    reconcile_inventory(
+        world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=[mig("MIG-e-1g", 1, "1g.10gb", 0)]))]
+    )
+    unreadable = mig("MIG-e-1g", 1, "1g.10gb", 0)
+    unreadable.placement_start = unreadable.placement_size = None  # an unprivileged agent
+    devices = [unreadable, mig("MIG-e-3g", 2, "3g.40gb", 4)]
+
+    result = reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=devices))])
+
+    assert (result.mig_instances, result.mig_gone) == (1, 0)
+    assert active_instances() == [("MIG-e-1g", 9201, 0, 1), ("MIG-e-3g", 9201, 4, 2)]
+
+
+def test_a_recorded_instance_that_nvml_reads_otherwise_is_corrected_in_its_row(world):
+    layout = [mig("MIG-e-3g", 2, "3g.40gb", 4)]
+    reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=layout))])
+    row = MigInstance.objects.get(uuid="MIG-e-3g")
+    MigInstance.objects.filter(pk=row.pk).update(gi_id=5)  # recorded wrong (say, by an older agent)
+
+    result = reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=layout))])
+
+    assert (result.mig_instances, result.mig_written, result.mig_gone) == (1, 1, 0)
+    assert active_instances() == [("MIG-e-3g", 9201, 4, 2)]
+    assert MigInstance.objects.get(uuid="MIG-e-3g").pk == row.pk
