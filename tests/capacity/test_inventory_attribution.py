@@ -330,3 +330,18 @@ def test_a_recorded_instance_that_nvml_reads_otherwise_is_corrected_in_its_row(w
     assert (result.mig_instances, result.mig_written, result.mig_gone) == (1, 1, 0)
     assert active_instances() == [("MIG-e-3g", 9201, 4, 2)]
     assert MigInstance.objects.get(uuid="MIG-e-3g").pk == row.pk
+
+
+def test_serial_and_pci_bus_id_are_recorded_cut_to_32_characters_and_empty_when_nvml_gives_none(world):
+    long_serial = gpu(0, "GPU-7f00-west-a")
+    long_serial.serial = "1652" + "0" * 40  # longer than the column
+    unknown = gpu(1, "GPU-1c00-west-b")
+    unknown.serial = unknown.pci_bus_id = None  # nvmlDeviceGetSerial / GetPciInfo not supported
+    reconcile_inventory(world.west.pk, [west(long_serial, unknown, gpu(2, "GPU-4e00-west-c"))])
+
+    rows = GpuCapacity.objects.filter(node=world.w_node).order_by("index").values_list("pk", "serial", "pci_bus_id")
+    assert list(rows) == [
+        (9101, ("1652" + "0" * 40)[:32], "0000:18:00.0"),
+        (9102, "", ""),
+        (9103, "SN-west-c", "0000:1a:00.0"),
+    ]
