@@ -345,3 +345,17 @@ def test_serial_and_pci_bus_id_are_recorded_cut_to_32_characters_and_empty_when_
         (9102, "", ""),
         (9103, "SN-west-c", "0000:1a:00.0"),
     ]
+
+
+def test_a_gpu_read_part_way_keeps_its_instances_but_one_read_at_the_same_start_replaces_the_old(world):
+    """GPU 9201 is read part-way (an NVML error after its MIG devices): its recorded instances are kept, except the
+    one at the start where NVML now shows another instance, which is gone and replaced."""
+    layout = [mig("MIG-e-old", 1, "3g.40gb", 0), mig("MIG-e-3g", 2, "3g.40gb", 4)]
+    reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=layout))])
+    partial = gpu(0, "GPU-9a00-east-m", mig=True, devices=[mig("MIG-e-new", 3, "3g.40gb", 0)], error="Unknown Error")
+
+    result = reconcile_inventory(world.east.pk, [east(partial)])
+
+    assert (result.mig_instances, result.mig_gone) == (1, 1)
+    assert active_instances() == [("MIG-e-3g", 9201, 4, 2), ("MIG-e-new", 9201, 0, 3)]
+    assert MigInstance.objects.get(uuid="MIG-e-old").state == "gone"
