@@ -215,8 +215,10 @@ def reconcile_inventory(
     with transaction.atomic():
         Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).values_list("pk").get()
         names = {inv.node_name for inv in inventories}
+        # Only which rows SQL reads: every read below is kept to the inventoried nodes in Python either way.
+        by_cluster = len(names) > _BY_CLUSTER
         node_rows = NodeCapacity.objects.filter(cluster_id=cluster_id, gone_at__isnull=True)
-        if len(names) <= _BY_CLUSTER:
+        if not by_cluster:
             node_rows = node_rows.filter(name__in=names)
         nodes = {name: pk for name, pk in node_rows.values_list("name", "id") if name in names}
         inventories = [inv for inv in inventories if inv.node_name in nodes]
@@ -224,7 +226,6 @@ def reconcile_inventory(
             return result
         result.nodes = len(inventories)
         node_ids = [nodes[inv.node_name] for inv in inventories]
-        by_cluster = len(node_ids) > _BY_CLUSTER
 
         gpu_ids, lost_gpu_ids = _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, result)
         _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by_cluster, now, result)
@@ -235,15 +236,19 @@ def reconcile_inventory(
 
 
 def _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, result):
-    """Upsert reported GPUs, mark lost/vanished ones; returns ({uuid: pk} of present GPUs, lost pks)."""
+    """Upsert reported GPUs, mark lost/vanished ones; returns ({uuid: pk} of present GPUs, lost pks).
+
+    Only the inventoried nodes' rows are read, whichever way SQL reads them: a node's report cannot lose, keep or
+    take the health of a GPU recorded on a node it does not report (a GPU that moved here is upserted by UUID)."""
     rows = (
         GpuCapacity.objects.filter(node__cluster_id=cluster_id)
         if by_cluster
         else GpuCapacity.objects.filter(node_id__in=node_ids)
     )
+    inventoried = set(node_ids)
     by_uuid: dict[str, tuple] = {}
     present_at: dict[tuple[int, int], tuple] = {}
-    for row in rows.values_list("id", "uuid", "lost_at", *GPU_FIELDS):
+    for row in [r for r in rows.values_list("id", "uuid", "lost_at", *GPU_FIELDS) if r[3] in inventoried]:
         by_uuid[row[1]] = row
         if row[2] is None:
             present_at[(row[3], row[4])] = row
@@ -294,9 +299,8 @@ def _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, r
             upserts.append(
                 {"uuid": gpu.uuid, **dict(zip(GPU_FIELDS, wanted, strict=True)), "last_seen_at": now, "lost_at": None}
             )
-    inventoried = set(node_ids)
     for (node_id, _), row in present_at.items():
-        if node_id in inventoried and row[1] not in reported[node_id]:
+        if row[1] not in reported[node_id]:
             lost.add(row[0])  # no longer enumerated by NVML: vanished
 
     if lost:

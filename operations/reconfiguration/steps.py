@@ -340,7 +340,8 @@ def _settle_agent(reconf: MigReconfiguration) -> Wait | None:
 
 
 def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
-    if reconf.backend == Backend.OPERATOR:
+    agent = reconf.backend == Backend.AGENT  # else the GPU Operator's MIG manager applied the plan
+    if not agent:
         with mig_configs.client_for(reconf.cluster) as client:
             labels = client.get_node(reconf.node.name).labels
         config, state = labels.get(mig_configs.MIG_CONFIG_LABEL), labels.get(mig_configs.MIG_STATE_LABEL)
@@ -368,7 +369,7 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
                 f"GPU {index}: MIG {'on' if row.mig_mode_current else 'off'}, planned {_describe(gpu['mig'], [])}"
             )
             continue
-        if reconf.backend == Backend.AGENT:
+        if agent:
             if placement_set(placements) != placement_set(gpu["placements"]):
                 mismatches.append(
                     f"GPU {index}: {_describe(True, placements)}, planned {_describe(True, gpu['placements'])}"
@@ -380,7 +381,7 @@ def step_verify(reconf: MigReconfiguration, now: datetime) -> Advance | Wait:
     if mismatches:
         commands.request_inventory(reconf)  # ask the agent for a fresh read (it comes back on the ingest queue)
         return Wait("rediscovery does not show the plan yet: " + "; ".join(mismatches), {"observed": observed})
-    if reconf.backend == Backend.AGENT:
+    if agent:
         waiting = _settle_agent(reconf)
         if waiting is not None:
             return waiting

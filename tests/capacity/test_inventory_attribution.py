@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from capacity.adapters import nvml
+from capacity.adapters import nvml, podresources
 from capacity.agent import protocol
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigProfile, NodeCapacity
 from capacity.services import inventory as inv
@@ -210,3 +210,152 @@ def test_a_failed_reads_long_error_is_kept_to_its_first_500_characters(world):
     assert refused == [] and results["west"].errors == {"w-gpu-01": error}
     assert NodeCapacity.objects.get(pk=301).inventory_error == error[:500]
     assert NodeCapacity.objects.get(pk=302).inventory_error == ""
+
+
+def _padded(world, inventory, padding):
+    """`inventory` alone, or with `padding` more west nodes that report no GPU: over inv._BY_CLUSTER nodes in one
+    batch, the reconcile reads the cluster's rows rather than the batch's nodes' (only how SQL reads them)."""
+    NodeCapacity.objects.bulk_create(
+        NodeCapacity(pk=700 + n, cluster=world.west, name=f"w-cpu-{n:02d}", gpu_count=0) for n in range(padding)
+    )
+    return [inventory, *(nvml.NodeInventory(node_name=f"w-cpu-{n:02d}") for n in range(padding))]
+
+
+@pytest.mark.parametrize("padding", [0, inv._BY_CLUSTER])
+def test_a_report_of_one_node_leaves_another_nodes_gpu_alone_in_a_small_batch_or_a_large_one(world, padding):
+    """A GPU recorded on w-gpu-02, which is not in the batch, that w-gpu-01 reports lost: w-gpu-02's row is not
+    touched (neither lost nor counted), whether the batch is one node or more than inv._BY_CLUSTER."""
+    other = NodeCapacity.objects.create(pk=303, cluster=world.west, name="w-gpu-02", gpu_count=1)
+    GpuCapacity.objects.create(pk=9104, node=other, index=0, uuid="GPU-b200-west-d", product=H100, health="warning")
+    healthy = (gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"))
+    stale = gpu(3, "GPU-b200-west-d", health=nvml.HEALTH_LOST)
+
+    result = reconcile_inventory(world.west.pk, _padded(world, west(*healthy, stale), padding))
+
+    assert (result.nodes, result.gpus, result.gpus_lost) == (1 + padding, 4, 0)
+    assert present(other) == [(0, 9104, "GPU-b200-west-d", "warning")]
+    assert [row[1] for row in present(world.w_node)] == [9101, 9102, 9103]
+    assert present(world.e_node) == [(0, 9201, "GPU-9a00-east-m", "ok")]
+
+
+@pytest.mark.parametrize("padding", [0, inv._BY_CLUSTER])
+def test_a_gpu_that_moved_from_a_node_outside_the_batch_keeps_its_row_and_starts_healthy(world, padding):
+    """w-gpu-01 now enumerates the GPU recorded (with a warning) on w-gpu-02: its row moves to w-gpu-01 at the
+    reported index, the same pk, and takes the health this read gives it, whatever the batch size."""
+    other = NodeCapacity.objects.create(pk=303, cluster=world.west, name="w-gpu-02", gpu_count=1)
+    GpuCapacity.objects.create(pk=9104, node=other, index=0, uuid="GPU-b200-west-d", product=H100, health="warning")
+    moved = west(
+        gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"), gpu(3, "GPU-b200-west-d")
+    )
+
+    result = reconcile_inventory(world.west.pk, _padded(world, moved, padding))
+
+    assert (result.gpus, result.gpus_lost) == (4, 0)
+    assert present(other) == []
+    assert present(world.w_node)[3] == (3, 9104, "GPU-b200-west-d", "ok")
+    assert [row[1] for row in present(world.w_node)] == [9101, 9102, 9103, 9104]
+
+
+def test_a_kubelet_error_is_the_nodes_inventory_error_cut_to_500_characters_and_its_warnings_follow_it(world):
+    """The agent read NVML but not the kubelet's PodResources (a long error, and a warning besides): the node's
+    inventory_error is the error's note, cut to 500 characters, never the warning; the result's warnings list the
+    error's note first. The other cluster's node is not touched."""
+    error = "rpc error: code = Unavailable desc = " + "y" * 600
+    reading = podresources.PodResourcesReading(socket="/var/lib/kubelet/pod-resources/kubelet.sock", error=error)
+    reading.warnings = ["GetAllocatableResources is not served by this kubelet"]
+    body = protocol.inventory_body(west(gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b")), pod_resources=reading)
+
+    result = inv.reconcile_reports(world.west.pk, [{"node": "w-gpu-01", "slot": NOW, "body": body}])
+
+    assert result.warnings == {
+        "w-gpu-01": [
+            f"kubelet PodResources: {error}",
+            "kubelet PodResources: GetAllocatableResources is not served by this kubelet",
+        ]
+    }
+    assert NodeCapacity.objects.get(pk=301).inventory_error == f"kubelet PodResources: {error}"[:500]
+    assert NodeCapacity.objects.get(pk=302).inventory_error == ""
+    assert result.errors == {} and result.gpus == 2
+
+
+def test_a_failed_read_does_not_stop_the_reports_after_it(world):
+    """Two west nodes in one batch, the first one's read failed: the second is still reconciled and dated."""
+    other = NodeCapacity.objects.create(pk=303, cluster=world.west, name="w-gpu-02", gpu_count=1)
+    second = nvml.NodeInventory(node_name="w-gpu-02", gpus=[gpu(0, "GPU-b200-west-d")])
+    reports = [
+        {"node": "w-gpu-01", "slot": NOW, "body": protocol.inventory_body(None, error="NVML_ERROR_DRIVER_NOT_LOADED")},
+        {"node": "w-gpu-02", "slot": NOW, "body": protocol.inventory_body(second)},
+    ]
+
+    result = inv.reconcile_reports(world.west.pk, reports)
+
+    assert (result.errors, result.nodes, result.gpus) == ({"w-gpu-01": "NVML_ERROR_DRIVER_NOT_LOADED"}, 1, 1)
+    assert [row[2] for row in present(other)] == ["GPU-b200-west-d"]
+    assert NodeCapacity.objects.get(pk=303).inventory_read_at is not None
+    assert NodeCapacity.objects.get(pk=301).inventory_read_at is None
+
+
+def test_a_mig_gpu_after_a_gpu_without_mig_on_the_same_node_has_its_instances_recorded(world):
+    devices = [mig("MIG-w-7g", 1, "7g.80gb", 0)]
+    result = reconcile_inventory(
+        world.west.pk, [west(gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b", mig=True, devices=devices))]
+    )
+
+    assert result.mig_instances == 1
+    assert active_instances() == [("MIG-w-7g", 9102, 0, 1)]
+
+
+def test_an_instance_whose_placement_is_unreadable_is_kept_and_the_devices_after_it_are_recorded(world):
+    reconcile_inventory(
+        world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=[mig("MIG-e-1g", 1, "1g.10gb", 0)]))]
+    )
+    unreadable = mig("MIG-e-1g", 1, "1g.10gb", 0)
+    unreadable.placement_start = unreadable.placement_size = None  # an unprivileged agent
+    devices = [unreadable, mig("MIG-e-3g", 2, "3g.40gb", 4)]
+
+    result = reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=devices))])
+
+    assert (result.mig_instances, result.mig_gone) == (1, 0)
+    assert active_instances() == [("MIG-e-1g", 9201, 0, 1), ("MIG-e-3g", 9201, 4, 2)]
+
+
+def test_a_recorded_instance_that_nvml_reads_otherwise_is_corrected_in_its_row(world):
+    layout = [mig("MIG-e-3g", 2, "3g.40gb", 4)]
+    reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=layout))])
+    row = MigInstance.objects.get(uuid="MIG-e-3g")
+    MigInstance.objects.filter(pk=row.pk).update(gi_id=5)  # recorded wrong (say, by an older agent)
+
+    result = reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=layout))])
+
+    assert (result.mig_instances, result.mig_written, result.mig_gone) == (1, 1, 0)
+    assert active_instances() == [("MIG-e-3g", 9201, 4, 2)]
+    assert MigInstance.objects.get(uuid="MIG-e-3g").pk == row.pk
+
+
+def test_serial_and_pci_bus_id_are_recorded_cut_to_32_characters_and_empty_when_nvml_gives_none(world):
+    long_serial = gpu(0, "GPU-7f00-west-a")
+    long_serial.serial = "1652" + "0" * 40  # longer than the column
+    unknown = gpu(1, "GPU-1c00-west-b")
+    unknown.serial = unknown.pci_bus_id = None  # nvmlDeviceGetSerial / GetPciInfo not supported
+    reconcile_inventory(world.west.pk, [west(long_serial, unknown, gpu(2, "GPU-4e00-west-c"))])
+
+    rows = GpuCapacity.objects.filter(node=world.w_node).order_by("index").values_list("pk", "serial", "pci_bus_id")
+    assert list(rows) == [
+        (9101, ("1652" + "0" * 40)[:32], "0000:18:00.0"),
+        (9102, "", ""),
+        (9103, "SN-west-c", "0000:1a:00.0"),
+    ]
+
+
+def test_a_gpu_read_part_way_keeps_its_instances_but_one_read_at_the_same_start_replaces_the_old(world):
+    """GPU 9201 is read part-way (an NVML error after its MIG devices): its recorded instances are kept, except the
+    one at the start where NVML now shows another instance, which is gone and replaced."""
+    layout = [mig("MIG-e-old", 1, "3g.40gb", 0), mig("MIG-e-3g", 2, "3g.40gb", 4)]
+    reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=layout))])
+    partial = gpu(0, "GPU-9a00-east-m", mig=True, devices=[mig("MIG-e-new", 3, "3g.40gb", 0)], error="Unknown Error")
+
+    result = reconcile_inventory(world.east.pk, [east(partial)])
+
+    assert (result.mig_instances, result.mig_gone) == (1, 1)
+    assert active_instances() == [("MIG-e-3g", 9201, 4, 2), ("MIG-e-new", 9201, 0, 3)]
+    assert MigInstance.objects.get(uuid="MIG-e-old").state == "gone"
