@@ -359,3 +359,25 @@ def test_a_gpu_read_part_way_keeps_its_instances_but_one_read_at_the_same_start_
     assert (result.mig_instances, result.mig_gone) == (1, 1)
     assert active_instances() == [("MIG-e-3g", 9201, 4, 2), ("MIG-e-new", 9201, 0, 3)]
     assert MigInstance.objects.get(uuid="MIG-e-old").state == "gone"
+
+
+@pytest.mark.parametrize("first", ["lost report first", "healthy report first"])
+def test_a_node_cannot_lose_a_gpu_another_node_in_the_same_batch_reports_healthy(world, first):
+    """w-gpu-01 still lists a GPU as lost that now sits, healthy and unchanged, on w-gpu-02 in the same batch: only
+    the node that holds a GPU's row may lose it, so w-gpu-02's row stays present and nothing is counted lost."""
+    other = NodeCapacity.objects.create(pk=303, cluster=world.west, name="w-gpu-02", gpu_count=1)
+    holder = nvml.NodeInventory(
+        node_name="w-gpu-02", driver_version="550.90.07", cuda_version="12.4", gpus=[gpu(0, "GPU-b200-west-d")]
+    )
+    reconcile_inventory(world.west.pk, [holder])  # its row now matches the report: the batch writes nothing for it
+    healthy = (gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"))
+    stale = west(*healthy, gpu(3, "GPU-b200-west-d", health=nvml.HEALTH_LOST))
+    batch = [stale, holder] if first == "lost report first" else [holder, stale]
+
+    result = reconcile_inventory(world.west.pk, batch)
+
+    assert (result.gpus, result.gpus_lost) == (5, 0)
+    assert [row[:3] for row in present(other)] == [
+        (0, GpuCapacity.objects.get(uuid="GPU-b200-west-d").pk, "GPU-b200-west-d")
+    ]
+    assert [row[1] for row in present(world.w_node)] == [9101, 9102, 9103]
