@@ -77,9 +77,10 @@ ATTRIBUTION = (
     "tests/capacity/test_discovery_inventory.py",
     "tests/capacity/test_discovery_workloads.py",
 )
-# Lending: the ORM-only matching tests first (which idle unit goes to which request: seconds, no simulator), then
-# the simulator's lend / reclaim / evict tests.
+# Lending: the ORM-only tests first (what a reclaim takes back and evicts, against a recording cluster double; which
+# idle unit goes to which request: seconds, no simulator), then the simulator's lend / reclaim / evict tests.
 LENDING = (
+    "tests/pools/test_lending_reclaim.py",
     "tests/pools/test_lending_matching.py",
     "tests/pools/test_lending.py",
     "tests/pools/test_lending_dra.py",
