@@ -149,6 +149,14 @@ def _fresh_shared_cache():
     clear_shared_cache()
 
 
+@pytest.fixture(autouse=True)
+def _no_operator_policy():
+    """Each test starts with no operator-set policy, as its fresh database does (and no query to learn it)."""
+    from policies import values
+
+    values.reset({})
+
+
 @pytest.fixture
 def operator(django_user_model):
     """Staff with model permissions: runs the platform."""
