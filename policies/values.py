@@ -8,12 +8,16 @@ POLICY_CACHE_S.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections, router
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
+
+logger = logging.getLogger(__name__)
 
 _overrides: dict[str, int | bool] = {}
 _read_at: float | None = None  # time.monotonic() of the last read; None: read at the next use
@@ -33,7 +37,15 @@ def _overrides_now() -> dict[str, int | bool]:
     if _read_at is None or now - _read_at >= settings.POLICY_CACHE_S:
         from .models import PolicyValue
 
-        _overrides = dict(PolicyValue.objects.values_list("name", "value"))
+        try:
+            _overrides = dict(PolicyValue.objects.values_list("name", "value"))
+        except DatabaseError:
+            # Outside a transaction (`check --deploy`, the schema, commands before `migrate`) the settings hold;
+            # inside one the error is the caller's, as for any other query that fails there.
+            if connections[router.db_for_read(PolicyValue)].in_atomic_block:
+                raise
+            logger.warning("policy: the policy table cannot be read (not migrated yet?); the settings hold")
+            return _overrides
         _read_at = now
     return _overrides
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from django.contrib.admin.models import ADDITION, LogEntry
 from django.core.exceptions import ImproperlyConfigured
+from django.db import ProgrammingError
 from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
@@ -189,3 +193,38 @@ def test_the_guide_lists_every_policy_with_its_default_and_minimum(settings):
         value = getattr(settings, name)
         assert default == (str(value).lower() if isinstance(value, bool) else str(value)), name
         assert minimum == ("" if settings.POLICY[name][0] is None else str(settings.POLICY[name][0])), name
+
+
+def test_a_policy_table_that_cannot_be_read_fails_the_transaction_it_is_read_in(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ProgrammingError('relation "policies_policyvalue" does not exist')
+
+    monkeypatch.setattr(PolicyValue.objects, "values_list", broken)
+    values.reset()
+    with pytest.raises(ProgrammingError):
+        policy("LENDING_IDLE_H")  # a test runs inside a transaction: the caller sees the error
+
+
+def test_before_migrate_the_settings_hold_and_the_schema_states_them(tmp_path):
+    """`manage.py check --deploy` generates the schema, which reads the request cap, with no tables at all."""
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}", "POOL_REQUEST_MAX_UNITS": "77"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    script = (
+        "import django; django.setup()\n"
+        "from drf_spectacular.generators import SchemaGenerator\n"
+        "from policies import policy\n"
+        "schema = SchemaGenerator().get_schema(request=None, public=True)\n"
+        "print(policy('POOL_REQUEST_MAX_UNITS'),"
+        " schema['components']['schemas']['PoolRequestDetailRequest']['properties']['count']['maximum'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**env, "DJANGO_SETTINGS_MODULE": "gpuaas.settings_test"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["77", "77"]
+    assert "the policy table cannot be read" in result.stderr
