@@ -9,6 +9,7 @@ POLICY_CACHE_S.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from django.conf import settings
@@ -20,7 +21,7 @@ from django.dispatch import receiver
 logger = logging.getLogger(__name__)
 
 _overrides: dict[str, int | bool] = {}
-_read_at: float | None = None  # time.monotonic() of the last read; None: read at the next use
+_read_at: float | None = None  # time.monotonic() of the last read; None: read at the next use; inf: reset()'s
 
 
 def policy(name: str) -> int | bool:
@@ -34,7 +35,7 @@ def policy(name: str) -> int | bool:
 def _overrides_now() -> dict[str, int | bool]:
     global _overrides, _read_at
     now = time.monotonic()
-    if _read_at is None or now - _read_at >= settings.POLICY_CACHE_S:
+    if _read_at is None or now - _read_at >= settings.POLICY_CACHE_S:  # never after reset(overrides)
         from .models import PolicyValue
 
         try:
@@ -51,15 +52,16 @@ def _overrides_now() -> dict[str, int | bool]:
 
 
 def reset(overrides: dict[str, int | bool] | None = None) -> None:
-    """Forget what this process read (None), or take `overrides` as the table's rows until the next change.
+    """Forget what this process read (None); or take `overrides` as the table's rows until the next save or delete.
 
-    The suite passes {}: each test starts with no operator values, which is what its fresh database holds.
+    The suite passes {} before it collects and before each test: a fresh database holds no operator values,
+    and modules that build the API schema at import must not need a database to learn that.
     """
     global _overrides, _read_at
     if overrides is None:
         _read_at = None
     else:
-        _overrides, _read_at = dict(overrides), time.monotonic()
+        _overrides, _read_at = dict(overrides), math.inf
 
 
 @receiver([post_save, post_delete], sender="policies.PolicyValue", dispatch_uid="policies.forget")
