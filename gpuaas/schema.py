@@ -86,6 +86,13 @@ class ApiAutoSchema(AutoSchema):
                 schema.setdefault("maximum", high)
         return parameters
 
+    def _map_serializer_field(self, field, direction, bypass_extensions=False):
+        """A field whose bound is operator policy (pools.api.serializers.UnitCountField) states it as it is now."""
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if hasattr(field, "schema_maximum"):
+            schema["maximum"] = field.schema_maximum()
+        return schema
+
     def _map_basic_serializer(self, serializer, direction):
         schema = super()._map_basic_serializer(serializer, direction)
         if direction == "request" and isinstance(serializer, StrictFieldsMixin):

@@ -4,7 +4,6 @@ give the node back or resume it. Registered by operations.admin (which imports t
 from __future__ import annotations
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.utils.html import format_html
@@ -12,6 +11,7 @@ from django.utils.safestring import mark_safe
 
 from capacity.models import MigReconfiguration, NodeCapacity, NodeDrain, NodeDrainStep
 from core.admin_permissions import OperatorActionsMixin
+from policies import policy
 
 from . import maintenance
 from .admin_actions import StartedOnAddPageMixin, TrailInline, WorkflowActionsMixin
@@ -28,7 +28,7 @@ class StartDrainForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if "node" in self.fields:  # the add page; a drain's own page shows it read-only
             self.fields["node"].queryset = NodeCapacity.objects.present().select_related("cluster")
-            self.fields["grace_s"].initial = settings.MAINTENANCE_GRACE_S
+            self.fields["grace_s"].initial = policy("MAINTENANCE_GRACE_S")
 
     def clean(self):
         data = super().clean()

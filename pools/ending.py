@@ -30,7 +30,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -38,6 +37,7 @@ from capacity.adapters.kubernetes import KubernetesClient, KubernetesError, NotF
 from capacity.choices import SpecKind
 from capacity.models import Cluster, WorkloadProfile
 from core.leases import lease_until
+from policies import policy
 
 from .choices import EvictionOutcome
 from .models import Allocation, Eviction
@@ -49,12 +49,12 @@ Pod = tuple[str, str]  # (namespace, name)
 
 
 def grace() -> timedelta:
-    return timedelta(seconds=settings.ALLOCATION_ENDING_GRACE_S)
+    return timedelta(seconds=policy("ALLOCATION_ENDING_GRACE_S"))
 
 
 def hard_deadline() -> timedelta:
     """From the end to the forced delete: the grace period, then ALLOCATION_ENDING_FORCE_AFTER_S more."""
-    return grace() + timedelta(seconds=settings.ALLOCATION_ENDING_FORCE_AFTER_S)
+    return grace() + timedelta(seconds=policy("ALLOCATION_ENDING_FORCE_AFTER_S"))
 
 
 def announce_ending(allocation_ids, *, reason: str, at: datetime) -> None:

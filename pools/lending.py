@@ -22,7 +22,6 @@ import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Coalesce
@@ -30,6 +29,7 @@ from django.utils import timezone
 
 from capacity.adapters.kubernetes import KubernetesClient, KubernetesError, NotFound
 from capacity.models import Cluster, WorkloadProfile
+from policies import policy
 from tenancy.models import Project
 
 from .choices import BestEffortState, LoanState, RequestState
@@ -112,7 +112,7 @@ def request_reclaim(loan: Loan, *, reason: str, at: datetime | None = None) -> b
             return False
         reconcile_project_task.delay_on_commit(loan.borrower_id, Allocation.objects.cluster_id_of(loan.allocation_id))
         loan.state, loan.reclaim_requested_at, loan.reason = LoanState.RECLAIMING, at, reason[:200]
-        evict_after = at + timedelta(seconds=settings.LENDING_RECLAIM_GRACE_S)
+        evict_after = at + timedelta(seconds=policy("LENDING_RECLAIM_GRACE_S"))
         loan_reclaimed.send(
             sender=Loan,
             loan=loan,
@@ -309,7 +309,7 @@ def reconcile_loans(
       ends (returned_at = now) and the borrower's grant is reconciled (quota / template restored).
     """
     now = now or timezone.now()
-    grace = timedelta(seconds=settings.LENDING_RECLAIM_GRACE_S)
+    grace = timedelta(seconds=policy("LENDING_RECLAIM_GRACE_S"))
     loans = list(
         Loan.objects.open()
         .filter(allocation__gpu__node__cluster=cluster)  # the unit's cluster: a pool may span several

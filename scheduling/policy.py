@@ -17,12 +17,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db.models import DurationField, ExpressionWrapper, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from capacity.mig.share import unit_share
+from policies import policy
 from pools import units
 from pools.choices import PriorityClass
 from pools.models import Allocation, PoolRequest
@@ -70,7 +70,7 @@ class QueuePolicy:
 
     def aged_at(self, queued_at: dt.datetime) -> dt.datetime | None:
         """When a request queued at `queued_at` stops being ordered by fair share (None: never)."""
-        limit = settings.QUEUE_AGED_AFTER_H
+        limit = policy("QUEUE_AGED_AFTER_H")
         return queued_at + dt.timedelta(hours=limit) if limit else None
 
     def is_aged(self, queued_at: dt.datetime, now: dt.datetime) -> bool:
@@ -83,7 +83,7 @@ class QueuePolicy:
         Held time is summed in SQL per (project, kind of unit); the share of each kind is applied here.
         """
         now = now or timezone.now()
-        since = now - dt.timedelta(hours=settings.QUEUE_FAIR_SHARE_WINDOW_H)
+        since = now - dt.timedelta(hours=policy("QUEUE_FAIR_SHARE_WINDOW_H"))
         held = ExpressionWrapper(
             Least(Coalesce("released_at", Value(now)), Value(now)) - Greatest("allocated_at", Value(since)),
             output_field=DurationField(),

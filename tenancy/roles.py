@@ -71,7 +71,17 @@ def members(project: Project) -> list[tuple[object, str]]:
 OPERATORS_GROUP = "Operators"
 # Every permission of these apps goes to the Operators group (models added later included: rerun
 # `manage.py operators_group`). Users and groups (auth) stay with superusers.
-OPERATOR_APPS = ("tenancy", "pools", "capacity", "pricing", "operations", "billing", "monitoring", "notifications")
+OPERATOR_APPS = (
+    "tenancy",
+    "policies",
+    "pools",
+    "capacity",
+    "pricing",
+    "operations",
+    "billing",
+    "monitoring",
+    "notifications",
+)
 
 
 def is_operator(user) -> bool:

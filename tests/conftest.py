@@ -105,6 +105,9 @@ class KubernetesRequestRecorder:
 
 
 def pytest_configure(config):
+    from policies import values
+
+    values.reset({})  # modules that build the schema at collection read the request cap: no database yet
     path = os.environ.get("GPUAAS_RECORD_K8S_REQUESTS")
     if path:
         from simcluster import rbac
@@ -147,6 +150,14 @@ def clear_shared_cache() -> None:
 def _fresh_shared_cache():
     """Throttle counters live in a shared cache that outlives a test: each test starts without any."""
     clear_shared_cache()
+
+
+@pytest.fixture(autouse=True)
+def _no_operator_policy():
+    """Each test starts with no operator-set policy, as its fresh database does (and no query to learn it)."""
+    from policies import values
+
+    values.reset({})
 
 
 @pytest.fixture

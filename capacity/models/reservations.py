@@ -11,12 +11,13 @@ from __future__ import annotations
 from datetime import timedelta
 from fractions import Fraction
 
-from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import LessThan
 from django.utils import timezone
+
+from policies import policy
 
 from ..choices import SHARED_SPEC_KINDS, AllocationState, SpecKind
 from ..mig.share import held_share
@@ -215,7 +216,7 @@ class Allocation(models.Model):
         """When an ending unit's pods are evicted (released_at + ALLOCATION_ENDING_GRACE_S); None unless ending."""
         if self.released_at is None or self.vacated_at is not None:
             return None
-        return self.released_at + timedelta(seconds=settings.ALLOCATION_ENDING_GRACE_S)
+        return self.released_at + timedelta(seconds=policy("ALLOCATION_ENDING_GRACE_S"))
 
     def share(self) -> Fraction:
         """The unit's share of a GPU (capacity.mig.share.held_share). Reads gpu.node: select_related it in loops."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
-from django.conf import settings
 from django.db.models import Count, Q, Subquery, Sum
 
 from capacity import tiers as tier_policy
@@ -32,6 +31,7 @@ from capacity.models.availability import as_boolean
 from capacity.models.inventory import vgpu_offers
 from capacity.models.tiers import admitted_q
 from capacity.vgpu import VGPU_TYPES
+from policies import policy
 
 MPS = "mps"  # SpecFigures.kind of MPS clients (time-slice replicas of MPS nodes)
 TIER_ORDER = [Tier.SLA_INFERENCE, Tier.STAGING, Tier.DEVELOPMENT, Tier.TRAINING, Tier.NONE]
@@ -139,10 +139,10 @@ def tier_plan(
     (WorkloadProfile.objects.running().multi_device_uuids()) and the tier policies (capacity.tiers.policies()),
     six when it also read mig_unit_counts() of the same clusters (`mig_counts`).
     The maintenance reserve of a tier is, per cluster, the units of the `reserve_gpus` GPUs of that tier that
-    carry the most (default settings.CAPACITY_MAINTENANCE_RESERVE_GPUS): approval does not enforce it; the
+    carry the most (default: the CAPACITY_MAINTENANCE_RESERVE_GPUS policy): approval does not enforce it; the
     plan shows what is free beyond it.
     """
-    reserve_gpus = settings.CAPACITY_MAINTENANCE_RESERVE_GPUS if reserve_gpus is None else reserve_gpus
+    reserve_gpus = policy("CAPACITY_MAINTENANCE_RESERVE_GPUS") if reserve_gpus is None else reserve_gpus
     gpus = GpuCapacity.objects.all() if cluster is None else GpuCapacity.objects.filter(node__cluster=cluster)
     busy = WorkloadProfile.objects.running().multi_device_uuids() if busy_devices is None else busy_devices
     table = tier_policy.policies() if table is None else table

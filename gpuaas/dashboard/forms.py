@@ -9,6 +9,7 @@ from django import forms
 from django.conf import settings
 from rest_framework import serializers as drf
 
+from policies import policy
 from pools.api.request_serializers import PoolRequestSerializer
 from pools.api.serializers import TOO_MANY_UNITS, ApiTokenSerializer
 from pools.choices import Isolation, WorkloadType
@@ -88,7 +89,7 @@ class PoolRequestForm(_SerializerForm):
 
 def _count_field() -> forms.IntegerField:
     """Count, capped where the API caps it (POOL_REQUEST_MAX_UNITS, read now, with the API's message)."""
-    cap = settings.POOL_REQUEST_MAX_UNITS
+    cap = policy("POOL_REQUEST_MAX_UNITS")
     return forms.IntegerField(
         min_value=1,
         max_value=cap,

@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "guardian",
     "axes",
     "tenancy",
+    "policies",
     "capacity",
     "pricing",
     "pools",

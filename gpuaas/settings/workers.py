@@ -278,3 +278,37 @@ NOTIFY_EXPIRY_INTERVAL_S = env_int("NOTIFY_EXPIRY_INTERVAL_S", 300, minimum=10)
 NOTIFY_DIGEST_INTERVAL_H = env_int("NOTIFY_DIGEST_INTERVAL_H", 24, minimum=1)
 # Pending deliveries whose message was lost are sent again after this long without an attempt.
 NOTIFY_SWEEP_S = env_int("NOTIFY_SWEEP_S", 900, minimum=60)
+
+
+# --- Domain policy operators change in the admin (policies app, docs/policies.md) ---------------------
+# name -> (minimum, what it decides). The value above (the environment's, or the default) holds until an operator
+# sets another in the admin (policies.PolicyValue); deleting that row returns to it. Deployment facts (intervals,
+# addresses, timeouts, retention) stay environment-only: they size processes and schedules at start-up.
+POLICY: dict[str, tuple[int | None, str]] = {
+    "POOL_REQUEST_MAX_UNITS": (1, "The most units one pool request may ask for (the API answers 400 above it)."),
+    "POOL_EXPIRY_NOTICE_S": (0, "Seconds before a pool's end when its project gets the expiry notice."),
+    "ALLOCATION_ENDING_GRACE_S": (0, "Seconds an ended allocation's pods get to stop before they are evicted."),
+    "ALLOCATION_ENDING_FORCE_AFTER_S": (0, "Seconds after that eviction when pods a budget still holds are deleted."),
+    "QUEUE_FAIR_SHARE_WINDOW_H": (1, "Hours of reserved GPU-hours fair share counts per project."),
+    "QUEUE_AGED_AFTER_H": (0, "Hours of waiting after which a request is served by age (0: fair share always)."),
+    "LENDING_IDLE_H": (1, "Hours a dedicated unit must be idle before it may be lent to another project."),
+    "LENDING_RECLAIM_GRACE_S": (0, "Seconds a borrower's pods get once the lender needs its unit back."),
+    "MAINTENANCE_GRACE_S": (0, "Default notice, in seconds, before pods are moved off a node being drained."),
+    "CAPACITY_MAINTENANCE_RESERVE_GPUS": (0, "GPUs per cluster and tier the capacity plan keeps for maintenance."),
+    "MONITORING_IDLE_SM_PCT": (0, "Average SM activity (%) under which a reservation counts as idle."),
+    "MONITORING_IDLE_WINDOW_H": (1, "Hours of samples the idle detector looks at."),
+    "MONITORING_IDLE_MIN_COVERAGE_PCT": (1, "Share of that window (%) samples must cover before idleness is judged."),
+    "MONITORING_IDLE_MEM_MIB": (0, "Memory (MiB) under which an idle unit is proposed for release."),
+    "MONITORING_SHARE_FACTOR_PCT": (100, "How far (%) over its time-slice share a pod's memory may go."),
+    "MONITORING_EVICT_OVER_SHARE": (None, "Evict pods far over their time-slice share (off: report only)."),
+    "MONITORING_TRESPASS_SM_PCT": (0, "SM activity (%) on an unallocated unit that counts as trespass."),
+    "MONITORING_TRESPASS_MEM_MIB": (0, "Memory (MiB) beyond the driver's own on an unallocated unit that counts."),
+    "MONITORING_TRESPASS_POLLS": (1, "Consecutive polls of such activity before a trespass event is opened."),
+    "MONITORING_EVICT_TRESPASS": (None, "Evict trespassing pods through the Eviction API (off: report only)."),
+    "MONITORING_CORDON_ON_CRITICAL": (None, "Cordon a node when one of its GPUs turns critical."),
+}
+for _name in POLICY:
+    if not isinstance(globals().get(_name), int):  # bool is an int: both kinds of policy are
+        raise ConfigurationError(f"POLICY names {_name}, which is not an integer or boolean setting")
+# How long each process keeps the policy it read; a change made in the admin reaches every worker within it.
+POLICY_CACHE_S = env_int("POLICY_CACHE_S", 10, minimum=0)

@@ -21,7 +21,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -32,6 +31,7 @@ from capacity.services.health import set_gpu_health
 from monitoring import health as rules
 from monitoring.choices import HealthLevel, MetricSource
 from monitoring.models import HealthEvent
+from policies import policy
 from pools import services as pool_services
 
 logger = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def sync_gpu_health(gpu_ids: list[int]) -> list[int]:
                 became_usable = True
     if became_usable:  # its units may be free again: a queue pass after commit
         pool_services.enqueue_queue_processing()
-    if became_unhealthy and settings.MONITORING_CORDON_ON_CRITICAL:
+    if became_unhealthy and policy("MONITORING_CORDON_ON_CRITICAL"):
         from monitoring.tasks import cordon_node_task  # cycle: monitoring.tasks imports this module
 
         node_ids = sorted(set(GpuCapacity.objects.filter(pk__in=became_unhealthy).values_list("node_id", flat=True)))

@@ -35,6 +35,7 @@ from capacity.vgpu import VGPU_TYPES, types_for_product
 from monitoring import readers, signals
 from monitoring.choices import IdleProposal, IdleState
 from monitoring.models import IdleReservation
+from policies import policy
 from pools import services as pool_services
 from pools.models import Allocation
 
@@ -47,7 +48,7 @@ HEADROOM = 1.1
 
 def suggest(allocation, mem_used_max: int | None) -> tuple[str, str]:
     """(proposal, suggested profile name) for an idle allocation."""
-    if mem_used_max is None or mem_used_max <= settings.MONITORING_IDLE_MEM_MIB:
+    if mem_used_max is None or mem_used_max <= policy("MONITORING_IDLE_MEM_MIB"):
         return IdleProposal.RELEASE, ""
     if allocation.kind == SpecKind.VGPU:
         return _smaller_vgpu(allocation, mem_used_max)
@@ -88,10 +89,10 @@ def detect_idle(*, now: datetime | None = None) -> dict[str, int]:
     Idempotent: one open flag per allocation (partial unique constraint); a repeated run updates it.
     """
     now = now or timezone.now()
-    window = timedelta(hours=settings.MONITORING_IDLE_WINDOW_H)
+    window = timedelta(hours=policy("MONITORING_IDLE_WINDOW_H"))
     start = now - window
-    threshold = settings.MONITORING_IDLE_SM_PCT
-    min_coverage = settings.MONITORING_IDLE_MIN_COVERAGE_PCT / 100
+    threshold = policy("MONITORING_IDLE_SM_PCT")
+    min_coverage = policy("MONITORING_IDLE_MIN_COVERAGE_PCT") / 100
     allocations = list(
         Allocation.objects.active()
         .filter(kind__in=[SpecKind.MIG, SpecKind.FULL, SpecKind.VGPU], allocated_at__lte=start)
@@ -169,7 +170,7 @@ def release_idle(flag_id: int, *, actor=None) -> bool:
         if claimed != 1:
             return False
         flag = IdleReservation.objects.select_related("allocation__pool__request").get(pk=flag_id)
-        reason = f"idle: {flag.sm_active_avg:.1f}% SM activity over {settings.MONITORING_IDLE_WINDOW_H} h"
+        reason = f"idle: {flag.sm_active_avg:.1f}% SM activity over {policy('MONITORING_IDLE_WINDOW_H')} h"
         pool_services.release_unit(flag.allocation, actor=_user(actor), reason=reason, at=now)
     return True
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
 from monitoring.models import IdleReservation
+from policies import policy
 from pools import lending
 from pools.exceptions import LendingRefused
 from pools.models import BestEffortRequest, Loan
@@ -26,7 +26,7 @@ from scheduling.policy import queue_policy
 def lendable_flags(*, now: datetime):
     """Open idle flags whose unit has been idle at least LENDING_IDLE_H, lendable and not lent now."""
     # A flag's window covers MONITORING_IDLE_WINDOW_H of idleness at its detection; it stays open while idle.
-    detected_by = now - timedelta(hours=max(0, settings.LENDING_IDLE_H - settings.MONITORING_IDLE_WINDOW_H))
+    detected_by = now - timedelta(hours=max(0, policy("LENDING_IDLE_H") - policy("MONITORING_IDLE_WINDOW_H")))
     lent = Loan.objects.open().values("allocation_id")
     return (
         IdleReservation.objects.open()

@@ -26,7 +26,6 @@ import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
@@ -37,6 +36,7 @@ from capacity.choices import SHARED_SPEC_KINDS
 from capacity.models import GpuCapacity, NodeCapacity, WorkloadProfile
 from monitoring.choices import ShareState
 from monitoring.models import ShareViolation
+from policies import policy
 from pools.choices import SHARE_PRIORITY_RANK
 from pools.models import Allocation
 
@@ -72,12 +72,12 @@ def share_mib(total_mib: int, replicas: int) -> int:
 
 def limit_mib(total_mib: int, replicas: int) -> int:
     """Memory above which a pod is over its share."""
-    return share_mib(total_mib, replicas) * settings.MONITORING_SHARE_FACTOR_PCT // 100
+    return share_mib(total_mib, replicas) * policy("MONITORING_SHARE_FACTOR_PCT") // 100
 
 
 def limit_sm_pct(replicas: int) -> int:
     """SM utilisation above which a pod is over its compute share."""
-    return 100 * settings.MONITORING_SHARE_FACTOR_PCT // 100 // max(1, replicas)
+    return 100 * policy("MONITORING_SHARE_FACTOR_PCT") // 100 // max(1, replicas)
 
 
 def pod_sm_util(gpu: GpuCapacity, processes: list[nvml.ProcessInfo], workloads: list[WorkloadProfile]) -> dict:
@@ -205,7 +205,7 @@ def _check_node(
                     last_seen_at=at,
                 )
             open_count += 1
-            if settings.MONITORING_EVICT_OVER_SHARE and violation.state != ShareState.EVICTED:
+            if policy("MONITORING_EVICT_OVER_SHARE") and violation.state != ShareState.EVICTED:
                 due.append((_rank(pod_priority[pod_uid]), violation))
         evict += _lowest_first(due, at)
     return open_count

@@ -34,6 +34,7 @@ from django.utils import timezone
 from capacity.adapters import kubernetes as kube
 from capacity.models import Cluster, GpuCapacity, MigInstance, WorkloadProfile
 from capacity.services.workloads import physical_id
+from policies import policy
 from pools.models import Allocation
 
 from .. import signals
@@ -174,7 +175,7 @@ def _activity(units: list[Unit], *, at: datetime) -> list[Finding]:
     )
     for sid, gpu_id, mig_id, catalog_product, product, profile in rows:
         series[sid] = ((gpu_id, mig_id), (catalog_product or product, profile or ""))
-    polls = settings.MONITORING_TRESPASS_POLLS
+    polls = policy("MONITORING_TRESPASS_POLLS")
     interval = settings.METRICS_INTERVAL_S
     start = at - timedelta(seconds=(polls + 1) * interval)
     recent: dict[int, list[tuple[datetime, float | None, float | None]]] = {}
@@ -208,9 +209,9 @@ def _activity(units: list[Unit], *, at: datetime) -> list[Finding]:
 
 def _busy(sm: float | None, mem: float | None, reserved_mib: int) -> bool:
     """Real activity in one sample: SM over the threshold, or memory beyond the driver's own by more than it."""
-    if sm is not None and sm > settings.MONITORING_TRESPASS_SM_PCT:
+    if sm is not None and sm > policy("MONITORING_TRESPASS_SM_PCT"):
         return True
-    return mem is not None and mem - reserved_mib > settings.MONITORING_TRESPASS_MEM_MIB
+    return mem is not None and mem - reserved_mib > policy("MONITORING_TRESPASS_MEM_MIB")
 
 
 def detect_trespass(cluster_id: int, *, at: datetime | None = None) -> TrespassResult | None:
@@ -261,7 +262,7 @@ def detect_trespass(cluster_id: int, *, at: datetime | None = None) -> TrespassR
         for event in created:
             if event.owner_project_id is not None:
                 signals.trespass_opened.send(sender=TrespassEvent, event=event)
-        if settings.MONITORING_EVICT_TRESPASS:
+        if policy("MONITORING_EVICT_TRESPASS"):
             result.evicting = [e.pk for e in created if e.pod_name] + [
                 e.pk for key, e in current.items() if key in wanted and e.pod_name and e.evicted_at is None
             ]

@@ -6,7 +6,6 @@ current state does not allow raises IllegalTransition (API: 409).
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -16,6 +15,7 @@ from capacity.choices import ReconfigurationState as State
 from capacity.models import MigReconfiguration, NodeCapacity, NodeDrain
 from operations.reconfiguration.outcomes import IllegalTransition, Refused
 from operations.reconfiguration.records import resume_failed, user_or_none
+from policies import policy
 
 from .check import take_offline_check
 from .records import audit, enqueue
@@ -40,7 +40,7 @@ def start(
             f"the free reserve cannot absorb {node}'s reservations: short of {shortfall_sentence(check.shortfall)}",
             {"shortfall": check.shortfall, "hit": [h.to_dict() for h in check.hit]},
         )
-    grace = settings.MAINTENANCE_GRACE_S if grace_s is None else grace_s
+    grace = policy("MAINTENANCE_GRACE_S") if grace_s is None else grace_s
     try:
         with transaction.atomic():
             if NodeDrain.objects.open().filter(node=node).exists():

@@ -34,6 +34,7 @@ from operations.choices import UpgradeMode, UpgradeNodeState, UpgradeState
 from operations.models import OPEN_STATES, DriverUpgrade, DriverUpgradeNode
 from operations.reconfiguration.outcomes import IllegalTransition
 from operations.reconfiguration.records import user_or_none
+from policies import policy
 
 from .lifecycle import give_back
 
@@ -124,7 +125,7 @@ def create(
             mode=mode or found.mode,
             max_parallel=max_parallel if max_parallel is not None else found.max_parallel,
             max_parallel_source=source,
-            grace_s=settings.MAINTENANCE_GRACE_S if grace_s is None else grace_s,
+            grace_s=policy("MAINTENANCE_GRACE_S") if grace_s is None else grace_s,
             tick_due_at=now,
             created_by=user_or_none(actor),
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -29,7 +28,7 @@ from ..models import (
 )
 from ..models.queue import AutoApprovalPolicy, QueueEntry, window_error
 from ..services import declarations
-from .serializers import TOO_MANY_UNITS, RequestingProjectMixin, refused_as_400
+from .serializers import RequestingProjectMixin, UnitCountField, refused_as_400
 
 
 class TransitionSerializer(serializers.ModelSerializer):
@@ -110,6 +109,7 @@ class PoolRequestSerializer(RequestingProjectMixin, StrictModelSerializer):
 
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.none())
     project_slug = serializers.CharField(source="project.slug", read_only=True)
+    count = UnitCountField(required=False)
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True, default=None, allow_null=True)
     isolation = serializers.ChoiceField(choices=ISOLATION_OR_NEED, required=False, help_text=ISOLATION_HELP)
@@ -190,11 +190,6 @@ class PoolRequestSerializer(RequestingProjectMixin, StrictModelSerializer):
             "updated_at",
         ]
         extra_kwargs = {
-            "count": {
-                "min_value": 1,
-                "max_value": settings.POOL_REQUEST_MAX_UNITS,
-                "error_messages": {"max_value": TOO_MANY_UNITS},
-            },
             "start_at": {"required": False},
         }
 
@@ -213,12 +208,6 @@ class PoolRequestSerializer(RequestingProjectMixin, StrictModelSerializer):
             "queue_policy": self.context.get("queue_policy"),
         }
         return QueueStateSerializer(entry, context=context).data
-
-    def validate_count(self, count: int) -> int:
-        # Again at run time: the field's max_value (and the schema's maximum) is read at import.
-        if count > settings.POOL_REQUEST_MAX_UNITS:
-            raise serializers.ValidationError(TOO_MANY_UNITS.format(max_value=settings.POOL_REQUEST_MAX_UNITS))
-        return count
 
     def validate(self, attrs: dict) -> dict:
         now = timezone.now()
@@ -259,12 +248,7 @@ class DryRunSerializer(StrictSerializer):
         allow_null=True,
     )
     isolation = serializers.ChoiceField(choices=IsolationNeed.choices, required=False, allow_blank=True, default="")
-    count = serializers.IntegerField(
-        min_value=1,
-        max_value=settings.POOL_REQUEST_MAX_UNITS,  # for the schema; validate() reads the setting as it is now
-        default=1,
-        error_messages={"max_value": TOO_MANY_UNITS},
-    )
+    count = UnitCountField(default=1)
     product = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
     cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all(), required=False, allow_null=True)
     start_at = serializers.DateTimeField(required=False, allow_null=True)
@@ -278,9 +262,6 @@ class DryRunSerializer(StrictSerializer):
         start, end = attrs.get("start_at") or timezone.now(), attrs.get("end_at")
         if end is not None and end <= start:
             raise serializers.ValidationError({"end_at": "The end must be after the start."})
-        if attrs["count"] > settings.POOL_REQUEST_MAX_UNITS:
-            too_many = TOO_MANY_UNITS.format(max_value=settings.POOL_REQUEST_MAX_UNITS)
-            raise serializers.ValidationError({"count": too_many})
         attrs["start_at"] = start
         refused_as_400(declarations.check_vgpu_type, attrs)
         return attrs

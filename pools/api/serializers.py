@@ -15,6 +15,7 @@ from rest_framework import exceptions, serializers
 from capacity.api.strict import StrictModelSerializer, StrictSerializer
 from capacity.choices import AllocationState, Binding
 from capacity.models import Cluster
+from policies import policy
 from tenancy import roles
 from tenancy.choices import Role
 from tenancy.models import ApiToken, Project
@@ -71,6 +72,28 @@ class RoleSerializer(StrictSerializer):
 # --- Requesting capacity: what pool and best-effort requests share -------------------------------
 
 TOO_MANY_UNITS = "At most {max_value} units per request (POOL_REQUEST_MAX_UNITS)."
+
+
+def check_count(count: int) -> int:
+    """The count against POOL_REQUEST_MAX_UNITS as it is now: a field's max_value would fix it at import."""
+    cap = policy("POOL_REQUEST_MAX_UNITS")
+    if count > cap:
+        raise serializers.ValidationError(TOO_MANY_UNITS.format(max_value=cap))
+    return count
+
+
+class UnitCountField(serializers.IntegerField):
+    """A request's count of units: at least 1, at most the POOL_REQUEST_MAX_UNITS policy when it is validated.
+
+    The schema's maximum is that policy when the schema is generated (gpuaas.schema reads `schema_maximum`).
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(min_value=1, validators=[check_count], **kwargs)
+
+    @staticmethod
+    def schema_maximum() -> int:
+        return policy("POOL_REQUEST_MAX_UNITS")
 
 
 def refused_as_400(resolve, *args, **kwargs):
@@ -387,6 +410,7 @@ class BestEffortRequestSerializer(RequestingProjectMixin, StrictModelSerializer)
     """
 
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.none())
+    count = UnitCountField(required=False)
     project_slug = serializers.CharField(source="project.slug", read_only=True)
     isolation = serializers.ChoiceField(
         choices=[c for c in Isolation.choices if c[0] != Isolation.VGPU], required=False, write_only=True
@@ -420,13 +444,6 @@ class BestEffortRequestSerializer(RequestingProjectMixin, StrictModelSerializer)
             "end_reason",
         ]
         read_only_fields = ["spec_kind", "state", "created_at", "ended_at", "end_reason"]
-        extra_kwargs = {
-            "count": {
-                "min_value": 1,
-                "max_value": settings.POOL_REQUEST_MAX_UNITS,
-                "error_messages": {"max_value": TOO_MANY_UNITS},
-            },
-        }
 
     def validate_until(self, until: dt.datetime | None) -> dt.datetime | None:
         if until is not None and until <= timezone.now():

@@ -6,12 +6,12 @@ import copy
 import datetime as dt
 import logging
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from capacity.choices import Binding
 from capacity.models import Cluster, MigInstance, MigReconfiguration
+from policies import policy
 
 from .. import ending, services, signals, units
 from ..exceptions import IllegalTransition
@@ -60,13 +60,13 @@ def release_allocation(allocation_id: int, *, at: dt.datetime | None = None, rea
 def expire_due(*, now: dt.datetime | None = None, notice_s: int | None = None, limit: int = 500) -> dict[str, int]:
     """Give notice to, then expire, requests whose end has come. Idempotent; safe to run concurrently.
 
-    A holding request whose end is within `notice_s` (settings.POOL_EXPIRY_NOTICE_S) gets a notice:
+    A holding request whose end is within `notice_s` (default: the POOL_EXPIRY_NOTICE_S policy) gets a notice:
     expiry_notice_at is claimed with a conditional UPDATE and an audit row (state unchanged, reason
     "expiry notice") is written. It expires once its end has passed AND the notice is at least
     `notice_s` old, so a project always gets the full notice, even after an outage of the beat.
     """
     now = now or timezone.now()
-    notice_s = settings.POOL_EXPIRY_NOTICE_S if notice_s is None else notice_s
+    notice_s = policy("POOL_EXPIRY_NOTICE_S") if notice_s is None else notice_s
     notice = dt.timedelta(seconds=notice_s)
     noticed = expired = 0
     due = PoolRequest.objects.holding().filter(end_at__isnull=False, expiry_notice_at__isnull=True)
