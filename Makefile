@@ -58,7 +58,9 @@ MUTATION_MODULES ?= billing/services/intervals.py billing/services/clock.py bill
 	billing/services/lines.py billing/services/statements.py pricing/rates.py billing/services/metering.py \
 	capacity/models/availability.py scheduling/policy.py pools/services/approval.py pools/units/free.py \
 	pools/units/take.py capacity/picking.py monitoring/services/trespass.py monitoring/services/lending.py \
-	capacity/mig/layout.py
+	capacity/mig/layout.py capacity/services/inventory.py pools/lending.py operations/reconfiguration/steps.py \
+	scheduling/forecast/estimate.py scheduling/forecast/timeline.py scheduling/forecast/demand.py \
+	scheduling/forecast/history.py
 MUTATION_SAMPLE ?= 20
 MUTATION_SEED ?= 8
 # e.g. MUTATION_ALSO_SEEDS=1,2: the issue's three seeds in one run per module (one copy, one unmutated run)
