@@ -4,6 +4,7 @@ refused by age. Each test asserts the rows and the counts the product records.""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from unittest import mock
 
@@ -361,11 +362,13 @@ def test_a_gpu_read_part_way_keeps_its_instances_but_one_read_at_the_same_start_
     assert MigInstance.objects.get(uuid="MIG-e-old").state == "gone"
 
 
+@pytest.mark.parametrize("holder_pk", [303, 299], ids=["holder after the reporter", "holder before the reporter"])
 @pytest.mark.parametrize("first", ["lost report first", "healthy report first"])
-def test_a_node_cannot_lose_a_gpu_another_node_in_the_same_batch_reports_healthy(world, first):
-    """w-gpu-01 still lists a GPU as lost that now sits, healthy and unchanged, on w-gpu-02 in the same batch: only
-    the node that holds a GPU's row may lose it, so w-gpu-02's row stays present and nothing is counted lost."""
-    other = NodeCapacity.objects.create(pk=303, cluster=world.west, name="w-gpu-02", gpu_count=1)
+def test_a_node_cannot_lose_a_gpu_another_node_in_the_same_batch_reports_healthy(world, first, holder_pk):
+    """w-gpu-01 (pk 301) still lists a GPU as lost that now sits, healthy and unchanged, on w-gpu-02 in the same
+    batch: only the node that holds a GPU's row may lose it, so w-gpu-02's row stays present and nothing is counted
+    lost, whichever report comes first and whether the holder's id is above or below the reporter's."""
+    NodeCapacity.objects.create(pk=holder_pk, cluster=world.west, name="w-gpu-02", gpu_count=1)
     holder = nvml.NodeInventory(
         node_name="w-gpu-02", driver_version="550.90.07", cuda_version="12.4", gpus=[gpu(0, "GPU-b200-west-d")]
     )
@@ -377,7 +380,32 @@ def test_a_node_cannot_lose_a_gpu_another_node_in_the_same_batch_reports_healthy
     result = reconcile_inventory(world.west.pk, batch)
 
     assert (result.gpus, result.gpus_lost) == (5, 0)
-    assert [row[:3] for row in present(other)] == [
-        (0, GpuCapacity.objects.get(uuid="GPU-b200-west-d").pk, "GPU-b200-west-d")
-    ]
+    held = GpuCapacity.objects.get(uuid="GPU-b200-west-d")
+    assert (held.node_id, held.lost_at, held.health) == (holder_pk, None, "ok")
     assert [row[1] for row in present(world.w_node)] == [9101, 9102, 9103]
+
+
+def test_the_gpus_listed_after_a_lost_one_are_still_reconciled(world):
+    """A lost GPU at index 0 does not end the node's report: the GPUs after it stay present, and a new one after it
+    is recorded."""
+    report = west(
+        gpu(0, "GPU-7f00-west-a", health=nvml.HEALTH_LOST),
+        gpu(1, "GPU-1c00-west-b"),
+        gpu(2, "GPU-4e00-west-c"),
+        gpu(3, "GPU-d300-west-new"),
+    )
+
+    result = reconcile_inventory(world.west.pk, [report])
+
+    assert (result.gpus, result.gpus_lost) == (4, 1)
+    assert [row[2] for row in present(world.w_node)] == ["GPU-1c00-west-b", "GPU-4e00-west-c", "GPU-d300-west-new"]
+
+
+def test_a_gpu_whose_memory_nvml_cannot_read_is_recorded_with_zero_memory(world):
+    unread_memory = dataclasses.replace(gpu(3, "GPU-d300-west-new"), memory_mib=None)
+    healthy = (gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"))
+
+    reconcile_inventory(world.west.pk, [west(*healthy, unread_memory)])
+
+    assert GpuCapacity.objects.get(uuid="GPU-d300-west-new").memory_mib == 0
+    assert GpuCapacity.objects.get(pk=9101).memory_mib == 81559
