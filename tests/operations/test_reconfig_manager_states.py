@@ -11,6 +11,7 @@ from django.utils import timezone
 from reconfig_sim import node_row, start_sim
 
 from capacity.adapters import kubernetes as kube
+from capacity.models import MigReconfigurationStep
 from capacity.services import mig_configs
 from operations import reconfiguration as rc
 from operations.reconfiguration import steps
@@ -126,3 +127,33 @@ def test_evicting_skips_pods_already_gone_and_reports_the_ones_a_budget_blocks()
 
     assert blocked == ["team-a/guarded"]
     assert evicted == [("team-a", "train-0"), ("team-a", "train-1")]
+
+
+def test_the_plan_step_records_the_slots_before_and_after(sim):
+    """gpu-a's GPU 0 (two 3g.40gb) becomes one 7g.80gb: the plan's audit row names the slots on both sides."""
+    reconf = rc.create(node_row("gpu-a"), {"0": ["7g.80gb"]}, force=True)
+    assert reconfiguration_step_task(reconf.pk, "plan") == "advanced"
+
+    completed = MigReconfigurationStep.objects.get(reconfiguration=reconf, step="plan", event="completed")
+    assert completed.detail == {"slots_before": {"3g.40gb": 2}, "slots_after": {"7g.80gb": 1}}
+
+
+def test_config_name_is_the_named_config_asked_for_only_on_a_first_attempt_that_changes_the_label():
+    named = next(iter(mig_configs.named_config_entries()))
+    reconf = SimpleNamespace(pk=41, source=named, attempts=0, layout=None, target={})
+
+    assert steps.config_name_for(reconf, current_label="gpuaas-r7") == named
+    assert steps.config_name_for(reconf, current_label=named) == "gpuaas-r41"  # the label must change
+    reconf.attempts = 2
+    assert steps.config_name_for(reconf, current_label="gpuaas-r41-1") == "gpuaas-r41-2"
+    assert steps.config_name_for(reconf, current_label=named) == "gpuaas-r41-2"
+
+
+@pytest.mark.parametrize(
+    ("was_cordoned", "why"),
+    [(True, "it was cordoned before gpuaas started"), (None, "gpuaas never cordoned it")],
+)
+def test_uncordon_leaves_a_node_gpuaas_did_not_cordon_and_says_why(was_cordoned, why):
+    row = SimpleNamespace(was_cordoned=was_cordoned, refresh_from_db=lambda fields: None)
+
+    assert steps.uncordon_node(row).message == f"node left as it was ({why})"
