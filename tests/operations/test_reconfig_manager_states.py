@@ -108,6 +108,42 @@ def test_agent_verify_waits_naming_the_placements_rediscovery_shows(sim):
     assert outcome.message == ("rediscovery does not show the plan yet: GPU 0: 3g.40gb@0,3g.40gb@4, planned 7g.80gb@0")
 
 
+@pytest.mark.parametrize(
+    "planned, waits",
+    [
+        ([("7g.80gb", 0)], True),  # other profiles than planned
+        ([("3g.40gb", 0)], True),  # more instances than planned
+        ([("3g.40gb", 0), ("3g.40gb", 4), ("1g.10gb", 6)], True),  # fewer instances than planned
+        ([("3g.40gb", 4), ("3g.40gb", 0)], False),  # the planned instances
+    ],
+)
+def test_operator_verify_compares_each_profiles_count_with_the_plan(sim, planned, waits):
+    """On the operator path mig-parted chooses the starts, so verify compares profile counts: any difference,
+    more or fewer of a profile, waits for another rediscovery."""
+    node = node_row("gpu-a")  # GPU 0 shows 3g.40gb@0 and 3g.40gb@4
+    reconf = SimpleNamespace(
+        backend="operator",
+        node=node,
+        node_id=node.pk,
+        cluster=node.cluster,
+        cluster_id=node.cluster_id,
+        config_name="gpuaas-r7",
+        applied_at=node.inventory_read_at - timezone.timedelta(minutes=1),  # the rows were read after apply
+        plan={"product": "H100-80GB", "gpus": {"0": {"mig": True, "placements": [{"profile": p, "start": s} for p, s in planned]}}},
+    )
+    with mig_configs.client_for(node.cluster) as client:
+        client.patch_node_labels("gpu-a", {CONFIG: "gpuaas-r7"})  # (the sim's MIG manager fails it)
+        client.patch_node_labels("gpu-a", {STATE: "success"})
+
+    if waits:
+        outcome = steps.step_verify(reconf, timezone.now())
+        assert isinstance(outcome, Wait)
+        assert outcome.message.startswith("rediscovery does not show the plan yet: GPU 0: 3g.40gb@0,3g.40gb@4")
+    else:
+        outcome = steps.step_verify(reconf, timezone.now())
+        assert outcome.message == "rediscovery shows the planned instances"
+
+
 def test_evicting_skips_pods_already_gone_and_reports_the_ones_a_budget_blocks():
     evicted = []
 
