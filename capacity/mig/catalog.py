@@ -10,7 +10,7 @@ is {0}:8, not size 7. Values marked INFERRED in the reference are kept, with a c
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 
 # NVML GPU-instance profile *index* constants (argument of nvmlDeviceGetGpuInstanceProfileInfo).
 GI_INDEX_1_SLICE = 0
@@ -268,6 +268,7 @@ def get_product(name: str) -> Product:
         raise KeyError(f"unknown GPU product {name!r}; known: {known} (or their GFD product names)") from None
 
 
+@cache  # inventories ask for every GPU's NVML name: a handful of names, 100,000 GPUs
 def find_product(name: str) -> Product | None:
     """Like get_product, but None for GPUs without MIG (or unknown to the catalog)."""
     try:

@@ -25,7 +25,6 @@ before the transaction. Idempotent: a repeated or concurrent inventory upserts t
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import defaultdict
@@ -42,7 +41,7 @@ from capacity.adapters import nvml, podresources
 from capacity.agent import node as agent
 from capacity.agent import protocol
 from capacity.choices import GpuHealth, MigInstanceState
-from capacity.mig.catalog import Product, find_product
+from capacity.mig.catalog import find_product
 from capacity.models import Cluster, GpuCapacity, MigInstance, MigPlacement, MigProfile, NodeCapacity
 
 from . import bulk
@@ -58,6 +57,8 @@ _MIG_UPDATE = [*MIG_FIELDS, "state", "last_seen_at", "gone_at"]
 INVENTORY_MAX_AGE_S = 15 * 60
 # Above this many nodes, rows are loaded for the whole cluster rather than by node id list.
 _BY_CLUSTER = 50
+# A GPU seen again after it was lost starts healthy: its other health comes from later events, not the old row.
+_STARTS_HEALTHY = frozenset({GpuHealth.LOST})
 
 
 @dataclass
@@ -275,8 +276,8 @@ def _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, r
             occupant = present_at.get((node_id, gpu.index))
             if occupant is not None and occupant[1] != gpu.uuid:
                 lost.add(occupant[0])  # another GPU now sits at this index: the old one left
-            health = row[10] if row is not None and row[10] != GpuHealth.LOST else GpuHealth.OK
-            catalog = _product(gpu.name)
+            health = GpuHealth.OK if row is None or row[10] in _STARTS_HEALTHY else row[10]
+            catalog = find_product(gpu.name)
             wanted = (
                 node_id,
                 gpu.index,
@@ -338,7 +339,7 @@ def _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by
             gpu_pk = gpu_ids.get(gpu.uuid) if gpu.uuid and not gpu.lost else None
             if gpu_pk is None or not gpu.mig_current:
                 continue
-            catalog = _product(gpu.name)
+            catalog = find_product(gpu.name)
             seen_gi: set[int] = set()
             for dev in sorted(gpu.mig_devices, key=lambda d: (d.gpu_instance_id, d.compute_instance_id)):
                 if dev.gpu_instance_id in seen_gi:
@@ -405,11 +406,6 @@ def _reconcile_migs(cluster_id, inventories, node_ids, gpu_ids, lost_gpu_ids, by
         result.mig_written = len(upserts)
     if gone:  # after the upserts: a replacement instance exists by now, the allocation can move to it
         signals.instances_gone.send(sender=MigInstance, instance_ids=sorted(set(gone)), at=now)
-
-
-@functools.cache
-def _product(name: str) -> Product | None:
-    return find_product(name) if name else None
 
 
 def _catalog() -> tuple[dict[tuple[str, int], int], dict[tuple[int, int], tuple[int, int]]]:

@@ -9,6 +9,9 @@ import logging
 from unittest import mock
 
 import pytest
+from django.db import connection
+from django.utils import timezone
+from django.test.utils import CaptureQueriesContext
 
 from capacity.adapters import nvml, podresources
 from capacity.agent import protocol
@@ -409,3 +412,50 @@ def test_a_gpu_whose_memory_nvml_cannot_read_is_recorded_with_zero_memory(world)
 
     assert GpuCapacity.objects.get(uuid="GPU-d300-west-new").memory_mib == 0
     assert GpuCapacity.objects.get(pk=9101).memory_mib == 81559
+
+
+@pytest.mark.parametrize("padding, by_cluster", [(0, False), (49, False), (50, True)])
+def test_a_batch_reads_its_own_nodes_rows_and_only_a_large_one_reads_the_clusters(world, padding, by_cluster):
+    """A report of one node in a fleet's cluster of 1,250 nodes must not read 10,000 GPU rows; a batch of more than
+    50 nodes (inv._BY_CLUSTER) reads the cluster's rows once instead of a list of ids that long. The three reads
+    (nodes, GPUs, MIG instances) switch together, between 50 and 51 nodes."""
+    batch = _padded(world, west(gpu(0, "GPU-7f00-west-a")), padding)
+
+    with CaptureQueriesContext(connection) as queries:
+        reconcile_inventory(world.west.pk, batch)
+
+    def read(table):
+        (sql,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith(f'SELECT "{table}".')]
+        return sql
+
+    reads = {
+        "nodes": read("capacity_nodecapacity"),
+        "gpus": read("capacity_gpucapacity"),
+        "instances": read("capacity_miginstance"),
+    }
+    ids = {
+        "nodes": '"capacity_nodecapacity"."name" IN (',
+        "gpus": '"capacity_gpucapacity"."node_id" IN (',
+        "instances": '"capacity_gpucapacity"."node_id" IN (',
+    }
+    for what, sql in reads.items():
+        assert (ids[what] in sql) is not by_cluster, (what, sql)
+        assert ('"capacity_nodecapacity"."cluster_id" = ' in sql) is (by_cluster or what == "nodes"), (what, sql)
+
+
+def test_a_lost_gpu_that_is_enumerated_again_comes_back_healthy_and_keeps_its_row(world):
+    """A GPU marked lost (fell off the bus) that NVML enumerates again: the same row, present, health "ok" (not the
+    "lost" it was marked with); a GPU with a warning keeps its warning."""
+    GpuCapacity.objects.filter(pk=9102).update(health="lost", lost_at=timezone.now())
+    GpuCapacity.objects.filter(pk=9103).update(health="warning")
+
+    result = reconcile_inventory(
+        world.west.pk, [west(gpu(0, "GPU-7f00-west-a"), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c"))]
+    )
+
+    assert (result.gpus, result.gpus_lost) == (3, 0)
+    assert present(world.w_node) == [
+        (0, 9101, "GPU-7f00-west-a", "ok"),
+        (1, 9102, "GPU-1c00-west-b", "ok"),
+        (2, 9103, "GPU-4e00-west-c", "warning"),
+    ]

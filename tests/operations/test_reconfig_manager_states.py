@@ -4,6 +4,7 @@ Any other value (unset, pending, rebooting, or one the MIG manager never writes)
 nvidia.com/mig.config label other than the reconfiguration's own, whichever way the two names sort.
 """
 
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -121,6 +122,7 @@ def test_operator_verify_compares_each_profiles_count_with_the_plan(sim, planned
     """On the operator path mig-parted chooses the starts, so verify compares profile counts: any difference,
     more or fewer of a profile, waits for another rediscovery."""
     node = node_row("gpu-a")  # GPU 0 shows 3g.40gb@0 and 3g.40gb@4
+    placements = [{"profile": profile, "start": start} for profile, start in planned]
     reconf = SimpleNamespace(
         backend="operator",
         node=node,
@@ -128,8 +130,8 @@ def test_operator_verify_compares_each_profiles_count_with_the_plan(sim, planned
         cluster=node.cluster,
         cluster_id=node.cluster_id,
         config_name="gpuaas-r7",
-        applied_at=node.inventory_read_at - timezone.timedelta(minutes=1),  # the rows were read after apply
-        plan={"product": "H100-80GB", "gpus": {"0": {"mig": True, "placements": [{"profile": p, "start": s} for p, s in planned]}}},
+        applied_at=node.inventory_read_at - timedelta(minutes=1),  # the rows were read after apply
+        plan={"product": "H100-80GB", "gpus": {"0": {"mig": True, "placements": placements}}},
     )
     with mig_configs.client_for(node.cluster) as client:
         client.patch_node_labels("gpu-a", {CONFIG: "gpuaas-r7"})  # (the sim's MIG manager fails it)
