@@ -10,8 +10,8 @@ from unittest import mock
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from capacity.adapters import nvml, podresources
 from capacity.agent import protocol
