@@ -266,10 +266,7 @@ def _reconcile_gpus(cluster_id, inventories, nodes, node_ids, by_cluster, now, r
                 if row is not None and row[2] is None:
                     reported[node_id].add(row[1])
                 continue
-            if gpu.lost:  # only the node that holds the GPU's row may lose it (another may report it healthy)
-                row = by_uuid.get(gpu.uuid) if gpu.uuid else present_at.get((node_id, gpu.index))
-                if row is not None and row[2] is None and row[3] == node_id:
-                    lost.add(row[0])
+            if gpu.lost:  # not reported: the pass below loses its row, only on the node that holds it
                 continue
             reported[node_id].add(gpu.uuid)
             row = by_uuid.get(gpu.uuid)

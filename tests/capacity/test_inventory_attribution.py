@@ -5,6 +5,7 @@ refused by age. Each test asserts the rows and the counts the product records.""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from unittest import mock
 
@@ -339,13 +340,14 @@ def test_a_recorded_instance_that_nvml_reads_otherwise_is_corrected_in_its_row(w
 def test_serial_and_pci_bus_id_are_recorded_cut_to_32_characters_and_empty_when_nvml_gives_none(world):
     long_serial = gpu(0, "GPU-7f00-west-a")
     long_serial.serial = "1652" + "0" * 40  # longer than the column
+    long_serial.pci_bus_id = "00000000:18:00.0" + "f" * 24  # likewise
     unknown = gpu(1, "GPU-1c00-west-b")
     unknown.serial = unknown.pci_bus_id = None  # nvmlDeviceGetSerial / GetPciInfo not supported
     reconcile_inventory(world.west.pk, [west(long_serial, unknown, gpu(2, "GPU-4e00-west-c"))])
 
     rows = GpuCapacity.objects.filter(node=world.w_node).order_by("index").values_list("pk", "serial", "pci_bus_id")
     assert list(rows) == [
-        (9101, ("1652" + "0" * 40)[:32], "0000:18:00.0"),
+        (9101, ("1652" + "0" * 40)[:32], ("00000000:18:00.0" + "f" * 24)[:32]),
         (9102, "", ""),
         (9103, "SN-west-c", "0000:1a:00.0"),
     ]
@@ -458,4 +460,21 @@ def test_a_lost_gpu_that_is_enumerated_again_comes_back_healthy_and_keeps_its_ro
         (0, 9101, "GPU-7f00-west-a", "ok"),
         (1, 9102, "GPU-1c00-west-b", "ok"),
         (2, 9103, "GPU-4e00-west-c", "warning"),
+    ]
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_gpus_that_rotate_indexes_keep_their_rows_whatever_order_nvml_lists_them_in(world, order):
+    """GPU a at 0, b at 1, c at 2 come back as c at 0, a at 1, b at 2: each index's old occupant must be let go
+    before another GPU takes the index (one present GPU per node and index), whichever order the report lists
+    them in and however their UUIDs sort."""
+    rotated = [gpu(0, "GPU-4e00-west-c"), gpu(1, "GPU-7f00-west-a"), gpu(2, "GPU-1c00-west-b")]
+
+    result = reconcile_inventory(world.west.pk, [west(*(rotated[i] for i in order))])
+
+    assert (result.gpus, result.gpus_lost, result.gpus_written) == (3, 0, 3)
+    assert [row[:3] for row in present(world.w_node)] == [
+        (0, 9103, "GPU-4e00-west-c"),
+        (1, 9101, "GPU-7f00-west-a"),
+        (2, 9102, "GPU-1c00-west-b"),
     ]
