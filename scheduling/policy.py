@@ -17,11 +17,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from django.db.models import DurationField, ExpressionWrapper, Q, Sum, Value
+from django.db.models import DurationField, ExpressionWrapper, F, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from capacity.mig.share import unit_share
+from capacity.mig.share import held_share
+from capacity.models import SHARE_FIELDS
 from policies import policy
 from pools import units
 from pools.choices import PriorityClass
@@ -80,7 +81,9 @@ class QueuePolicy:
     def recent_gpu_hours(self, project_ids, *, now: dt.datetime | None = None) -> dict[int, float]:
         """GPU-hours each project reserved over the fair-share window (units weighted by capacity.mig.share).
 
-        Held time is summed in SQL per (project, kind of unit); the share of each kind is applied here.
+        Held time is summed in SQL per (project, kind of unit); each unit's share (held_share, as billing and the
+        screens count it) is applied here. A row released before it was allocated (a clock stepped back) holds
+        nothing and is left out, so it cannot take hours off the others it is summed with.
         """
         now = now or timezone.now()
         since = now - dt.timedelta(hours=policy("QUEUE_FAIR_SHARE_WINDOW_H"))
@@ -90,21 +93,15 @@ class QueuePolicy:
         )
         rows = (
             Allocation.objects.filter(project_id__in=project_ids, allocated_at__lt=now)
-            .filter(Q(released_at__isnull=True) | Q(released_at__gt=since))
-            .values("project_id", "kind", "product", "profile_name", "compute_slices", "gpu__node__timeslice_replicas")
+            .filter(Q(released_at__isnull=True) | Q(released_at__gt=since, released_at__gte=F("allocated_at")))
+            .values("project_id", *SHARE_FIELDS)
             .annotate(held=Sum(held))
             .order_by()
         )
         hours: dict[int, float] = dict.fromkeys(project_ids, 0.0)
         for row in rows:
-            share = unit_share(
-                row["kind"],
-                row["product"],
-                row["profile_name"],
-                compute_slices=row["compute_slices"],
-                replicas=row["gpu__node__timeslice_replicas"] or 1,
-            )
-            hours[row["project_id"]] += max(0.0, row["held"].total_seconds() / 3600) * float(share)
+            share = held_share(*(row[field] for field in SHARE_FIELDS))
+            hours[row["project_id"]] += row["held"].total_seconds() / 3600 * float(share)
         return hours
 
     def fair_shares(self, project_ids, *, now: dt.datetime | None = None) -> dict[int, float]:

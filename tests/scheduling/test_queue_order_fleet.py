@@ -4,6 +4,7 @@ clusters and three kinds of unit (MIG, time-slice, whole GPU), weights, ageing, 
 from __future__ import annotations
 
 import datetime as dt
+from types import SimpleNamespace
 
 import pytest
 from django.utils import timezone
@@ -12,7 +13,7 @@ from pool_world import Fleet
 from capacity.choices import SpecKind
 from pools.choices import PriorityClass, RequestState
 from pools.models import Allocation, GpuPool, PoolRequest, ProjectQueueWeight, QueueEntry
-from scheduling.policy import queue_policy
+from scheduling.policy import Place, queue_policy
 from tenancy.models import Project
 
 pytestmark = pytest.mark.django_db
@@ -181,3 +182,81 @@ def test_a_hold_shorter_than_an_hour_counts_its_minutes(projects, units, setting
     hours = queue_policy.recent_gpu_hours([alpha.pk, beta.pk], now=NOW)
 
     assert hours == pytest.approx({alpha.pk: 0.5, beta.pk: 0.25 * 0.25})
+
+
+def test_a_vgpu_counts_its_types_share_and_a_time_slice_on_a_node_without_replicas_a_whole_gpu(
+    projects, units, settings
+):
+    """The fair share counts a held unit as billing and the screens do (capacity.mig.share.held_share): a vGPU is
+    1 / its type's vGPUs per GPU (A100D-20C: 4 per GPU), whatever the node's time-slice replicas; a time-slice
+    replica on a node whose replicas were since set to 0 counts a whole GPU."""
+    settings.QUEUE_FAIR_SHARE_WINDOW_H = 24
+    alpha, beta = projects["alpha"], projects["beta"]
+    vgpu = _hold(alpha, units["full"], start=hours_ago(4), end=hours_ago(2), kind=SpecKind.VGPU)
+    Allocation.objects.filter(pk=vgpu.pk).update(profile_name="A100D-20C")
+    _hold(beta, units["ts_gpu"], start=hours_ago(3), end=hours_ago(1), kind=SpecKind.TIMESLICE)
+    units["ts_gpu"].node.__class__.objects.filter(pk=units["ts_gpu"].node_id).update(timeslice_replicas=0)
+
+    hours = queue_policy.recent_gpu_hours([alpha.pk, beta.pk], now=NOW)
+
+    assert hours == pytest.approx({alpha.pk: 2 * 0.25, beta.pk: 2.0})
+
+
+def test_a_row_released_before_it_was_allocated_takes_no_hours_off_the_others(projects, units, settings):
+    """A clock stepped back between allocation and release: the row holds nothing, and it is summed with the
+    project's other whole-GPU rows, so it must not subtract from them (or make a share negative)."""
+    settings.QUEUE_FAIR_SHARE_WINDOW_H = 24
+    alpha, beta = projects["alpha"], projects["beta"]
+    _hold(alpha, units["full"], start=hours_ago(3), end=hours_ago(1))
+    _hold(alpha, units["full"], start=hours_ago(2), end=hours_ago(5), replica=1)  # released 3 h "before"
+    _hold(beta, units["full"], start=hours_ago(2), end=hours_ago(6), replica=2)  # only such a row
+
+    hours = queue_policy.recent_gpu_hours([alpha.pk, beta.pk], now=NOW)
+
+    assert hours == pytest.approx({alpha.pk: 2.0, beta.pk: 0.0})
+
+
+def _place(priority, *, share=1.0, aged=False, manual_rank=None) -> Place:
+    entry = SimpleNamespace(request=SimpleNamespace(effective_priority=priority), manual_rank=manual_rank)
+    return Place(entry, 1, share, aged)
+
+
+RANK = queue_policy.PRIORITY_RANK
+PROD, STAGING, DEV = PriorityClass.PRODUCTION, PriorityClass.STAGING, PriorityClass.DEVELOPMENT
+
+
+def test_a_waiting_request_is_ahead_of_a_newcomer_by_class_then_by_age_or_a_share_no_higher():
+    """What the forecast asks of each waiting request: is it served before a request that joins now?"""
+    ahead = queue_policy.ahead_of_newcomer
+    assert ahead(_place(PROD, share=50.0), rank=RANK[STAGING], share=0.0) is True  # a higher class, any share
+    assert ahead(_place(STAGING, share=0.0), rank=RANK[PROD], share=50.0) is False  # a lower class, any share
+    assert ahead(_place(DEV, share=9.0, manual_rank=3), rank=RANK[PROD], share=0.0) is True  # moved by an operator
+    assert ahead(_place(STAGING, share=2.0), rank=RANK[STAGING], share=2.0) is True  # same share: it is older
+    assert ahead(_place(STAGING, share=2.5), rank=RANK[STAGING], share=2.0) is False
+    assert ahead(_place(STAGING, share=2.5, aged=True), rank=RANK[STAGING], share=2.0) is True
+
+
+def test_only_unmoved_requests_of_one_class_can_reorder_as_they_age():
+    reorders = queue_policy.reorders_with_age
+    staging = _place(STAGING)
+    assert reorders(staging, rank=RANK[STAGING], aged_at=NOW, moved=False) is True
+    assert reorders(staging, rank=RANK[PROD], aged_at=NOW, moved=False) is False  # it is of a lower class
+    assert reorders(staging, rank=RANK[DEV], aged_at=NOW, moved=False) is False  # it is of a higher class
+    assert reorders(staging, rank=RANK[STAGING], aged_at=None, moved=False) is False  # nobody ages
+    assert reorders(staging, rank=RANK[STAGING], aged_at=NOW, moved=True) is False
+    assert reorders(_place(STAGING, manual_rank=1), rank=RANK[STAGING], aged_at=NOW, moved=False) is False
+
+
+def test_an_arrival_ranks_ahead_by_class_or_by_a_lower_share_of_its_class_and_never_of_a_moved_request():
+    def request(priority, project_id):
+        return SimpleNamespace(effective_priority=priority, project_id=project_id)
+
+    shares = {1: 1.0, 2: 3.0, 3: 3.0}
+    waiting = request(STAGING, 2)
+    arrival_ahead = queue_policy.arrival_ahead
+    assert arrival_ahead(request(STAGING, 1), waiting, shares, moved=False) == (True, True)  # a lower share
+    assert arrival_ahead(request(STAGING, 2), request(STAGING, 1), shares, moved=False) == (False, False)  # higher
+    assert arrival_ahead(request(STAGING, 3), waiting, shares, moved=False) == (False, False)  # same: younger
+    assert arrival_ahead(request(PROD, 2), waiting, shares, moved=False) == (True, False)  # a higher class
+    assert arrival_ahead(request(DEV, 1), waiting, shares, moved=False) == (False, False)  # a lower class
+    assert arrival_ahead(request(PROD, 1), waiting, shares, moved=True) == (False, False)  # it was moved
