@@ -54,6 +54,7 @@ BILLING_RATES = (
 # Unit availability (free(), annotate_availability()) decides what approval may hand out and what the dashboard
 # shows: approval, the dashboard's agreement with it, ending units and the demo world's figures reach it.
 CAPACITY_AVAILABILITY = (
+    "tests/capacity/test_availability_forms.py",
     "tests/pools/test_pools_approval.py",
     "tests/dashboard/test_dashboard_agrees_with_approval.py",
     "tests/pools/test_ending.py",

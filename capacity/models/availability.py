@@ -38,6 +38,10 @@ def availability_case(conditions: dict[str, Q], reserved: Exists, in_use: Q, end
     return Case(*whens, default=Value(Availability.FREE), output_field=CharField())
 
 
+# Per unit column: which allocations hold it. A whole GPU is held only by allocations without a MIG instance.
+_WHOLE = {"gpu": {"mig_instance__isnull": True}, "mig_instance": {}}
+
+
 def fleet_forms(model, unit: str, running, busy_devices: frozenset[str], within: dict | None = None) -> tuple[Q, Q, Q]:
     """(reserved, in_use, ending) of every unit of `model` as uncorrelated `pk IN (subquery)` terms.
 
@@ -54,7 +58,7 @@ def fleet_forms(model, unit: str, running, busy_devices: frozenset[str], within:
     The same answer for each of those units.
     """
     column = f"{unit}_id"
-    whole = {"mig_instance__isnull": True} if unit == "gpu" else {}
+    whole = _WHOLE.get(unit, {})
     scope = {f"{unit}__{lookup}": value for lookup, value in (within or {}).items()}
 
     def held(queryset, **extra) -> Q:
