@@ -25,6 +25,9 @@ BILLING_METERING_OWN = (
     "tests/billing/test_billing_showback.py",
     *BILLING_METERING,
 )
+# What metering measures (used seconds, energy, trespass seconds, health windows) is reached through metering's
+# own tests and the trespass charge's, not through the interval maths alone.
+BILLING_MEASUREMENTS = (*BILLING_METERING_OWN, "tests/monitoring/test_monitoring_trespass_billing.py")
 # The clock's edges (which states are failed now, a failure with no recorded start, a MIG unit withheld by its GPU's
 # and its instance's events at once) first, then metering's.
 BILLING_CLOCK = ("tests/billing/test_billing_clock_edges.py", *BILLING_METERING)
@@ -174,7 +177,7 @@ TESTS_FOR: dict[str, tuple[str, ...]] = {
     "billing/periods.py": BILLING_PERIODS,
     "billing/services/clock.py": BILLING_CLOCK,
     "billing/services/metering.py": BILLING_METERING_OWN,
-    "billing/measurements.py": BILLING_METERING,
+    "billing/measurements.py": BILLING_MEASUREMENTS,
     "billing/services/lines.py": BILLING_STATEMENTS,
     "billing/services/statements.py": BILLING_STATEMENTS,
     "pricing/rates.py": BILLING_RATES,
