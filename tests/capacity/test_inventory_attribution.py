@@ -478,3 +478,51 @@ def test_gpus_that_rotate_indexes_keep_their_rows_whatever_order_nvml_lists_them
         (1, 9101, "GPU-7f00-west-a"),
         (2, 9102, "GPU-1c00-west-b"),
     ]
+
+
+def test_long_names_and_versions_are_cut_to_their_columns_and_an_unknown_product_has_no_catalogue_key(world):
+    name, driver, cuda = "NVIDIA " + "X" * 120, "550.90.07" + "-custom" * 6, "12.4" + ".1" * 10
+    odd = nvml.NodeInventory(
+        node_name="w-gpu-01",
+        driver_version=driver,
+        cuda_version=cuda,
+        gpus=[gpu(0, "GPU-7f00-west-a", name=name), gpu(1, "GPU-1c00-west-b"), gpu(2, "GPU-4e00-west-c")],
+    )
+
+    reconcile_inventory(world.west.pk, [odd])
+
+    rows = GpuCapacity.objects.filter(node=world.w_node).order_by("index")
+    fields = ("product", "catalog_product", "driver_version", "cuda_version")
+    assert list(rows.values_list(*fields)) == [
+        (name[:100], "", driver[:32], cuda[:16]),
+        (H100, "H100-80GB", driver[:32], cuda[:16]),
+        (H100, "H100-80GB", driver[:32], cuda[:16]),
+    ]
+
+
+def test_an_unchanged_instance_does_not_stop_the_ones_after_it_from_being_recorded(world):
+    """East's GPU keeps its 3g.40gb at 4 as it was and gains a 1g.10gb at 0 and a 1g.10gb at 1, listed after it."""
+    kept = mig("MIG-e-3g", 2, "3g.40gb", 4)
+    reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=[kept]))])
+    added = [mig("MIG-e-1g-a", 7, "1g.10gb", 0), mig("MIG-e-1g-b", 8, "1g.10gb", 1)]
+
+    result = reconcile_inventory(world.east.pk, [east(gpu(0, "GPU-9a00-east-m", mig=True, devices=[kept, *added]))])
+
+    assert (result.mig_instances, result.mig_gone, result.mig_written) == (3, 0, 2)
+    assert active_instances() == [("MIG-e-1g-a", 9201, 0, 7), ("MIG-e-1g-b", 9201, 1, 8), ("MIG-e-3g", 9201, 4, 2)]
+
+
+def test_an_inventory_read_in_this_process_is_read_and_signed_for_the_clusters_name(world):
+    """inventory_nodes() reads each node as its agent would: the report names the cluster (by name, as the agent's
+    queue does) and the node, and is reconciled into that cluster's rows."""
+    asked = []
+
+    def read(cluster, node, *, api_url):
+        asked.append((cluster, node, api_url))
+        return _report(cluster, node, int(timezone.now().timestamp()), west(gpu(0, "GPU-7f00-west-a")))
+
+    with mock.patch.object(inv.agent, "read_inventory", side_effect=read):
+        result = inv.inventory_nodes(world.west.pk, ["w-gpu-01"], api_url="https://west.example:6443")
+
+    assert asked == [("west", "w-gpu-01", "https://west.example:6443")]
+    assert (result.nodes, result.gpus) == (1, 1)
