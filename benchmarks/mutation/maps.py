@@ -27,7 +27,11 @@ BILLING_METERING_OWN = (
 )
 # What metering measures (used seconds, energy, trespass seconds, health windows) is reached through metering's
 # own tests and the trespass charge's, not through the interval maths alone.
-BILLING_MEASUREMENTS = (*BILLING_METERING_OWN, "tests/monitoring/test_monitoring_trespass_billing.py")
+BILLING_MEASUREMENTS = (
+    "tests/billing/test_billing_measured_use.py",
+    *BILLING_METERING_OWN,
+    "tests/monitoring/test_monitoring_trespass_billing.py",
+)
 # The clock's edges (which states are failed now, a failure with no recorded start, a MIG unit withheld by its GPU's
 # and its instance's events at once) first, then metering's.
 BILLING_CLOCK = ("tests/billing/test_billing_clock_edges.py", *BILLING_METERING)
