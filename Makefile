@@ -56,6 +56,7 @@ bench-smoke: $(STAMP)
 # kill rate is under 0.9, or with a survivor not listed in its EQUIVALENT_MUTANTS.md, fails the target.
 MUTATION_MODULES ?= billing/services/intervals.py billing/services/clock.py billing/periods.py \
 	billing/services/lines.py billing/services/statements.py pricing/rates.py billing/services/metering.py \
+	billing/measurements.py billing/services/rate_cards.py pricing/services.py \
 	capacity/models/availability.py scheduling/policy.py pools/services/approval.py pools/units/free.py \
 	pools/units/take.py capacity/picking.py monitoring/services/trespass.py monitoring/services/lending.py \
 	capacity/mig/layout.py capacity/services/inventory.py pools/lending.py operations/reconfiguration/steps.py \
