@@ -51,6 +51,7 @@ BILLING_STATEMENTS = (
     "tests/billing/test_billing_showback.py",
 )
 BILLING_RATES = (
+    "tests/billing/test_billing_price_services.py",
     "tests/billing/test_billing_intervals_properties.py",
     "tests/billing/test_billing_off_peak.py",
     "tests/billing/test_billing_rates.py",
