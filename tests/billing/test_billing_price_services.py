@@ -7,6 +7,7 @@ from unittest import mock
 
 import pytest
 from billing_helpers import at
+from django.db import IntegrityError
 
 from pricing import rates
 from pricing import services as pricing
@@ -125,3 +126,17 @@ def test_the_price_book_charges_nothing_without_a_card_or_a_price_and_says_so_on
     assert [r.getMessage() for r in caplog.records].count(
         f"rate card {card} has no price for {unknown.label()} and no full-GPU price to derive one: metered at 0"
     ) == 1
+
+
+def test_seeding_that_loses_a_race_returns_the_card_the_other_process_made():
+    """Two processes seed at once: both find no card, one inserts first, the other's insert breaks the unique
+    effective_from. The loser returns the winner's card, not created by it."""
+    winner = RateCard.objects.get(effective_from=rates.EPOCH)  # the suite's database holds the default card
+    none_yet = RateCard.objects.none()
+    with (
+        mock.patch.object(RateCard.objects, "filter", return_value=none_yet),
+        mock.patch.object(pricing, "create_rate_card", side_effect=IntegrityError("duplicate key")),
+    ):
+        card, created = pricing.seed_default_card()
+
+    assert (card.pk, created) == (winner.pk, False)
