@@ -58,7 +58,7 @@ def fleet_forms(model, unit: str, running, busy_devices: frozenset[str], within:
     The same answer for each of those units.
     """
     column = f"{unit}_id"
-    whole = _WHOLE.get(unit, {})
+    whole = _WHOLE[unit]  # a unit column it does not know is a caller's error, not "held by anything"
     scope = {f"{unit}__{lookup}": value for lookup, value in (within or {}).items()}
 
     def held(queryset, **extra) -> Q:
