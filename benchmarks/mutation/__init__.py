@@ -24,6 +24,9 @@ statement in one unmutated run under coverage.py (a context per test); a change 
 all, and one no mapped test executes is a survivor reported `not_covered`, without a run. `--selection all`
 runs every mapped test for every mutant.
 
+Timeout (`mutant_timeout`): a mutant's tests may take 3 x what they and the run's start-up took unmutated, at
+least a minute, so a mutant that loops forever costs minutes, not 3 x the whole mapped list.
+
 Outcomes: pytest exit 1 or 2 (a test failed, or the mutant broke import or collection) or a timeout: killed;
 exit 0: survived; any other exit (internal error, usage error, no test collected): an error, which fails the run.
 A survivor listed in the module's test folder's EQUIVALENT_MUTANTS.md (`| path:line | operator | change | reason |`)
@@ -53,6 +56,8 @@ from .sandbox import IGNORED_IN_COPY, Copy
 from .selection import CoverageMap, lines_reached
 
 KILL_RATE_TARGET = 0.9
+MUTANT_TIMEOUT_FLOOR_S = 60.0  # no mutant's tests are cut off sooner, however quick they were unmutated
+MUTANT_TIMEOUT_FACTOR = 3  # a mutant may take this many times what its tests took unmutated
 SELECTIONS = ("coverage", "all")
 RUNNERS = ("fork", "subprocess")
 
@@ -230,7 +235,6 @@ def run_mutation_bench(
             }
         for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
             cached.unlink()
-        per_mutant_s = timeout or max(60.0, 3 * baseline_s)
         covered = None
         if selection == "coverage":
             order = (copy.var / "mutation-coverage.order").read_text().splitlines()
@@ -241,6 +245,7 @@ def run_mutation_bench(
             # coverage: only the tests that ran the mutated statement; none ran it: a survivor without a run
             only = covered.tests_for(lines_reached(source, mutant.line)) if covered else None
             tests_run = len(only) if only is not None else None
+            per_mutant_s = timeout or mutant_timeout(baseline_s, covered, only)
             mutant_started = time.perf_counter()
             if only == []:
                 outcome, code = "not_covered", None
@@ -262,6 +267,7 @@ def run_mutation_bench(
             where = mutant.where(module)
             row = {"where": where, "operator": mutant.operator, "change": mutant.change, "tests_run": tests_run}
             row["seconds"] = round(time.perf_counter() - mutant_started, 1)
+            row["timeout_s"] = round(per_mutant_s, 1)
             results[index] = (
                 outcome,
                 {**row, "not_covered": outcome == "not_covered", "exit": code},
@@ -312,6 +318,22 @@ def run_mutation_bench(
         "mutant_s_max": round(max(mutant_seconds), 1) if mutant_seconds else None,
         "seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def mutant_timeout(baseline_s: float, covered: CoverageMap | None, only: list[str] | None) -> float:
+    """Seconds one mutant's tests may run before it counts as killed by a timeout.
+
+    A mutant that makes a loop endless (the forecast's simulation, a retry) never ends, so it is cut off; its
+    timeout is sized from what the tests it runs took unmutated, not from the whole mapped list: 3 x (their
+    seconds + the run's start-up, which is the baseline less all its tests' seconds), at least a minute, at most
+    3 x the baseline. A mutant that runs every mapped test (import-time code, `--selection all`) gets 3 x the
+    baseline, as a run without timings does."""
+    whole = max(MUTANT_TIMEOUT_FLOOR_S, MUTANT_TIMEOUT_FACTOR * baseline_s)
+    if covered is None or only is None or not covered.seconds:
+        return whole
+    start_up = max(0.0, baseline_s - covered.seconds_for(covered.order))
+    own = MUTANT_TIMEOUT_FACTOR * (start_up + covered.seconds_for(only))
+    return min(whole, max(MUTANT_TIMEOUT_FLOOR_S, own))
 
 
 def _baseline(copy: Copy, selected: list[str], cover: str, runner: str) -> tuple[str, int | None, str | None]:
@@ -381,7 +403,12 @@ def _tally(results: list[tuple[str, dict]], known: dict[tuple[str, str], str]) -
             "`by_seed` gives each seed's figures, the other keys the --seed draw's.",
         ),
         arg("--tests", default="", help="Comma-separated test paths instead of the module's mapped tests."),
-        arg("--timeout", type=float, default=0, help="Seconds one mutant's tests may take (0: 3 x the baseline)."),
+        arg(
+            "--timeout",
+            type=float,
+            default=0,
+            help="Seconds one mutant's tests may take (0: 3 x what its own tests and start-up took unmutated).",
+        ),
         arg(
             "--selection",
             default="coverage",

@@ -8,7 +8,8 @@ shrinking it (hundreds of further examples) would only make the run slower. Noth
 Coverage-guided selection (benchmarks/mutation/selection.py):
 - GPUAAS_MUTATION_COVER=<data file>|<source file>: measure the source file under coverage.py with one context
   per test (its node id, around setup, call and teardown, as pytest-cov's `--cov-context=test` does), and write
-  the node ids pytest ran, in order, to <data file>.order.
+  the node ids pytest ran, in order, to <data file>.order, and each test's seconds (setup, call and teardown) to
+  <data file>.seconds as `node id<TAB>seconds` lines, from which a mutant's timeout is sized.
 - GPUAAS_MUTATION_SELECT=<file of node ids>: run only those of the collected tests (the others are deselected).
 
 GPUAAS_MUTATION_MODULES=<file>: at the end, write the names of the imported modules from outside the project
@@ -19,12 +20,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 _coverage = None
 _modules: dict = {}
+_seconds: dict[str, float] = {}
 
 
 def pytest_configure(config) -> None:
@@ -69,9 +72,11 @@ def pytest_runtest_protocol(item, nextitem):
         return
     _forget_cached_answers()
     _coverage.switch_context(item.nodeid)
+    started = time.perf_counter()
     try:
         yield
     finally:
+        _seconds[item.nodeid] = time.perf_counter() - started
         _coverage.switch_context("")
 
 
@@ -99,6 +104,7 @@ def pytest_sessionfinish(session) -> None:
     _coverage.save()
     data_file = os.environ["GPUAAS_MUTATION_COVER"].split("|", 1)[0]
     Path(data_file + ".order").write_text("\n".join(item.nodeid for item in session.items))
+    Path(data_file + ".seconds").write_text("".join(f"{nodeid}\t{s:.4f}\n" for nodeid, s in _seconds.items()))
 
 
 def _outside_modules(root: str) -> list[str]:

@@ -72,9 +72,10 @@ def lines_reached(source: str, line: int) -> range | None:
 class CoverageMap:
     """Which test node ids ran each line of one file, from a coverage data file with one context per test."""
 
-    def __init__(self, by_line: dict[int, set[str]], order: list[str]):
+    def __init__(self, by_line: dict[int, set[str]], order: list[str], seconds: dict[str, float] | None = None):
         self.by_line = by_line
         self.order = order  # every collected node id, in the order pytest ran them
+        self.seconds = seconds or {}  # node id -> its seconds in the unmutated run (under coverage)
 
     @classmethod
     def read(cls, data_file: Path, source_file: Path, order: list[str]) -> CoverageMap:
@@ -89,7 +90,14 @@ class CoverageMap:
                 tests = {c for c in contexts if c}  # "" is the time outside any test (imports, collection)
                 if tests:
                     by_line[lineno] = tests
-        return cls(by_line, order)
+        timed = Path(f"{data_file}.seconds")
+        lines = timed.read_text().splitlines() if timed.exists() else []
+        seconds = {nodeid: float(s) for nodeid, s in (line.rsplit("\t", 1) for line in lines)}
+        return cls(by_line, order, seconds)
+
+    def seconds_for(self, node_ids: list[str]) -> float:
+        """What `node_ids` took together in the unmutated run (a test without a timing counts 0)."""
+        return sum(self.seconds.get(n, 0.0) for n in node_ids)
 
     def tests_for(self, lines: range | None) -> list[str]:
         """The node ids to run for a mutant reaching `lines`, in the order pytest ran them; every test for None."""

@@ -197,6 +197,9 @@ def test_the_coverage_map_names_the_tests_that_ran_each_line_and_a_mutant_runs_o
     names = ("overlapping", "apart", "label", "square", "square_again")
     assert order == [f"test_fake.py::test_{name}" for name in names]
     cover = mutation_select.CoverageMap.read(data, source, order)
+    assert sorted(cover.seconds) == sorted(order)  # each test's own seconds, for its mutants' timeouts
+    assert all(s >= 0 for s in cover.seconds.values())
+    assert cover.seconds_for(order[:2]) == cover.seconds[order[0]] + cover.seconds[order[1]]
     reached = mutation_select.lines_reached
     assert cover.tests_for(reached(FAKE_MODULE, 9)) == ["test_fake.py::test_overlapping"]
     assert cover.tests_for(reached(FAKE_MODULE, 11)) == ["test_fake.py::test_apart"]
@@ -217,6 +220,23 @@ def test_the_coverage_map_names_the_tests_that_ran_each_line_and_a_mutant_runs_o
     survived = _pytest(tmp_path, {**env, "GPUAAS_MUTATION_SELECT": str(tmp_path / "select.txt")}, "test_fake.py")
     assert survived.returncode == 0
     assert "1 passed, 4 deselected" in survived.stdout
+
+
+def test_a_mutants_timeout_is_sized_from_its_own_tests_not_the_whole_mapped_list():
+    order = ["t.py::a", "t.py::b", "t.py::c"]
+    cover = mutation_select.CoverageMap({}, order, {"t.py::a": 40.0, "t.py::b": 2.0, "t.py::c": 8.0})
+    timeout = mutation.mutant_timeout
+    # baseline 60 s: 50 s of tests and 10 s of start-up
+    assert timeout(60.0, cover, ["t.py::a"]) == 3 * (10 + 40)
+    assert timeout(60.0, cover, ["t.py::a", "t.py::c"]) == 3 * (10 + 48)
+    assert timeout(60.0, cover, ["t.py::b"]) == 60.0  # 3 x 12 s is under the one-minute floor
+    assert timeout(60.0, cover, order) == 180.0  # every test: 3 x the baseline
+    assert timeout(60.0, cover, None) == 180.0  # import-time code runs every test
+    assert timeout(60.0, None, ["t.py::a"]) == 180.0  # --selection all: no coverage map
+    assert timeout(60.0, mutation_select.CoverageMap({}, order), ["t.py::a"]) == 180.0  # no timings recorded
+    assert timeout(10.0, None, None) == 60.0  # a quick list still gets the floor
+    slower = mutation_select.CoverageMap({}, order, {"t.py::a": 70.0})  # timings above the baseline: capped
+    assert timeout(60.0, slower, ["t.py::a"]) == 180.0
 
 
 def test_the_selected_files_are_given_to_pytest_once_each_in_order():
