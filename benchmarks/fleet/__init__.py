@@ -99,12 +99,18 @@ def _foreign(row: dict, allowed: set[str]) -> bool:
 
 
 def measure_lists(
-    tries: int, *, budget_s: float = BUDGET_S, member: str = fleet_world.MEMBER, superuser: str = fleet_world.SUPERUSER
+    tries: int,
+    *,
+    budget_s: float = BUDGET_S,
+    member: str = fleet_world.MEMBER,
+    superuser: str = fleet_world.SUPERUSER,
+    stdout=None,
 ) -> dict:
     """p50 ms per list for the member and the superuser, rows the member saw, and foreign rows shown.
 
     Each (list, persona) stops after `tries` timed requests or once `budget_s` is spent with at least
-    MIN_TRIES done (the operator's unpaginated queue takes seconds a request at fleet scale)."""
+    MIN_TRIES done (the operator's unpaginated queue takes seconds a request at fleet scale). A line per
+    (list, persona) goes to `stdout`: at fleet scale a run is long, and a slow list must show itself."""
     User = get_user_model()
     personas = {"member": User.objects.get(username=member), "superuser": User.objects.get(username=superuser)}
     mine = Project.objects.filter(
@@ -139,6 +145,9 @@ def measure_lists(
                 figures[f"{name}_{persona}_p50_ms"] = round(statistics.median(times), 2)
                 figures[f"{name}_{persona}_rows"] = len(rows)
                 figures[f"{name}_{persona}_tries"] = len(times)
+                if stdout is not None:
+                    p50 = figures[f"{name}_{persona}_p50_ms"]
+                    stdout.write(f"fleet: {name} as {persona}: p50 {p50} ms, {len(times)} tries, {spent:.1f} s\n")
                 if persona == "member":
                     foreign += sum(1 for r in rows if _foreign(r, allowed))
                     reading = [q["sql"] for q in captured if f'FROM "{TABLES[name]}"' in q["sql"]]
@@ -196,9 +205,13 @@ def run_helpers(scale: float, stdout=None, modules: tuple[str, ...] = HELPERS) -
             if stdout is not None:
                 stdout.write(f"fleet: {module} not there, skipped\n")
             continue
+        if stdout is not None:
+            stdout.write(f"fleet: measuring {module}\n")
         started = time.perf_counter()
         merged.update(found.measure(scale=scale))
         merged[f"{module}_s"] = round(time.perf_counter() - started, 2)
+        if stdout is not None:
+            stdout.write(f"fleet: {module} measured in {merged[f'{module}_s']} s\n")
     return merged, skipped
 
 
@@ -213,9 +226,9 @@ def measure_fleet(
     started = time.perf_counter()
     world = fleet_world.build(scale, stdout=stdout)
     grown_small = fleet_world.grow(world, SMALL, stdout=stdout)
-    small = measure_lists(tries, budget_s=budget_s)
+    small = measure_lists(tries, budget_s=budget_s, stdout=stdout)
     grown_full = fleet_world.grow(world, 1.0, stdout=stdout)
-    full = measure_lists(tries, budget_s=budget_s)
+    full = measure_lists(tries, budget_s=budget_s, stdout=stdout)
     result = {
         "benchmark": "fleet",
         "scale": scale,

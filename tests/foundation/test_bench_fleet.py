@@ -8,6 +8,7 @@ another project's. Timings are printed by the benchmark, never asserted here.
 
 from __future__ import annotations
 
+import io
 import sys
 import types
 
@@ -53,7 +54,11 @@ def test_the_tiny_fleet_is_valid_and_its_member_sees_only_its_own_rows():
     assert sorted(member.values_list("pk", flat=True)) == world.member_project_ids
     assert Project.objects.filter(pk__in=world.project_ids).count() == sizes["projects"]
 
-    figures = fleet.measure_lists(tries=1)
+    progress = io.StringIO()
+    figures = fleet.measure_lists(tries=1, stdout=progress)
+    lines = progress.getvalue().splitlines()  # one per list and persona: a slow list shows itself during the run
+    assert len(lines) == 2 * len(fleet.LISTS)
+    assert lines[0].startswith(f"fleet: {next(iter(fleet.LISTS))} as member: p50 ")
     assert figures["foreign_rows"] == 0
     assert all(figures[f"{name}_member_rows"] > 0 for name in fleet.LISTS)
     assert figures["pool_requests_superuser_rows"] == fleet.PAGE
@@ -71,8 +76,12 @@ def test_the_helpers_merge_into_one_line_and_missing_ones_are_named(monkeypatch)
     helper = types.ModuleType("benchmarks.fleet.fleet_probe")
     helper.measure = lambda scale=1.0: {"probe_s": scale, "probe_met": scale < 1}
     monkeypatch.setitem(sys.modules, "benchmarks.fleet.fleet_probe", helper)
-    merged, skipped = fleet.run_helpers(0.5, modules=("fleet_probe", "fleet_not_written_yet"))
+    progress = io.StringIO()
+    merged, skipped = fleet.run_helpers(0.5, progress, modules=("fleet_probe", "fleet_not_written_yet"))
     assert skipped == ["fleet_not_written_yet"]
+    lines = progress.getvalue().splitlines()
+    assert lines[0] == "fleet: measuring fleet_probe" and lines[1].startswith("fleet: fleet_probe measured in ")
+    assert lines[2] == "fleet: fleet_not_written_yet not there, skipped"
     assert merged["probe_s"] == 0.5 and merged["probe_met"] is True
     assert fleet.all_met({"a_met": True, **merged}) is True
     assert fleet.all_met({"a_met": True, "b_met": False}) is False
