@@ -177,6 +177,9 @@ def _fake_project(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "test_fake.py").write_text(FAKE_TESTS)
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(settings.BASE_DIR)])
+    # No bytecode: a pyc records its source's mtime in whole seconds and its size, so a same-size mutant written
+    # within the second of the original would run the original's cached code (as the benchmark's mutant runs do).
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
